@@ -1,0 +1,314 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: node_probe
+short_description: Gather everything torchfleet's preflight needs from one host in one call
+description:
+  - Returns the host's NICs and addresses, hostname resolution, GPUs (from C(nvidia-smi)),
+    NVIDIA driver, the CUDA build and NCCL version of torch, torch and Python versions,
+    C(/dev/shm) size, NCCL_/GLOO_/TORCH_ environment, a fingerprint of O(code_dir) and the
+    state of O(data_paths).
+  - Torch is never imported; versions come from package metadata and C(torch/version.py).
+  - A host without C(nvidia-smi) is reported with no GPUs, not as an error.
+  - On the master (when O(master_port) is given) it also names the processes already listening
+    on that port, picks a free port in the ephemeral range for the reachability test, and
+    decides the address the workers will dial.
+  - Reads only; changes nothing on the host.
+version_added: "0.1.0"
+author: torchfleet developers
+options:
+  python:
+    description: Interpreter that has torch. Defaults to the interpreter running this module.
+    type: str
+  code_dir:
+    description: Directory whose files must be identical on every host. Not fingerprinted when unset.
+    type: path
+  data_paths:
+    description: Paths that must exist on every host.
+    type: list
+    elements: str
+    default: []
+  master_port:
+    description: Set on the master only; reports what already listens there.
+    type: int
+  master_addr:
+    description: The user's master_addr, if any; returned as is.
+    type: str
+  socket_ifname:
+    description: The user's socket_ifname, if any; the master address is taken from it.
+    type: str
+  address_hint:
+    description: The address the controller uses for this host (ansible_host); preferred as master address when it is local.
+    type: str
+  listen:
+    description:
+      - On the master, bind O(master_port) (when free) and the chosen ephemeral port and leave a
+        detached listener accepting connections, so M(port_probe) on every host can test them.
+      - The listener ends by itself after O(expect_peers) connections per port or
+        O(listen_max_s); M(port_probe) with O(port_probe.listener_pid) stops it sooner.
+    type: bool
+    default: false
+  expect_peers:
+    description: Connections per port after which the listener ends.
+    type: int
+    default: 1
+  listen_max_s:
+    description: Longest life of the listener.
+    type: float
+    default: 60
+  env_prefixes:
+    description: Environment variables with these prefixes are returned for comparison across hosts.
+    type: list
+    elements: str
+    default: [NCCL_, GLOO_, TORCH_]
+  max_code_files:
+    description: Stop hashing O(code_dir) after this many files (reported as truncated).
+    type: int
+    default: 20000
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+"""
+
+EXAMPLES = r"""
+- name: Probe every node
+  node_probe:
+    python: /opt/venv/bin/python
+    code_dir: /srv/train
+    data_paths: [/data/shards]
+  register: probe
+
+- name: Probe the master too for its port
+  node_probe:
+    master_port: 29500
+  when: inventory_hostname == groups['nodes'][0]
+"""
+
+RETURN = r"""
+hostname:
+  description: The host's name and the addresses it resolves to.
+  returned: always
+  type: dict
+  sample: {"name": "node0", "addresses": ["10.0.0.1"], "loopback": false}
+nics:
+  description: One entry per interface.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"name": "eth0", "up": true, "loopback": false, "ipv4": ["10.0.0.1"], "ipv6": []}]
+default_dev:
+  description: Interface of the default route, or null.
+  returned: always
+  type: str
+gpus:
+  description: GPUs from nvidia-smi; empty without nvidia-smi.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"index": 0, "name": "NVIDIA H200", "uuid": "GPU-...", "driver_version": "580.159.03",
+            "memory_total_mib": 143771, "pci_bus_id": "00000000:18:00.0"}]
+nvidia_smi:
+  description: Whether nvidia-smi was found, and its error if it failed.
+  returned: always
+  type: dict
+versions:
+  description: python, torch, cuda (torch's CUDA build), nccl, driver; null when absent.
+  returned: always
+  type: dict
+  sample: {"python": "3.11.7", "torch": "2.13.0", "cuda": null, "nccl": null, "driver": null}
+python:
+  description: The interpreter examined and its error when it could not run.
+  returned: always
+  type: dict
+  sample: {"executable": "/usr/bin/python3", "error": null}
+shm:
+  description: Size of /dev/shm.
+  returned: always
+  type: dict
+  sample: {"total_bytes": 67108864, "free_bytes": 67108864}
+env:
+  description: Environment variables with the requested prefixes.
+  returned: always
+  type: dict
+code:
+  description: Fingerprint of code_dir (null when code_dir is unset).
+  returned: always
+  type: dict
+  sample: {"exists": true, "git_commit": "3f2a...", "git_dirty": false, "files": {"train.py": "ab12..."}, "truncated": false}
+data:
+  description: One entry per data path.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"path": "/data", "exists": true, "kind": "dir"}]
+master:
+  description: Only on the master; the port's holders, a free ephemeral port and the address workers dial.
+  returned: when master_port is set
+  type: dict
+  sample: {"port": 29500, "holders": [{"pid": 4242, "cmdline": "torchrun ..."}], "in_use": true,
+           "ephemeral_port": 51234, "ephemeral_range": [32768, 60999], "addr": "10.0.0.1",
+           "listener": {"pid": 4321, "ports": [{"port": 51234, "bound": true, "error": null}]}}
+"""
+
+import os
+import random
+import socket
+import subprocess
+import sys
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.torchfleet.fingerprint import fingerprint
+from ansible.module_utils.torchfleet.gpu import NVIDIA_SMI_ARGV, parse_gpu_csv
+from ansible.module_utils.torchfleet.listener import start_listener
+from ansible.module_utils.torchfleet.net import (
+    choose_master_addr, is_loopback, listening_ports, parse_default_route_dev, parse_ip_addr,
+    parse_proc_net_tcp, processes_holding)
+from ansible.module_utils.torchfleet.pystack import NCCL_HEADER, parse_nccl_header, probe_python
+
+PROC_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
+
+
+def run(argv):
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, str(exc)
+    if proc.returncode != 0:
+        return None, (proc.stderr or proc.stdout).strip()[-300:]
+    return proc.stdout, None
+
+
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def hostname_facts():
+    name = socket.gethostname()
+    try:
+        addresses = sorted({info[4][0] for info in socket.getaddrinfo(name, None)})
+    except socket.gaierror:
+        addresses = []
+    return {"name": name, "addresses": addresses,
+            "loopback": any(is_loopback(a) for a in addresses)}
+
+
+def gpu_facts():
+    out, err = run(NVIDIA_SMI_ARGV)
+    if out is None:
+        found = "No such file" not in (err or "") and "not found" not in (err or "")
+        return [], {"found": found, "error": err if found else None}
+    return parse_gpu_csv(out), {"found": True, "error": None}
+
+
+def shm_facts():
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return {"total_bytes": 0, "free_bytes": 0}
+    return {"total_bytes": st.f_blocks * st.f_frsize, "free_bytes": st.f_bavail * st.f_frsize}
+
+
+def data_facts(paths):
+    facts = []
+    for path in paths:
+        kind = "dir" if os.path.isdir(path) else "file" if os.path.exists(path) else None
+        facts.append({"path": path, "exists": kind is not None, "kind": kind})
+    return facts
+
+
+def master_facts(port, nics, default_dev, params):
+    tables = [read(p) for p in PROC_TCP]
+    inodes = [i for text in tables for i in parse_proc_net_tcp(text, port)]
+    low, high = (int(v) for v in (read("/proc/sys/net/ipv4/ip_local_port_range").split()
+                                  or ["32768", "60999"]))
+    busy = set().union(*(listening_ports(text) for text in tables)) | {port}
+    # Upper half of the range: what an ephemeral bind most likely gets, least likely taken.
+    free = [p for p in range((low + high) // 2, high + 1) if p not in busy]
+    facts = {
+        "port": port,
+        "in_use": bool(inodes),
+        "holders": processes_holding(inodes),
+        "ephemeral_port": random.choice(free) if free else None,
+        "ephemeral_range": [low, high],
+        "addr": choose_master_addr(nics, default_dev, params["master_addr"],
+                                   params["socket_ifname"], params["address_hint"]),
+        "listener": None,
+    }
+    if params["listen"]:
+        ports = ([] if facts["in_use"] else [port]) + (
+            [facts["ephemeral_port"]] if facts["ephemeral_port"] else [])
+        facts["listener"] = start_listener(ports, params["expect_peers"], params["listen_max_s"])
+    return facts
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            python=dict(type="str"),
+            code_dir=dict(type="path"),
+            data_paths=dict(type="list", elements="str", default=[]),
+            master_port=dict(type="int"),
+            master_addr=dict(type="str"),
+            socket_ifname=dict(type="str"),
+            address_hint=dict(type="str"),
+            listen=dict(type="bool", default=False),
+            expect_peers=dict(type="int", default=1),
+            listen_max_s=dict(type="float", default=60),
+            env_prefixes=dict(type="list", elements="str", default=["NCCL_", "GLOO_", "TORCH_"]),
+            max_code_files=dict(type="int", default=20000),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    addr_out, addr_err = run(["ip", "-j", "addr"])
+    if addr_out is None:
+        module.fail_json(msg="cannot list network interfaces with `ip -j addr` (%s); install "
+                             "iproute2 on this host" % addr_err)
+    nics = parse_ip_addr(addr_out)
+    default_dev = parse_default_route_dev(run(["ip", "-j", "route", "show", "default"])[0])
+
+    python = params["python"] or sys.executable
+    stack = probe_python(python)
+    gpus, smi = gpu_facts()
+    nccl = stack.get("nccl_version") or parse_nccl_header(read(NCCL_HEADER))
+    result = dict(
+        changed=False,
+        hostname=hostname_facts(),
+        nics=nics,
+        default_dev=default_dev,
+        gpus=gpus,
+        nvidia_smi=smi,
+        python={"executable": stack.get("executable", python), "error": stack.get("error"),
+                "torch_path": stack.get("torch_path")},
+        versions={
+            "python": stack.get("python_version"),
+            "torch": stack.get("torch_version"),
+            "cuda": stack.get("torch_cuda"),
+            "nccl": nccl if stack.get("torch_version") else None,
+            "driver": gpus[0]["driver_version"] if gpus else None,
+        },
+        shm=shm_facts(),
+        env={k: v for k, v in sorted(os.environ.items())
+             if k.startswith(tuple(params["env_prefixes"]))},
+        code=fingerprint(params["code_dir"], params["max_code_files"])
+        if params["code_dir"] else None,
+        data=data_facts(params["data_paths"]),
+    )
+    if params["master_port"] is not None:
+        result["master"] = master_facts(params["master_port"], nics, default_dev, params)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

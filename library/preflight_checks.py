@@ -1,0 +1,158 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: preflight_checks
+short_description: Decide every preflight check of every host on the controller
+description:
+  - Takes what M(node_probe) and M(port_probe) returned on each host and decides every check
+    id of torchfleet's preflight once, on the controller, comparing the hosts with each other
+    (versions, environment, code) without any further round trip.
+  - Returns the check records, the per-node plan (rank, address, NIC to export as
+    NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME) and a summary table naming host, check and fix.
+  - Meant to run on the controller; an action plugin of the same name runs it in-process there,
+    which saves a Python start per run. Writes nothing unless O(run_dir) is set.
+version_added: "0.1.0"
+author: torchfleet developers
+options:
+  hosts:
+    description: The selected hosts in rank order; the first is the master. Empty when nnodes is invalid.
+    type: list
+    elements: str
+    required: true
+  nnodes:
+    description: Number of nodes asked for.
+    type: int
+    required: true
+  inventory_size:
+    description: Number of hosts in group C(nodes).
+    type: int
+    required: true
+  probes:
+    description: Registered M(node_probe) result per host (may be unreachable or failed).
+    type: dict
+    default: {}
+  connects:
+    description: Registered M(port_probe) result per host.
+    type: dict
+    default: {}
+  master_port:
+    description: The rendezvous port.
+    type: int
+    default: 29500
+  socket_ifname:
+    description: The interface the user asked for; auto-detected per host when empty.
+    type: str
+    default: ""
+  backend:
+    description: C(nccl), C(gloo) or C(auto) (nccl when every host has GPUs).
+    type: str
+    choices: [auto, nccl, gloo]
+    default: auto
+  nproc_per_node:
+    description: Processes per node, or C(auto).
+    type: str
+    default: auto
+  code_dir:
+    description: The code directory compared across hosts; not compared when empty.
+    type: str
+    default: ""
+  data_paths:
+    description: Paths that must exist on every host.
+    type: list
+    elements: str
+    default: []
+  shm_min_bytes:
+    description: Smallest acceptable /dev/shm.
+    type: int
+    default: 1073741824
+  run_id:
+    description: This run's id, recorded in the report.
+    type: str
+    default: ""
+  run_dir:
+    description: When set, C(preflight.json) is written there (the controller's run directory).
+    type: str
+    default: ""
+  runs_root:
+    description: When set, C(runs_root/latest) is pointed at O(run_dir).
+    type: str
+    default: ""
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+"""
+
+EXAMPLES = r"""
+- name: Decide the checks
+  preflight_checks:
+    hosts: "{{ preflight_hosts }}"
+    nnodes: "{{ nnodes }}"
+    inventory_size: "{{ groups['nodes'] | length }}"
+    probes: "{{ dict(preflight_hosts | zip(preflight_hosts | map('extract', hostvars, 'preflight_probe'))) }}"
+    connects: "{{ dict(preflight_hosts | zip(preflight_hosts | map('extract', hostvars, 'preflight_connect'))) }}"
+    master_port: 29500
+  delegate_to: localhost
+  register: preflight
+"""
+
+RETURN = r"""
+ok:
+  description: True when no check of severity error failed.
+  returned: always
+  type: bool
+checks:
+  description: Every check of every host.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"id": "port.blocked", "host": "node1", "ok": false, "severity": "error",
+            "detail": "cannot open TCP 10.0.0.1:29500 (dropped: no answer in 3 s, a firewall?)",
+            "hint": "allow TCP 29500 from the workers on the master's firewall ..."}]
+nodes:
+  description: Per node, in rank order, what a launch will use.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"host": "node0", "node_rank": 0, "address": "10.0.0.1", "socket_ifname": "eth0",
+            "python": "/usr/bin/python3", "versions": {}, "gpus": 8}]
+resolved:
+  description: master_addr, backend, nproc_per_node, world_size and the ephemeral port tested.
+  returned: always
+  type: dict
+failures:
+  description: The failed checks of severity error.
+  returned: always
+  type: list
+  elements: dict
+report:
+  description: Path of preflight.json, when run_dir was set.
+  returned: always
+  type: str
+table:
+  description: The summary table: failed and warning checks, or one row per node when all passed.
+  returned: always
+  type: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.torchfleet.preflight import ARGUMENT_SPEC, decide
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    try:
+        result = decide(module.params)
+    except ValueError as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()

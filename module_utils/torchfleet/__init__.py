@@ -1,0 +1,1 @@
+"""Code shared by torchfleet's modules; shipped to hosts inside each module's AnsiballZ."""

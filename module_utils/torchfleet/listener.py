@@ -1,0 +1,102 @@
+"""A short-lived TCP listener on the master, so workers can test reachability of its ports.
+
+The module binds the ports itself (so "address in use" is reported at once), then hands the
+sockets to a detached child that accepts connections until each port has seen `expect`
+peers or `max_s` passes, and exits. The master's port_probe stops it as soon as the workers
+are done (stop_listener), so it never outlives the preflight and never holds the port when
+torchrun starts.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+MARKER = "torchfleet-port-listener"
+
+# Runs in a fresh interpreter: argv = [marker, expect, max_s, fd, fd, ...].
+ACCEPT_LOOP = r"""
+import select, socket, sys, time
+expect, max_s = int(sys.argv[2]), float(sys.argv[3])
+socks = {socket.socket(fileno=int(fd)): 0 for fd in sys.argv[4:]}
+end = time.monotonic() + max_s
+while socks and time.monotonic() < end:
+    ready, _, _ = select.select(list(socks), [], [], max(0.0, end - time.monotonic()))
+    for s in ready:
+        conn, _ = s.accept()
+        conn.close()
+        socks[s] += 1
+        if socks[s] >= expect:
+            del socks[s]
+            s.close()
+"""
+
+
+def bind_ports(ports, address="0.0.0.0"):
+    """Bind and listen on each port: ({port: socket}, {port: error})."""
+    bound, errors = {}, {}
+    for port in ports:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address, port))
+            sock.listen(512)
+        except OSError as exc:
+            errors[port] = exc.strerror or str(exc)
+            sock.close()
+            continue
+        bound[port] = sock
+    return bound, errors
+
+
+def start_listener(ports, expect, max_s, address="0.0.0.0"):
+    """{pid, ports: [{port, bound, error}]}; pid is None when nothing could be bound."""
+    bound, errors = bind_ports(ports, address)
+    status = [{"port": p, "bound": p in bound, "error": errors.get(p)} for p in ports]
+    if not bound:
+        return {"pid": None, "ports": status}
+    fds = [s.fileno() for s in bound.values()]
+    try:
+        # Detached and with no inherited stdio: Ansible must not wait for it to close pipes.
+        child = subprocess.Popen(
+            [sys.executable, "-c", ACCEPT_LOOP, MARKER, str(expect), str(max_s)]
+            + [str(fd) for fd in fds],
+            pass_fds=fds, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True)
+    finally:
+        for sock in bound.values():
+            sock.close()
+    return {"pid": child.pid, "ports": status}
+
+
+def _is_listener(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            alive = MARKER.encode() in f.read()
+        with open("/proc/%d/stat" % pid) as f:
+            return alive and f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def stop_listener(pid, wait_s):
+    """Wait up to wait_s for the listener to finish by itself, then end it.
+
+    Signals only a process whose command line carries MARKER, so a recycled PID is never hit.
+    Returns "exited", "stopped" or "gone".
+    """
+    if not pid or not _is_listener(pid):
+        return "gone"
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        if not _is_listener(pid):
+            return "exited"
+        time.sleep(0.05)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        return "gone"
+    return "stopped"
