@@ -95,14 +95,21 @@ def processes_holding(inodes, proc="/proc"):
     for pid in os.listdir(proc):
         if not pid.isdigit():
             continue
-        fd_dir = os.path.join(proc, pid, "fd")
-        try:
-            targets = {os.readlink(os.path.join(fd_dir, fd)) for fd in os.listdir(fd_dir)}
-        except OSError:
-            continue
-        if targets & wanted:
+        if any(target in wanted for target in _fd_targets(os.path.join(proc, pid, "fd"))):
             found.append({"pid": int(pid), "cmdline": read_cmdline(pid, proc)})
     return found
+
+
+def _fd_targets(fd_dir):
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return
+    for fd in fds:
+        try:
+            yield os.readlink(os.path.join(fd_dir, fd))
+        except OSError:  # closed since the listing (the listing's own fd, for one)
+            continue
 
 
 def read_cmdline(pid, proc="/proc"):

@@ -1,0 +1,53 @@
+"""GPU and Python-stack parsers.
+
+The nvidia-smi CSV is NOT a capture from a GPU host (none was lent to the session that wrote
+it): its name, driver and memory values are those read off a real H200 machine, in the exact
+`--format=csv,noheader,nounits` layout; tests/fixtures/README.md says how to replace it with
+a capture.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+
+import pytest
+from ansible.module_utils.torchfleet import gpu, pystack
+
+from tests.conftest import FIXTURES
+
+
+def test_parse_gpu_csv_eight_h200():
+    gpus = gpu.parse_gpu_csv((FIXTURES / "nvidia_smi_query_gpu_h200x8.csv").read_text())
+    assert [g["index"] for g in gpus] == list(range(8))
+    assert {g["name"] for g in gpus} == {"NVIDIA H200"}
+    assert {g["driver_version"] for g in gpus} == {"580.159.03"}
+    assert gpus[0]["memory_total_mib"] == 143771
+    assert gpus[7]["pci_bus_id"] == "00000000:DB:00.0"
+
+
+def test_parse_gpu_csv_rejects_a_foreign_layout():
+    with pytest.raises(ValueError, match="unexpected nvidia-smi line"):
+        gpu.parse_gpu_csv("NVIDIA H200, 580.159.03\n")
+    assert gpu.parse_gpu_csv("") == []
+
+
+def test_nccl_version_from_header():
+    assert pystack.parse_nccl_header((FIXTURES / "nccl_h_excerpt.txt").read_text()) == "2.21.5"
+    assert pystack.parse_nccl_header("#define NCCL_MAJOR 2\n") is None
+
+
+def test_probe_python_reads_torch_without_importing_it():
+    stack = pystack.probe_python(sys.executable)
+    import torch  # the test may import it; the probe must agree with it
+
+    assert stack["torch_version"] == torch.__version__
+    assert stack["torch_cuda"] == torch.version.cuda
+    assert stack["python_version"] == "%d.%d.%d" % sys.version_info[:3]
+
+
+def test_probe_python_without_torch_and_without_interpreter(tmp_path):
+    assert "no such interpreter" in pystack.probe_python(str(tmp_path / "python9"))["error"]
+    system = shutil.which("python3", path="/usr/bin")
+    if system:
+        stack = pystack.probe_python(system)
+        assert stack["torch_version"] is None and stack["torch_cuda"] is None

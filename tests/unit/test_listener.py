@@ -1,0 +1,53 @@
+"""The master's short-lived listener: real sockets on loopback."""
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from ansible.module_utils.torchfleet.listener import _is_listener, start_listener, stop_listener
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_gone(pid, timeout_s=5):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end and _is_listener(pid):
+        time.sleep(0.05)
+    return not _is_listener(pid)
+
+
+def test_listener_accepts_then_exits_after_expected_peers():
+    port = free_port()
+    started = start_listener([port], expect=2, max_s=30)
+    assert started["ports"] == [{"port": port, "bound": True, "error": None}]
+    for _ in range(2):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    assert wait_gone(started["pid"])
+    assert stop_listener(started["pid"], 0.1) == "gone"
+
+
+def test_a_bound_port_is_reported_not_raised():
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        started = start_listener([port], expect=1, max_s=5)
+    assert started["pid"] is None
+    assert started["ports"][0]["bound"] is False and started["ports"][0]["error"]
+
+
+def test_stop_listener_ends_a_listener_nobody_reached():
+    started = start_listener([free_port()], expect=1, max_s=60)
+    assert _is_listener(started["pid"])
+    assert stop_listener(started["pid"], 0.2) == "stopped"
+    assert wait_gone(started["pid"])
+
+
+def test_stop_listener_never_signals_a_foreign_pid():
+    assert stop_listener(os.getpid(), 0.1) == "gone"
+    assert _is_listener(os.getpid()) is False

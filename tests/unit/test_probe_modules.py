@@ -1,0 +1,79 @@
+"""node_probe and port_probe run for real on this machine through their main()."""
+from __future__ import annotations
+
+import socket
+import sys
+
+import node_probe
+import port_probe
+
+from tests.unit.modules import run_module
+from tests.unit.test_listener import free_port, wait_gone
+
+
+def test_node_probe_reports_this_host(tmp_path, capsys):
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("print(1)\n")
+    result = run_module(node_probe, {
+        "python": sys.executable,
+        "code_dir": str(tmp_path / "code"),
+        "data_paths": [str(tmp_path / "code"), str(tmp_path / "absent")],
+    }, capsys)
+    assert result["changed"] is False
+    assert "lo" in {n["name"] for n in result["nics"]}
+    assert result["versions"]["python"] == "%d.%d.%d" % sys.version_info[:3]
+    assert result["versions"]["torch"]
+    assert result["hostname"]["name"] == socket.gethostname()
+    assert result["shm"]["total_bytes"] > 0
+    assert list(result["code"]["files"]) == ["train.py"]
+    assert [d["exists"] for d in result["data"]] == [True, False]
+    assert "master" not in result
+
+
+def test_node_probe_without_nvidia_smi_reports_no_gpu(capsys, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    result = run_module(node_probe, {"python": sys.executable}, capsys)
+    assert result["gpus"] == [] and result["nvidia_smi"]["found"] is False
+    assert result["versions"]["driver"] is None
+
+
+def test_node_probe_on_master_names_the_holder_of_the_port(capsys):
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = run_module(node_probe, {"master_port": port, "master_addr": "127.0.0.1"},
+                            capsys)
+    import os
+
+    master = result["master"]
+    assert master["in_use"] is True
+    assert os.getpid() in [h["pid"] for h in master["holders"]]
+    assert master["addr"] == "127.0.0.1"
+    low, high = master["ephemeral_range"]
+    assert low <= master["ephemeral_port"] <= high and master["ephemeral_port"] != port
+
+
+def test_node_probe_listens_and_port_probe_connects_then_stops_it(capsys):
+    port = free_port()
+    probe = run_module(node_probe, {"master_port": port, "master_addr": "127.0.0.1",
+                                    "listen": True, "expect_peers": 2}, capsys)
+    listener = probe["master"]["listener"]
+    assert [p["bound"] for p in listener["ports"]] == [True, True]
+    ports = [port, probe["master"]["ephemeral_port"]]
+    worker = run_module(port_probe, {"master_addr": "127.0.0.1", "ports": ports}, capsys)
+    assert [p["ok"] for p in worker["ports"]] == [True, True]
+    assert worker["route"]["nic"] == "lo" and worker["route"]["local"] is True
+    master = run_module(port_probe, {"master_addr": "127.0.0.1", "ports": ports,
+                                     "listener_pid": listener["pid"], "listener_wait_s": 5},
+                        capsys)
+    assert master["listener"] in ("exited", "gone")
+    assert wait_gone(listener["pid"])
+
+
+def test_port_probe_reports_refused_after_retrying(capsys):
+    result = run_module(port_probe, {"master_addr": "127.0.0.1", "ports": [free_port()],
+                                     "timeout_s": 0.5}, capsys)
+    (port,) = result["ports"]
+    assert port["ok"] is False and port["error"] == "refused"
+    assert port["elapsed_s"] >= 0.4
