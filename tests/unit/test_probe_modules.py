@@ -1,6 +1,7 @@
 """node_probe and port_probe run for real on this machine through their main()."""
 from __future__ import annotations
 
+import shutil
 import socket
 import sys
 
@@ -30,8 +31,10 @@ def test_node_probe_reports_this_host(tmp_path, capsys):
     assert "master" not in result
 
 
-def test_node_probe_without_nvidia_smi_reports_no_gpu(capsys, monkeypatch):
-    monkeypatch.setenv("PATH", "/nonexistent")
+def test_node_probe_without_nvidia_smi_reports_no_gpu(tmp_path, capsys, monkeypatch):
+    # A PATH with `ip` alone: the probe must treat the missing nvidia-smi as "no GPU".
+    (tmp_path / "ip").symlink_to(shutil.which("ip"))
+    monkeypatch.setenv("PATH", str(tmp_path))
     result = run_module(node_probe, {"python": sys.executable}, capsys)
     assert result["gpus"] == [] and result["nvidia_smi"]["found"] is False
     assert result["versions"]["driver"] is None
