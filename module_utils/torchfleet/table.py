@@ -1,13 +1,19 @@
 """Plain-text tables for the end-of-play summaries."""
 from __future__ import annotations
 
+import textwrap
+
 
 def render(headers, rows, max_width=70):
-    """Left-aligned columns; cells longer than max_width wrap onto continuation lines."""
+    """Left-aligned columns; long cells wrap between words onto continuation lines.
+
+    Words (paths, commands) are never split, so what the table says can be copied.
+    """
     wrapped = []
     for row in rows:
         cells = [str(c) for c in row]
-        chunks = [[c[i:i + max_width] for i in range(0, len(c), max_width)] or [""] for c in cells]
+        chunks = [textwrap.wrap(c, max_width, break_long_words=False, break_on_hyphens=False)
+                  or [""] for c in cells]
         height = max(len(ch) for ch in chunks)
         for line in range(height):
             wrapped.append([ch[line] if line < len(ch) else "" for ch in chunks])

@@ -1,0 +1,63 @@
+"""Run the real entry playbooks from the repository root, as a user would."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class Run:
+    rc: int
+    out: str
+    run_dir: Path
+
+    def report(self, name="preflight.json"):
+        return json.loads((self.run_dir / name).read_text())
+
+    def failing(self, name="preflight.json"):
+        """Sorted (check id, host) of every failed check of severity error."""
+        return sorted((c["id"], c["host"]) for c in self.report(name)["checks"]
+                      if not c["ok"] and c["severity"] == "error")
+
+    def recap(self):
+        """{host: {ok, changed, unreachable, failed, ...}} from the PLAY RECAP lines."""
+        rows = {}
+        for line in self.out.split("PLAY RECAP", 1)[-1].splitlines()[1:]:
+            if ":" not in line:
+                continue
+            host, counts = line.split(":", 1)
+            rows[host.strip()] = {k: int(v) for k, v in
+                                  (field.split("=") for field in counts.split())}
+        return rows
+
+
+def playbook(name, tmp_path, *args, inventory=None, timeout_s=300):
+    run_dir = tmp_path / "run"
+    argv = [str(BIN / "ansible-playbook"), name, "-e", "run_dir=%s" % run_dir, *args]
+    if inventory is not None:
+        argv += ["-i", str(inventory)]
+    env = dict(os.environ, PATH="%s:%s" % (BIN, os.environ.get("PATH", "")),
+               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout_s, stdin=subprocess.DEVNULL)
+    return Run(proc.returncode, proc.stdout + proc.stderr, run_dir)
+
+
+def local_inventory(tmp_path, hosts):
+    """An inventory like inventory/local.yml with per-host variables: {name: {var: value}}."""
+    import yaml
+
+    group_vars = yaml.safe_load((ROOT / "inventory" / "local.yml").read_text())
+    nodes = group_vars["all"]["children"]["nodes"]
+    nodes["hosts"] = {name: (hostvars or None) for name, hostvars in hosts.items()}
+    path = tmp_path / "inventory.yml"
+    path.write_text(yaml.safe_dump(group_vars))
+    return path
