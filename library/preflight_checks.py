@@ -42,6 +42,10 @@ options:
     description: The rendezvous port.
     type: int
     default: 29500
+  master_addr:
+    description: The user's master_addr; used for the route check when the master itself was not reached.
+    type: str
+    default: ""
   socket_ifname:
     description: The interface the user asked for; auto-detected per host when empty.
     type: str

@@ -145,6 +145,8 @@ def nic_checks(host, probe, connect, ifname, master_addr, is_master):
     nics = {n["name"]: n for n in probe["nics"]}
     route = (connect or {}).get("route")
     chosen = ifname or (route or {}).get("nic")
+    if chosen is None and master_addr is None:
+        return [check("nic.route", host, True, "not tested: the master was not reached")], None, None
     records = []
     if ifname and ifname not in nics:
         records.append(check("nic.missing", host, False,
@@ -161,7 +163,9 @@ def nic_checks(host, probe, connect, ifname, master_addr, is_master):
         return records, chosen, None
     address = master_addr if is_master and master_addr in nic["ipv4"] else nic["ipv4"][0]
     records.append(check("nic.address", host, True, "%s has %s" % (chosen, address)))
-    if route is None:
+    if route is None and master_addr is None:
+        records.append(check("nic.route", host, True, "not tested: the master was not reached"))
+    elif route is None:
         detail = "no route to master %s (%s)" % (master_addr, (connect or {}).get("route_error"))
         records.append(check("nic.route", host, False, detail,
                              "add a route to %s via %s" % (master_addr, chosen)))
@@ -236,11 +240,12 @@ def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
                                 "install python3 on %s or set ansible_python_interpreter" % host))
             continue
         reachable[host] = probe
-    if master not in reachable:
+    if not reachable:
         return checks, [], {}
-    mprobe = reachable[master]
-    minfo = mprobe.get("master", {})
-    master_addr = minfo.get("addr")
+    # With the master unreachable the workers are still checked; only what needs the master
+    # (its port, the listener, the route to its address when none was given) is left out.
+    minfo = reachable.get(master, {}).get("master", {})
+    master_addr = minfo.get("addr") or settings.get("master_addr") or None
 
     gpu_hosts = [h for h, p in reachable.items() if p["gpus"]]
     backend = settings["backend"]
@@ -288,7 +293,7 @@ def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
         records, nic, address = nic_checks(host, probe, connect, settings["socket_ifname"],
                                            master_addr, is_master)
         checks.extend(records)
-        if is_master:
+        if is_master and minfo:
             holders = minfo.get("holders", [])
             who = ", ".join("pid %d (%s)" % (h["pid"], " ".join(h["cmdline"].split())[:80]) for h in holders)
             checks.append(check("port.in_use", host, not minfo.get("in_use"),
@@ -351,6 +356,7 @@ ARGUMENT_SPEC = dict(
     probes=dict(type="dict", default={}),
     connects=dict(type="dict", default={}),
     master_port=dict(type="int", default=29500),
+    master_addr=dict(type="str", default=""),
     socket_ifname=dict(type="str", default=""),
     backend=dict(type="str", default="auto", choices=["auto", "nccl", "gloo"]),
     nproc_per_node=dict(type="str", default="auto"),
@@ -382,7 +388,7 @@ def decide(params):
     if nproc != "auto" and not (nproc.isdigit() and int(nproc) >= 1):
         raise ValueError("nproc_per_node=%s is not a positive number; set -e nproc_per_node=N "
                          "or auto" % nproc)
-    settings = {k: params[k] for k in ("master_port", "socket_ifname", "backend", "code_dir",
+    settings = {k: params[k] for k in ("master_port", "master_addr", "socket_ifname", "backend", "code_dir",
                                        "data_paths", "shm_min_bytes")}
     settings["nproc_per_node"] = nproc
     checks, nodes, resolved = evaluate(params["hosts"], params["nnodes"],

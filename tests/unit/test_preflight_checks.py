@@ -115,6 +115,18 @@ def test_unreachable_host_is_named_and_the_others_still_checked():
     assert [n["host"] for n in nodes] == ["n0", "n1", "n2"]
 
 
+def test_an_unreachable_master_leaves_the_workers_checked():
+    probes, connects = cluster()
+    probes["n0"] = {"unreachable": True, "msg": "ssh: connect to host 10.1.0.1 port 22"}
+    connects = {h: {"skipped": True} for h in HOSTS}
+    probes["n2"]["data"] = [{"path": "/data", "exists": False, "kind": None}]
+    probes["n3"]["nics"][1]["name"] = "ens5"
+    checks, nodes, resolved = run(probes, connects, socket_ifname="eth0", data_paths=["/data"])
+    assert failing(checks) == [("data.missing", "n2"), ("host.unreachable", "n0"),
+                               ("nic.missing", "n3")]
+    assert [n["host"] for n in nodes] == ["n1", "n2", "n3"] and resolved["master_addr"] is None
+
+
 def test_probe_failure_is_reported_as_python_torch():
     probes, connects = cluster()
     probes["n1"] = {"failed": True, "msg": "/usr/bin/python3: not found"}

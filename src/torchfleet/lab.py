@@ -1,0 +1,491 @@
+"""A multi-host test lab on one Linux machine: network namespaces with sshd, no Docker.
+
+Each node is a network namespace with an `eth0` veth into one bridge, its own IPv4 address in
+10.77.0.0/24 (used by nothing but the lab), its own hostname (UTS namespace), its own
+/etc/hosts (/etc/netns/<ns>/hosts, which `ip netns exec` binds over /etc/hosts), a node-local
+directory mounted at <lab>/local (so code_dir and data_paths can differ per node), and its own
+sshd with a lab-only host key; Ansible reaches it over real SSH with a lab-only client key and
+a known_hosts file the lab writes, host key checking on.
+
+Everything the lab makes carries the prefix `tflab`: `down` finds and removes it all by that
+prefix (also after a crash), and never touches anything else.
+
+    python -m torchfleet.lab up --nodes 4          # prints the inventory path
+    python -m torchfleet.lab fault block_port node0 --port 29500
+    python -m torchfleet.lab heal                   # undo every fault
+    python -m torchfleet.lab down
+
+Needs root, iproute2, nftables and openssh-server.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+PREFIX = "tflab"
+BRIDGE = PREFIX + "-br"
+SUBNET = "10.77.0"
+BRIDGE_ADDR = SUBNET + ".254"
+MAX_NODES = 200
+DEFAULT_DIR = Path("/tmp/torchfleet-lab")
+SSHD = "/usr/sbin/sshd"
+NFT_TABLE = PREFIX
+SAMPLE_CODE = {"train.py": "print('torchfleet lab')\n", "model/net.py": "LAYERS = 4\n"}
+OCCUPY = ("import socket, sys, time\n"
+          "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+          "s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen(); time.sleep(3600)\n")
+
+
+class LabError(RuntimeError):
+    """A lab operation failed; the message names the step and the fix."""
+
+
+def sh(*argv: str, check: bool = True, ns: str | None = None) -> subprocess.CompletedProcess:
+    if ns is not None:
+        argv = ("ip", "netns", "exec", ns) + argv
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if check and proc.returncode != 0:
+        raise LabError("`%s` failed: %s" % (" ".join(argv), proc.stderr.strip()))
+    return proc
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise LabError("the lab needs root (network namespaces, bridges, sshd); run it with sudo")
+    missing = [tool for tool in ("ip", "nft", "unshare", "ssh-keygen")
+               if shutil.which(tool) is None] + ([] if os.path.exists(SSHD) else ["sshd"])
+    if missing:
+        raise LabError("the lab needs %s; install iproute2, nftables, util-linux and "
+                       "openssh-server" % ", ".join(missing))
+
+
+def our_namespaces() -> list[str]:
+    out = sh("ip", "netns", "list", check=False).stdout
+    return [line.split()[0] for line in out.splitlines()
+            if line.split() and line.split()[0].startswith(PREFIX + "-")]
+
+
+def our_links() -> list[str]:
+    out = sh("ip", "-j", "link", "show", check=False).stdout or "[]"
+    return [link["ifname"] for link in json.loads(out) if link["ifname"].startswith(PREFIX)]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+@dataclass
+class Node:
+    name: str
+    index: int
+
+    @property
+    def ns(self) -> str:
+        return "%s-%s" % (PREFIX, self.name)
+
+    @property
+    def address(self) -> str:
+        return "%s.%d" % (SUBNET, self.index + 1)
+
+    @property
+    def veth(self) -> str:
+        return "%s-v%d" % (PREFIX, self.index)
+
+
+@dataclass
+class Lab:
+    """A lab rooted at `root`; `up` builds it, `down` removes it and every leftover."""
+
+    root: Path = DEFAULT_DIR
+    nodes: list[Node] = field(default_factory=list)
+
+    # ---- paths -----------------------------------------------------------------------------
+    @property
+    def inventory(self) -> Path:
+        return self.root / "inventory.yml"
+
+    @property
+    def local(self) -> Path:
+        """Same path on every node, a different directory behind it on each."""
+        return self.root / "local"
+
+    @property
+    def code_dir(self) -> Path:
+        return self.local / "code"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.local / "data"
+
+    def node_dir(self, node: Node) -> Path:
+        return self.root / "nodes" / node.name
+
+    def node_local(self, node: Node) -> Path:
+        """What `node` sees at self.local, seen from the controller."""
+        return self.node_dir(node) / "local"
+
+    def hosts_file(self, node: Node) -> Path:
+        return Path("/etc/netns") / node.ns / "hosts"
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise LabError("no node %s in the lab at %s (nodes: %s)"
+                       % (name, self.root, ", ".join(n.name for n in self.nodes)))
+
+    # ---- up / down -------------------------------------------------------------------------
+    @classmethod
+    def load(cls, root: Path = DEFAULT_DIR) -> "Lab":
+        state = root / "state.json"
+        if not state.exists():
+            raise LabError("no lab at %s; start one with `python -m torchfleet.lab up`" % root)
+        names = json.loads(state.read_text())["nodes"]
+        return cls(root, [Node(name, i) for i, name in enumerate(names)])
+
+    @classmethod
+    def up(cls, nodes: int, root: Path = DEFAULT_DIR) -> "Lab":
+        require_root()
+        if not 1 <= nodes <= MAX_NODES:
+            raise LabError("--nodes must be between 1 and %d, not %d" % (MAX_NODES, nodes))
+        down(root)  # a crashed earlier lab must not be in the way
+        lab = cls(root, [Node("node%d" % i, i) for i in range(nodes)])
+        try:
+            lab._build()
+        except BaseException:
+            down(root)
+            raise
+        return lab
+
+    def _build(self) -> None:
+        (self.root / "keys").mkdir(parents=True, mode=0o700)
+        (self.root / "cp").mkdir(mode=0o700)
+        self.local.mkdir()
+        keys = self.root / "keys"
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tflab-client", "-f",
+           str(keys / "id_lab"))
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tflab-host", "-f",
+           str(keys / "host_ed25519"))
+        shutil.copy(keys / "id_lab.pub", keys / "authorized_keys")
+        host_key = (keys / "host_ed25519.pub").read_text().split()[:2]
+        (self.root / "known_hosts").write_text("".join(
+            "%s %s %s\n" % (node.address, *host_key) for node in self.nodes))
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
+
+        sh("ip", "link", "add", BRIDGE, "type", "bridge")
+        sh("ip", "addr", "add", BRIDGE_ADDR + "/24", "dev", BRIDGE)
+        sh("ip", "link", "set", BRIDGE, "up")
+        for node in self.nodes:
+            self._add_node(node)
+        (self.root / "state.json").write_text(json.dumps(
+            {"nodes": [n.name for n in self.nodes]}))
+        self._write_inventory()
+        self.wait_for_ssh()
+
+    def _add_node(self, node: Node) -> None:
+        sh("ip", "netns", "add", node.ns)
+        sh("ip", "link", "add", node.veth, "type", "veth", "peer", "name", "eth0", "netns", node.ns)
+        sh("ip", "link", "set", node.veth, "master", BRIDGE, "up")
+        sh("ip", "-n", node.ns, "addr", "add", node.address + "/24", "dev", "eth0")
+        sh("ip", "-n", node.ns, "link", "set", "eth0", "up")
+        sh("ip", "-n", node.ns, "link", "set", "lo", "up")
+        sh("ip", "-n", node.ns, "route", "add", "default", "via", BRIDGE_ADDR)
+        self.node_dir(node).mkdir(parents=True)
+        self._seed_local(node)
+        self.hosts_file(node).parent.mkdir(parents=True, exist_ok=True)
+        self.write_hosts(node, node.address)
+        self._start_sshd(node)
+
+    def _seed_local(self, node: Node) -> None:
+        # Only the contents are replaced: the node's mount namespace holds this directory
+        # itself, so removing it would leave the node looking at a deleted one.
+        local = self.node_local(node)
+        local.mkdir(exist_ok=True)
+        for entry in local.iterdir():
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        for rel, text in SAMPLE_CODE.items():
+            path = local / "code" / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        (local / "data").mkdir(parents=True)
+        (local / "data" / "shard-000.bin").write_bytes(b"\0" * 1024)
+
+    def write_hosts(self, node: Node, own_address: str) -> None:
+        # Rewritten in place: `ip netns exec` bind-mounted this very file over /etc/hosts.
+        lines = ["127.0.0.1 localhost"] + ["%s %s" % (
+            own_address if n is node else n.address, n.name) for n in self.nodes]
+        with open(self.hosts_file(node), "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+    def _start_sshd(self, node: Node) -> None:
+        ndir = self.node_dir(node)
+        keys = self.root / "keys"
+        config = ndir / "sshd_config"
+        config.write_text("\n".join([
+            "Port 22", "ListenAddress %s" % node.address,
+            "HostKey %s" % (keys / "host_ed25519"), "PidFile %s" % (ndir / "sshd.pid"),
+            "AuthorizedKeysFile %s" % (keys / "authorized_keys"),
+            "PermitRootLogin prohibit-password", "PubkeyAuthentication yes",
+            "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
+            "StrictModes no", "MaxStartups 500", "MaxSessions 100",
+            "Subsystem sftp internal-sftp", ""]))
+        (ndir / "sshd.pid").unlink(missing_ok=True)
+        # Own UTS namespace for the hostname; the mount namespace `ip netns exec` makes is
+        # where the node-local directory is bound. No variable reaches the shell's text.
+        sh("ip", "netns", "exec", node.ns, "unshare", "--uts", "sh", "-c",
+           'mount --bind "$1" "$2" && hostname "$3" && exec "$4" -f "$5"', "sh",
+           str(self.node_local(node)), str(self.local), node.name, SSHD, str(config))
+
+    def sshd_pid(self, node: Node) -> int | None:
+        try:
+            return int((self.node_dir(node) / "sshd.pid").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def wait_for_ssh(self, timeout_s: float = 30) -> None:
+        end = time.monotonic() + timeout_s
+        pending = list(self.nodes)
+        while pending and time.monotonic() < end:
+            for node in list(pending):
+                try:
+                    socket.create_connection((node.address, 22), timeout=0.5).close()
+                    pending.remove(node)
+                except OSError:
+                    pass
+            if pending:
+                time.sleep(0.05)
+        if pending:
+            raise LabError("sshd did not answer on %s within %.0f s"
+                           % (", ".join(n.name for n in pending), timeout_s))
+
+    def _write_inventory(self) -> None:
+        keys = self.root / "keys"
+        ssh_args = " ".join([
+            "-o UserKnownHostsFile=%s" % (self.root / "known_hosts"),
+            "-o StrictHostKeyChecking=yes", "-o IdentitiesOnly=yes",
+            "-o ControlPath=%s" % (self.root / "cp" / "%C")])
+        inventory = {"all": {"children": {"nodes": {
+            "hosts": {n.name: {"ansible_host": n.address} for n in self.nodes},
+            "vars": {
+                "ansible_user": "root",
+                "ansible_ssh_private_key_file": str(keys / "id_lab"),
+                "ansible_ssh_common_args": ssh_args,
+                # Every node shares this machine's filesystem, so the controller's venv is there.
+                "ansible_python_interpreter": sys.executable,
+                "python": sys.executable,
+                "backend": "gloo",
+                "code_dir": str(self.code_dir),
+                "data_paths": [str(self.data_dir)],
+            }}}}}
+        self.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+
+    # ---- faults (each undone by heal() and by down()) --------------------------------------
+    def block_port(self, name: str, port: int) -> None:
+        """Drop TCP to `port` arriving on the node's eth0, as a host firewall would."""
+        node = self.node(name)
+        sh("nft", "add", "table", "inet", NFT_TABLE, ns=node.ns)
+        sh("nft", "add", "chain", "inet", NFT_TABLE, "input",
+           "{ type filter hook input priority 0 ; }", ns=node.ns)
+        sh("nft", "add", "rule", "inet", NFT_TABLE, "input", "iifname", "eth0", "tcp", "dport",
+           str(port), "drop", ns=node.ns)
+
+    def occupy_port(self, name: str, port: int) -> int:
+        """Hold `port` on the node with a listening process; returns its PID."""
+        node = self.node(name)
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", node.ns, sys.executable, "-c", OCCUPY, str(port)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            try:
+                socket.create_connection((node.address, port), timeout=0.5).close()
+                return proc.pid
+            except OSError:
+                time.sleep(0.05)
+        raise LabError("the port holder on %s did not start listening on %d" % (name, port))
+
+    def rename_nic(self, name: str, new: str = "ens5") -> None:
+        node = self.node(name)
+        for argv in (("link", "set", "eth0", "down"), ("link", "set", "eth0", "name", new),
+                     ("link", "set", new, "up"),
+                     ("route", "replace", "default", "via", BRIDGE_ADDR, "dev", new)):
+            sh("ip", "-n", node.ns, *argv)
+
+    def desync_code(self, name: str) -> None:
+        """One changed file and one extra file in the node's code_dir."""
+        code = self.node_local(self.node(name)) / "code"
+        (code / "train.py").write_text("print('edited on one node only')\n")
+        (code / "scratch.py").write_text("# left behind on one node\n")
+
+    def remove_data(self, name: str) -> None:
+        shutil.rmtree(self.node_local(self.node(name)) / "data")
+
+    def hostname_loopback(self, name: str) -> None:
+        """Make the node's own name resolve to 127.0.1.1, as Debian's installer writes it."""
+        self.write_hosts(self.node(name), "127.0.1.1")
+
+    def unreachable(self, name: str) -> None:
+        """Kill the node's sshd and every session it serves (Ansible's control masters too)."""
+        node = self.node(name)
+        kill_namespace_processes(node.ns, only_sshd=True)
+        close_control_masters(self.root)
+
+    def cut_network(self, name: str) -> None:
+        """Take the node's cable out: its veth goes down on the bridge side."""
+        sh("ip", "link", "set", self.node(name).veth, "down")
+
+    def heal(self) -> None:
+        """Undo every fault above on every node, so one lab serves many tests."""
+        close_control_masters(self.root)
+        for node in self.nodes:
+            kill_namespace_processes(node.ns, keep=self.sshd_pid(node))
+            sh("nft", "delete", "table", "inet", NFT_TABLE, ns=node.ns, check=False)
+            links = json.loads(sh("ip", "-n", node.ns, "-j", "link", "show").stdout)
+            for link in links:
+                if link["ifname"] not in ("lo", "eth0"):
+                    sh("ip", "-n", node.ns, "link", "set", link["ifname"], "down")
+                    sh("ip", "-n", node.ns, "link", "set", link["ifname"], "name", "eth0")
+                    sh("ip", "-n", node.ns, "link", "set", "eth0", "up")
+            sh("ip", "-n", node.ns, "route", "replace", "default", "via", BRIDGE_ADDR, "dev",
+               "eth0")
+            sh("ip", "link", "set", node.veth, "up")
+            self._seed_local(node)
+            self.write_hosts(node, node.address)
+            pid = self.sshd_pid(node)
+            if not (pid and pid_alive(pid)):
+                self._start_sshd(node)
+        self.wait_for_ssh()
+
+
+def close_control_masters(root: Path) -> None:
+    """End the SSH control masters Ansible keeps for the lab's nodes."""
+    cp = root / "cp"
+    if cp.is_dir():
+        for sock in cp.iterdir():
+            sh("ssh", "-o", "ControlPath=%s" % sock, "-O", "exit", "tflab", check=False)
+
+
+def kill_namespace_processes(ns: str, keep: int | None = None, only_sshd: bool = False) -> None:
+    """SIGKILL processes in the network namespace: all but `keep` and its descendants (sshd
+    and the sessions Ansible's control masters hold open), or with only_sshd, sshd alone."""
+    out = sh("ip", "netns", "pids", ns, check=False).stdout
+    for pid in (int(p) for p in out.split()):
+        if keep and _descends_from(pid, keep):
+            continue
+        if only_sshd and not _comm(pid).startswith("sshd"):
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    for _ in range(32):
+        if pid == ancestor:
+            return True
+        parent = _parent(pid)
+        if not parent or parent == pid:
+            return False
+        pid = parent
+    return False
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open("/proc/%d/comm" % pid) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def down(root: Path = DEFAULT_DIR) -> list[str]:
+    """Remove every trace of any lab (found by prefix) and `root`; returns what it removed."""
+    removed = []
+    close_control_masters(root)
+    for ns in our_namespaces():
+        kill_namespace_processes(ns)
+        sh("ip", "netns", "del", ns, check=False)
+        removed.append("netns " + ns)
+    for link in our_links():
+        sh("ip", "link", "del", link, check=False)
+        removed.append("link " + link)
+    netns_etc = Path("/etc/netns")
+    if netns_etc.is_dir():
+        for entry in netns_etc.glob(PREFIX + "-*"):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(str(entry))
+    if root.exists():
+        shutil.rmtree(root, ignore_errors=True)
+        removed.append(str(root))
+    return removed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torchfleet.lab", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="lab directory")
+    sub = parser.add_subparsers(dest="command", required=True)
+    up_p = sub.add_parser("up", help="create the lab and print its inventory path")
+    up_p.add_argument("--nodes", type=int, default=2)
+    sub.add_parser("down", help="remove the lab and every leftover of any lab")
+    sub.add_parser("heal", help="undo every fault")
+    fault = sub.add_parser("fault", help="inject a fault on one node")
+    fault.add_argument("kind", choices=["block_port", "occupy_port", "rename_nic", "desync_code",
+                                        "remove_data", "hostname_loopback", "unreachable",
+                                        "cut_network"])
+    fault.add_argument("node")
+    fault.add_argument("--port", type=int, default=29500)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "up":
+            start = time.monotonic()
+            lab = Lab.up(args.nodes, args.dir)
+            print("lab up: %d node(s) in %.1f s; inventory: %s"
+                  % (len(lab.nodes), time.monotonic() - start, lab.inventory))
+        elif args.command == "down":
+            require_root()
+            start = time.monotonic()
+            removed = down(args.dir)
+            print("lab down: removed %d item(s) in %.1f s" % (len(removed),
+                                                                time.monotonic() - start))
+        else:
+            lab = Lab.load(args.dir)
+            if args.command == "heal":
+                lab.heal()
+            elif args.kind in ("block_port", "occupy_port"):
+                getattr(lab, args.kind)(args.node, args.port)
+            else:
+                getattr(lab, args.kind)(args.node)
+    except LabError as exc:
+        print("torchfleet lab: %s" % exc, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
