@@ -232,7 +232,7 @@ class Lab:
         with open(self.hosts_file(node), "w") as f:
             f.write("\n".join(lines) + "\n")
 
-    def _start_sshd(self, node: Node) -> None:
+    def _start_sshd(self, node: Node, extra: list[str] | None = None) -> None:
         ndir = self.node_dir(node)
         keys = self.root / "keys"
         config = ndir / "sshd_config"
@@ -243,7 +243,7 @@ class Lab:
             "PermitRootLogin prohibit-password", "PubkeyAuthentication yes",
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
             "StrictModes no", "MaxStartups 500", "MaxSessions 100",
-            "Subsystem sftp internal-sftp", ""]))
+            "Subsystem sftp internal-sftp", *(extra or []), ""]))
         (ndir / "sshd.pid").unlink(missing_ok=True)
         # Own UTS namespace for the hostname; the mount namespace `ip netns exec` makes is
         # where the node-local directory is bound. No variable reaches the shell's text.
@@ -295,14 +295,16 @@ class Lab:
         self.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
 
     # ---- faults (each undone by heal() and by down()) --------------------------------------
-    def block_port(self, name: str, port: int) -> None:
-        """Drop TCP to `port` arriving on the node's eth0, as a host firewall would."""
+    def block_port(self, name: str, port: int, last: int | None = None) -> None:
+        """Drop TCP to `port` (or the range port-last) arriving on the node's eth0, as a host
+        firewall would; the node's own loopback traffic still passes."""
         node = self.node(name)
+        ports = str(port) if last is None else "%d-%d" % (port, last)
         sh("nft", "add", "table", "inet", NFT_TABLE, ns=node.ns)
         sh("nft", "add", "chain", "inet", NFT_TABLE, "input",
            "{ type filter hook input priority 0 ; }", ns=node.ns)
         sh("nft", "add", "rule", "inet", NFT_TABLE, "input", "iifname", "eth0", "tcp", "dport",
-           str(port), "drop", ns=node.ns)
+           ports, "drop", ns=node.ns)
 
     def occupy_port(self, name: str, port: int) -> int:
         """Hold `port` on the node with a listening process; returns its PID."""
@@ -319,6 +321,21 @@ class Lab:
             except OSError:
                 time.sleep(0.05)
         raise LabError("the port holder on %s did not start listening on %d" % (name, port))
+
+    def set_env(self, name: str, assignment: str) -> None:
+        """Give every SSH session on the node an extra environment variable (sshd SetEnv),
+        as a per-host profile or container image would."""
+        node = self.node(name)
+        key, _, value = assignment.partition("=")
+        if not key or not key.replace("_", "").isalnum():
+            raise LabError("set_env takes NAME=VALUE, not %r" % assignment)
+        self._stop_sshd(node)
+        self._start_sshd(node, extra=["SetEnv %s=%s" % (key, value)])
+        self.wait_for_ssh()
+
+    def _stop_sshd(self, node: Node) -> None:
+        kill_namespace_processes(node.ns, only_sshd=True)
+        close_control_masters(self.root)
 
     def rename_nic(self, name: str, new: str = "ens5") -> None:
         node = self.node(name)
@@ -342,9 +359,7 @@ class Lab:
 
     def unreachable(self, name: str) -> None:
         """Kill the node's sshd and every session it serves (Ansible's control masters too)."""
-        node = self.node(name)
-        kill_namespace_processes(node.ns, only_sshd=True)
-        close_control_masters(self.root)
+        self._stop_sshd(self.node(name))
 
     def cut_network(self, name: str) -> None:
         """Take the node's cable out: its veth goes down on the bridge side."""
@@ -368,6 +383,9 @@ class Lab:
             self._seed_local(node)
             self.write_hosts(node, node.address)
             pid = self.sshd_pid(node)
+            if "SetEnv" in (self.node_dir(node) / "sshd_config").read_text():
+                self._stop_sshd(node)
+                pid = None
             if not (pid and pid_alive(pid)):
                 self._start_sshd(node)
         self.wait_for_ssh()
@@ -457,9 +475,10 @@ def main(argv: list[str] | None = None) -> int:
     fault = sub.add_parser("fault", help="inject a fault on one node")
     fault.add_argument("kind", choices=["block_port", "occupy_port", "rename_nic", "desync_code",
                                         "remove_data", "hostname_loopback", "unreachable",
-                                        "cut_network"])
+                                        "cut_network", "set_env"])
     fault.add_argument("node")
     fault.add_argument("--port", type=int, default=29500)
+    fault.add_argument("--env", default="NCCL_IB_DISABLE=1", help="NAME=VALUE for set_env")
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
@@ -479,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
                 lab.heal()
             elif args.kind in ("block_port", "occupy_port"):
                 getattr(lab, args.kind)(args.node, args.port)
+            elif args.kind == "set_env":
+                lab.set_env(args.node, args.env)
             else:
                 getattr(lab, args.kind)(args.node)
     except LabError as exc:

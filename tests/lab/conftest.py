@@ -1,0 +1,48 @@
+"""One 4-node lab for the whole session; every test heals the faults it injected."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from torchfleet import lab as labmod
+
+LAB_DIR = labmod.DEFAULT_DIR.with_name("torchfleet-lab-tests")
+
+
+def lab_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "the lab needs root (network namespaces, sshd); CI runs these as root"
+    missing = [t for t in ("ip", "nft", "unshare", "ssh", "ssh-keygen") if not shutil.which(t)]
+    if missing or not os.path.exists(labmod.SSHD):
+        return "the lab needs iproute2, nftables and openssh-server (.ci/run installs them)"
+    return None
+
+
+def leftovers() -> list[str]:
+    """Anything of the lab's still on this machine: namespaces, links, sshd, torchrun."""
+    found = ["netns " + ns for ns in labmod.our_namespaces()]
+    found += ["link " + link for link in labmod.our_links()]
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    found += [line.strip() for line in ps.splitlines()
+              if str(LAB_DIR) in line or "torchfleet-port-listener" in line]
+    return found
+
+
+@pytest.fixture(scope="session")
+def lab():
+    reason = lab_unavailable()
+    if reason:
+        pytest.skip(reason)
+    the_lab = labmod.Lab.up(4, LAB_DIR)
+    yield the_lab
+    labmod.down(LAB_DIR)
+    assert leftovers() == []
+
+
+@pytest.fixture
+def healthy_lab(lab):
+    yield lab
+    lab.heal()

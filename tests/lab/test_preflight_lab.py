@@ -1,0 +1,102 @@
+"""preflight.yml over real SSH against the lab's nodes, with real faults.
+
+Each fault test asserts the check id and that exactly the faulty host (or, for a fault on the
+master, exactly the hosts that must go through it) fails.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.playbook import playbook
+
+pytestmark = pytest.mark.lab
+
+
+def preflight(lab, tmp_path, *args):
+    return playbook("preflight.yml", tmp_path, *args, inventory=lab.inventory)
+
+
+@pytest.mark.parametrize("nnodes", [2, 4])
+def test_healthy_lab_passes(healthy_lab, tmp_path, nnodes):
+    run = preflight(healthy_lab, tmp_path, "-e", "nnodes=%d" % nnodes)
+    assert run.rc == 0, run.out
+    report = run.report()
+    assert report["master_addr"] == "10.77.0.1" and report["world_size"] == nnodes
+    assert [(h["host"], h["address"], h["socket_ifname"]) for h in report["hosts"]] == [
+        ("node%d" % i, "10.77.0.%d" % (i + 1), "eth0") for i in range(nnodes)]
+    passed = {(c["id"], c["host"]) for c in report["checks"] if c["ok"]}
+    for i in range(nnodes):
+        for cid in ("code.sync", "data.missing", "port.blocked", "port.ephemeral",
+                    "hostname.loopback", "nic.route"):
+            assert (cid, "node%d" % i) in passed
+
+
+def test_firewall_on_the_master_port_blocks_every_worker_not_the_master(healthy_lab, tmp_path):
+    healthy_lab.block_port("node0", 29500)
+    run = preflight(healthy_lab, tmp_path)
+    assert run.rc != 0
+    assert run.failing() == [("port.blocked", "node%d" % i) for i in (1, 2, 3)]
+    assert "10.77.0.1:29500" in run.out and "firewall" in run.out
+
+
+def test_firewall_on_the_ephemeral_range(healthy_lab, tmp_path):
+    healthy_lab.block_port("node0", 30000, 65000)
+    run = preflight(healthy_lab, tmp_path, "-e", "nnodes=2")
+    assert run.failing() == [("port.ephemeral", "node1")]
+
+
+def test_occupied_master_port_names_the_holder(healthy_lab, tmp_path):
+    pid = healthy_lab.occupy_port("node0", 29500)
+    run = preflight(healthy_lab, tmp_path, "-e", "nnodes=2")
+    assert run.failing() == [("port.in_use", "node0")]
+    (check,) = [c for c in run.report()["checks"] if c["id"] == "port.in_use"]
+    assert "port 29500 is already bound by pid %d" % pid in check["detail"]
+
+
+def test_renamed_nic(healthy_lab, tmp_path):
+    healthy_lab.rename_nic("node2", "ens5")
+    run = preflight(healthy_lab, tmp_path, "-e", "socket_ifname=eth0")
+    assert run.failing() == [("nic.missing", "node2")]
+    assert "ens5" in run.out
+    # Left to auto-detection, each host exports the NIC that routes to the master.
+    run = preflight(healthy_lab, tmp_path / "auto")
+    assert run.rc == 0, run.out
+    assert [h["socket_ifname"] for h in run.report()["hosts"]] == ["eth0", "eth0", "ens5", "eth0"]
+
+
+def test_code_out_of_sync_names_the_files(healthy_lab, tmp_path):
+    healthy_lab.desync_code("node3")
+    run = preflight(healthy_lab, tmp_path)
+    assert run.failing() == [("code.sync", "node3")]
+    (check,) = [c for c in run.report()["checks"] if c["id"] == "code.sync" and not c["ok"]]
+    assert "changed: train.py" in check["detail"] and "only here: scratch.py" in check["detail"]
+
+
+def test_missing_data(healthy_lab, tmp_path):
+    healthy_lab.remove_data("node1")
+    assert preflight(healthy_lab, tmp_path).failing() == [("data.missing", "node1")]
+
+
+def test_hostname_resolving_to_loopback(healthy_lab, tmp_path):
+    healthy_lab.hostname_loopback("node2")
+    run = preflight(healthy_lab, tmp_path)
+    assert run.failing() == [("hostname.loopback", "node2")]
+    assert "127.0.1.1" in run.out
+
+
+def test_environment_differs_on_one_host(healthy_lab, tmp_path):
+    healthy_lab.set_env("node1", "NCCL_IB_DISABLE=1")
+    run = preflight(healthy_lab, tmp_path)
+    assert run.rc == 0  # a warning, not an error
+    warned = [(c["id"], c["host"]) for c in run.report()["checks"] if not c["ok"]]
+    assert warned == [("env.nccl", "node1")]
+    assert "NCCL_IB_DISABLE=1" in run.out
+
+
+def test_unreachable_host_is_named_and_the_others_fully_checked(healthy_lab, tmp_path):
+    healthy_lab.unreachable("node3")
+    healthy_lab.remove_data("node2")
+    run = preflight(healthy_lab, tmp_path)
+    assert run.failing() == [("data.missing", "node2"), ("host.unreachable", "node3")]
+    checked = {c["host"] for c in run.report()["checks"] if c["id"] == "port.blocked"}
+    assert checked == {"node0", "node1", "node2"}
