@@ -1,0 +1,1 @@
+"""Workloads that run under torchrun on every rank; the launch role ships these files."""

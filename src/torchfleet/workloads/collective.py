@@ -1,0 +1,180 @@
+"""Collective test: every op over a sweep of sizes, exact checks, algbw and busbw per rank.
+
+    torchrun ... collective.py --sizes 1K,64K,1M --iters 20 --warmup 5
+
+Sizes follow nccl-tests: the whole buffer for all_reduce and broadcast, the gathered
+output for all_gather and gather, the input for reduce_scatter. Bus bandwidth uses nccl-tests'
+factors so numbers compare with theirs: all_reduce 2(n-1)/n, all_gather / reduce_scatter /
+gather (n-1)/n, broadcast 1. Every result is checked exactly; a rank writes its JSON result and
+exits non-zero when anything was wrong.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+
+import _rank
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "gather", "barrier")
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().rstrip("B")
+    unit = text[-1] if text and text[-1] in UNITS else ""
+    return int(float(text[: len(text) - len(unit)]) * UNITS[unit])
+
+
+def bus_factor(op: str, n: int) -> float:
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "gather"):
+        return (n - 1) / n
+    return 1.0
+
+
+class Case:
+    """One op at one size: buffers, the call, and the exact check of its result."""
+
+    def __init__(self, op, size_bytes, rank, n, device):
+        self.op, self.rank, self.n = op, rank, n
+        elem = 4  # float32; integers in these tests stay exact far past 512 ranks
+        total = max(n, size_bytes // elem)
+        total -= total % n
+        self.count = total
+        self.size_bytes = total * elem
+        f = dict(dtype=torch.float32, device=device)
+        chunk = total // n
+        if op == "all_reduce":
+            self.buf = torch.empty(total, **f)
+        elif op == "all_gather":
+            self.inp, self.out = torch.empty(chunk, **f), torch.empty(total, **f)
+        elif op == "reduce_scatter":
+            self.inp, self.out = torch.empty(total, **f), torch.empty(chunk, **f)
+        elif op == "broadcast":
+            self.buf = torch.empty(total, **f)
+        elif op == "gather":
+            self.inp = torch.empty(chunk, **f)
+            self.outs = [torch.empty(chunk, **f) for _ in range(n)] if rank == 0 else None
+        self.chunk = chunk
+
+    def reset(self):
+        r = float(self.rank)
+        if self.op == "all_reduce":
+            self.buf.fill_(r + 1)
+        elif self.op in ("all_gather", "gather"):
+            self.inp.fill_(r)
+        elif self.op == "reduce_scatter":
+            # Chunk j of rank r holds r + j: after the sum, rank j holds sum_r(r) + n*j.
+            self.inp.copy_(torch.arange(self.n, dtype=torch.float32, device=self.inp.device)
+                           .repeat_interleave(self.chunk) + r)
+        elif self.op == "broadcast":
+            self.buf.fill_(42.0 if self.rank == 0 else -1.0)
+
+    def run(self):
+        if self.op == "all_reduce":
+            dist.all_reduce(self.buf)
+        elif self.op == "all_gather":
+            dist.all_gather_into_tensor(self.out, self.inp)
+        elif self.op == "reduce_scatter":
+            dist.reduce_scatter_tensor(self.out, self.inp)
+        elif self.op == "broadcast":
+            dist.broadcast(self.buf, src=0)
+        elif self.op == "gather":
+            dist.gather(self.inp, self.outs, dst=0)
+        elif self.op == "barrier":
+            dist.barrier()
+
+    def wrong(self) -> int:
+        """Number of wrong elements after the last run (0 when exact)."""
+        n, r = self.n, self.rank
+        if self.op == "all_reduce":
+            return int((self.buf != n * (n + 1) / 2).sum())
+        if self.op == "all_gather":
+            want = torch.arange(n, dtype=torch.float32, device=self.out.device)
+            return int((self.out.view(n, -1) != want[:, None]).sum())
+        if self.op == "reduce_scatter":
+            return int((self.out != n * (n - 1) / 2 + n * r).sum())
+        if self.op == "broadcast":
+            return int((self.buf != 42.0).sum())
+        if self.op == "gather" and r == 0:
+            return sum(int((t != float(i)).sum()) for i, t in enumerate(self.outs))
+        return 0
+
+
+def measure(case, warmup, iters, device):
+    for _ in range(warmup):
+        case.run()
+    case.reset()
+    case.run()  # the checked run, from a known input
+    _rank.sync(device)
+    wrong = case.wrong()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        case.run()
+    _rank.sync(device)
+    elapsed = (time.perf_counter() - start) / iters
+    return elapsed, wrong
+
+
+def batch_gathers(count, rank, n, device):
+    """Back-to-back gathers of varying lengths to rank 0, as a trainer gathers generations."""
+    wrong = 0
+    start = time.perf_counter()
+    for i in range(count):
+        length = 1 + (i * 37) % 509
+        inp = torch.full((length,), float(rank * 1000 + i), device=device)
+        outs = [torch.empty(length, device=device) for _ in range(n)] if rank == 0 else None
+        dist.gather(inp, outs, dst=0)
+        if rank == 0:
+            wrong += sum(int((t != float(src * 1000 + i)).sum()) for src, t in enumerate(outs))
+    _rank.sync(device)
+    return {"count": count, "wrong": wrong, "time_s": round(time.perf_counter() - start, 6)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", default="1K,64K,1M")
+    parser.add_argument("--ops", default=",".join(OPS))
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--batch-gathers", type=int, default=50)
+    args = parser.parse_args()
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    ops = [op for op in args.ops.split(",") if op]
+    unknown = sorted(set(ops) - set(OPS))
+    if unknown:
+        raise SystemExit("unknown op(s) %s; choose from %s" % (unknown, ", ".join(OPS)))
+
+    backend, device, init_s = _rank.init()
+    rank, n = dist.get_rank(), dist.get_world_size()
+    result = dict(_rank.identity(), kind="collective", backend=backend, device=str(device),
+                  init_s=round(init_s, 6), results=[], ok=False)
+    _rank.log("joined: world %d, backend %s, %.2f s" % (n, backend, init_s))
+    for op in ops:
+        for size in ([0] if op == "barrier" else sizes):
+            case = Case(op, size, rank, n, device)
+            elapsed, wrong = measure(case, args.warmup, args.iters, device)
+            algbw = case.size_bytes / elapsed / 1e9 if op != "barrier" else 0.0
+            result["results"].append({
+                "op": op, "size_bytes": 0 if op == "barrier" else case.size_bytes,
+                "count": 0 if op == "barrier" else case.count, "time_us": elapsed * 1e6,
+                "algbw_gbs": algbw, "busbw_gbs": algbw * bus_factor(op, n), "wrong": wrong})
+            _rank.log("%-14s %10d B  %10.1f us  busbw %8.3f GB/s  wrong %d" % (
+                op, result["results"][-1]["size_bytes"], elapsed * 1e6,
+                result["results"][-1]["busbw_gbs"], wrong))
+    result["batch_gathers"] = batch_gathers(args.batch_gathers, rank, n, device)
+    result["ok"] = (all(r["wrong"] == 0 for r in result["results"])
+                    and result["batch_gathers"]["wrong"] == 0)
+    _rank.write_result(result)
+    dist.destroy_process_group()
+    _rank.log("done: %s" % ("all results exact" if result["ok"] else "WRONG RESULTS"))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
