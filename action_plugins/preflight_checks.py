@@ -6,16 +6,13 @@ module_utils/torchfleet/preflight.py, which library/preflight_checks.py also cal
 """
 from __future__ import annotations
 
-from pathlib import Path
+import os
+import sys
 
-import ansible.module_utils
 from ansible.plugins.action import ActionBase
 
-# Make this project's module_utils importable here as it is inside a module's AnsiballZ.
-_MODULE_UTILS = str(Path(__file__).resolve().parents[1] / "module_utils")
-if _MODULE_UTILS not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(_MODULE_UTILS)
-
+sys.path.insert(0, os.path.dirname(__file__))
+import _torchfleet  # noqa: E402,F401  (module_utils on the import path)
 from ansible.module_utils.torchfleet.preflight import ARGUMENT_SPEC, decide  # noqa: E402
 
 

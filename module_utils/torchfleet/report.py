@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import tempfile
+
+RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
 
 
 def write_report(run_dir, name, data, runs_root=None):
@@ -29,3 +33,19 @@ def write_report(run_dir, name, data, runs_root=None):
         os.symlink(os.path.relpath(run_dir, runs_root), tmp_link)
         os.replace(tmp_link, link)
     return path
+
+
+def prune_runs(runs_root, keep):
+    """Remove all but the newest `keep` run directories under runs_root; returns removed names.
+
+    Run ids start with a UTC timestamp, so their names sort by age; anything else under
+    runs_root (latest, files of the user's) is left alone.
+    """
+    runs = sorted(d for d in os.listdir(runs_root)
+                  if RUN_ID_RE.match(d)
+                  and os.path.isdir(os.path.join(runs_root, d))
+                  and not os.path.islink(os.path.join(runs_root, d)))
+    removed = runs[:-keep] if keep > 0 else []
+    for name in removed:
+        shutil.rmtree(os.path.join(runs_root, name), ignore_errors=True)
+    return removed

@@ -1,0 +1,111 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: rank_results
+short_description: Read every rank's result and logs of one run on this host
+description:
+  - Returns the JSON result each rank wrote (C(results/rank-*.json)), and the run's log files
+    (torchrun's own log, each rank's stdout/stderr, py-spy stack dumps) with their contents.
+  - The action plugin of the same name writes those files under O(dest)/<host>/ on the
+    controller and returns the results without the file contents.
+  - A rank that wrote no result is not invented; the aggregation names it as missing.
+version_added: "0.1.0"
+author: torchfleet developers
+options:
+  run_dir:
+    description: This host's directory for the run.
+    type: path
+    required: true
+  max_log_bytes:
+    description: Keep at most the last this many bytes of each log file.
+    type: int
+    default: 1048576
+  dest:
+    description: Controller directory for the files (used by the action plugin).
+    type: str
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+"""
+
+EXAMPLES = r"""
+- name: Bring every rank's results and logs back
+  rank_results:
+    run_dir: ~/.torchfleet/runs/20261122-0301-ab12/node0
+    dest: runs/20261122-0301-ab12/logs
+  register: ranks
+"""
+
+RETURN = r"""
+results:
+  description: Each rank's JSON result, ordered by rank.
+  returned: always
+  type: list
+  elements: dict
+files:
+  description: Log files (path relative to the run directory, base64 content, size, truncated).
+  returned: always
+  type: list
+  elements: dict
+"""
+
+import base64
+import glob
+import json
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.torchfleet.rundir import EXITCODE, LOGS, RESULTS, TORCHRUN_LOG
+
+
+def read_tail(path, max_bytes):
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        f.seek(max(0, size - max_bytes))
+        return f.read(), size
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            run_dir=dict(type="path", required=True),
+            max_log_bytes=dict(type="int", default=1 << 20),
+            dest=dict(type="str"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    run_dir = p["run_dir"]
+    results = []
+    for path in sorted(glob.glob(os.path.join(run_dir, RESULTS, "rank-*.json"))):
+        try:
+            with open(path) as f:
+                results.append(json.load(f))
+        except (OSError, ValueError) as exc:
+            module.warn("unreadable result %s: %s" % (path, exc))
+    files = []
+    logs = [os.path.join(run_dir, TORCHRUN_LOG), os.path.join(run_dir, EXITCODE)]
+    logs += sorted(glob.glob(os.path.join(run_dir, LOGS, "**", "*"), recursive=True))
+    for path in logs:
+        if not os.path.isfile(path):
+            continue
+        data, size = read_tail(path, p["max_log_bytes"])
+        rel = os.path.relpath(path, run_dir)
+        if rel.startswith(LOGS + os.sep):  # logs/<rdzv id>_<suffix>/attempt_0/0/stdout.log
+            rel = rel.split(os.sep, 2)[2]  # -> attempt_0/0/stdout.log
+        files.append({"path": rel,
+                      "content": base64.b64encode(data).decode("ascii"),
+                      "size": size, "truncated": size > len(data)})
+    results.sort(key=lambda r: r.get("rank", 0))
+    module.exit_json(changed=False, results=results, files=files)
+
+
+if __name__ == "__main__":
+    main()

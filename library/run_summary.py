@@ -1,0 +1,132 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: run_summary
+short_description: Decide how a launched torchrun run ended and write train.json or collective.json
+description:
+  - Takes what M(torchrun_watch) and M(rank_results) returned on every host and decides, on
+    the controller, each host's outcome (the first failure a watcher recorded is read from
+    O(run_dir)/abort.json), missing ranks, the first failure (host, rank, reason
+    and the tail of that rank's log) and, for the collective test, per op and size the busbw
+    minimum, median and maximum across ranks with the slowest rank and host.
+  - Writes O(kind).json into O(run_dir) and returns the tables printed at the end of the play.
+  - An action plugin of the same name runs it in the controller's process.
+version_added: "0.1.0"
+author: torchfleet developers
+options:
+  kind:
+    description: Which workload ran.
+    type: str
+    required: true
+    choices: [train, collective]
+  run_id:
+    description: The run's id.
+    type: str
+    required: true
+  hosts:
+    description: The run's hosts in rank order.
+    type: list
+    elements: str
+    required: true
+  watches:
+    description: Registered M(torchrun_watch) result per host.
+    type: dict
+    default: {}
+  ranks:
+    description: Registered M(rank_results) result per host.
+    type: dict
+    default: {}
+  world_size:
+    description: nnodes x nproc_per_node.
+    type: int
+    required: true
+  settings:
+    description: What the run used (recorded in the report).
+    type: dict
+    default: {}
+  run_dir:
+    description: The controller's run directory; the report is written there when set.
+    type: str
+    default: ""
+  runs_root:
+    description: When set, runs_root/latest is pointed at O(run_dir).
+    type: str
+    default: ""
+  keep_runs:
+    description: With O(runs_root), keep only this many newest run directories there.
+    type: int
+    default: 20
+  tail_lines:
+    description: Lines of the failing rank's log to show.
+    type: int
+    default: 15
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+"""
+
+EXAMPLES = r"""
+- name: Summarise the run
+  run_summary:
+    kind: collective
+    run_id: "{{ launch_run_id }}"
+    hosts: "{{ launch_hosts }}"
+    watches: "{{ dict(launch_hosts | zip(launch_hosts | map('extract', hostvars, 'launch_watch'))) }}"
+    ranks: "{{ dict(launch_hosts | zip(launch_hosts | map('extract', hostvars, 'launch_ranks'))) }}"
+    world_size: 4
+    run_dir: runs/20261122-0301-ab12
+  register: summary
+"""
+
+RETURN = r"""
+ok:
+  description: True when every host succeeded and every rank reported a correct result.
+  returned: always
+  type: bool
+checks:
+  description: run.exit per host, run.hang, rank.missing, collective.wrong or train.checksum.
+  returned: always
+  type: list
+  elements: dict
+failures:
+  description: The failed checks.
+  returned: always
+  type: list
+  elements: dict
+first_failure:
+  description: Host, rank, reason and log tail of the failure to look at first.
+  returned: always
+  type: dict
+busbw:
+  description: Per op and size, busbw min / median / max across ranks, slowest rank and host.
+  returned: for kind collective
+  type: list
+  elements: dict
+table:
+  description: The summary tables.
+  returned: always
+  type: str
+report:
+  description: Path of the JSON report.
+  returned: always
+  type: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.torchfleet.summary import ARGUMENT_SPEC, decide
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module.exit_json(changed=False, **decide(module.params))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: torchrun_watch
+short_description: Report the state of this host's torchrun and of each of its ranks
+description:
+  - Reads the run directory M(torchrun_job) keeps; says whether torchrun runs, how it ended,
+    and for each local rank its last log line and how long its logs have been silent.
+  - Touches the run's lease, which keeps the dead-man switch of M(torchrun_job) from firing.
+  - With O(dump_stacks), writes every live rank's Python stack (C(py-spy dump)) into that rank's
+    log directory, so a hang is diagnosed before it is stopped.
+  - The action plugin of the same name calls this module in a loop on every host and stops
+    all hosts as soon as one fails or hangs (fail-fast).
+version_added: "0.1.0"
+author: torchfleet developers
+options:
+  run_dir:
+    description: This host's directory for the run.
+    type: path
+    required: true
+  run_id:
+    description: The run's id.
+    type: str
+    required: true
+  async_jid:
+    description: Job id of the async M(torchrun_job); a job that failed before starting torchrun
+      (a missing script, say) is reported at once as state C(start_failed) with its message.
+    type: str
+  async_dir:
+    description: Directory of Ansible's async job files on the host.
+    type: path
+    default: ~/.ansible_async
+  touch_lease:
+    description: Renew the lease.
+    type: bool
+    default: true
+  dump_stacks:
+    description: Dump every live rank's Python stack with py-spy first.
+    type: bool
+    default: false
+  py_spy:
+    description: Path of py-spy; looked up beside the run's Python and on PATH when unset.
+    type: str
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+"""
+
+EXAMPLES = r"""
+- name: Look at the run once
+  torchrun_watch:
+    run_dir: ~/.torchfleet/runs/20261122-0301-ab12/node0
+    run_id: 20261122-0301-ab12
+  register: state
+"""
+
+RETURN = r"""
+state:
+  description: pending (not started yet), start_failed, running, exited, or vanished (no process,
+    no exit code).
+  returned: always
+  type: str
+rc:
+  description: torchrun's exit code once it exited.
+  returned: always
+  type: int
+pid:
+  description: torchrun's PID.
+  returned: always
+  type: int
+elapsed_s:
+  description: Seconds since torchrun started.
+  returned: always
+  type: float
+ranks:
+  description: One entry per local rank of the latest attempt.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"local_rank": 0, "pid": 4242, "alive": true, "last_line": "step 20/300 loss 0.3",
+            "idle_s": 0.4, "dir": "/root/.torchfleet/runs/x/node0/logs/x_ab/attempt_0/0"}]
+root_cause:
+  description: The failed rank torchrun names as the first observed failure, once it exited.
+  returned: always
+  type: dict
+  sample: {"rank": 1, "local_rank": 1, "exitcode": 3}
+msg:
+  description: Why the job failed to start, with state start_failed.
+  returned: always
+  type: str
+dumps:
+  description: Files written by py-spy, with O(dump_stacks).
+  returned: always
+  type: list
+  elements: str
+"""
+
+import os
+import shutil
+import subprocess
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.torchfleet.procs import alive, is_run_torchrun, run_processes
+from ansible.module_utils.torchfleet.rundir import (
+    EXITCODE, LEASE, PIDFILE, STACK_DUMP, TORCHRUN_LOG, rank_dirs, read_json, root_cause, tail)
+
+
+def worker_pids(run_id, torchrun_pid):
+    """{local_rank: pid} of the live worker processes of the run."""
+    workers = {}
+    for pid in run_processes(run_id, torchrun_pid):
+        if pid == torchrun_pid:
+            continue
+        try:
+            with open("/proc/%d/environ" % pid, "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        except OSError:
+            continue
+        if b"LOCAL_RANK" in env and env.get(b"TORCHELASTIC_RUN_ID") is not None:
+            workers.setdefault(int(env[b"LOCAL_RANK"]), pid)
+    return workers
+
+
+def find_py_spy(explicit, python):
+    if explicit:
+        return explicit
+    beside = os.path.join(os.path.dirname(python or ""), "py-spy")
+    return beside if os.access(beside, os.X_OK) else shutil.which("py-spy")
+
+
+def dump(py_spy, pid, dest):
+    if not py_spy:
+        text = "py-spy is not installed on this host; pip install py-spy to get stacks\n"
+    else:
+        proc = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True,
+                              text=True, timeout=60, check=False)
+        text = proc.stdout + proc.stderr
+    with open(dest, "w") as f:
+        f.write(text)
+    return dest
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            run_dir=dict(type="path", required=True),
+            run_id=dict(type="str", required=True),
+            touch_lease=dict(type="bool", default=True),
+            async_jid=dict(type="str"),
+            async_dir=dict(type="path", default="~/.ansible_async"),
+            dump_stacks=dict(type="bool", default=False),
+            py_spy=dict(type="str"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    run_dir, now = p["run_dir"], time.time()
+    if p["touch_lease"] and os.path.isdir(run_dir):
+        lease = os.path.join(run_dir, LEASE)
+        with open(lease, "a"):
+            pass
+        os.utime(lease)
+    pidfile = read_json(os.path.join(run_dir, PIDFILE))
+    exit_info = read_json(os.path.join(run_dir, EXITCODE))
+    result = dict(changed=False, state="pending", rc=None, pid=None, elapsed_s=0.0, ranks=[],
+                  root_cause=None, dumps=[], msg="")
+    job = read_json(os.path.join(p["async_dir"], p["async_jid"])) if p["async_jid"] else None
+    if not pidfile and job and job.get("failed"):
+        result.update(state="start_failed", msg=job.get("msg", "the job failed")[:1000])
+    if pidfile:
+        pid = pidfile["pid"]
+        result.update(pid=pid, elapsed_s=round(now - pidfile["started"], 3))
+        if exit_info:
+            result.update(state="exited", rc=exit_info["rc"],
+                          elapsed_s=round(exit_info["ended"] - pidfile["started"], 3))
+        elif is_run_torchrun(pid, p["run_id"]):
+            result["state"] = "running"
+        elif not alive(pid):
+            # torchrun just ended: torchrun_job writes its exit code within a poll (0.5 s).
+            deadline = time.monotonic() + 3
+            while exit_info is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+                exit_info = read_json(os.path.join(run_dir, EXITCODE))
+            if exit_info:
+                result.update(state="exited", rc=exit_info["rc"],
+                              elapsed_s=round(exit_info["ended"] - pidfile["started"], 3))
+            else:
+                result["state"] = "vanished"
+        workers = worker_pids(p["run_id"], pid) if result["state"] == "running" else {}
+        for local_rank, rdir in rank_dirs(run_dir).items():
+            logs = [os.path.join(rdir, n) for n in ("stdout.log", "stderr.log")]
+            mtimes = [os.stat(f).st_mtime for f in logs if os.path.exists(f)]
+            last = tail(logs[0], 1) or tail(logs[1], 1)
+            result["ranks"].append({
+                "local_rank": local_rank, "pid": workers.get(local_rank),
+                "alive": local_rank in workers, "last_line": last,
+                "idle_s": round(now - max(mtimes), 3) if mtimes else None, "dir": rdir})
+        if result["state"] == "exited" and result["rc"] != 0:
+            result["root_cause"] = root_cause(tail(os.path.join(run_dir, TORCHRUN_LOG), 200,
+                                                   1 << 20))
+        if p["dump_stacks"]:
+            py_spy = find_py_spy(p["py_spy"], pidfile["argv"][0] if pidfile.get("argv") else "")
+            for rank in result["ranks"]:
+                if rank["pid"]:
+                    result["dumps"].append(dump(py_spy, rank["pid"],
+                                                os.path.join(rank["dir"], STACK_DUMP)))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Layout of one run's directory on a host, shared by the launch, watch, stop and results
+modules:
+
+    <runs_root>/<run_id>/<inventory_hostname>/
+        torchrun.pid    {"pid", "run_id", "argv", "started"}
+        exitcode.json   {"rc", "reason", "ended"} once torchrun ended
+        lease           touched by every watch; stale means the controller is gone
+        torchrun.log    torchrun's own output
+        logs/<rdzv>/attempt_<n>/<local_rank>/{stdout,stderr}.log   per rank (torchrun --log-dir)
+        results/rank-<RANK>.json                                    per rank (the workloads)
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+
+PIDFILE = "torchrun.pid"
+EXITCODE = "exitcode.json"
+LEASE = "lease"
+TORCHRUN_LOG = "torchrun.log"
+LOGS = "logs"
+RESULTS = "results"
+STACK_DUMP = "py-spy-dump.txt"
+
+
+def write_json(path, data):
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def rank_dirs(run_dir):
+    """{local_rank: directory} of the latest torchrun attempt."""
+    attempts = glob.glob(os.path.join(run_dir, LOGS, "*", "attempt_*"))
+    if not attempts:
+        return {}
+    latest = max(attempts, key=lambda a: int(a.rsplit("_", 1)[1]))
+    dirs = {}
+    for entry in os.listdir(latest):
+        if entry.isdigit():
+            dirs[int(entry)] = os.path.join(latest, entry)
+    return dict(sorted(dirs.items()))
+
+
+def tail(path, lines=20, max_bytes=16384):
+    """The last `lines` lines of a text file ('' when missing)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+FAILURE_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def failed_ranks(torchrun_log_text):
+    """[{rank, local_rank, exitcode}] from torchrun's ChildFailedError summary."""
+    seen = []
+    for rank, local_rank, code in FAILURE_RE.findall(torchrun_log_text):
+        item = {"rank": int(rank), "local_rank": int(local_rank), "exitcode": int(code)}
+        if item not in seen:
+            seen.append(item)
+    return seen
+
+
+def root_cause(torchrun_log_text):
+    """{rank, local_rank, exitcode} torchrun names as the root cause (first observed failure),
+    else the first failure it lists, else None."""
+    marker = torchrun_log_text.rfind("Root Cause")
+    found = failed_ranks(torchrun_log_text[marker:] if marker >= 0 else torchrun_log_text)
+    return found[0] if found else None

@@ -1,0 +1,195 @@
+"""The end of a launched run, decided on the controller: per host and rank what happened,
+the first failure with its log tail, and for the collective test the busbw table.
+
+Input is what the torchrun_watch and rank_results action plugins returned per host; output is
+train.json / collective.json (same shape as preflight.json: ok, run_id, hosts, checks) and the
+tables printed at the end of the play.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+
+from ansible.module_utils.torchfleet.preflight import ERROR, check
+from ansible.module_utils.torchfleet.report import prune_runs, write_report
+from ansible.module_utils.torchfleet.rundir import read_json, root_cause
+from ansible.module_utils.torchfleet.table import render
+
+ARGUMENT_SPEC = dict(
+    kind=dict(type="str", required=True, choices=["train", "collective"]),
+    run_id=dict(type="str", required=True),
+    hosts=dict(type="list", elements="str", required=True),
+    watches=dict(type="dict", default={}),
+    ranks=dict(type="dict", default={}),
+    world_size=dict(type="int", required=True),
+    settings=dict(type="dict", default={}),
+    run_dir=dict(type="str", default=""),
+    runs_root=dict(type="str", default=""),
+    keep_runs=dict(type="int", default=20),
+    tail_lines=dict(type="int", default=15),
+)
+
+
+def _tail(path, lines):
+    try:
+        with open(path, errors="replace") as f:
+            return "\n".join(f.read().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _rank_log(run_dir, host, local_rank, lines):
+    """Last lines of a rank's stderr (else stdout) from the logs gathered on the controller."""
+    base = os.path.join(run_dir, "logs", host)
+    attempts = sorted((d for d in os.listdir(base) if d.startswith("attempt_")),
+                      key=lambda d: int(d.split("_")[1])) if os.path.isdir(base) else []
+    for name in ("stderr.log", "stdout.log"):
+        for attempt in reversed(attempts):
+            text = _tail(os.path.join(base, attempt, str(local_rank), name), lines)
+            if text.strip():
+                return text
+    return _tail(os.path.join(base, "torchrun.log"), lines)
+
+
+def first_failure(hosts, watches, abort, run_dir, lines):
+    """The failure the user must look at first: {host, rank, local_rank, reason, tail}.
+
+    Among the hosts whose torchrun log (gathered on the controller) names a root cause, one
+    with a positive exit code wins (a rank that exited on its own, not one stopped by a signal
+    as the failure spread); otherwise the first failure any watcher recorded.
+    """
+    candidates = []
+    for host in hosts:
+        cause = root_cause(_tail(os.path.join(run_dir, "logs", host, "torchrun.log"), 400))
+        if cause:
+            candidates.append((0 if cause["exitcode"] > 0 else 1, hosts.index(host), host, cause))
+    if candidates:
+        _, _, host, cause = min(candidates)
+        return {"host": host, "rank": cause["rank"], "local_rank": cause["local_rank"],
+                "reason": "rank %d exited with %d" % (cause["rank"], cause["exitcode"]),
+                "tail": _rank_log(run_dir, host, cause["local_rank"], lines)}
+    if abort:
+        host = abort.get("host")
+        reason = {"hang": "no rank made progress for %s s" % abort.get("hang_timeout_s"),
+                  "lost": abort.get("detail", "host lost"),
+                  "vanished": abort.get("detail", "torchrun vanished"),
+                  "failed": "torchrun exited with %s" % abort.get("rc"),
+                  }.get(abort.get("reason"), abort.get("detail") or abort.get("reason"))
+        return {"host": host, "rank": None, "local_rank": None, "reason": reason,
+                "tail": _tail(os.path.join(run_dir, "logs", host or "", "torchrun.log"), lines)}
+    return None
+
+
+def busbw_table(results, world_size):
+    """Per op and size across ranks: busbw min / median / max, slowest rank, wrong elements."""
+    rows = {}
+    for r in results:
+        for item in r.get("results", []):
+            key = (item["op"], item["size_bytes"])
+            rows.setdefault(key, []).append((r, item))
+    table = []
+    for (op, size), entries in rows.items():  # the workload's order: op by op, sizes rising
+        busbw = [item["busbw_gbs"] for _, item in entries]
+        slow_rank, slow = max(entries, key=lambda e: e[1]["time_us"])
+        table.append({
+            "op": op, "size_bytes": size, "count": entries[0][1]["count"],
+            "ranks": len(entries), "time_us_max": slow["time_us"],
+            "algbw_gbs_min": min(item["algbw_gbs"] for _, item in entries),
+            "busbw_gbs_min": min(busbw), "busbw_gbs_median": statistics.median(busbw),
+            "busbw_gbs_max": max(busbw), "wrong": sum(item["wrong"] for _, item in entries),
+            "slowest_rank": slow_rank["rank"], "slowest_host": slow_rank.get("host"),
+            "missing_ranks": world_size - len(entries)})
+    return table
+
+
+def collective_text(table):
+    blocks = []
+    for op in dict.fromkeys(row["op"] for row in table):
+        rows = [(r["size_bytes"], r["count"], "%.1f" % r["time_us_max"],
+                 "%.4g" % r["algbw_gbs_min"],
+                 "%.4g / %.4g / %.4g" % (r["busbw_gbs_min"], r["busbw_gbs_median"],
+                                         r["busbw_gbs_max"]),
+                 r["wrong"], "%s (rank %s)" % (r["slowest_host"], r["slowest_rank"]))
+                for r in table if r["op"] == op]
+        blocks.append(op + "\n" + render(
+            ("size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s) min/med/max",
+             "#wrong", "slowest"), rows))
+    return "\n\n".join(blocks)
+
+
+def decide(params):
+    hosts, watches, ranks = params["hosts"], params["watches"], params["ranks"]
+    kind, world = params["kind"], params["world_size"]
+    results = sorted((r for h in hosts for r in (ranks.get(h) or {}).get("results", [])),
+                     key=lambda r: r.get("rank", 0))
+    # The first failure a watcher recorded (torchrun_watch's action plugin writes it).
+    abort = read_json(os.path.join(params["run_dir"], "abort.json")) if params["run_dir"] else None
+    failure = first_failure(hosts, watches, abort, params["run_dir"], params["tail_lines"])
+    checks, host_rows = [], []
+    for host in hosts:
+        w = watches.get(host) or {}
+        state = w.get("watch") or {}
+        outcome = w.get("outcome") or ("lost" if w.get("unreachable") else "unknown")
+        mine = [r for r in results if r.get("host") == host]
+        ok = outcome == "succeeded"
+        detail = "%s, exit %s after %.1f s" % (outcome, state.get("rc"),
+                                                 state.get("elapsed_s") or 0.0)
+        hint = "see %s/logs/%s/" % (params["run_dir"], host)
+        if failure and failure["host"] == host:
+            detail += "; first failure: %s" % failure["reason"]
+        checks.append(check("run.exit", host, ok, detail, hint))
+        if outcome == "hung":
+            checks.append(check("run.hang", host, False,
+                                "no progress for %s s; stacks in py-spy-dump.txt"
+                                % (w.get("abort") or {}).get("hang_timeout_s"), hint))
+        host_rows.append({"host": host, "outcome": outcome, "rc": state.get("rc"),
+                          "duration_s": state.get("elapsed_s"), "ranks": [r["rank"] for r in mine],
+                          "logs": os.path.join(params["run_dir"], "logs", host)})
+    present = {r.get("rank") for r in results}
+    missing = [r for r in range(world) if r not in present]
+    checks.append(check("rank.missing", "controller", not missing,
+                        "%d of %d ranks reported" % (len(present), world) if not missing else
+                        "no result from rank(s) %s" % ", ".join(map(str, missing[:20])),
+                        "read the missing ranks' logs under logs/<host>/"))
+    extra = {}
+    if kind == "collective":
+        table = busbw_table(results, world)
+        wrong = [r for r in results if not r.get("ok")]
+        checks.append(check("collective.wrong", "controller", results and not wrong,
+                            "every op and size exact on %d rank(s)" % len(results) if not wrong
+                            else "wrong results on rank(s) %s" % ", ".join(
+                                str(r["rank"]) for r in wrong),
+                            "check the NIC, driver and NCCL versions of those hosts"))
+        extra.update(busbw=table, table_collective=collective_text(table))
+    elif any("checksum" in r for r in results):  # the built-in training workload
+        agree = (len({r.get("checksum") for r in results}) == 1
+                 and all(r.get("checksums_agree") for r in results))
+        checks.append(check("train.checksum", "controller", agree,
+                            "parameters identical on %d rank(s)" % len(results) if agree else
+                            "parameter checksums differ across ranks: gradients were not "
+                            "synchronised", "check that every rank runs the same code"))
+    bad = [c for c in checks if not c["ok"] and c["severity"] == ERROR]
+    rank_rows = [{"rank": r.get("rank"), "host": r.get("host"), "local_rank": r.get("local_rank"),
+                  "ok": r.get("ok")} for r in results]
+    report = dict(ok=not bad, kind=kind, run_id=params["run_id"], world_size=world,
+                  hosts=host_rows, ranks=rank_rows, checks=checks, first_failure=failure,
+                  settings=params["settings"], **extra)
+    path = ""
+    if params["run_dir"]:
+        path = write_report(params["run_dir"], kind + ".json", report,
+                            params["runs_root"] or None)
+        if params["runs_root"]:
+            prune_runs(params["runs_root"], params["keep_runs"])
+    rows = [(h["host"], ",".join(map(str, h["ranks"])) or "-", h["outcome"],
+             "-" if h["rc"] is None else h["rc"],
+             "-" if h["duration_s"] is None else "%.1f s" % h["duration_s"], h["logs"])
+            for h in host_rows]
+    text = render(("HOST", "RANKS", "OUTCOME", "EXIT", "DURATION", "LOGS"), rows)
+    if extra.get("table_collective"):
+        text = extra["table_collective"] + "\n\n" + text
+    if failure:
+        text += "\n\nfirst failure: %s, rank %s: %s\n%s" % (
+            failure["host"], "?" if failure["rank"] is None else failure["rank"],
+            failure["reason"], failure["tail"])
+    return dict(ok=not bad, checks=checks, failures=bad, first_failure=failure, report=path,
+                table=text, hosts=host_rows, ranks=rank_rows, **extra)
