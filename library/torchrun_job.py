@@ -142,7 +142,7 @@ import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.torchfleet.procs import RUN_ID_ENV, stop_run
+from ansible.module_utils.torchfleet.procs import HOST_ENV, RUN_ID_ENV, stop_run
 from ansible.module_utils.torchfleet.rundir import (
     EXITCODE, LEASE, LOGS, PIDFILE, RESULTS, TORCHRUN_LOG, write_json)
 
@@ -215,8 +215,9 @@ def main():
         # the run is stopped by its recorded PID (torchrun_stop) or the lease below.
         proc = subprocess.Popen(argv, cwd=p["chdir"] or run_dir, env=env, stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    host = env.get(HOST_ENV)
     write_json(os.path.join(run_dir, PIDFILE), {"pid": proc.pid, "run_id": p["run_id"],
-                                                "argv": argv, "started": started})
+                                                "host": host, "argv": argv, "started": started})
     reason = "exited"
     while proc.poll() is None:
         time.sleep(POLL_S)
@@ -227,7 +228,7 @@ def main():
                 age = 0.0
             if age > p["lease_s"]:
                 reason = "lease"
-                stop_run(p["run_id"], proc.pid, grace_s=10)
+                stop_run(p["run_id"], proc.pid, grace_s=10, host=host)
     rc = proc.wait()
     ended = time.time()
     write_json(os.path.join(run_dir, EXITCODE), {"rc": rc, "reason": reason, "ended": ended})

@@ -86,12 +86,13 @@ def main():
         record = read_json(pidfile)
         if not record:
             continue
-        live = run_processes(record["run_id"], record["pid"])
+        live = run_processes(record["run_id"], record["pid"], record.get("host"))
         if not live:
             continue
         entry = {"run_id": record["run_id"], "pid": record["pid"], "processes": live}
         if not module.check_mode:
-            entry.update(stop_run(record["run_id"], record["pid"], p["grace_s"]))
+            entry.update(stop_run(record["run_id"], record["pid"], p["grace_s"],
+                                  record.get("host")))
         stopped.append(entry)
     module.exit_json(changed=bool(stopped), stopped=stopped)
 

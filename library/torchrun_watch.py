@@ -84,7 +84,7 @@ ranks:
   returned: always
   type: list
   elements: dict
-  sample: [{"local_rank": 0, "pid": 4242, "alive": true, "last_line": "step 20/300 loss 0.3",
+  sample: [{"local_rank": 0, "pid": 4242, "rank": 8, "alive": true, "last_line": "step 20/300 loss 0.3",
             "idle_s": 0.4, "dir": "/root/.torchfleet/runs/x/node0/logs/x_ab/attempt_0/0"}]
 root_cause:
   description: The failed rank torchrun names as the first observed failure, once it exited.
@@ -114,9 +114,9 @@ from ansible.module_utils.torchfleet.rundir import (
 
 
 def worker_pids(run_id, torchrun_pid):
-    """{local_rank: pid} of the live worker processes of the run."""
+    """{local_rank: (pid, global rank)} of the live workers this host's torchrun started."""
     workers = {}
-    for pid in run_processes(run_id, torchrun_pid):
+    for pid in run_processes(run_id, torchrun_pid, orphans=False):
         if pid == torchrun_pid:
             continue
         try:
@@ -125,7 +125,7 @@ def worker_pids(run_id, torchrun_pid):
         except OSError:
             continue
         if b"LOCAL_RANK" in env and env.get(b"TORCHELASTIC_RUN_ID") is not None:
-            workers.setdefault(int(env[b"LOCAL_RANK"]), pid)
+            workers.setdefault(int(env[b"LOCAL_RANK"]), (pid, int(env.get(b"RANK", b"-1"))))
     return workers
 
 
@@ -136,13 +136,14 @@ def find_py_spy(explicit, python):
     return beside if os.access(beside, os.X_OK) else shutil.which("py-spy")
 
 
-def dump(py_spy, pid, dest):
+def dump(py_spy, rank, dest):
+    text = "# rank %s (local rank %s, pid %s)\n" % (rank["rank"], rank["local_rank"], rank["pid"])
     if not py_spy:
-        text = "py-spy is not installed on this host; pip install py-spy to get stacks\n"
+        text += "py-spy is not installed on this host; pip install py-spy to get stacks\n"
     else:
-        proc = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True,
+        proc = subprocess.run([py_spy, "dump", "--pid", str(rank["pid"])], capture_output=True,
                               text=True, timeout=60, check=False)
-        text = proc.stdout + proc.stderr
+        text += proc.stdout + proc.stderr
     with open(dest, "w") as f:
         f.write(text)
     return dest
@@ -199,8 +200,9 @@ def main():
             logs = [os.path.join(rdir, n) for n in ("stdout.log", "stderr.log")]
             mtimes = [os.stat(f).st_mtime for f in logs if os.path.exists(f)]
             last = tail(logs[0], 1) or tail(logs[1], 1)
+            pid_rank = workers.get(local_rank, (None, None))
             result["ranks"].append({
-                "local_rank": local_rank, "pid": workers.get(local_rank),
+                "local_rank": local_rank, "pid": pid_rank[0], "rank": pid_rank[1],
                 "alive": local_rank in workers, "last_line": last,
                 "idle_s": round(now - max(mtimes), 3) if mtimes else None, "dir": rdir})
         if result["state"] == "exited" and result["rc"] != 0:
@@ -210,7 +212,7 @@ def main():
             py_spy = find_py_spy(p["py_spy"], pidfile["argv"][0] if pidfile.get("argv") else "")
             for rank in result["ranks"]:
                 if rank["pid"]:
-                    result["dumps"].append(dump(py_spy, rank["pid"],
+                    result["dumps"].append(dump(py_spy, rank,
                                                 os.path.join(rank["dir"], STACK_DUMP)))
     module.exit_json(**result)
 

@@ -1,8 +1,9 @@
 """Processes of one torchfleet run on a host: find them by recorded PID and run id, end them.
 
 A run is identified by its run id: torchrun's command line carries it (--rdzv-id) and every
-process of the run carries TORCHFLEET_RUN_ID in its environment, so a recycled PID, or
-another user's job, is never signalled.
+process of the run carries TORCHFLEET_RUN_ID (and TORCHFLEET_HOST, the inventory host, since
+several inventory hosts may share a machine) in its environment, so a recycled PID, another
+user's job, or another inventory host's part of the run is never signalled.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import signal
 import time
 
 RUN_ID_ENV = "TORCHFLEET_RUN_ID"
+HOST_ENV = "TORCHFLEET_HOST"
 
 
 def _read(path, mode="r"):
@@ -40,9 +42,10 @@ def parent(pid):
     return int(stat.rsplit(")", 1)[1].split()[1]) if ")" in stat else None
 
 
-def has_run_id(pid, run_id):
+def has_run_id(pid, run_id, host=None):
     environ = _read("/proc/%d/environ" % pid, "rb").split(b"\0")
-    return ("%s=%s" % (RUN_ID_ENV, run_id)).encode() in environ
+    return (("%s=%s" % (RUN_ID_ENV, run_id)).encode() in environ
+            and (host is None or ("%s=%s" % (HOST_ENV, host)).encode() in environ))
 
 
 def is_run_torchrun(pid, run_id):
@@ -51,9 +54,10 @@ def is_run_torchrun(pid, run_id):
     return alive(pid) and "torch.distributed.run" in line and run_id in line
 
 
-def run_processes(run_id, root_pid=None):
-    """PIDs of every live process of the run: descendants of root_pid and any process whose
-    environment carries the run id (workers orphaned by a killed torchrun)."""
+def run_processes(run_id, root_pid=None, host=None, orphans=True):
+    """PIDs of every live process of the run: descendants of root_pid and, with orphans, any
+    process whose environment carries the run id and host (workers orphaned by a killed
+    torchrun)."""
     pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
     parents = {pid: parent(pid) for pid in pids}
     found = set()
@@ -66,17 +70,17 @@ def run_processes(run_id, root_pid=None):
                 found.add(pid)
                 break
             cursor, depth = parents.get(cursor), depth + 1
-        if pid not in found and has_run_id(pid, run_id):
+        if orphans and pid not in found and has_run_id(pid, run_id, host):
             found.add(pid)
     return sorted(found)
 
 
-def stop_run(run_id, root_pid, grace_s):
+def stop_run(run_id, root_pid, grace_s, host=None):
     """SIGTERM torchrun (it forwards to its workers), wait grace_s, SIGKILL what is left.
 
     Returns {"signalled": [pids], "killed": [pids]}; nothing of the run is alive after it.
     """
-    targets = run_processes(run_id, root_pid)
+    targets = run_processes(run_id, root_pid, host)
     result = {"signalled": [], "killed": []}
     if not targets:
         return result
@@ -91,7 +95,7 @@ def stop_run(run_id, root_pid, grace_s):
     while time.monotonic() < end and any(alive(p) for p in targets):
         time.sleep(0.1)
     for _ in range(3):  # workers may still be appearing from a dying agent
-        left = [p for p in run_processes(run_id, root_pid) if alive(p)]
+        left = [p for p in run_processes(run_id, root_pid, host) if alive(p)]
         if not left:
             break
         for pid in left:

@@ -7,12 +7,13 @@ tables printed at the end of the play.
 """
 from __future__ import annotations
 
+import glob
 import os
 import statistics
 
 from ansible.module_utils.torchfleet.preflight import ERROR, check
 from ansible.module_utils.torchfleet.report import prune_runs, write_report
-from ansible.module_utils.torchfleet.rundir import read_json, root_cause
+from ansible.module_utils.torchfleet.rundir import STACK_DUMP, read_json, root_cause
 from ansible.module_utils.torchfleet.table import render
 
 ARGUMENT_SPEC = dict(
@@ -51,27 +52,45 @@ def _rank_log(run_dir, host, local_rank, lines):
     return _tail(os.path.join(base, "torchrun.log"), lines)
 
 
+def stacks(run_dir, hosts, frames=4):
+    """Where each hung rank is: its py-spy dump's innermost frames, from the gathered logs."""
+    lines = []
+    for host in hosts:
+        for path in sorted(glob.glob(os.path.join(run_dir, "logs", host, "attempt_*", "*",
+                                                  STACK_DUMP))):
+            text = _tail(path, 200).splitlines()
+            who = text[0].lstrip("# ") if text and text[0].startswith("#") else (
+                "local rank " + os.path.basename(os.path.dirname(path)))
+            where = [ln.strip() for ln in text if ln.startswith("    ")][:frames]
+            lines.append("%s %s: %s" % (host, who, " <- ".join(where) or " ".join(text[1:])[:200]))
+    return "\n".join(lines)
+
+
 def first_failure(hosts, watches, abort, run_dir, lines):
     """The failure the user must look at first: {host, rank, local_rank, reason, tail}.
 
-    Among the hosts whose torchrun log (gathered on the controller) names a root cause, one
-    with a positive exit code wins (a rank that exited on its own, not one stopped by a signal
-    as the failure spread); otherwise the first failure any watcher recorded.
+    A hang comes first, with where every rank was stuck. Otherwise, among the hosts whose
+    torchrun log (gathered on the controller) names a root cause, one with a positive exit code
+    wins (a rank that exited on its own, not one stopped by a signal as the failure spread);
+    then the first failure any watcher recorded; then a rank that died of a signal.
     """
+    if abort and abort.get("reason") == "hang":
+        return {"host": abort.get("host"), "rank": None, "local_rank": None,
+                "reason": "no rank made progress for %s s; stacks:" % abort.get("hang_timeout_s"),
+                "tail": stacks(run_dir, hosts)}
     candidates = []
     for host in hosts:
         cause = root_cause(_tail(os.path.join(run_dir, "logs", host, "torchrun.log"), 400))
         if cause:
             candidates.append((0 if cause["exitcode"] > 0 else 1, hosts.index(host), host, cause))
-    if candidates:
+    if candidates and (min(candidates)[0] == 0 or not abort):
         _, _, host, cause = min(candidates)
         return {"host": host, "rank": cause["rank"], "local_rank": cause["local_rank"],
                 "reason": "rank %d exited with %d" % (cause["rank"], cause["exitcode"]),
                 "tail": _rank_log(run_dir, host, cause["local_rank"], lines)}
     if abort:
         host = abort.get("host")
-        reason = {"hang": "no rank made progress for %s s" % abort.get("hang_timeout_s"),
-                  "lost": abort.get("detail", "host lost"),
+        reason = {"lost": abort.get("detail", "host lost"),
                   "vanished": abort.get("detail", "torchrun vanished"),
                   "failed": "torchrun exited with %s" % abort.get("rc"),
                   }.get(abort.get("reason"), abort.get("detail") or abort.get("reason"))
