@@ -59,6 +59,10 @@ options:
     description: With O(runs_root), keep only this many newest run directories there.
     type: int
     default: 20
+  expect_results:
+    description: Every rank must write a result (the built-in workloads do; a user's script may not).
+    type: bool
+    default: true
   tail_lines:
     description: Lines of the failing rank's log to show.
     type: int

@@ -1,0 +1,145 @@
+"""train.yml, collective.yml and stop.yml on the embedded default (two nodes, this machine)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FIXTURES
+from tests.integration.playbook import BIN, ROOT, playbook
+from tests.unit.test_listener import free_port
+
+pytestmark = pytest.mark.integration
+SCRIPTS = FIXTURES / "scripts"
+
+
+def run_processes(marker):
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
+
+
+def launch(name, tmp_path, *args):
+    return playbook(name, tmp_path, "-e", "nnodes=2", "-e", "master_port=%d" % free_port(), *args)
+
+
+def test_train_builtin_workload_synchronises_gradients(tmp_path):
+    run = launch("train.yml", tmp_path, "-e", "train_steps=60")
+    assert run.rc == 0, run.out
+    report = run.report("train.json")
+    assert report["ok"] and report["world_size"] == 2
+    assert [h["outcome"] for h in report["hosts"]] == ["succeeded", "succeeded"]
+    assert sorted(r["rank"] for r in report["ranks"]) == [0, 1]
+    assert ("train.checksum", "controller") in {(c["id"], c["host"]) for c in report["checks"]
+                                                if c["ok"]}
+    for host in ("node0", "node1"):
+        logs = run.run_dir / "logs" / host
+        assert (logs / "torchrun.log").exists()
+        assert "done: parameter checksum" in (logs / "attempt_0" / "0" / "stdout.log").read_text()
+    assert "HOST" in run.out and "succeeded" in run.out
+    assert run_processes(report["run_id"]) == []
+
+
+def test_collective_reports_every_op_and_size_exact_with_busbw(tmp_path):
+    run = launch("collective.yml", tmp_path, "-e", "collective_sizes=4K,256K",
+                 "-e", "collective_iters=5")
+    assert run.rc == 0, run.out
+    report = run.report("collective.json")
+    rows = {(r["op"], r["size_bytes"]): r for r in report["busbw"]}
+    ops = {op for op, _ in rows}
+    assert ops == {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "gather", "barrier"}
+    for (op, size), row in rows.items():
+        assert row["wrong"] == 0 and row["ranks"] == 2 and row["missing_ranks"] == 0
+        if op != "barrier":
+            assert size in (4096, 262144)
+            assert 0 < row["busbw_gbs_min"] <= row["busbw_gbs_median"] <= row["busbw_gbs_max"]
+            assert row["slowest_host"] in ("node0", "node1")
+    assert "busbw(GB/s) min/med/max" in run.out and "reduce_scatter" in run.out
+
+
+def test_a_failing_rank_stops_every_host_and_is_named_with_its_log(tmp_path):
+    start = time.monotonic()
+    run = launch("train.yml", tmp_path, "-e", "script=%s" % (SCRIPTS / "fail_rank1.py"))
+    took = time.monotonic() - start
+    assert run.rc != 0
+    report = run.report("train.json")
+    failure = report["first_failure"]
+    assert failure["rank"] == 1 and failure["reason"] == "rank 1 exited with 3"
+    assert "giving up with exit code 3" in failure["tail"]
+    assert "first failure on %s, rank 1" % failure["host"] in run.out
+    # Rank 0 would have slept two minutes: it was stopped, not left to finish.
+    assert took < 120 and "finished" not in run.out
+    assert run_processes("fail_rank1.py") == []
+
+
+def test_a_hang_is_diagnosed_with_stacks_then_stopped(tmp_path):
+    run = launch("train.yml", tmp_path, "-e", "script=%s" % (SCRIPTS / "hang_rank1.py"),
+                 "-e", "hang_timeout_s=6")
+    assert run.rc != 0
+    report = run.report("train.json")
+    assert {h["outcome"] for h in report["hosts"]} == {"hung"}
+    assert ("run.hang", "node0") in {(c["id"], c["host"]) for c in report["checks"]}
+    dumps = sorted(run.run_dir.glob("logs/*/attempt_0/*/py-spy-dump.txt"))
+    assert len(dumps) == 2
+    texts = [d.read_text() for d in dumps]
+    assert any("hang_rank1.py:9" in t for t in texts), texts  # the time.sleep line
+    assert "rank 1 (local rank 0" in report["first_failure"]["tail"]
+    assert run_processes("hang_rank1.py") == []
+
+
+def test_hostile_arguments_and_env_reach_the_script_verbatim(tmp_path):
+    canary = tmp_path / "canary"
+    hostile = ["; touch %s" % canary, "$(touch %s)" % canary, "`touch %s`" % canary,
+               "it's \"quoted\"", "two words", "--looks-like-a-flag", "line\nbreak"]
+    extra = {"script": str(SCRIPTS / "echo_args.py"), "script_args": hostile,
+             "env": {"TF_HOSTILE": "$(touch %s); `id` | cat" % canary},
+             "network": "ethernet"}
+    run = launch("train.yml", tmp_path, "-e", json.dumps(extra))
+    assert run.rc == 0, run.out
+    report = run.report("train.json")
+    # The hosts are this machine: read what each rank wrote in its host's run directory.
+    remote = Path.home() / ".torchfleet" / "runs" / report["run_id"]
+    files = sorted(remote.glob("*/results/echo-*.json"))
+    assert len(files) == 2
+    for f in files:
+        got = json.loads(f.read_text())
+        assert got["argv"] == hostile
+        assert got["env"]["TF_HOSTILE"] == extra["env"]["TF_HOSTILE"]
+        assert got["env"]["NCCL_IB_DISABLE"] == "1" and got["env"]["NCCL_SOCKET_IFNAME"] == "lo"
+    assert not canary.exists()
+    assert report["settings"]["network"] == "ethernet"
+
+
+def test_single_node(tmp_path):
+    run = playbook("train.yml", tmp_path, "-e", "nnodes=1", "-e", "train_steps=30",
+                   "-e", "master_port=%d" % free_port())
+    assert run.rc == 0, run.out
+    report = run.report("train.json")
+    assert report["world_size"] == 1 and [h["host"] for h in report["hosts"]] == ["node0"]
+
+
+def test_stop_during_a_run_stops_everything_and_is_a_noop_after(tmp_path):
+    env_path = "%s:%s" % (BIN, os.environ.get("PATH", ""))
+    train = subprocess.Popen(
+        [str(BIN / "ansible-playbook"), "train.yml", "-e", "nnodes=2", "-e", "train_steps=500000",
+         "-e", "master_port=%d" % free_port(), "-e", "run_dir=%s" % (tmp_path / "run")],
+        cwd=ROOT, env=dict(os.environ, PATH=env_path),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(run_processes("train.py")) < 2:
+            time.sleep(1)
+        assert len(run_processes("train.py")) >= 2
+        stop = playbook("stop.yml", tmp_path / "stop")
+        assert stop.rc == 0, stop.out
+        assert "stopped run(s)" in stop.out
+        out, _ = train.communicate(timeout=120)
+    finally:
+        train.kill()
+    assert train.returncode != 0
+    assert run_processes("train.py") == []
+    again = playbook("stop.yml", tmp_path / "again")
+    assert again.rc == 0 and "nothing of torchfleet was running here" in again.out
