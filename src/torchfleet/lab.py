@@ -1,14 +1,14 @@
 """A multi-host test lab on one Linux machine: network namespaces with sshd, no Docker.
 
 Each node is a network namespace with an `eth0` veth into one bridge, its own IPv4 address in
-10.77.0.0/24 (used by nothing but the lab), its own hostname (UTS namespace), its own
+10.77.<tag>.0/24 (used by nothing but the lab), its own hostname (UTS namespace), its own
 /etc/hosts (/etc/netns/<ns>/hosts, which `ip netns exec` binds over /etc/hosts), a node-local
 directory mounted at <lab>/local (so code_dir and data_paths can differ per node), and its own
 sshd with a lab-only host key; Ansible reaches it over real SSH with a lab-only client key and
 a known_hosts file the lab writes, host key checking on.
 
-Everything the lab makes carries the prefix `tflab`: `down` finds and removes it all by that
-prefix (also after a crash), and never touches anything else.
+Everything lab N makes carries the prefix `tflab<N>-`: `down` finds and removes it all by that
+prefix (also after a crash), and never touches anything else; `down --all` removes every lab.
 
     python -m torchfleet.lab up --nodes 4          # prints the inventory path
     python -m torchfleet.lab fault block_port node0 --port 29500
@@ -33,10 +33,8 @@ from pathlib import Path
 
 import yaml
 
-PREFIX = "tflab"
-BRIDGE = PREFIX + "-br"
-SUBNET = "10.77.0"
-BRIDGE_ADDR = SUBNET + ".254"
+PREFIX = "tflab"  # every lab: tflab<N>-node0 (netns), tflab<N>-v0 (veth), tflab<N>-br
+MAX_LABS = 10  # lab N uses 10.77.N.0/24, so several labs (tests, molecule) can coexist
 MAX_NODES = 200
 DEFAULT_DIR = Path("/tmp/torchfleet-lab")
 SSHD = "/usr/sbin/sshd"
@@ -70,15 +68,21 @@ def require_root() -> None:
                        "openssh-server" % ", ".join(missing))
 
 
-def our_namespaces() -> list[str]:
+def lab_prefix(tag: int | None) -> str:
+    """Name prefix of lab `tag`, or of every lab when tag is None."""
+    return PREFIX if tag is None else "%s%d-" % (PREFIX, tag)
+
+
+def our_namespaces(tag: int | None = None) -> list[str]:
     out = sh("ip", "netns", "list", check=False).stdout
     return [line.split()[0] for line in out.splitlines()
-            if line.split() and line.split()[0].startswith(PREFIX + "-")]
+            if line.split() and line.split()[0].startswith(lab_prefix(tag))]
 
 
-def our_links() -> list[str]:
+def our_links(tag: int | None = None) -> list[str]:
     out = sh("ip", "-j", "link", "show", check=False).stdout or "[]"
-    return [link["ifname"] for link in json.loads(out) if link["ifname"].startswith(PREFIX)]
+    return [link["ifname"] for link in json.loads(out)
+            if link["ifname"].startswith(lab_prefix(tag))]
 
 
 def pid_alive(pid: int) -> bool:
@@ -93,18 +97,19 @@ def pid_alive(pid: int) -> bool:
 class Node:
     name: str
     index: int
+    tag: int = 0
 
     @property
     def ns(self) -> str:
-        return "%s-%s" % (PREFIX, self.name)
+        return "%s%s" % (lab_prefix(self.tag), self.name)
 
     @property
     def address(self) -> str:
-        return "%s.%d" % (SUBNET, self.index + 1)
+        return "10.77.%d.%d" % (self.tag, self.index + 1)
 
     @property
     def veth(self) -> str:
-        return "%s-v%d" % (PREFIX, self.index)
+        return "%sv%d" % (lab_prefix(self.tag), self.index)
 
 
 @dataclass
@@ -113,6 +118,15 @@ class Lab:
 
     root: Path = DEFAULT_DIR
     nodes: list[Node] = field(default_factory=list)
+    tag: int = 0
+
+    @property
+    def bridge(self) -> str:
+        return lab_prefix(self.tag) + "br"
+
+    @property
+    def gateway(self) -> str:
+        return "10.77.%d.254" % self.tag
 
     # ---- paths -----------------------------------------------------------------------------
     @property
@@ -155,20 +169,23 @@ class Lab:
         state = root / "state.json"
         if not state.exists():
             raise LabError("no lab at %s; start one with `python -m torchfleet.lab up`" % root)
-        names = json.loads(state.read_text())["nodes"]
-        return cls(root, [Node(name, i) for i, name in enumerate(names)])
+        saved = json.loads(state.read_text())
+        tag = saved.get("tag", 0)
+        return cls(root, [Node(name, i, tag) for i, name in enumerate(saved["nodes"])], tag)
 
     @classmethod
-    def up(cls, nodes: int, root: Path = DEFAULT_DIR) -> "Lab":
+    def up(cls, nodes: int, root: Path = DEFAULT_DIR, tag: int = 0) -> "Lab":
         require_root()
         if not 1 <= nodes <= MAX_NODES:
             raise LabError("--nodes must be between 1 and %d, not %d" % (MAX_NODES, nodes))
-        down(root)  # a crashed earlier lab must not be in the way
-        lab = cls(root, [Node("node%d" % i, i) for i in range(nodes)])
+        if not 0 <= tag < MAX_LABS:
+            raise LabError("--tag must be between 0 and %d, not %d" % (MAX_LABS - 1, tag))
+        down(root, tag)  # a crashed earlier lab with this tag must not be in the way
+        lab = cls(root, [Node("node%d" % i, i, tag) for i in range(nodes)], tag)
         try:
             lab._build()
         except BaseException:
-            down(root)
+            down(root, tag)
             raise
         return lab
 
@@ -187,24 +204,24 @@ class Lab:
             "%s %s %s\n" % (node.address, *host_key) for node in self.nodes))
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
 
-        sh("ip", "link", "add", BRIDGE, "type", "bridge")
-        sh("ip", "addr", "add", BRIDGE_ADDR + "/24", "dev", BRIDGE)
-        sh("ip", "link", "set", BRIDGE, "up")
+        sh("ip", "link", "add", self.bridge, "type", "bridge")
+        sh("ip", "addr", "add", self.gateway + "/24", "dev", self.bridge)
+        sh("ip", "link", "set", self.bridge, "up")
         for node in self.nodes:
             self._add_node(node)
         (self.root / "state.json").write_text(json.dumps(
-            {"nodes": [n.name for n in self.nodes]}))
+            {"nodes": [n.name for n in self.nodes], "tag": self.tag}))
         self._write_inventory()
         self.wait_for_ssh()
 
     def _add_node(self, node: Node) -> None:
         sh("ip", "netns", "add", node.ns)
         sh("ip", "link", "add", node.veth, "type", "veth", "peer", "name", "eth0", "netns", node.ns)
-        sh("ip", "link", "set", node.veth, "master", BRIDGE, "up")
+        sh("ip", "link", "set", node.veth, "master", self.bridge, "up")
         sh("ip", "-n", node.ns, "addr", "add", node.address + "/24", "dev", "eth0")
         sh("ip", "-n", node.ns, "link", "set", "eth0", "up")
         sh("ip", "-n", node.ns, "link", "set", "lo", "up")
-        sh("ip", "-n", node.ns, "route", "add", "default", "via", BRIDGE_ADDR)
+        sh("ip", "-n", node.ns, "route", "add", "default", "via", self.gateway)
         self.node_dir(node).mkdir(parents=True)
         self._seed_local(node)
         self.hosts_file(node).parent.mkdir(parents=True, exist_ok=True)
@@ -341,7 +358,7 @@ class Lab:
         node = self.node(name)
         for argv in (("link", "set", "eth0", "down"), ("link", "set", "eth0", "name", new),
                      ("link", "set", new, "up"),
-                     ("route", "replace", "default", "via", BRIDGE_ADDR, "dev", new)):
+                     ("route", "replace", "default", "via", self.gateway, "dev", new)):
             sh("ip", "-n", node.ns, *argv)
 
     def desync_code(self, name: str) -> None:
@@ -377,7 +394,7 @@ class Lab:
                     sh("ip", "-n", node.ns, "link", "set", link["ifname"], "down")
                     sh("ip", "-n", node.ns, "link", "set", link["ifname"], "name", "eth0")
                     sh("ip", "-n", node.ns, "link", "set", "eth0", "up")
-            sh("ip", "-n", node.ns, "route", "replace", "default", "via", BRIDGE_ADDR, "dev",
+            sh("ip", "-n", node.ns, "route", "replace", "default", "via", self.gateway, "dev",
                "eth0")
             sh("ip", "link", "set", node.veth, "up")
             self._seed_local(node)
@@ -441,20 +458,21 @@ def _parent(pid: int) -> int | None:
         return None
 
 
-def down(root: Path = DEFAULT_DIR) -> list[str]:
-    """Remove every trace of any lab (found by prefix) and `root`; returns what it removed."""
+def down(root: Path = DEFAULT_DIR, tag: int | None = None) -> list[str]:
+    """Remove every trace of lab `tag` (found by its name prefix; every lab when tag is None)
+    and the directory `root`; returns what it removed."""
     removed = []
     close_control_masters(root)
-    for ns in our_namespaces():
+    for ns in our_namespaces(tag):
         kill_namespace_processes(ns)
         sh("ip", "netns", "del", ns, check=False)
         removed.append("netns " + ns)
-    for link in our_links():
+    for link in our_links(tag):
         sh("ip", "link", "del", link, check=False)
         removed.append("link " + link)
     netns_etc = Path("/etc/netns")
     if netns_etc.is_dir():
-        for entry in netns_etc.glob(PREFIX + "-*"):
+        for entry in netns_etc.glob(lab_prefix(tag) + "*"):
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(str(entry))
     if root.exists():
@@ -470,7 +488,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up_p = sub.add_parser("up", help="create the lab and print its inventory path")
     up_p.add_argument("--nodes", type=int, default=2)
-    sub.add_parser("down", help="remove the lab and every leftover of any lab")
+    up_p.add_argument("--tag", type=int, default=0,
+                      help="lab number 0-9: names tflab<N>-*, addresses 10.77.<N>.0/24")
+    down_p = sub.add_parser("down", help="remove the lab (found by its name prefix, also "
+                                         "after a crash) and its directory")
+    down_p.add_argument("--all", action="store_true", help="remove every lab's leftovers")
     sub.add_parser("heal", help="undo every fault")
     fault = sub.add_parser("fault", help="inject a fault on one node")
     fault.add_argument("kind", choices=["block_port", "occupy_port", "rename_nic", "desync_code",
@@ -483,13 +505,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "up":
             start = time.monotonic()
-            lab = Lab.up(args.nodes, args.dir)
+            lab = Lab.up(args.nodes, args.dir, args.tag)
             print("lab up: %d node(s) in %.1f s; inventory: %s"
                   % (len(lab.nodes), time.monotonic() - start, lab.inventory))
         elif args.command == "down":
             require_root()
             start = time.monotonic()
-            removed = down(args.dir)
+            state = args.dir / "state.json"
+            tag = None if args.all or not state.exists() else json.loads(
+                state.read_text()).get("tag", 0)
+            removed = down(args.dir, tag)
             print("lab down: removed %d item(s) in %.1f s" % (len(removed),
                                                                 time.monotonic() - start))
         else:

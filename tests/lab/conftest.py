@@ -10,6 +10,7 @@ import pytest
 from torchfleet import lab as labmod
 
 LAB_DIR = labmod.DEFAULT_DIR.with_name("torchfleet-lab-tests")
+LAB_TAG = 1  # molecule's lab scenario uses 2, a lab made by hand 0
 
 
 def lab_unavailable() -> str | None:
@@ -22,9 +23,9 @@ def lab_unavailable() -> str | None:
 
 
 def leftovers() -> list[str]:
-    """Anything of the lab's still on this machine: namespaces, links, sshd, torchrun."""
-    found = ["netns " + ns for ns in labmod.our_namespaces()]
-    found += ["link " + link for link in labmod.our_links()]
+    """Anything of the test lab's still on this machine: namespaces, links, sshd, listeners."""
+    found = ["netns " + ns for ns in labmod.our_namespaces(LAB_TAG)]
+    found += ["link " + link for link in labmod.our_links(LAB_TAG)]
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     found += [line.strip() for line in ps.splitlines()
               if str(LAB_DIR) in line or "torchfleet-port-listener" in line]
@@ -36,9 +37,9 @@ def lab():
     reason = lab_unavailable()
     if reason:
         pytest.skip(reason)
-    the_lab = labmod.Lab.up(4, LAB_DIR)
+    the_lab = labmod.Lab.up(4, LAB_DIR, LAB_TAG)
     yield the_lab
-    labmod.down(LAB_DIR)
+    labmod.down(LAB_DIR, LAB_TAG)
     assert leftovers() == []
 
 

@@ -22,7 +22,8 @@ def test_train_across_two_lab_nodes(healthy_lab, tmp_path):
                    inventory=healthy_lab.inventory)
     assert run.rc == 0, run.out
     report = run.report("train.json")
-    assert report["ok"] and report["settings"]["master_addr"] == "10.77.0.1"
+    node0, node1 = healthy_lab.nodes[:2]
+    assert report["ok"] and report["settings"]["master_addr"] == node0.address
     # Each rank ran inside its own node: its own UTS hostname, rendezvous over the lab network.
     assert sorted((r["host"], r["rank"]) for r in report["ranks"]) in (
         [("node0", 0), ("node1", 1)], [("node0", 1), ("node1", 0)])
@@ -31,8 +32,9 @@ def test_train_across_two_lab_nodes(healthy_lab, tmp_path):
     pidfile = json.loads(next(REMOTE_RUNS.glob("%s/node1/torchrun.pid" % report["run_id"]))
                          .read_text())
     assert "--local-addr" in pidfile["argv"]
-    assert pidfile["argv"][pidfile["argv"].index("--local-addr") + 1] == "10.77.0.2"
-    assert pidfile["argv"][pidfile["argv"].index("--rdzv-endpoint") + 1] == "10.77.0.1:29500"
+    assert pidfile["argv"][pidfile["argv"].index("--local-addr") + 1] == node1.address
+    assert pidfile["argv"][pidfile["argv"].index("--rdzv-endpoint") + 1] == "%s:29500" % (
+        node0.address)
 
 
 def test_collective_across_two_lab_nodes(healthy_lab, tmp_path):

@@ -21,9 +21,10 @@ def test_healthy_lab_passes(healthy_lab, tmp_path, nnodes):
     run = preflight(healthy_lab, tmp_path, "-e", "nnodes=%d" % nnodes)
     assert run.rc == 0, run.out
     report = run.report()
-    assert report["master_addr"] == "10.77.0.1" and report["world_size"] == nnodes
+    nodes = healthy_lab.nodes[:nnodes]
+    assert report["master_addr"] == nodes[0].address and report["world_size"] == nnodes
     assert [(h["host"], h["address"], h["socket_ifname"]) for h in report["hosts"]] == [
-        ("node%d" % i, "10.77.0.%d" % (i + 1), "eth0") for i in range(nnodes)]
+        (n.name, n.address, "eth0") for n in nodes]
     passed = {(c["id"], c["host"]) for c in report["checks"] if c["ok"]}
     for i in range(nnodes):
         for cid in ("code.sync", "data.missing", "port.blocked", "port.ephemeral",
@@ -36,7 +37,7 @@ def test_firewall_on_the_master_port_blocks_every_worker_not_the_master(healthy_
     run = preflight(healthy_lab, tmp_path)
     assert run.rc != 0
     assert run.failing() == [("port.blocked", "node%d" % i) for i in (1, 2, 3)]
-    assert "10.77.0.1:29500" in run.out and "firewall" in run.out
+    assert "%s:29500" % healthy_lab.nodes[0].address in run.out and "firewall" in run.out
 
 
 def test_firewall_on_the_ephemeral_range(healthy_lab, tmp_path):
