@@ -31,6 +31,9 @@ options:
     type: list
     elements: str
     default: []
+  script:
+    description: The training script; reported as present or missing.
+    type: str
   master_port:
     description: Set on the master only; reports what already listens there.
     type: int
@@ -142,6 +145,15 @@ code:
   returned: always
   type: dict
   sample: {"exists": true, "git_commit": "3f2a...", "git_dirty": false, "files": {"train.py": "ab12..."}, "truncated": false}
+script:
+  description: The training script and whether it exists (null when O(script) is unset).
+  returned: always
+  type: dict
+  sample: {"path": "/srv/code/train.py", "exists": true}
+euid:
+  description: The effective user id the probe ran as (binding a port below 1024 needs 0).
+  returned: always
+  type: int
 data:
   description: One entry per data path.
   returned: always
@@ -258,6 +270,7 @@ def main():
             python=dict(type="str"),
             code_dir=dict(type="path"),
             data_paths=dict(type="list", elements="str", default=[]),
+            script=dict(type="str"),
             master_port=dict(type="int"),
             master_addr=dict(type="str"),
             socket_ifname=dict(type="str"),
@@ -304,6 +317,9 @@ def main():
         code=fingerprint(params["code_dir"], params["max_code_files"])
         if params["code_dir"] else None,
         data=data_facts(params["data_paths"]),
+        script={"path": params["script"], "exists": os.path.isfile(params["script"])}
+        if params["script"] else None,
+        euid=os.geteuid(),
     )
     if params["master_port"] is not None:
         result["master"] = master_facts(params["master_port"], nics, default_dev, params)

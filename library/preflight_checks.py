@@ -72,6 +72,15 @@ options:
     description: Smallest acceptable /dev/shm.
     type: int
     default: 1073741824
+  script:
+    description: The training script train.yml starts; checked on every host when set.
+    type: str
+    default: ""
+  input_errors:
+    description: Bad values found before any host was touched ({id, detail, hint}); each fails as a check on the controller.
+    type: list
+    elements: dict
+    default: []
   run_id:
     description: This run's id, recorded in the report.
     type: str

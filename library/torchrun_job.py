@@ -136,7 +136,6 @@ argv:
   elements: str
 """
 
-import json
 import os
 import subprocess
 import time

@@ -222,6 +222,8 @@ def port_checks(host, connect, master_addr, master, master_port):
 def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
     """All check records plus the per-node plan: (checks, nodes, resolved settings)."""
     checks = world_checks(nnodes, inventory_size, hosts)
+    checks += [check(e["id"], CONTROLLER, False, e["detail"], e["hint"])
+               for e in settings.get("input_errors", [])]
     if not hosts:
         return checks, [], {}
     master = hosts[0]
@@ -304,7 +306,20 @@ def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
                                 "stop it (ansible-playbook stop.yml if it is an earlier run, or "
                                 "kill %s) or choose another -e master_port"
                                 % (holders[0]["pid"] if holders else "it")))
+            port = settings["master_port"]
+            if port < 1024 and probe.get("euid", 0) != 0:
+                checks.append(check("port.privileged", host, False,
+                                    "master_port=%d is below 1024 and the run's user is not root"
+                                    % port, "choose -e master_port above 1023 (29500 is "
+                                            "torchrun's default)"))
         checks.extend(port_checks(host, connect, master_addr, minfo, settings["master_port"]))
+        if settings.get("script"):
+            present = (probe.get("script") or {}).get("exists", False)
+            checks.append(check("script.missing", host, present,
+                                "%s %s" % (settings["script"], "present" if present else
+                                           "does not exist here"),
+                                "copy %s to %s or fix -e script (a path on the hosts)"
+                                % (settings["script"], host)))
         hn = probe["hostname"]
         # On a loopback-only run (the embedded default) every address is loopback by design.
         if hn["loopback"] and not is_loopback_addr(master_addr):
@@ -363,6 +378,8 @@ ARGUMENT_SPEC = dict(
     code_dir=dict(type="str", default=""),
     data_paths=dict(type="list", elements="str", default=[]),
     shm_min_bytes=dict(type="int", default=1 << 30),
+    script=dict(type="str", default=""),
+    input_errors=dict(type="list", elements="dict", default=[]),
     run_id=dict(type="str", default=""),
     run_dir=dict(type="str", default=""),
     runs_root=dict(type="str", default=""),
@@ -385,11 +402,14 @@ def summary_table(checks, nodes):
 def decide(params):
     """The module's whole job, shared by the module and its controller-side action plugin."""
     nproc = params["nproc_per_node"]
-    if nproc != "auto" and not (nproc.isdigit() and int(nproc) >= 1):
+    # The select step reports a bad value as input.nproc_per_node before any host is probed;
+    # here it can only arrive from a direct call of the module.
+    if nproc != "auto" and not (nproc.isdigit() and int(nproc) >= 1) and params["hosts"]:
         raise ValueError("nproc_per_node=%s is not a positive number; set -e nproc_per_node=N "
                          "or auto" % nproc)
-    settings = {k: params[k] for k in ("master_port", "master_addr", "socket_ifname", "backend", "code_dir",
-                                       "data_paths", "shm_min_bytes")}
+    settings = {k: params[k] for k in ("master_port", "master_addr", "socket_ifname", "backend",
+                                       "code_dir", "data_paths", "shm_min_bytes", "script",
+                                       "input_errors")}
     settings["nproc_per_node"] = nproc
     checks, nodes, resolved = evaluate(params["hosts"], params["nnodes"],
                                        params["inventory_size"], params["probes"],
@@ -401,6 +421,10 @@ def decide(params):
         report = dict(ok=not bad, kind="preflight", run_id=params["run_id"],
                       nnodes=params["nnodes"], master_port=params["master_port"],
                       hosts=nodes, checks=checks, **resolved)
-        result["report"] = write_report(params["run_dir"], "preflight.json", report,
-                                        params["runs_root"] or None)
+        try:
+            result["report"] = write_report(params["run_dir"], "preflight.json", report,
+                                            params["runs_root"] or None)
+        except OSError as exc:
+            raise ValueError("cannot write preflight.json in %s (%s); pass -e run_dir= a "
+                             "directory you can write" % (params["run_dir"], exc.strerror or exc))
     return result

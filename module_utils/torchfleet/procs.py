@@ -58,6 +58,8 @@ def run_processes(run_id, root_pid=None, host=None, orphans=True):
     """PIDs of every live process of the run: descendants of root_pid and, with orphans, any
     process whose environment carries the run id and host (workers orphaned by a killed
     torchrun)."""
+    if root_pid is not None and not is_run_torchrun(root_pid, run_id):
+        root_pid = None  # the recorded PID is gone or now belongs to another process
     pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
     parents = {pid: parent(pid) for pid in pids}
     found = set()

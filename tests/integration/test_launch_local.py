@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, processes_matching
 from tests.integration.playbook import BIN, ROOT, playbook
 from tests.unit.test_listener import free_port
 
@@ -17,9 +17,7 @@ pytestmark = pytest.mark.integration
 SCRIPTS = FIXTURES / "scripts"
 
 
-def run_processes(marker):
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
+run_processes = processes_matching
 
 
 def launch(name, tmp_path, *args):
@@ -123,23 +121,61 @@ def test_single_node(tmp_path):
 
 def test_stop_during_a_run_stops_everything_and_is_a_noop_after(tmp_path):
     env_path = "%s:%s" % (BIN, os.environ.get("PATH", ""))
-    train = subprocess.Popen(
-        [str(BIN / "ansible-playbook"), "train.yml", "-e", "nnodes=2", "-e", "train_steps=500000",
-         "-e", "master_port=%d" % free_port(), "-e", "run_dir=%s" % (tmp_path / "run")],
-        cwd=ROOT, env=dict(os.environ, PATH=env_path),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "train.log"
+    with open(log, "w") as out:  # a file, not a pipe nobody reads while the play runs
+        train = subprocess.Popen(
+            [str(BIN / "ansible-playbook"), "train.yml", "-e", "nnodes=2", "-e",
+             "train_steps=500000", "-e", "master_port=%d" % free_port(), "-e",
+             "run_dir=%s" % (tmp_path / "run")],
+            cwd=ROOT, env=dict(os.environ, PATH=env_path), stdout=out, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and len(run_processes("train.py")) < 2:
+        deadline = time.monotonic() + 180
+        while (time.monotonic() < deadline and train.poll() is None
+               and len(run_processes("/train.py")) < 2):
             time.sleep(1)
-        assert len(run_processes("train.py")) >= 2
+        assert len(run_processes("/train.py")) >= 2, log.read_text()[-3000:]
         stop = playbook("stop.yml", tmp_path / "stop")
         assert stop.rc == 0, stop.out
         assert "stopped run(s)" in stop.out
-        out, _ = train.communicate(timeout=120)
+        train.wait(timeout=120)
     finally:
         train.kill()
     assert train.returncode != 0
-    assert run_processes("train.py") == []
+    assert run_processes("/train.py") == []
     again = playbook("stop.yml", tmp_path / "again")
     assert again.rc == 0 and "nothing of torchfleet was running here" in again.out
+
+
+def test_a_rerun_after_a_failed_run_and_back_to_back_runs(tmp_path):
+    failed = launch("train.yml", tmp_path / "a", "-e", "script=%s" % (SCRIPTS / "fail_rank1.py"))
+    assert failed.rc != 0
+    for name in ("b", "c"):
+        run = launch("train.yml", tmp_path / name, "-e", "train_steps=20")
+        assert run.rc == 0, run.out
+
+
+def test_run_files_are_private_and_stop_never_signals_a_foreign_pid(tmp_path):
+    run = launch("train.yml", tmp_path, "-e", "train_steps=10")
+    assert run.rc == 0, run.out
+    run_id = run.report("train.json")["run_id"]
+    host_dir = Path.home() / ".torchfleet" / "runs" / run_id / "node0"
+    assert host_dir.stat().st_mode & 0o777 == 0o700
+    assert (host_dir / "torchrun.pid").stat().st_mode & 0o777 == 0o600
+    assert (run.run_dir / "train.json").stat().st_mode & 0o777 == 0o640
+    assert run.run_dir.stat().st_mode & 0o022 == 0
+    # A run record whose PID now belongs to another process (a recycled PID).
+    bystander = subprocess.Popen(["sleep", "120"])
+    fake = Path.home() / ".torchfleet" / "runs" / "recycled-pid-test" / "node0"
+    fake.mkdir(parents=True, exist_ok=True)
+    (fake / "torchrun.pid").write_text(json.dumps({"pid": bystander.pid, "run_id": "recycled-pid-test",
+                                                   "host": "node0", "argv": [], "started": 0}))
+    try:
+        stop = playbook("stop.yml", tmp_path / "stop")
+        assert stop.rc == 0 and "nothing of torchfleet was running here" in stop.out
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        import shutil
+
+        shutil.rmtree(fake.parent)

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from tests.conftest import processes_matching
 from tests.integration.playbook import local_inventory, playbook
 from tests.unit.test_listener import free_port
 
@@ -21,8 +22,7 @@ PER_HOST_IDS = {"host.unreachable", "python.torch", "gpu.count", "nic.missing", 
 
 
 def listener_processes():
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "torchfleet-port-listener" in line]
+    return processes_matching("torchfleet-port-listener")
 
 
 def test_healthy_default_passes_every_check_and_changes_nothing(tmp_path):

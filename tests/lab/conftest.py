@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 
 import pytest
 
+from tests.conftest import processes_matching
 from torchfleet import lab as labmod
 
 LAB_DIR = labmod.DEFAULT_DIR.with_name("torchfleet-lab-tests")
@@ -26,9 +26,7 @@ def leftovers() -> list[str]:
     """Anything of the test lab's still on this machine: namespaces, links, sshd, listeners."""
     found = ["netns " + ns for ns in labmod.our_namespaces(LAB_TAG)]
     found += ["link " + link for link in labmod.our_links(LAB_TAG)]
-    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    found += [line.strip() for line in ps.splitlines()
-              if str(LAB_DIR) in line or "torchfleet-port-listener" in line]
+    found += processes_matching(str(LAB_DIR)) + processes_matching("torchfleet-port-listener")
     return found
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import processes_matching
 from tests.integration.playbook import BIN, ROOT, Run, playbook
 
 pytestmark = pytest.mark.lab
@@ -73,6 +74,5 @@ def test_torchrun_killed_on_one_node_stops_the_others(healthy_lab, tmp_path):
     assert report["first_failure"]["host"] == "node1"
     assert "node1" in run.out and "-9" in run.out
     run_id = report["run_id"]
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert run_id not in ps and "train.py" not in ps
+    assert processes_matching(run_id) == [] and processes_matching("/train.py") == []
     assert (run.run_dir / "logs" / "node0" / "torchrun.log").exists()

@@ -51,3 +51,4 @@ def test_stop_listener_ends_a_listener_nobody_reached():
 def test_stop_listener_never_signals_a_foreign_pid():
     assert stop_listener(os.getpid(), 0.1) == "gone"
     assert _is_listener(os.getpid()) is False
+

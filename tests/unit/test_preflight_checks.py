@@ -250,6 +250,22 @@ def test_module_main_writes_the_report(tmp_path, capsys):
 
 
 def test_module_main_rejects_a_bad_nproc(capsys):
-    result = run_module(preflight_checks, {"hosts": [], "nnodes": 1, "inventory_size": 1,
+    result = run_module(preflight_checks, {"hosts": ["n0"], "nnodes": 1, "inventory_size": 1,
                                            "nproc_per_node": "eight"}, capsys)
     assert result["failed"] and "nproc_per_node=eight" in result["msg"]
+
+
+def test_input_errors_fail_on_the_controller_before_any_host():
+    errors = [{"id": "input.master_port", "detail": "master_port=70000 is not a TCP port",
+               "hint": "set -e master_port=N with 1024 <= N <= 65535"}]
+    checks, nodes, _ = evaluate([], 2, 4, {}, {}, {**SETTINGS, "input_errors": errors})
+    assert failing(checks) == [("input.master_port", "controller")] and nodes == []
+
+
+def test_script_missing_and_privileged_port():
+    probes, connects = cluster()
+    for h in HOSTS:
+        probes[h]["script"] = {"path": "/srv/train.py", "exists": h != "n2"}
+        probes[h]["euid"] = 1000
+    checks, _, _ = run(probes, connects, script="/srv/train.py", master_port=80)
+    assert failing(checks) == [("port.privileged", "n0"), ("script.missing", "n2")]

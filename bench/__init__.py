@@ -1,0 +1,1 @@
+"""torchfleet's benchmark harness: `python -m bench --help`."""

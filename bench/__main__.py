@@ -1,0 +1,358 @@
+"""torchfleet's benchmarks: what it costs and how it scales, against baselines in the same run.
+
+    python -m bench                      # everything (root: lab benchmarks), 5 runs each
+    python -m bench --runs 3 --only preflight_cost scale
+
+Every figure is a ratio (or difference) to a baseline measured in the same process, median of
+the runs with min and max. Results go to bench/results/results.{json,md}. This is not a test:
+it never fails on a timing; a missed target is reported as such.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+RESULTS = ROOT / "bench" / "results"
+LAB_TAG = 3
+LAB_DIR = Path(tempfile.gettempdir()) / "torchfleet-lab-bench"
+RAW_BOUND_S = 120
+
+sys.path.insert(0, str(ROOT / "src"))
+from torchfleet import lab as labmod  # noqa: E402
+
+
+def env(**extra):
+    e = dict(os.environ, PATH="%s:%s" % (BIN, os.environ.get("PATH", "")), ANSIBLE_NOCOLOR="1")
+    e.update(extra)
+    return e
+
+
+def timed(argv, timeout_s=600, **extra):
+    """(wall seconds, controller CPU seconds of the children, rc, output)."""
+    before = os.times()
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(argv, cwd=ROOT, env=env(**extra), capture_output=True, text=True,
+                              timeout=timeout_s, stdin=subprocess.DEVNULL)
+        rc, out = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        rc, out = None, str(exc.stdout or "")
+    wall = time.monotonic() - start
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + (after.children_system
+                                                          - before.children_system)
+    return wall, cpu, rc, out
+
+
+def stats(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "runs": len(values)}
+
+
+def playbook(name, inventory, *extra, **envs):
+    return timed([str(BIN / "ansible-playbook"), "-i", str(inventory), name, *extra], **envs)
+
+
+def ping(inventory):
+    return timed([str(BIN / "ansible"), "-i", str(inventory), "nodes", "-m", "ping"])
+
+
+def lab(nodes):
+    return labmod.Lab.up(nodes, LAB_DIR, LAB_TAG)
+
+
+def preflight_vs_ping(inventory, runs, nhosts, tmp):
+    pre, pings, cpu = [], [], []
+    timings = tmp / "timings.jsonl"
+    for i in range(runs):
+        wall, c, rc, out = ping(inventory)
+        assert rc == 0, out[-2000:]
+        pings.append(wall)
+        timings.unlink(missing_ok=True)
+        wall, c, rc, out = playbook("preflight.yml", inventory, "-e", "run_dir=%s/pf%d" % (tmp, i),
+                                    BENCH_TIMINGS=str(timings),
+                                    ANSIBLE_CALLBACKS_ENABLED="bench_timer",
+                                    ANSIBLE_CALLBACK_PLUGINS=str(ROOT / "bench" / "callback_plugins"))
+        assert rc == 0, out[-3000:]
+        pre.append(wall)
+        cpu.append(c / nhosts)
+    tasks = [json.loads(line) for line in timings.read_text().splitlines()]
+    slowest = sorted(tasks, key=lambda t: -t["seconds"])[:5]
+    return {"hosts": nhosts, "preflight_s": stats(pre), "ping_s": stats(pings),
+            "ratio": statistics.median(pre) / statistics.median(pings),
+            "ratio_min": min(pre) / max(pings), "ratio_max": max(pre) / min(pings),
+            "controller_cpu_s_per_host": stats(cpu),
+            "slowest_tasks": [{"task": t["task"], "seconds": round(t["seconds"], 3)}
+                              for t in slowest]}
+
+
+def bench_preflight_cost(args, tmp):
+    out = {"local": preflight_vs_ping(ROOT / "inventory" / "local.yml", args.runs, 2, tmp)}
+    if os.geteuid() == 0:
+        for n in args.lab_sizes:
+            the_lab = lab(n)
+            try:
+                out["lab%d" % n] = preflight_vs_ping(the_lab.inventory, args.runs, n, tmp)
+            finally:
+                labmod.down(LAB_DIR, LAB_TAG)
+    return out
+
+
+def raw_launch_argv(the_lab, node, port, run_id, script, script_args, out_dir):
+    """The guides' way: ssh to every node and start the same torchrun by hand."""
+    master = the_lab.nodes[0].address
+    remote = " ".join(shlex.quote(a) for a in [
+        "env", "GLOO_SOCKET_IFNAME=eth0", "NCCL_SOCKET_IFNAME=eth0", "TORCHFLEET_OUT_DIR=" + out_dir,
+        "TORCHFLEET_BACKEND=gloo", "TORCHFLEET_HOST=" + node.name,
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(the_lab.nodes)),
+        "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+        "%s:%d" % (master, port), "--rdzv-id", run_id, "--local-addr", node.address,
+        str(script), *script_args])
+    keys = the_lab.root / "keys"
+    return ["ssh", "-i", str(keys / "id_lab"), "-o", "UserKnownHostsFile=%s"
+            % (the_lab.root / "known_hosts"), "-o", "IdentitiesOnly=yes",
+            "root@" + node.address, remote]
+
+
+def raw_launch(the_lab, port, script, script_args, tmp, timeout_s=RAW_BOUND_S):
+    """Start torchrun on every node over plain ssh at once; (wall s, rcs, None if it ran out)."""
+    run_id = "raw%d" % time.time_ns()
+    start = time.monotonic()
+    procs = [subprocess.Popen(raw_launch_argv(the_lab, node, port, run_id, script, script_args,
+                                              str(tmp / "raw")),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True) for node in the_lab.nodes]
+    rcs = []
+    try:
+        for proc in procs:
+            left = timeout_s - (time.monotonic() - start)
+            rcs.append(proc.wait(timeout=max(left, 0.1)))
+    except subprocess.TimeoutExpired:
+        rcs = None
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        for node in the_lab.nodes:  # whatever the raw launch left inside the nodes
+            labmod.kill_namespace_processes(node.ns, keep=the_lab.sshd_pid(node))
+    return time.monotonic() - start, rcs
+
+
+def bench_launch_overhead(args, tmp):
+    the_lab = lab(2)
+    try:
+        script = ROOT / "src" / "torchfleet" / "workloads" / "collective.py"
+        sargs = ["--sizes", "64K", "--iters", "5"]
+        fleet, raw = [], []
+        for i in range(args.runs):
+            wall, _, rc, out = playbook("collective.yml", the_lab.inventory, "-e",
+                                        "run_dir=%s/lo%d" % (tmp, i), "-e", "collective_sizes=64K",
+                                        "-e", "collective_iters=5")
+            assert rc == 0, out[-3000:]
+            fleet.append(wall)
+            wall, rcs = raw_launch(the_lab, 29510 + i, script, sargs, tmp)
+            assert rcs == [0, 0], rcs
+            raw.append(wall)
+        return {"collective_yml_s": stats(fleet), "raw_ssh_torchrun_s": stats(raw),
+                "overhead_s": statistics.median(fleet) - statistics.median(raw)}
+    finally:
+        labmod.down(LAB_DIR, LAB_TAG)
+
+
+FAIL_SCRIPT = '''
+import os, sys, time, torch.distributed as dist
+dist.init_process_group("gloo")
+time.sleep(4)
+if dist.get_rank() == 1:
+    with open(sys.argv[1], "w") as f:
+        f.write(repr(time.time()))
+    sys.exit(1)
+time.sleep(300)
+'''
+
+
+def bench_fail_fast(args, tmp):
+    the_lab = lab(2)
+    script = tmp / "fail_after_4s.py"
+    script.write_text(FAIL_SCRIPT)
+    try:
+        fleet, raw = [], []
+        for i in range(args.runs):
+            stamp = tmp / ("failed-at-%d" % i)
+            wall, _, rc, out = playbook("train.yml", the_lab.inventory, "-e",
+                                        "run_dir=%s/ff%d" % (tmp, i), "-e", "script=%s" % script,
+                                        "-e", json.dumps({"script_args": [str(stamp)]}))
+            ended = time.time()
+            assert rc != 0 and stamp.exists(), out[-3000:]
+            leftover = subprocess.run(["pgrep", "-f", str(script)], capture_output=True).stdout
+            assert not leftover, leftover
+            fleet.append(ended - float(stamp.read_text()))
+            stamp.unlink()
+            wall, rcs = raw_launch(the_lab, 29520 + i, script, [str(stamp)], tmp,
+                                   timeout_s=RAW_BOUND_S)
+            raw.append((time.time() - float(stamp.read_text())) if rcs is not None and
+                       stamp.exists() else float("inf"))
+        return {"failure_to_play_exit_s": stats(fleet),
+                "raw_torchrun_failure_to_all_exited_s": stats(raw),
+                "raw_note": "inf means plain torchrun was still running %d s after the failure"
+                            % RAW_BOUND_S}
+    finally:
+        labmod.down(LAB_DIR, LAB_TAG)
+
+
+def bench_diagnosis(args, tmp):
+    the_lab = lab(2)
+    try:
+        the_lab.block_port("node0", 29500)
+        times = []
+        for i in range(args.runs):
+            wall, _, rc, out = playbook("preflight.yml", the_lab.inventory, "-e",
+                                        "run_dir=%s/dg%d" % (tmp, i))
+            assert rc != 0 and "port.blocked" in out, out[-3000:]
+            times.append(wall)
+        script = ROOT / "src" / "torchfleet" / "workloads" / "collective.py"
+        wall, rcs = raw_launch(the_lab, 29500, script, ["--sizes", "1K", "--iters", "1"], tmp)
+        return {"preflight_names_port_blocked_s": stats(times),
+                "raw_torchrun": ("> %d s (still hanging, stopped by the benchmark)" % RAW_BOUND_S
+                                 if rcs is None else "ended after %.1f s with %s" % (wall, rcs))}
+    finally:
+        labmod.down(LAB_DIR, LAB_TAG)
+
+
+def bench_harness_overhead(args, tmp):
+    the_lab = lab(2)
+    try:
+        raw_script = ROOT / "bench" / "raw_allreduce.py"
+        ratios = {}
+        for i in range(args.runs):
+            wall, _, rc, out = playbook("collective.yml", the_lab.inventory, "-e",
+                                        "run_dir=%s/ho%d" % (tmp, i), "-e",
+                                        "collective_sizes=1M,16M", "-e", "collective_iters=20")
+            assert rc == 0, out[-3000:]
+            report = json.loads((tmp / ("ho%d" % i) / "collective.json").read_text())
+            fleet = {r["size_bytes"]: r["busbw_gbs_median"] for r in report["busbw"]
+                     if r["op"] == "all_reduce"}
+            result = tmp / ("raw-%d.json" % i)
+            wall, rcs = raw_launch(the_lab, 29530 + i, raw_script,
+                                   ["--sizes", "1M,16M", "--iters", "20", "--out", str(result)],
+                                   tmp)
+            assert rcs == [0, 0], rcs
+            for row in json.loads(result.read_text()):
+                ratios.setdefault(row["size_bytes"], []).append(
+                    fleet[row["size_bytes"]] / row["busbw_gbs"])
+        return {"busbw_ratio_collective_over_raw": {str(size): stats(v)
+                                                    for size, v in ratios.items()}}
+    finally:
+        labmod.down(LAB_DIR, LAB_TAG)
+
+
+BENCHES = {
+    "preflight_cost": bench_preflight_cost,
+    "launch_overhead": bench_launch_overhead,
+    "fail_fast": bench_fail_fast,
+    "diagnosis": bench_diagnosis,
+    "harness_overhead": bench_harness_overhead,
+}
+NEEDS_ROOT = {"launch_overhead", "fail_fast", "diagnosis", "harness_overhead"}
+
+
+def machine():
+    def read(cmd):
+        return subprocess.run(cmd, capture_output=True, text=True).stdout.strip()
+
+    import torch
+
+    return {"cpus": os.cpu_count(), "memory": read(["free", "-h"]).splitlines()[1].split()[1],
+            "kernel": platform.release(), "python": platform.python_version(),
+            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def markdown(results):
+    m = results["machine"]
+    lines = ["# torchfleet benchmark results", "",
+             "Machine: %(cpus)s CPUs, %(memory)s memory, kernel %(kernel)s, Python %(python)s, "
+             "torch %(torch)s; %(date)s. Median of the runs [min-max]." % m, "",
+             "| measure | torchfleet | baseline | ratio / difference | target |",
+             "| --- | --- | --- | --- | --- |"]
+
+    def rng(s):
+        return "%.2f [%.2f-%.2f]" % (s["median"], s["min"], s["max"])
+
+    pc = results.get("preflight_cost", {})
+    for name, r in pc.items():
+        lines.append("| preflight.yml vs `ansible nodes -m ping`, %s (%d hosts) | %s s | %s s | "
+                     "%.2fx [%.2f-%.2f] | <= 2.0x |" % (name, r["hosts"], rng(r["preflight_s"]),
+                                                      rng(r["ping_s"]), r["ratio"],
+                                                      r["ratio_min"], r["ratio_max"]))
+    if "lab16" in pc and "lab2" in pc:
+        lines.append("| preflight scale: 16 hosts / 2 hosts | %.2f s | %.2f s | %.2fx | <= 3.0x |"
+                     % (pc["lab16"]["preflight_s"]["median"], pc["lab2"]["preflight_s"]["median"],
+                        pc["lab16"]["preflight_s"]["median"] / pc["lab2"]["preflight_s"]["median"]))
+    for name, r in pc.items():
+        lines.append("| controller CPU per host, %s | %s s | | | |"
+                     % (name, rng(r["controller_cpu_s_per_host"])))
+    lo = results.get("launch_overhead")
+    if lo:
+        lines.append("| collective.yml vs raw ssh+torchrun, 2 lab nodes | %s s | %s s | +%.2f s | "
+                     "<= 3 s | " % (rng(lo["collective_yml_s"]), rng(lo["raw_ssh_torchrun_s"]),
+                                    lo["overhead_s"]))
+    ff = results.get("fail_fast")
+    if ff:
+        raw = ff["raw_torchrun_failure_to_all_exited_s"]
+        lines.append("| rank 1 exits 1: failure to play exit, every process gone | %s s | plain "
+                     "torchrun: %s s | | <= 10 s |" % (rng(ff["failure_to_play_exit_s"]), rng(raw)))
+    dg = results.get("diagnosis")
+    if dg:
+        lines.append("| firewall drops the master port: time to name it | %s s | plain torchrun: "
+                     "%s | | <= 10 s |" % (rng(dg["preflight_names_port_blocked_s"]),
+                                           dg["raw_torchrun"]))
+    ho = results.get("harness_overhead")
+    if ho:
+        for size, s in ho["busbw_ratio_collective_over_raw"].items():
+            lines.append("| all_reduce busbw, collective test / raw loop, %s B | | | %s | >= 0.95 |"
+                         % (size, rng(s)))
+    if pc:
+        lines += ["", "Slowest preflight tasks (last run of each size):", ""]
+        for name, r in pc.items():
+            lines.append("- %s: %s" % (name, "; ".join("%s %.2f s" % (t["task"], t["seconds"])
+                                                        for t in r["slowest_tasks"])))
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--only", nargs="*", choices=sorted(BENCHES), default=sorted(BENCHES))
+    parser.add_argument("--lab-sizes", type=int, nargs="*", default=[2, 8, 16])
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    results = {"machine": machine()}
+    with tempfile.TemporaryDirectory(prefix="torchfleet-bench-") as tmp:
+        for name in [b for b in BENCHES if b in args.only]:
+            if name in NEEDS_ROOT and os.geteuid() != 0:
+                print("skip %s: needs root for the lab" % name)
+                continue
+            print("running %s ..." % name, flush=True)
+            results[name] = BENCHES[name](args, Path(tmp))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    (args.out / "results.md").write_text(markdown(results))
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Bad input: one clear sentence naming the variable and the fix, a non-zero exit, and
+nothing started on any host."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.integration.playbook import playbook
+
+pytestmark = pytest.mark.integration
+
+
+def assert_no_host_touched(run):
+    assert "Probe the host" not in run.out and "Start torchrun" not in run.out
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_nnodes_below_one(tmp_path, value):
+    run = playbook("train.yml", tmp_path, "-e", "nnodes=%s" % value)
+    assert run.rc != 0
+    assert run.failing() == [("world.size", "controller")]
+    assert "nnodes=%s: at least one node is needed" % value in run.out
+    assert_no_host_touched(run)
+
+
+def test_nnodes_not_a_number(tmp_path):
+    run = playbook("preflight.yml", tmp_path, "-e", "nnodes=two")
+    assert run.rc != 0 and "nnodes" in run.out and "int" in run.out
+    assert_no_host_touched(run)
+
+
+@pytest.mark.parametrize("value", ["0", "70000"])
+def test_master_port_out_of_range(tmp_path, value):
+    run = playbook("train.yml", tmp_path, "-e", "master_port=%s" % value)
+    assert run.rc != 0
+    assert run.failing() == [("input.master_port", "controller")]
+    assert "master_port=%s is not a TCP port" % value in run.out
+    assert_no_host_touched(run)
+
+
+@pytest.mark.parametrize("value", ["0", "eight"])
+def test_nproc_per_node_not_positive(tmp_path, value):
+    run = playbook("train.yml", tmp_path, "-e", "nproc_per_node=%s" % value)
+    assert run.rc != 0
+    assert run.failing() == [("input.nproc_per_node", "controller")]
+    assert_no_host_touched(run)
+
+
+def test_nproc_per_node_larger_than_the_gpus(tmp_path):
+    run = playbook("train.yml", tmp_path, "-e", "backend=nccl", "-e", "nproc_per_node=4")
+    assert run.rc != 0
+    assert ("gpu.count", "node0") in run.failing()
+    assert "Start torchrun" not in run.out
+
+
+def test_a_script_missing_on_the_hosts_starts_nothing(tmp_path):
+    run = playbook("train.yml", tmp_path, "-e", "script=%s" % (tmp_path / "nope.py"))
+    assert run.rc != 0
+    assert run.failing() == [("script.missing", "node0"), ("script.missing", "node1")]
+    assert "Start torchrun" not in run.out and not (tmp_path / "run" / "train.json").exists()
+
+
+def test_data_paths_not_a_list(tmp_path):
+    run = playbook("preflight.yml", tmp_path, "-e", json.dumps({"data_paths": {"a": 1}}))
+    assert run.rc != 0 and "data_paths" in run.out and "list" in run.out
+    assert_no_host_touched(run)
+
+
+@pytest.mark.parametrize("inventory_text", ["", "all:\n  children:\n    workers:\n      hosts:\n"
+                                                "        w0:\n          ansible_connection: local\n"])
+def test_inventory_without_group_nodes(tmp_path, inventory_text):
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(inventory_text)
+    run = playbook("preflight.yml", tmp_path, inventory=inventory)
+    assert run.rc != 0
+    assert "The inventory has no hosts in group `nodes`" in run.out
+    assert_no_host_touched(run)
+
+
+def test_run_dir_not_writable(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    run = playbook("preflight.yml", tmp_path, "-e", "run_dir=%s/run" % blocker)
+    assert run.rc != 0
+    assert "cannot write preflight.json in %s/run" % blocker in run.out
+    assert "-e run_dir=" in run.out
