@@ -3,7 +3,9 @@ torchrun holding the port. Each ends with no process of the run left on any node
 from __future__ import annotations
 
 import os
+import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -82,16 +84,24 @@ def test_interrupted_controller_leaves_nothing_running(healthy_lab, tmp_path):
 
 def test_a_stale_torchrun_on_the_port_is_named_and_train_refuses(healthy_lab, tmp_path):
     node0 = healthy_lab.nodes[0]
+    # An earlier run's torchrun, started by hand over ssh, still waiting for its peers.
+    remote = " ".join(shlex.quote(a) for a in [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", "%s:29500" % node0.address,
+        "--rdzv-id", "stale-run", "--local-addr", node0.address,
+        str(ROOT / "src" / "torchfleet" / "workloads" / "collective.py")])
     stale = subprocess.Popen(
-        ["ip", "netns", "exec", node0.ns, sys.executable, "-m", "torch.distributed.run",
-         "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-         "%s:29500" % node0.address, "--rdzv-id", "stale-run", "--local-addr", node0.address,
-         str(ROOT / "src" / "torchfleet" / "workloads" / "collective.py")],
+        ["ssh", "-i", str(healthy_lab.root / "keys" / "id_lab"), "-o", "IdentitiesOnly=yes",
+         "-o", "UserKnownHostsFile=%s" % (healthy_lab.root / "known_hosts"),
+         "root@" + node0.address, remote],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         def holds_port():
-            return subprocess.run(["ip", "netns", "exec", node0.ns, "ss", "-ltnH", "sport = :29500"],
-                                  capture_output=True, text=True).stdout.strip() != ""
+            try:
+                socket.create_connection((node0.address, 29500), timeout=1).close()
+                return True
+            except OSError:
+                return False
 
         assert wait_until(holds_port, 60)
         run = playbook("train.yml", tmp_path, "-e", "nnodes=2", inventory=healthy_lab.inventory)
