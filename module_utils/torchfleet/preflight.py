@@ -140,6 +140,25 @@ def compare_code(probes, master, code_dir):
     return records
 
 
+def duplicate_checks(probes, hosts):
+    """host.duplicate: two inventory names for one machine (same hostname and addresses),
+    which would start two torchrun agents there and double its share of the world."""
+    seen, records = {}, []
+    for host in hosts:
+        if host not in probes:
+            continue
+        p = probes[host]
+        key = (p["hostname"]["name"], tuple(sorted(a for n in p["nics"] for a in n["ipv4"]
+                                                   if not is_loopback_addr(a))))
+        first = seen.setdefault(key, host)
+        records.append(check("host.duplicate", host, first == host,
+                             "the same machine as %s (hostname %s, addresses %s)"
+                             % (first, key[0], ", ".join(key[1])) if first != host else
+                             "a machine of its own",
+                             "remove %s from group `nodes`, or give it its real address" % host))
+    return records
+
+
 def nic_checks(host, probe, connect, ifname, master_addr, is_master):
     """nic.missing / nic.address / nic.route for one host; returns (records, nic, address)."""
     nics = {n["name"]: n for n in probe["nics"]}
@@ -349,6 +368,8 @@ def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
                       "socket_ifname": nic, "python": probe["python"]["executable"],
                       "versions": probe["versions"], "gpus": len(probe["gpus"])})
 
+    if not is_loopback_addr(master_addr):  # the embedded default is one machine on purpose
+        checks.extend(duplicate_checks(reachable, hosts))
     checks.extend(compare_versions(reachable, master))
     checks.extend(compare_env(reachable, master))
     if settings["code_dir"]:

@@ -85,3 +85,13 @@ def test_run_dir_not_writable(tmp_path):
     assert run.rc != 0
     assert "cannot write preflight.json in %s/run" % blocker in run.out
     assert "-e run_dir=" in run.out
+
+
+def test_hostile_data_paths_are_only_looked_at(tmp_path):
+    canary = tmp_path / "canary"
+    hostile = ["$(touch %s)" % canary, "`touch %s`" % canary, "; touch %s" % canary,
+               "-rf", "a path with spaces"]
+    run = playbook("preflight.yml", tmp_path, "-e", json.dumps({"data_paths": hostile}))
+    assert run.rc != 0
+    assert run.failing() == [("data.missing", "node0"), ("data.missing", "node1")]
+    assert not canary.exists()

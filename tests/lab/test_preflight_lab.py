@@ -101,3 +101,16 @@ def test_unreachable_host_is_named_and_the_others_fully_checked(healthy_lab, tmp
     assert run.failing() == [("data.missing", "node2"), ("host.unreachable", "node3")]
     checked = {c["host"] for c in run.report()["checks"] if c["id"] == "port.blocked"}
     assert checked == {"node0", "node1", "node2"}
+
+
+def test_the_same_machine_listed_twice(healthy_lab, tmp_path):
+    import yaml
+
+    inventory = yaml.safe_load(healthy_lab.inventory.read_text())
+    hosts = inventory["all"]["children"]["nodes"]["hosts"]
+    hosts["node0-again"] = dict(hosts["node0"])
+    path = tmp_path / "inventory.yml"
+    path.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    run = playbook("preflight.yml", tmp_path, inventory=path)
+    assert run.failing() == [("host.duplicate", "node0-again")]
+    assert "the same machine as node0" in run.out

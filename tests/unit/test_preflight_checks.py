@@ -269,3 +269,13 @@ def test_script_missing_and_privileged_port():
         probes[h]["euid"] = 1000
     checks, _, _ = run(probes, connects, script="/srv/train.py", master_port=80)
     assert failing(checks) == [("port.privileged", "n0"), ("script.missing", "n2")]
+
+
+def test_the_same_machine_twice_is_named():
+    probes, connects = cluster()
+    probes["n3"] = copy.deepcopy(probes["n1"])
+    probes["n3"].pop("master", None)
+    checks, _, _ = run(probes, connects)
+    assert ("host.duplicate", "n3") in failing(checks)
+    assert "the same machine as n1" in next(c["detail"] for c in checks
+                                           if c["id"] == "host.duplicate" and not c["ok"])
