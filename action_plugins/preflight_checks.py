@@ -9,23 +9,11 @@ from __future__ import annotations
 import os
 import sys
 
-from ansible.plugins.action import ActionBase
-
 sys.path.insert(0, os.path.dirname(__file__))
-import _torchfleet  # noqa: E402,F401  (module_utils on the import path)
+from _torchfleet import InProcessAction  # noqa: E402  (also puts module_utils on the path)
 from ansible.module_utils.torchfleet.preflight import ARGUMENT_SPEC, decide  # noqa: E402
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _requires_connection = False
-
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        _, params = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-        try:
-            result.update(decide(params))
-        except ValueError as exc:
-            result.update(failed=True, msg=str(exc))
-        result["changed"] = False
-        return result
+class ActionModule(InProcessAction):
+    ARGUMENT_SPEC = ARGUMENT_SPEC
+    decide = staticmethod(decide)
