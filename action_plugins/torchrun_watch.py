@@ -32,6 +32,21 @@ def read_abort(path):
         return None
 
 
+def append_progress(path, host, elapsed, state, outcome):
+    """One JSON line per look; lines are short, so O_APPEND writes from every host interleave whole."""
+    if not path:
+        return
+    ranks = [{k: r.get(k) for k in ("local_rank", "rank", "alive", "idle_s", "last_line")}
+             for r in state.get("ranks", [])]
+    line = json.dumps({"host": host, "elapsed_s": round(elapsed, 3), "state": state.get("state"),
+                       "rc": state.get("rc"), "outcome": outcome, "ranks": ranks}) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
 def write_abort(path, record):
     """Record the first failure; False when another host's was already there."""
     try:
@@ -63,6 +78,7 @@ class ActionModule(ActionBase):
         start_grace_s = float(a.get("start_grace_s", 60))
         show = bool(a.get("progress", False))
         nranks = int(a.get("nranks_total", 0))
+        progress_file = a.get("progress_file")
         begin = time.monotonic()
         state, outcome, record = {}, None, None
 
@@ -106,6 +122,7 @@ class ActionModule(ActionBase):
                 record = {"host": host, "reason": "timeout",
                           "detail": "still running after job_timeout_s=%.0f" % job_s}
 
+            append_progress(progress_file, host, elapsed, state, outcome)
             if record is not None:
                 record["detected_s"] = round(elapsed, 3)
                 record["first"] = write_abort(abort_file, record)
@@ -120,6 +137,8 @@ class ActionModule(ActionBase):
                 self._progress(host, state, elapsed, nranks)
             time.sleep(poll_s)
 
+        if outcome == "aborted":
+            append_progress(progress_file, host, time.monotonic() - begin, state, outcome)
         result.update(outcome=outcome, abort=record, watch=state, changed=False,
                       watched_s=round(time.monotonic() - begin, 3))
         return result

@@ -16,7 +16,12 @@ description:
   - On the master (when O(master_port) is given) it also names the processes already listening
     on that port, picks a free port in the ephemeral range for the reachability test, and
     decides the address the workers will dial.
-  - Reads only; changes nothing on the host.
+  - With O(connect_addr) the port test happens in the same call (one round trip per host):
+    every host opens TCP connections to the master while the master's own call holds the
+    listener, waits for them and removes it. Without it, M(port_probe) does that in a second
+    round.
+  - Reads only; changes nothing on the host (the listener it may start ends before it returns,
+    or is stopped by M(port_probe)).
 version_added: "0.1.0"
 author: torchfleet developers
 options:
@@ -62,6 +67,31 @@ options:
     description: Longest life of the listener.
     type: float
     default: 60
+  ephemeral_port:
+    description:
+      - The port of the ephemeral-port test, chosen by the controller so that every host knows
+        it before the master answers. The master listens there unless a process already does
+        (the connection then reaches that process, which tests the firewall just as well).
+      - Unset on the master means it picks a free one itself (two-round test).
+    type: int
+  connect_addr:
+    description: Open TCP connections from this host to this address, at O(connect_ports), in
+      the background while the facts are gathered.
+    type: str
+  connect_ports:
+    description: Ports to connect to at O(connect_addr).
+    type: list
+    elements: int
+    default: []
+  connect_timeout_s:
+    description: Time allowed for each connection; "refused" is retried until then.
+    type: float
+    default: 3
+  listener_wait_s:
+    description: With O(listen) and O(connect_addr), how long the master waits for every
+      host's connections before it stops the listener and returns.
+    type: float
+    default: 5
   env_prefixes:
     description: Environment variables with these prefixes are returned for comparison across hosts.
     type: list
@@ -160,6 +190,14 @@ data:
   type: list
   elements: dict
   sample: [{"path": "/data", "exists": true, "kind": "dir"}]
+connect:
+  description: Only with O(connect_addr); shaped like M(port_probe)'s result (route, route_error,
+    ports, and on the master what became of the listener).
+  returned: when connect_addr is set
+  type: dict
+  sample: {"route": {"dev": "eth0", "src": "10.0.0.2", "local": false, "nic": "eth0"},
+           "route_error": null, "listener": "exited",
+           "ports": [{"port": 29500, "ok": true, "error": null, "elapsed_s": 0.01}]}
 master:
   description: Only on the master; the port's holders, a free ephemeral port and the address workers dial.
   returned: when master_port is set
@@ -176,9 +214,10 @@ import subprocess
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.torchfleet.connect import Connector, route_to
 from ansible.module_utils.torchfleet.fingerprint import fingerprint
 from ansible.module_utils.torchfleet.gpu import NVIDIA_SMI_ARGV, parse_gpu_csv
-from ansible.module_utils.torchfleet.listener import start_listener
+from ansible.module_utils.torchfleet.listener import start_listener, stop_listener
 from ansible.module_utils.torchfleet.net import (
     choose_master_addr, is_loopback, listening_ports, parse_default_route_dev, parse_ip_addr,
     parse_proc_net_tcp, processes_holding)
@@ -244,22 +283,27 @@ def master_facts(port, nics, default_dev, params):
     inodes = [i for text in tables for i in parse_proc_net_tcp(text, port)]
     low, high = (int(v) for v in (read("/proc/sys/net/ipv4/ip_local_port_range").split()
                                   or ["32768", "60999"]))
-    busy = set().union(*(listening_ports(text) for text in tables)) | {port}
-    # Upper half of the range: what an ephemeral bind most likely gets, least likely taken.
-    free = [p for p in range((low + high) // 2, high + 1) if p not in busy]
+    listening = set().union(*(listening_ports(text) for text in tables))
+    busy = listening | {port}
+    if params["ephemeral_port"]:
+        ephemeral = params["ephemeral_port"]
+    else:
+        # Upper half of the range: what an ephemeral bind most likely gets, least likely taken.
+        free = [p for p in range((low + high) // 2, high + 1) if p not in busy]
+        ephemeral = random.choice(free) if free else None
     facts = {
         "port": port,
         "in_use": bool(inodes),
         "holders": processes_holding(inodes),
-        "ephemeral_port": random.choice(free) if free else None,
+        "ephemeral_port": ephemeral,
         "ephemeral_range": [low, high],
         "addr": choose_master_addr(nics, default_dev, params["master_addr"],
                                    params["socket_ifname"], params["address_hint"]),
         "listener": None,
     }
     if params["listen"]:
-        ports = ([] if facts["in_use"] else [port]) + (
-            [facts["ephemeral_port"]] if facts["ephemeral_port"] else [])
+        # A port some process already listens on is not bound again: connections reach it.
+        ports = [p for p in (port, facts["ephemeral_port"]) if p and p not in listening]
         facts["listener"] = start_listener(ports, params["expect_peers"], params["listen_max_s"])
     return facts
 
@@ -280,16 +324,31 @@ def main():
             listen_max_s=dict(type="float", default=60),
             env_prefixes=dict(type="list", elements="str", default=["NCCL_", "GLOO_", "TORCH_"]),
             max_code_files=dict(type="int", default=20000),
+            ephemeral_port=dict(type="int"),
+            connect_addr=dict(type="str"),
+            connect_ports=dict(type="list", elements="int", default=[]),
+            connect_timeout_s=dict(type="float", default=3),
+            listener_wait_s=dict(type="float", default=5),
         ),
         supports_check_mode=True,
     )
     params = module.params
+    connector = None
+    if params["connect_addr"] and params["master_port"] is None:
+        # Workers dial at once: the master's listener may be up before their facts are.
+        connector = start_connector(params)
     addr_out, addr_err = run(["ip", "-j", "addr"])
     if addr_out is None:
         module.fail_json(msg="cannot list network interfaces with `ip -j addr` (%s); install "
                              "iproute2 on this host" % addr_err)
     nics = parse_ip_addr(addr_out)
     default_dev = parse_default_route_dev(run(["ip", "-j", "route", "show", "default"])[0])
+    master = None
+    if params["master_port"] is not None:
+        # First thing on the master: the workers are already dialling.
+        master = master_facts(params["master_port"], nics, default_dev, params)
+        if params["connect_addr"]:
+            connector = start_connector(params)
 
     python = params["python"] or sys.executable
     stack = probe_python(python)
@@ -321,9 +380,20 @@ def main():
         if params["script"] else None,
         euid=os.geteuid(),
     )
-    if params["master_port"] is not None:
-        result["master"] = master_facts(params["master_port"], nics, default_dev, params)
+    if master is not None:
+        result["master"] = master
+    if connector is not None:
+        route, route_error = route_to(params["connect_addr"])
+        result["connect"] = dict(route=route, route_error=route_error, ports=connector.results())
+        if master is not None and master["listener"]:
+            result["connect"]["listener"] = stop_listener(master["listener"]["pid"],
+                                                          params["listener_wait_s"])
     module.exit_json(**result)
+
+
+def start_connector(params):
+    ports = params["connect_ports"] + ([params["ephemeral_port"]] if params["ephemeral_port"] else [])
+    return Connector(params["connect_addr"], ports, params["connect_timeout_s"])
 
 
 if __name__ == "__main__":

@@ -78,71 +78,9 @@ ports:
   sample: [{"port": 29500, "ok": false, "error": "timed out", "elapsed_s": 3.0}]
 """
 
-import errno
-import socket
-import subprocess
-import threading
-import time
-
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.torchfleet.connect import connect_all, route_to
 from ansible.module_utils.torchfleet.listener import stop_listener
-from ansible.module_utils.torchfleet.net import nic_holding, parse_ip_addr, parse_ip_route_get
-
-RETRY_INTERVAL_S = 0.1
-
-
-def connect(addr, port, timeout_s):
-    """{port, ok, error, elapsed_s}: a TCP handshake with addr:port within timeout_s."""
-    start = time.monotonic()
-    error = None
-    while True:
-        left = timeout_s - (time.monotonic() - start)
-        if left <= 0:
-            error = error or "timed out"
-            break
-        try:
-            with socket.create_connection((addr, port), timeout=left):
-                error = None
-                break
-        except socket.timeout:
-            error = "timed out"
-            break
-        except OSError as exc:
-            error = "refused" if exc.errno == errno.ECONNREFUSED else (exc.strerror or str(exc))
-            if exc.errno != errno.ECONNREFUSED:
-                break
-            time.sleep(min(RETRY_INTERVAL_S, max(0.0, left)))
-    return {"port": port, "ok": error is None, "error": error,
-            "elapsed_s": round(time.monotonic() - start, 3)}
-
-
-def connect_all(addr, ports, timeout_s):
-    results = {}
-
-    def one(port):
-        results[port] = connect(addr, port, timeout_s)
-
-    threads = [threading.Thread(target=one, args=(port,)) for port in ports]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return [results[p] for p in ports]
-
-
-def route_to(addr):
-    proc = subprocess.run(["ip", "-j", "route", "get", addr], capture_output=True, text=True,
-                          check=False)
-    if proc.returncode != 0:
-        return None, proc.stderr.strip() or "no route"
-    route = parse_ip_route_get(proc.stdout)
-    if route is None:
-        return None, "no route"
-    route["nic"] = route["dev"]
-    if route["local"]:
-        addrs = subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True, check=False)
-        route["nic"] = nic_holding(parse_ip_addr(addrs.stdout), addr) or route["dev"]
-    return route, None
 
 
 def main():

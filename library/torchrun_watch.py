@@ -44,6 +44,38 @@ options:
   py_spy:
     description: Path of py-spy; looked up beside the run's Python and on PATH when unset.
     type: str
+  abort_file:
+    description: Action plugin only. Controller file shared by every host's watcher; the first
+      failure is written there and makes every other watcher return.
+    type: path
+  poll_s:
+    description: Action plugin only. Seconds between looks.
+    type: float
+    default: 2
+  hang_timeout_s:
+    description: Action plugin only. Every rank silent this long is a hang.
+    type: float
+    default: 300
+  job_timeout_s:
+    description: Action plugin only. Longest run.
+    type: float
+    default: 86400
+  start_grace_s:
+    description: Action plugin only. Time torchrun has to start.
+    type: float
+    default: 60
+  progress:
+    description: Action plugin only. Print a progress line per look.
+    type: bool
+    default: false
+  nranks_total:
+    description: Action plugin only. World size, for the progress line.
+    type: int
+  progress_file:
+    description: Action plugin only. Controller file to which every look appends one JSON line
+      (host, elapsed_s, state, rc, outcome, ranks), for callers that follow a run live
+      (the torchfleet Python API).
+    type: path
 attributes:
   check_mode:
     support: full

@@ -215,6 +215,8 @@ PORT_FIX = {
 
 def port_checks(host, connect, master_addr, master, master_port):
     records = []
+    if not master:
+        return records  # the master was not probed: host.unreachable / python.torch say why
     by_port = {r["port"]: r for r in (connect or {}).get("ports", [])}
     wanted = (("port.blocked", master_port), ("port.ephemeral", master.get("ephemeral_port")))
     for cid, port in wanted:
@@ -290,7 +292,8 @@ def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
         if probe is None:
             continue
         is_master = host == master
-        connect = connects.get(host) or {}
+        # One-round preflight: the probe itself connected; otherwise port_probe's second round.
+        connect = probe.get("connect") or connects.get(host) or {}
         stack_error = probe["python"].get("error")
         if probe["versions"].get("torch"):
             checks.append(check("python.torch", host, True,

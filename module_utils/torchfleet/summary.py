@@ -13,7 +13,8 @@ import statistics
 
 from ansible.module_utils.torchfleet.preflight import ERROR, check
 from ansible.module_utils.torchfleet.report import prune_runs, write_report
-from ansible.module_utils.torchfleet.rundir import STACK_DUMP, read_json, root_cause
+from ansible.module_utils.torchfleet.rundir import (
+    STACK_DUMP, TORCHRUN_LOG, failed_ranks, read_json, root_cause)
 from ansible.module_utils.torchfleet.table import render
 
 ARGUMENT_SPEC = dict(
@@ -137,6 +138,35 @@ def collective_text(table):
     return "\n\n".join(blocks)
 
 
+def rank_states(host_rows, results, run_dir, nproc):
+    """Every rank's end: [{rank, host, local_rank, ok, exit_code, state}].
+
+    A rank's exit code comes from torchrun's failure summary on its host (negative: a signal)
+    or is 0 when its host's torchrun succeeded. state: succeeded | failed | killed (by a signal)
+    | stopped (ended by torchfleet after another rank failed, no code recorded).
+    """
+    rows = {}
+    for h in host_rows:
+        mine = [r for r in results if r.get("host") == h["host"]]
+        for r in mine:
+            done = h["outcome"] == "succeeded"
+            rows[(h["host"], r.get("local_rank"))] = {
+                "rank": r.get("rank"), "host": h["host"], "local_rank": r.get("local_rank"),
+                "ok": bool(r.get("ok")) and done, "exit_code": 0 if done else None,
+                "state": "succeeded" if done else "stopped"}
+        text = _tail(os.path.join(run_dir, "logs", h["host"], TORCHRUN_LOG), 400) if run_dir else ""
+        for f in failed_ranks(text):
+            rows[(h["host"], f["local_rank"])] = {
+                "rank": f["rank"], "host": h["host"], "local_rank": f["local_rank"], "ok": False,
+                "exit_code": f["exitcode"], "state": "failed" if f["exitcode"] > 0 else "killed"}
+        for local_rank in range(nproc):
+            rows.setdefault((h["host"], local_rank), {
+                "rank": None, "host": h["host"], "local_rank": local_rank, "ok": False,
+                "exit_code": None, "state": "stopped"})
+    return sorted(rows.values(), key=lambda r: (r["rank"] is None, r["rank"] or 0, r["host"],
+                                                r["local_rank"]))
+
+
 def decide(params):
     hosts, watches, ranks = params["hosts"], params["watches"], params["ranks"]
     kind, world = params["kind"], params["world_size"]
@@ -191,8 +221,8 @@ def decide(params):
                             "parameter checksums differ across ranks: gradients were not "
                             "synchronised", "check that every rank runs the same code"))
     bad = [c for c in checks if not c["ok"] and c["severity"] == ERROR]
-    rank_rows = [{"rank": r.get("rank"), "host": r.get("host"), "local_rank": r.get("local_rank"),
-                  "ok": r.get("ok")} for r in results]
+    nproc = int(params["settings"].get("nproc_per_node") or 0)
+    rank_rows = rank_states(host_rows, results, params["run_dir"], nproc)
     report = dict(ok=not bad, kind=kind, run_id=params["run_id"], world_size=world,
                   hosts=host_rows, ranks=rank_rows, checks=checks, first_failure=failure,
                   settings=params["settings"], **extra)

@@ -80,3 +80,52 @@ def test_port_probe_reports_refused_after_retrying(capsys):
     (port,) = result["ports"]
     assert port["ok"] is False and port["error"] == "refused"
     assert port["elapsed_s"] >= 0.4
+
+
+def test_one_round_master_waits_for_the_workers_connections_then_removes_its_listener(capsys):
+    """The one-round port test: a worker dials while the master's own probe starts the
+    listener, counts the connections and removes it before returning."""
+    import threading
+
+    from ansible.module_utils.torchfleet.connect import Connector
+
+    port, ephemeral = free_port(), free_port()
+    worker = {}
+    thread = threading.Thread(target=lambda: worker.update(
+        results=Connector("127.0.0.1", [port, ephemeral], 5).results()))
+    thread.start()
+    master = run_module(node_probe, {
+        "master_port": port, "master_addr": "127.0.0.1", "listen": True, "expect_peers": 2,
+        "ephemeral_port": ephemeral, "connect_addr": "127.0.0.1", "connect_ports": [port],
+        "listener_wait_s": 5}, capsys)
+    thread.join()
+    assert master["master"]["ephemeral_port"] == ephemeral
+    assert master["connect"]["listener"] in ("exited", "gone")  # both connected: it ended itself
+    assert wait_gone(master["master"]["listener"]["pid"])
+    assert [r["ok"] for r in master["connect"]["ports"]] == [True, True]
+    assert [r["ok"] for r in worker["results"]] == [True, True]
+    assert master["connect"]["route"]["nic"] == "lo"
+
+
+def test_one_round_ephemeral_port_held_by_another_process_is_dialled_not_bound(capsys):
+    port = free_port()
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        held = holder.getsockname()[1]
+        master = run_module(node_probe, {
+            "master_port": port, "master_addr": "127.0.0.1", "listen": True, "expect_peers": 1,
+            "ephemeral_port": held, "connect_addr": "127.0.0.1", "connect_ports": [port],
+            "listener_wait_s": 5}, capsys)
+    assert [p["port"] for p in master["master"]["listener"]["ports"]] == [port]
+    assert [(r["port"], r["ok"]) for r in master["connect"]["ports"]] == [(port, True), (held, True)]
+
+
+def test_one_round_worker_reports_refused_when_no_master_listens(capsys):
+    port, ephemeral = free_port(), free_port()
+    result = run_module(node_probe, {"connect_addr": "127.0.0.1", "connect_ports": [port],
+                                     "ephemeral_port": ephemeral, "connect_timeout_s": 0.3},
+                        capsys)
+    assert [(r["port"], r["ok"], r["error"]) for r in result["connect"]["ports"]] == [
+        (port, False, "refused"), (ephemeral, False, "refused")]
+    assert "master" not in result
