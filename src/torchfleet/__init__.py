@@ -1,4 +1,15 @@
-"""torchfleet: preflight, launch and watch multi-node torchrun jobs with Ansible."""
+"""torchfleet: preflight, launch and watch multi-node torchrun jobs with Ansible.
+
+The Python API runs the package's own playbooks through ansible-runner:
+torchfleet.preflight(), .collective(), .train(), .stop() return a typed Result.
+"""
 from __future__ import annotations
 
 __version__ = "0.1.0"
+
+from torchfleet.api import collective, preflight, stop, train  # noqa: E402
+from torchfleet.results import BusbwRow, Check, Failure, Host, Rank, Result, load  # noqa: E402
+from torchfleet.runner import Event  # noqa: E402
+
+__all__ = ["preflight", "collective", "train", "stop", "load", "Result", "Check", "Host", "Rank",
+           "BusbwRow", "Failure", "Event", "__version__"]

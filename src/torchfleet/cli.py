@@ -1,0 +1,108 @@
+"""torchfleet preflight|collective|train|stop|report.
+
+Exit status: 0 ok, 1 a check or the run failed, 2 usage or internal error. --json prints the
+Result (see the README's "Python API and CLI") on stdout and nothing else.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import yaml
+
+from torchfleet import api, html_report
+from torchfleet.progress import HostLines
+from torchfleet.results import Result
+
+OK, FAILED, ERROR = 0, 1, 2
+
+
+def parse_var(text: str) -> tuple[str, object]:
+    """KEY=VALUE; VALUE is read as YAML, so -e data_paths=[/a,/b] gives a list."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError("-e takes KEY=VALUE, got %r" % text)
+    try:
+        return key, yaml.safe_load(value) if value else ""
+    except yaml.YAMLError:
+        return key, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="torchfleet", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-i", "--inventory", help="Ansible inventory (default: the embedded "
+                        "two-node loopback inventory)")
+    common.add_argument("-e", "--extra-var", dest="vars", action="append", type=parse_var,
+                        default=[], metavar="KEY=VALUE", help="a playbook variable (repeatable)")
+    common.add_argument("--json", action="store_true", help="print the result as JSON")
+    common.add_argument("--runs-root", help="where run directories go (default ./runs)")
+    for name, text in (("preflight", "check every host; changes nothing"),
+                       ("collective", "preflight, then the collective test under torchrun"),
+                       ("train", "preflight, then torchrun with the training script")):
+        p = sub.add_parser(name, parents=[common], help=text)
+        p.add_argument("--nnodes", type=int, help="use the first N hosts of group nodes")
+        p.add_argument("--run-id", help="name of the run directory (default: time + random)")
+    p = sub.add_parser("stop", parents=[common], help="stop a run (or every run) on every host")
+    p.add_argument("run_id", nargs="?", help="the run to stop; every torchfleet run if omitted")
+    p = sub.add_parser("report", help="write a self-contained HTML report of a run")
+    p.add_argument("run_dir", help="a run directory (runs/<run_id>)")
+    p.add_argument("-o", "--output", help="HTML file (default RUN_DIR/report.html)")
+    return parser
+
+
+def summary(result: Result) -> str:
+    lines = ["torchfleet %s: %s  (run %s, %s)" % (result.kind, "ok" if result.ok else "FAILED",
+                                                  result.run_id, result.run_dir)]
+    for h in result.hosts:
+        if h.outcome:
+            lines.append("  %-16s %s" % (h.host, h.outcome))
+    for c in result.failures:
+        lines.append("  %-16s %-18s %s\n  %-16s %-18s fix: %s" % (c.host, c.id, c.detail, "", "",
+                                                                c.fix or "-"))
+    for op, rows in result.busbw_by_op().items():
+        best = max(rows, key=lambda r: r.size_bytes)
+        lines.append("  %-16s busbw %.3g GB/s at %d B (median across ranks)"
+                     % (op, best.busbw_median, best.size_bytes))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "report":
+        try:
+            path = html_report.write(args.run_dir, args.output)
+        except (ValueError, OSError) as exc:
+            print("torchfleet report: %s" % exc, file=sys.stderr)
+            return ERROR
+        print(path)
+        return OK
+    variables = dict(args.vars)
+    if getattr(args, "nnodes", None) is not None:
+        variables["nnodes"] = args.nnodes
+    progress = None if args.json else HostLines(sys.stderr)
+    try:
+        if args.command == "stop":
+            result = api.stop(args.run_id, inventory=args.inventory, runs_root=args.runs_root,
+                              **variables)
+        else:
+            call = getattr(api, args.command)
+            result = call(args.inventory, on_event=progress, runs_root=args.runs_root,
+                          run_id=args.run_id, **variables)
+    except (ValueError, TypeError) as exc:
+        print("torchfleet %s: %s" % (args.command, exc), file=sys.stderr)
+        return ERROR
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        print(summary(result))
+    if any(c.id == "ansible.error" for c in result.checks):
+        return ERROR
+    return OK if result.ok else FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""`torchfleet report RUN_DIR`: one self-contained HTML file (inline CSS and SVG, no script,
+nothing fetched) with the preflight matrix, every rank's end and, for the collective test, a
+busbw-versus-message-size chart per op with the min-max band across ranks."""
+from __future__ import annotations
+
+import math
+from html import escape
+from pathlib import Path
+
+from torchfleet.results import BusbwRow, Result, load
+
+CSS = """
+body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #1b1f24; }
+h1 { font-size: 20px; } h2 { font-size: 16px; margin-top: 28px; }
+.ok { color: #1a7f37; } .bad { color: #cf222e; }
+table { border-collapse: collapse; margin: 8px 0; }
+th, td { border: 1px solid #d0d7de; padding: 3px 8px; text-align: left; vertical-align: top; }
+td.cell { width: 18px; text-align: center; }
+td.pass { background: #aceebb; } td.fail { background: #ff8182; } td.none { background: #eaeef2; }
+.charts { display: flex; flex-wrap: wrap; gap: 16px; }
+figure { margin: 0; } figcaption { font-weight: 600; }
+svg text { font: 11px system-ui, sans-serif; fill: #57606a; }
+"""
+
+W, H, LEFT, RIGHT, TOP, BOTTOM = 460, 260, 56, 16, 14, 40
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return "%g %s" % (n / scale, unit)
+    return "%d B" % n
+
+
+def chart(op: str, rows: list[BusbwRow]) -> str:
+    """Inline SVG: median busbw line, min-max band across ranks, one point per size whose
+    tooltip names the slowest rank."""
+    rows = sorted((r for r in rows if r.size_bytes > 0), key=lambda r: r.size_bytes)
+    if not rows:
+        return ""
+    xs = [math.log2(r.size_bytes) for r in rows]
+    x0, x1 = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
+    top = max(r.busbw_max for r in rows) or 1.0
+    pw, ph = W - LEFT - RIGHT, H - TOP - BOTTOM
+
+    def px(x: float) -> float:
+        return LEFT + (x - x0) / (x1 - x0) * pw
+
+    def py(y: float) -> float:
+        return TOP + ph - y / top * ph
+
+    band = " ".join("%.1f,%.1f" % (px(x), py(r.busbw_max)) for x, r in zip(xs, rows))
+    band += " " + " ".join("%.1f,%.1f" % (px(x), py(r.busbw_min))
+                           for x, r in reversed(list(zip(xs, rows))))
+    line = " ".join("%.1f,%.1f" % (px(x), py(r.busbw_median)) for x, r in zip(xs, rows))
+    parts = ['<svg class="busbw-chart" data-op="%s" width="%d" height="%d" viewBox="0 0 %d %d" '
+             'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="busbw of %s">'
+             % (escape(op), W, H, W, H, escape(op)),
+             '<rect x="%d" y="%d" width="%d" height="%d" fill="#fff" stroke="#d0d7de"/>'
+             % (LEFT, TOP, pw, ph)]
+    for i in range(5):  # y grid and labels
+        y = top * i / 4
+        parts.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#eaeef2"/>'
+                     '<text x="%d" y="%.1f" text-anchor="end">%.3g</text>'
+                     % (LEFT, LEFT + pw, py(y), py(y), LEFT - 4, py(y) + 4, y))
+    for x, r in zip(xs, rows):
+        parts.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>'
+                     % (px(x), TOP + ph + 14, _size(r.size_bytes)))
+    parts.append('<text x="%d" y="%d" text-anchor="middle">message size</text>'
+                 % (LEFT + pw // 2, H - 6))
+    parts.append('<text x="12" y="%d" transform="rotate(-90 12 %d)" text-anchor="middle">'
+                 'busbw (GB/s)</text>' % (TOP + ph // 2, TOP + ph // 2))
+    parts.append('<polygon class="band" points="%s" fill="#54aeff" fill-opacity="0.3" '
+                 'stroke="none"/>' % band)
+    parts.append('<polyline class="median" points="%s" fill="none" stroke="#0969da" '
+                 'stroke-width="2"/>' % line)
+    for x, r in zip(xs, rows):
+        spread = r.busbw_min < 0.8 * r.busbw_median
+        parts.append('<circle class="point%s" cx="%.1f" cy="%.1f" r="3.5" fill="%s">'
+                     '<title>%s: busbw %.3g / %.3g / %.3g GB/s (min/median/max); slowest %s '
+                     '(rank %s)</title></circle>'
+                     % (" slow" if spread else "", px(x), py(r.busbw_median),
+                        "#cf222e" if spread else "#0969da", _size(r.size_bytes), r.busbw_min,
+                        r.busbw_median, r.busbw_max, escape(str(r.slowest_host)),
+                        r.slowest_rank))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _matrix(result: Result) -> str:
+    checks = result.checks
+    ids = sorted({c.id for c in checks})
+    hosts = list(dict.fromkeys(c.host for c in checks))
+    by = {(c.host, c.id): c for c in checks}
+    head = "".join('<th title="%s"><span>%s</span></th>' % (escape(i), escape(i)) for i in ids)
+    rows = []
+    for host in hosts:
+        cells = []
+        for cid in ids:
+            c = by.get((host, cid))
+            if c is None:
+                cells.append('<td class="cell none"></td>')
+            else:
+                cells.append('<td class="cell %s" title="%s">%s</td>' % (
+                    "pass" if c.ok else "fail", escape(c.detail), "&#10003;" if c.ok else "&#10007;"))
+        rows.append("<tr><th>%s</th>%s</tr>" % (escape(host), "".join(cells)))
+    failures = "".join("<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>" % (
+        escape(c.host), escape(c.id), escape(c.detail), escape(c.fix))
+        for c in checks if not c.ok)
+    out = '<table class="matrix"><tr><th>host</th>%s</tr>%s</table>' % (head, "".join(rows))
+    if failures:
+        out += ('<table class="failures"><tr><th>host</th><th>check</th><th>detail</th>'
+                '<th>fix</th></tr>%s</table>' % failures)
+    return out
+
+
+def _ranks(result: Result) -> str:
+    rows = "".join(
+        '<tr class="rank %s"><td>%s</td><td>%s</td><td>%s</td><td class="%s">%s</td><td>%s</td></tr>'
+        % ("ok" if r.ok else "bad", "?" if r.rank is None else r.rank, escape(r.host),
+           r.local_rank, "ok" if r.ok else "bad", escape(r.state),
+           "-" if r.exit_code is None else r.exit_code) for r in result.ranks)
+    hosts = "".join("<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>" % (
+        escape(h.host), escape(str(h.outcome)), "-" if h.rc is None else h.rc,
+        "-" if h.duration_s is None else "%.1f s" % h.duration_s) for h in result.hosts)
+    return ('<table class="hosts"><tr><th>host</th><th>outcome</th><th>exit</th>'
+            '<th>duration</th></tr>%s</table>'
+            '<table class="ranks"><tr><th>rank</th><th>host</th><th>local rank</th><th>state</th>'
+            '<th>exit code</th></tr>%s</table>' % (hosts, rows))
+
+
+def render(result: Result) -> str:
+    pre = result if result.kind == "preflight" else result.preflight
+    body = ['<h1>torchfleet %s <span class="%s">%s</span></h1>' % (
+        escape(result.kind), "ok" if result.ok else "bad", "ok" if result.ok else "FAILED"),
+        "<p>run %s &middot; %s</p>" % (escape(result.run_id), escape(str(result.run_dir)))]
+    if result.first_failure:
+        f = result.first_failure
+        body.append('<h2>First failure</h2><p class="bad">%s, rank %s: %s</p><pre>%s</pre>' % (
+            escape(f.host), "?" if f.rank is None else f.rank, escape(f.reason), escape(f.tail)))
+    if pre is not None:
+        body.append("<h2>Preflight</h2>" + _matrix(pre))
+    if result.kind in ("train", "collective"):
+        body.append("<h2>Ranks</h2>" + _ranks(result))
+        body.append('<h2>Run checks</h2>' + _matrix(result))
+    if result.busbw:
+        charts = "".join("<figure><figcaption>%s</figcaption>%s</figure>" % (escape(op), chart(op, rows))
+                         for op, rows in result.busbw_by_op().items() if chart(op, rows))
+        body.append('<h2>Bus bandwidth by message size</h2><p>line: median across ranks; '
+                    'band: min&ndash;max across ranks; red points: a rank below 80%% of the '
+                    'median (hover for the slowest host)</p><div class="charts">%s</div>' % charts)
+    return ('<!doctype html><html lang="en"><head><meta charset="utf-8"><title>torchfleet %s %s'
+            '</title><style>%s</style></head><body>%s</body></html>'
+            % (escape(result.kind), escape(result.run_id), CSS, "\n".join(body)))
+
+
+def write(run_dir: str | Path, output: str | Path | None = None) -> Path:
+    """Write the report of the run in run_dir; returns its path (RUN_DIR/report.html)."""
+    run_dir = Path(run_dir)
+    result = load(run_dir)
+    if result is None:
+        raise ValueError("%s holds no preflight.json, train.json or collective.json; pass the "
+                         "directory of a torchfleet run" % run_dir)
+    path = Path(output) if output else run_dir / "report.html"
+    path.write_text(render(result))
+    return path

@@ -1,0 +1,185 @@
+"""Typed results of torchfleet runs, read from the JSON files the playbooks write.
+
+preflight.json, collective.json and train.json are the contract (see the README's Outputs);
+these classes only give them names and types, so callers never parse Ansible's stdout.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Check:
+    """One verdict: a check id on a host ("controller" for cross-host ones)."""
+
+    host: str
+    id: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    severity: str = "error"
+
+
+@dataclass(frozen=True)
+class Host:
+    """A node of the run: preflight facts, or how its torchrun ended."""
+
+    host: str
+    node_rank: int | None = None
+    address: str | None = None
+    socket_ifname: str | None = None
+    gpus: int | None = None
+    versions: dict[str, Any] = field(default_factory=dict)
+    outcome: str | None = None
+    rc: int | None = None
+    duration_s: float | None = None
+    logs: str | None = None
+
+
+@dataclass(frozen=True)
+class Rank:
+    """How one rank ended: state is succeeded, failed, killed (by a signal) or stopped."""
+
+    rank: int | None
+    host: str
+    local_rank: int
+    ok: bool
+    exit_code: int | None
+    state: str
+
+
+@dataclass(frozen=True)
+class BusbwRow:
+    """One op at one message size across ranks (nccl-tests' columns)."""
+
+    op: str
+    size_bytes: int
+    count: int
+    time_us: float
+    algbw_gbs: float
+    busbw_min: float
+    busbw_median: float
+    busbw_max: float
+    wrong: int
+    slowest_host: str | None
+    slowest_rank: int | None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The first thing that went wrong in a launched run, with its log tail."""
+
+    host: str
+    rank: int | None
+    reason: str
+    tail: str = ""
+
+
+@dataclass
+class Result:
+    """What a torchfleet call returns. ok is False whenever any check failed or the run was
+    cancelled; `checks` then names the host, the check and the fix."""
+
+    kind: str
+    ok: bool
+    run_id: str
+    run_dir: Path
+    checks: list[Check] = field(default_factory=list)
+    hosts: list[Host] = field(default_factory=list)
+    ranks: list[Rank] = field(default_factory=list)
+    busbw: list[BusbwRow] = field(default_factory=list)
+    first_failure: Failure | None = None
+    preflight: Result | None = None
+    cancelled: bool = False
+    ansible_status: str = ""
+    ansible_rc: int | None = None
+
+    @property
+    def failures(self) -> list[Check]:
+        """Failed error-level checks, of this run and of its preflight."""
+        own = [c for c in self.checks if not c.ok and c.severity == "error"]
+        return (self.preflight.failures if self.preflight else []) + own
+
+    def busbw_by_op(self) -> dict[str, list[BusbwRow]]:
+        table: dict[str, list[BusbwRow]] = {}
+        for row in self.busbw:
+            table.setdefault(row.op, []).append(row)
+        return table
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready; the schema of `torchfleet ... --json` (see the README)."""
+        from dataclasses import asdict
+
+        data = asdict(self)
+        data["run_dir"] = str(self.run_dir)
+        if self.preflight is not None:
+            data["preflight"] = self.preflight.to_dict()
+        data["failures"] = [asdict(c) for c in self.failures]
+        return data
+
+
+def _check(raw: dict) -> Check:
+    return Check(host=raw["host"], id=raw["id"], ok=bool(raw["ok"]), detail=raw.get("detail", ""),
+                 fix=raw.get("hint", ""), severity=raw.get("severity", "error"))
+
+
+def _host(raw: dict) -> Host:
+    return Host(host=raw["host"], node_rank=raw.get("node_rank"), address=raw.get("address"),
+                socket_ifname=raw.get("socket_ifname"), gpus=raw.get("gpus"),
+                versions=raw.get("versions") or {}, outcome=raw.get("outcome"), rc=raw.get("rc"),
+                duration_s=raw.get("duration_s"), logs=raw.get("logs"))
+
+
+def _rank(raw: dict) -> Rank:
+    return Rank(rank=raw.get("rank"), host=raw["host"], local_rank=raw.get("local_rank", 0),
+                ok=bool(raw.get("ok")), exit_code=raw.get("exit_code"),
+                state=raw.get("state", "succeeded" if raw.get("ok") else "unknown"))
+
+
+def _busbw(raw: dict) -> BusbwRow:
+    return BusbwRow(op=raw["op"], size_bytes=raw["size_bytes"], count=raw["count"],
+                    time_us=raw["time_us_max"], algbw_gbs=raw["algbw_gbs_min"],
+                    busbw_min=raw["busbw_gbs_min"], busbw_median=raw["busbw_gbs_median"],
+                    busbw_max=raw["busbw_gbs_max"], wrong=raw["wrong"],
+                    slowest_host=raw.get("slowest_host"), slowest_rank=raw.get("slowest_rank"))
+
+
+def from_report(kind: str, data: dict, run_dir: Path) -> Result:
+    """A Result from the parsed contents of <kind>.json."""
+    failure = data.get("first_failure")
+    return Result(
+        kind=kind, ok=bool(data.get("ok")), run_id=data.get("run_id", run_dir.name),
+        run_dir=run_dir, checks=[_check(c) for c in data.get("checks", [])],
+        hosts=[_host(h) for h in data.get("hosts", [])],
+        ranks=[_rank(r) for r in data.get("ranks", [])],
+        busbw=[_busbw(b) for b in data.get("busbw", [])],
+        first_failure=Failure(host=failure["host"], rank=failure.get("rank"),
+                              reason=failure.get("reason", ""), tail=failure.get("tail", ""))
+        if failure else None)
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def load(run_dir: Path | str, kind: str | None = None) -> Result | None:
+    """The Result of the run in run_dir: its train/collective report with the preflight inside,
+    or the preflight alone. None when the run wrote nothing (it never reached its report)."""
+    run_dir = Path(run_dir)
+    pre = read_json(run_dir / "preflight.json")
+    preflight = from_report("preflight", pre, run_dir) if pre else None
+    kinds = [kind] if kind and kind != "preflight" else ([] if kind else ["collective", "train"])
+    for k in kinds:
+        data = read_json(run_dir / (k + ".json"))
+        if data:
+            result = from_report(k, data, run_dir)
+            result.preflight = preflight
+            result.ok = result.ok and (preflight is None or preflight.ok)
+            return result
+    return preflight

@@ -1,0 +1,166 @@
+"""Run one of torchfleet's playbooks through ansible-runner, with live events and cancel.
+
+The playbooks are the package's own (torchfleet.paths.ansible_root), so this works from an
+installed wheel. Events come from ansible-runner's structured job events (module results) and
+from the run's progress.jsonl (one line per watcher look, written by torchrun_watch), never
+from Ansible's stdout. ansible-runner runs in a private data dir that is removed afterwards and
+is told not to write env files, so no variables or keys are left behind in artifacts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from torchfleet import forks
+from torchfleet.paths import ansible_root
+from torchfleet.results import Check
+
+# Actions whose results carry check records (preflight.json / <kind>.json rows).
+CHECK_ACTIONS = {"preflight_checks", "run_summary"}
+HOST_EVENTS = {"runner_on_ok": "ok", "runner_on_failed": "failed",
+               "runner_on_unreachable": "unreachable", "runner_on_skipped": "skipped"}
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something that just happened.
+
+    kind "task": a task ended on a host (status ok / failed / unreachable / skipped);
+    kind "check": a check was decided (check is set);
+    kind "rank": a watcher looked at a host's torchrun (status is its state, ranks its ranks,
+    outcome set once that host's watch ended).
+    """
+
+    kind: str
+    host: str | None = None
+    task: str | None = None
+    status: str | None = None
+    check: Check | None = None
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    outcome: str | None = None
+    elapsed_s: float | None = None
+
+
+@dataclass
+class Outcome:
+    status: str  # ansible-runner's: successful, failed, canceled, timeout
+    rc: int | None
+    cancelled: bool
+
+
+def translate(event: dict) -> list[Event]:
+    """Events for one ansible-runner job event (an empty list for most of them)."""
+    name = event.get("event")
+    if name not in HOST_EVENTS:
+        return []
+    data = event.get("event_data") or {}
+    host, res = data.get("host"), data.get("res") or {}
+    out = [Event(kind="task", host=host, task=data.get("task"), status=HOST_EVENTS[name])]
+    if data.get("task_action") in CHECK_ACTIONS and name == "runner_on_ok":
+        for raw in res.get("checks", []):
+            out.append(Event(kind="check", host=raw["host"], task=data.get("task"),
+                             status="ok" if raw["ok"] else "failed",
+                             check=Check(host=raw["host"], id=raw["id"], ok=bool(raw["ok"]),
+                                         detail=raw.get("detail", ""), fix=raw.get("hint", ""),
+                                         severity=raw.get("severity", "error"))))
+    return out
+
+
+class ProgressFollower:
+    """Reads the lines torchrun_watch appends to progress.jsonl and turns them into events."""
+
+    def __init__(self, path: Path, emit: Callable[[Event], None]):
+        self._path, self._emit, self._offset, self._partial = path, emit, 0, b""
+
+    def poll(self) -> None:
+        try:
+            with open(self._path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except OSError:
+            return
+        self._offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        for line in lines:
+            try:
+                raw = json.loads(line)
+            except ValueError:
+                continue
+            self._emit(Event(kind="rank", host=raw.get("host"), status=raw.get("state"),
+                             ranks=raw.get("ranks") or [], outcome=raw.get("outcome"),
+                             elapsed_s=raw.get("elapsed_s")))
+
+
+def run_playbook(playbook: str, *, inventory: Path, extravars: dict[str, Any], run_dir: Path,
+                 on_event: Callable[[Event], None] | None = None,
+                 cancel: Callable[[], bool] | None = None,
+                 on_module_result: Callable[[str, str, dict], None] | None = None) -> Outcome:
+    """Run `playbook` (a root-level playbook of the package) and wait for it.
+
+    on_module_result(action, host, result) sees every module result that ended ok.
+    cancel() is asked about once a second; True, or a KeyboardInterrupt in this thread, stops
+    ansible-playbook (the caller then stops what it started on the hosts). ansible-playbook's
+    own output goes to run_dir/ansible.log.
+    """
+    import ansible_runner  # imported here: `import torchfleet` stays light
+
+    root = ansible_root()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    interrupted = threading.Event()
+    emit = on_event or (lambda event: None)
+    lock = threading.Lock()
+
+    def deliver(event: Event) -> None:
+        with lock:  # runner's thread and this one both emit
+            emit(event)
+
+    def handle(event: dict) -> bool:
+        data = event.get("event_data") or {}
+        if on_module_result and event.get("event") == "runner_on_ok":
+            on_module_result(data.get("task_action"), data.get("host"), data.get("res") or {})
+        for e in translate(event):
+            deliver(e)
+        return False  # no per-event artifacts: they would hold module arguments
+
+    left: list[tuple[int, str]] = []
+
+    def should_cancel() -> bool:
+        stop = interrupted.is_set() or bool(cancel and cancel())
+        if stop and not left:
+            # Before ansible-runner kills ansible-playbook: its setsid() forks survive that.
+            # run_dir is in its extravars, on its command line (suppress_env_files).
+            left.extend(forks.snapshot(os.getpid(), str(run_dir)))
+        return stop
+
+    private = Path(tempfile.mkdtemp(prefix="torchfleet-runner-"))
+    follower = ProgressFollower(run_dir / "progress.jsonl", deliver)
+    try:
+        thread, runner = ansible_runner.run_async(
+            private_data_dir=str(private), project_dir=str(root), playbook=playbook,
+            inventory=str(inventory), extravars=extravars, quiet=True,
+            suppress_env_files=True, event_handler=handle, cancel_callback=should_cancel,
+            envvars={"ANSIBLE_CONFIG": str(root / "ansible.cfg"),
+                     "ANSIBLE_NOCOLOR": "1", "PYTHONUNBUFFERED": "1"},
+            settings={"suppress_ansible_output": True})
+        while thread.is_alive():
+            try:
+                thread.join(0.25)
+                follower.poll()
+            except KeyboardInterrupt:
+                interrupted.set()
+        follower.poll()
+        forks.kill_left(left)
+        stdout = Path(runner.config.artifact_dir) / "stdout"
+        if stdout.is_file():
+            shutil.copyfile(stdout, run_dir / "ansible.log")
+        return Outcome(status=runner.status, rc=runner.rc,
+                       cancelled=runner.status == "canceled" or interrupted.is_set())
+    finally:
+        shutil.rmtree(private, ignore_errors=True)

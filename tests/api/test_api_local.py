@@ -1,0 +1,113 @@
+"""torchfleet's Python API against the embedded default inventory, through real ansible-runner
+runs of the bundled playbooks (two nodes on this machine, gloo over loopback)."""
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import torchfleet
+from tests.api.conftest import free_port
+from tests.conftest import FIXTURES, processes_matching
+
+pytestmark = pytest.mark.integration
+
+
+def runner_dirs():
+    return set(Path(tempfile.gettempdir()).glob("torchfleet-runner-*"))
+
+
+def test_preflight_ok_with_every_hosts_checks_as_events(runs_root):
+    before = runner_dirs()
+    events = []
+    result = torchfleet.preflight(on_event=events.append, runs_root=runs_root,
+                                  master_port=free_port())
+    assert result.ok is True and result.failures == []
+    assert result.kind == "preflight" and result.run_dir == runs_root / result.run_id
+    assert [h.host for h in result.hosts] == ["node0", "node1"]
+    assert {h.socket_ifname for h in result.hosts} == {"lo"}
+    assert {"host.unreachable", "python.torch", "port.blocked", "shm.size"} <= {
+        c.id for c in result.checks}
+    seen = {(e.check.host, e.check.id) for e in events if e.kind == "check"}
+    assert {("node0", "port.in_use"), ("node1", "port.blocked")} <= seen
+    assert {e.host for e in events if e.kind == "task"} >= {"node0", "node1"}
+    # Nothing of ansible-runner is left: no private data dir, no env files, no keys.
+    assert runner_dirs() == before
+    names = {p.name for p in result.run_dir.rglob("*")}
+    assert names == {"preflight.json", "ansible.log"}
+    assert "PRIVATE KEY" not in (result.run_dir / "ansible.log").read_text()
+
+
+def test_failing_preflight_returns_port_in_use_on_the_master(runs_root):
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = torchfleet.preflight(runs_root=runs_root, master_port=port)
+    assert result.ok is False
+    assert [(c.host, c.id) for c in result.failures] == [("node0", "port.in_use")]
+    (check,) = result.failures
+    assert "pid %d" % os.getpid() in check.detail and check.fix
+
+
+def test_collective_returns_a_busbw_table_for_every_op(collective_run):
+    result, events = collective_run
+    assert result.ok is True, result.failures
+    table = result.busbw_by_op()
+    assert set(table) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "gather",
+                          "barrier"}
+    for op, rows in table.items():
+        assert rows and all(r.wrong == 0 for r in rows), op
+        if op != "barrier":
+            assert all(0 < r.busbw_min <= r.busbw_median <= r.busbw_max for r in rows), op
+    assert result.preflight is not None and result.preflight.ok
+    # Each host's watcher reported its ranks while they ran.
+    assert {e.host for e in events if e.kind == "rank"} == {"node0", "node1"}
+
+
+def test_train_returns_every_ranks_exit_status(runs_root):
+    ok = torchfleet.train(runs_root=runs_root, master_port=free_port())
+    assert ok.ok is True
+    assert [(r.rank, r.exit_code, r.state) for r in ok.ranks] == [(0, 0, "succeeded"),
+                                                                  (1, 0, "succeeded")]
+    failed = torchfleet.train(runs_root=runs_root, master_port=free_port(),
+                              script=str(FIXTURES / "scripts" / "fail_rank1.py"))
+    assert failed.ok is False
+    by_rank = {r.rank: r for r in failed.ranks if r.rank is not None}
+    assert by_rank[1].exit_code == 3 and by_rank[1].state == "failed"
+    assert len(failed.ranks) == 2  # the other rank is there too, stopped or killed
+    assert failed.first_failure.rank == 1 and "exited with 3" in failed.first_failure.reason
+
+
+def test_cancel_during_train_stops_torchrun_on_every_host(runs_root):
+    states = []
+
+    def on_event(event):
+        if event.kind == "rank":
+            states.append((event.host, event.status))
+
+    def cancel():  # as soon as both hosts' torchrun runs
+        return {h for h, s in states if s == "running"} == {"node0", "node1"}
+
+    result = torchfleet.train(on_event=on_event, cancel=cancel, runs_root=runs_root,
+                              master_port=free_port(),
+                              script=str(FIXTURES / "scripts" / "hang_rank1.py"))
+    assert result.cancelled is True and result.ok is False
+    assert ("controller", "run.cancelled") in {(c.host, c.id) for c in result.failures}
+    assert processes_matching(result.run_id) == []
+    assert processes_matching("hang_rank1.py") == []
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: torchfleet.preflight("/nonexistent/inventory.yml"), "does not exist"),
+    (lambda: torchfleet.preflight(**{"bad-name": 1}), "not a valid Ansible variable"),
+    (lambda: torchfleet.preflight(run_id="../escape"), "cannot name a directory"),
+    (lambda: torchfleet.train(on_event="print"), "must be callable"),
+    (lambda: torchfleet.preflight(data_paths={1, 2}), "not JSON-serialisable"),
+])
+def test_misuse_raises_one_clear_sentence(call, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        call()
