@@ -16,6 +16,7 @@ h1 { font-size: 20px; } h2 { font-size: 16px; margin-top: 28px; }
 table { border-collapse: collapse; margin: 8px 0; }
 th, td { border: 1px solid #d0d7de; padding: 3px 8px; text-align: left; vertical-align: top; }
 td.cell { width: 18px; text-align: center; }
+table.matrix th span { writing-mode: vertical-rl; transform: rotate(180deg); white-space: nowrap; }
 td.pass { background: #aceebb; } td.fail { background: #ff8182; } td.none { background: #eaeef2; }
 .charts { display: flex; flex-wrap: wrap; gap: 16px; }
 figure { margin: 0; } figcaption { font-weight: 600; }

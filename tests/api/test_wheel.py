@@ -1,0 +1,59 @@
+"""The wheel, installed in a fresh venv away from the clone: the API, the CLI and the report
+work from the package's bundled playbooks."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import venv
+
+import pytest
+
+from tests.api.conftest import free_port
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.integration
+
+
+def run(argv, cwd, timeout=900):
+    proc = subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, "%s\n%s\n%s" % (argv, proc.stdout[-3000:], proc.stderr[-3000:])
+    return proc
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    base = tmp_path_factory.mktemp("wheel")
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", base / "dist", ROOT],
+        cwd=base)
+    (wheel,) = (base / "dist").glob("torchfleet-*.whl")
+    venv.create(base / "venv", with_pip=True)
+    py = base / "venv" / "bin" / "python"
+    # torch pinned to the CPU build on disk; everything else from the wheel's own requirements.
+    run([py, "-m", "pip", "install", "-q", "torch==2.13.0", wheel], cwd=base)
+    work = base / "elsewhere"
+    work.mkdir()
+    return py, work
+
+
+def test_api_from_the_installed_wheel(installed):
+    py, work = installed
+    code = ("import json, torchfleet, torchfleet.paths as p\n"
+            "r = torchfleet.preflight(master_port=%d)\n"
+            "print(json.dumps({'ok': r.ok, 'root': str(p.ansible_root()), 'dir': str(r.run_dir),"
+            " 'hosts': [h.host for h in r.hosts]}))" % free_port())
+    out = json.loads(run([py, "-c", code], cwd=work).stdout.strip().splitlines()[-1])
+    assert out["ok"] is True and out["hosts"] == ["node0", "node1"]
+    assert "site-packages/torchfleet/ansible" in out["root"]  # not the clone
+    assert out["dir"].startswith(str(work / "runs"))
+
+
+def test_cli_and_report_from_the_installed_wheel(installed):
+    py, work = installed
+    exe = py.parent / "torchfleet"
+    result = json.loads(run([exe, "collective", "--json", "-e", "master_port=%d" % free_port()],
+                            cwd=work).stdout)
+    assert result["ok"] is True and {r["op"] for r in result["busbw"]} >= {"all_reduce", "gather"}
+    page = run([exe, "report", result["run_dir"]], cwd=work).stdout.strip()
+    assert page.endswith("report.html") and "busbw-chart" in open(page).read()
