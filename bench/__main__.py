@@ -323,12 +323,43 @@ def markdown(results):
         for size, s in ho["busbw_ratio_collective_over_raw"].items():
             lines.append("| all_reduce busbw, collective test / raw loop, %s B | | | %s | >= 0.95 |"
                          % (size, rng(s)))
+    carried = results.get("carried") or {}
+    if carried:
+        lines += ["", "Not re-run this time, carried from the earlier run: %s." % ", ".join(
+            "%s (%s)" % (name, when) for name, when in carried.items())]
+    before = (results.get("before") or {}).get("preflight_cost")
+    if pc and before:
+        lines += ["", "Preflight before / after this change (%s / %s):" % (before["taken"], m["date"]),
+                  ""]
+        for name, r in pc.items():
+            if name in before:
+                lines.append("- %s: %.2fx (%.2f s) -> %.2fx (%.2f s)" % (
+                    name, before[name]["ratio"], before[name]["preflight_s"]["median"],
+                    r["ratio"], r["preflight_s"]["median"]))
     if pc:
         lines += ["", "Slowest preflight tasks (last run of each size):", ""]
         for name, r in pc.items():
             lines.append("- %s: %s" % (name, "; ".join("%s %.2f s" % (t["task"], t["seconds"])
                                                         for t in r["slowest_tasks"])))
     return "\n".join(lines) + "\n"
+
+
+def merge(path, new):
+    """Keep the measures not re-run from the previous results file (with the date they were
+    taken) and record the previous value of each re-run one under "before"."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return new
+    when = old.get("machine", {}).get("date", "an earlier run")
+    merged = dict(new, before=dict(old.get("before", {})), carried={})
+    for name in BENCHES:
+        if name in new and name in old:
+            merged["before"][name] = dict(old[name], taken=when)
+        elif name in old:
+            merged[name] = old[name]
+            merged["carried"][name] = old.get("carried", {}).get(name, when)
+    return merged
 
 
 def main():
@@ -348,6 +379,7 @@ def main():
             print("running %s ..." % name, flush=True)
             results[name] = BENCHES[name](args, Path(tmp))
     args.out.mkdir(parents=True, exist_ok=True)
+    results = merge(args.out / "results.json", results)
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
     (args.out / "results.md").write_text(markdown(results))
     print(markdown(results))

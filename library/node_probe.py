@@ -84,9 +84,14 @@ options:
     elements: int
     default: []
   connect_timeout_s:
-    description: Time allowed for each connection; "refused" is retried until then.
+    description: Time allowed for each connection attempt; a dropped port times out after it.
     type: float
     default: 3
+  connect_retry_s:
+    description: How long "connection refused" is retried, since the master's listener may
+      start after this host's probe (hosts start one after the other). Defaults to
+      O(connect_timeout_s).
+    type: float
   listener_wait_s:
     description: With O(listen) and O(connect_addr), how long the master waits for every
       host's connections before it stops the listener and returns.
@@ -328,6 +333,7 @@ def main():
             connect_addr=dict(type="str"),
             connect_ports=dict(type="list", elements="int", default=[]),
             connect_timeout_s=dict(type="float", default=3),
+            connect_retry_s=dict(type="float"),
             listener_wait_s=dict(type="float", default=5),
         ),
         supports_check_mode=True,
@@ -393,7 +399,8 @@ def main():
 
 def start_connector(params):
     ports = params["connect_ports"] + ([params["ephemeral_port"]] if params["ephemeral_port"] else [])
-    return Connector(params["connect_addr"], ports, params["connect_timeout_s"])
+    return Connector(params["connect_addr"], ports, params["connect_timeout_s"],
+                     params["connect_retry_s"])
 
 
 if __name__ == "__main__":

@@ -16,21 +16,23 @@ from ansible.module_utils.torchfleet.net import nic_holding, parse_ip_addr, pars
 RETRY_INTERVAL_S = 0.05
 
 
-def connect(addr, port, timeout_s):
+def connect(addr, port, timeout_s, retry_s=None):
     """{port, ok, error, elapsed_s}: a TCP handshake with addr:port within timeout_s.
 
-    "Connection refused" is retried until timeout_s, because the master's listener may start a
-    moment after this host begins; a firewall that drops shows as "timed out".
+    "Connection refused" is retried for retry_s (default timeout_s), because the master's
+    listener may start a while after this host begins; a firewall that drops shows as
+    "timed out" after timeout_s.
     """
     start = time.monotonic()
+    window = timeout_s if retry_s is None else max(timeout_s, retry_s)
     error = None
     while True:
-        left = timeout_s - (time.monotonic() - start)
+        left = window - (time.monotonic() - start)
         if left <= 0:
             error = error or "timed out"
             break
         try:
-            with socket.create_connection((addr, port), timeout=left):
+            with socket.create_connection((addr, port), timeout=min(left, timeout_s)):
                 error = None
                 break
         except socket.timeout:
@@ -48,16 +50,16 @@ def connect(addr, port, timeout_s):
 class Connector:
     """Connect to every port at once in the background; results() waits for them."""
 
-    def __init__(self, addr, ports, timeout_s):
+    def __init__(self, addr, ports, timeout_s, retry_s=None):
         self._ports = list(ports)
         self._found = {}
-        self._threads = [threading.Thread(target=self._one, args=(addr, port, timeout_s),
+        self._threads = [threading.Thread(target=self._one, args=(addr, port, timeout_s, retry_s),
                                           daemon=True) for port in self._ports]
         for thread in self._threads:
             thread.start()
 
-    def _one(self, addr, port, timeout_s):
-        self._found[port] = connect(addr, port, timeout_s)
+    def _one(self, addr, port, timeout_s, retry_s):
+        self._found[port] = connect(addr, port, timeout_s, retry_s)
 
     def results(self):
         """One entry per port, in order."""

@@ -1,0 +1,33 @@
+"""The report's chart from a busbw table where one host is slow (a made-up table: the real
+ones come from the collective test in tests/api)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from torchfleet.html_report import chart, render
+from torchfleet.results import BusbwRow, Check, Rank, Result
+
+
+def row(size, low, med, high, host="node1"):
+    return BusbwRow(op="all_reduce", size_bytes=size, count=size // 4, time_us=10.0,
+                    algbw_gbs=med, busbw_min=low, busbw_median=med, busbw_max=high, wrong=0,
+                    slowest_host=host, slowest_rank=3)
+
+
+def test_a_slow_host_stands_out_in_the_band_and_its_point():
+    svg = chart("all_reduce", [row(1 << 20, 9.0, 10.0, 11.0), row(16 << 20, 2.0, 20.0, 21.0, "gpu17")])
+    assert svg.count("<circle") == 2
+    assert svg.count('class="point slow"') == 1
+    assert "slowest gpu17 (rank 3)" in svg
+    assert 'class="band"' in svg and 'class="median"' in svg
+    assert ">1 MiB<" in svg and ">16 MiB<" in svg
+
+
+def test_render_is_self_contained_and_escapes_what_hosts_report():
+    result = Result(kind="train", ok=False, run_id="r1", run_dir=Path("/tmp/r1"),
+                    checks=[Check("n<1>", "run.exit", False, "<script>x</script>", "fix it")],
+                    ranks=[Rank(0, "n<1>", 0, False, 3, "failed")])
+    page = render(result)
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert "http" not in page.replace("http://www.w3.org/2000/svg", "")
+    assert 'class="rank bad"' in page and ">3<" in page
