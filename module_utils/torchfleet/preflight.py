@@ -227,6 +227,14 @@ def port_checks(host, connect, master_addr, master, master_port):
         result = by_port.get(port)
         if port is None or result is None:
             continue
+        unbound = [p for p in (master.get("listener") or {}).get("ports", [])
+                   if p["port"] == port and not p["bound"]]
+        if unbound and not result["ok"]:
+            # The master could not listen there (an outgoing connection holds the port, say):
+            # nothing was tested, which is not the firewall's fault.
+            records.append(check(cid, host, True, "not tested: the master could not listen on "
+                                 "%s (%s); run preflight again" % (port, unbound[0]["error"])))
+            continue
         if result["ok"]:
             records.append(check(cid, host, True, "TCP %s:%s open (%.2f s)"
                                  % (master_addr, port, result["elapsed_s"])))

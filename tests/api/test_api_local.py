@@ -101,6 +101,45 @@ def test_cancel_during_train_stops_torchrun_on_every_host(runs_root):
     assert processes_matching("hang_rank1.py") == []
 
 
+TRAIN_THEN_REPORT = """
+import json, sys, torchfleet
+r = torchfleet.train(runs_root=sys.argv[1], run_id=sys.argv[2], master_port=int(sys.argv[3]),
+                     script=sys.argv[4])
+print(json.dumps({"cancelled": r.cancelled, "ok": r.ok}))
+"""
+
+
+def test_ctrl_c_during_train_stops_torchrun_on_every_host_then_returns(runs_root):
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run_id = "ctrl-c-%d" % os.getpid()
+    progress = runs_root / run_id / "progress.jsonl"
+    proc = subprocess.Popen([sys.executable, "-c", TRAIN_THEN_REPORT, str(runs_root), run_id,
+                             str(free_port()), str(FIXTURES / "scripts" / "hang_rank1.py")],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # both hosts' torchrun running
+            lines = progress.read_text().splitlines() if progress.exists() else []
+            if {json.loads(x)["host"] for x in lines if '"running"' in x} == {"node0", "node1"}:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the run never started")
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+    assert json.loads(out.strip().splitlines()[-1]) == {"cancelled": True, "ok": False}
+    assert processes_matching(run_id) == []
+    assert processes_matching("hang_rank1.py") == []
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda: torchfleet.preflight("/nonexistent/inventory.yml"), "does not exist"),
     (lambda: torchfleet.preflight(**{"bad-name": 1}), "not a valid Ansible variable"),

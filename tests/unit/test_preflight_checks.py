@@ -279,3 +279,16 @@ def test_the_same_machine_twice_is_named():
     assert ("host.duplicate", "n3") in failing(checks)
     assert "the same machine as n1" in next(c["detail"] for c in checks
                                            if c["id"] == "host.duplicate" and not c["ok"])
+
+
+def test_an_ephemeral_port_the_master_could_not_bind_is_not_blamed_on_the_firewall():
+    probes, connects = cluster()
+    probes["n0"]["master"]["listener"]["ports"] = [
+        {"port": 29500, "bound": True, "error": None},
+        {"port": 51000, "bound": False, "error": "Address already in use"}]
+    for host in HOSTS:
+        connects[host]["ports"][1].update(ok=False, error="refused")
+    checks, _, _ = run(probes, connects)
+    assert failing(checks) == []
+    eph = [c for c in checks if c["id"] == "port.ephemeral"]
+    assert eph and all("not tested" in c["detail"] and "51000" in c["detail"] for c in eph)
