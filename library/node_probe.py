@@ -389,7 +389,7 @@ def main():
     if master is not None:
         result["master"] = master
     if connector is not None:
-        route, route_error = route_to(params["connect_addr"])
+        route, route_error = route_to(params["connect_addr"], nics)
         result["connect"] = dict(route=route, route_error=route_error, ports=connector.results())
         if master is not None and master["listener"]:
             result["connect"]["listener"] = stop_listener(master["listener"]["pid"],

@@ -72,9 +72,9 @@ def connect_all(addr, ports, timeout_s):
     return Connector(addr, ports, timeout_s).results()
 
 
-def route_to(addr):
+def route_to(addr, nics=None):
     """(route, error): how traffic to addr leaves this host, naming the NIC that holds it when
-    addr is local."""
+    addr is local (from `nics`, parse_ip_addr's list, when the caller already has it)."""
     proc = subprocess.run(["ip", "-j", "route", "get", addr], capture_output=True, text=True,
                           check=False)
     if proc.returncode != 0:
@@ -84,6 +84,9 @@ def route_to(addr):
         return None, "no route"
     route["nic"] = route["dev"]
     if route["local"]:
-        addrs = subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True, check=False)
-        route["nic"] = nic_holding(parse_ip_addr(addrs.stdout), addr) or route["dev"]
+        if nics is None:
+            addrs = subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True,
+                                   check=False)
+            nics = parse_ip_addr(addrs.stdout)
+        route["nic"] = nic_holding(nics, addr) or route["dev"]
     return route, None

@@ -53,6 +53,10 @@ def _inventory(inventory: str | Path | None) -> Path:
     return path.resolve()
 
 
+def _runs_root(runs_root: str | Path | None) -> Path:
+    return (Path(runs_root) if runs_root else Path.cwd() / "runs").expanduser().resolve()
+
+
 def _extravars(variables: dict[str, Any]) -> dict[str, Any]:
     for key, value in variables.items():
         if not VAR_NAME.match(key):
@@ -79,13 +83,13 @@ def _run(kind: str, playbook: str, inventory, runs_root, run_id, on_event, cance
     inv = _inventory(inventory)
     extravars = _extravars(variables)
     run_id = str(run_id or new_run_id())
-    run_dir = (Path(runs_root) if runs_root else Path.cwd() / "runs").expanduser().resolve() / run_id
+    run_dir = _runs_root(runs_root) / run_id
     extravars.update(run_id=run_id, run_dir=str(run_dir))
     outcome = run_playbook(playbook, inventory=inv, extravars=extravars, run_dir=run_dir,
                            on_event=on_event, cancel=cancel)
     if outcome.cancelled and kind in ("train", "collective"):
         # ansible-runner stopped ansible-playbook only; torchrun runs on as async jobs.
-        stop(run_id, inventory=inv, runs_root=run_dir.parent / (run_id + "-stop"))
+        stop(run_id, inventory=inv, runs_root=run_dir.parent)
     result = load(run_dir, kind)
     if result is None:
         detail = ("cancelled before %s.json was written" % kind if outcome.cancelled else
@@ -139,8 +143,7 @@ def stop(run_id: str | None = None, inventory: str | Path | None = None, *,
     extravars = _extravars(variables)
     if run_id is not None:
         extravars["run_id"] = str(run_id)
-    log_dir = (Path(runs_root) if runs_root else Path.cwd() / "runs").expanduser().resolve()
-    log_dir = log_dir / ("stop-" + new_run_id())
+    log_dir = _runs_root(runs_root) / ("stop-" + new_run_id())
     stopped: dict[str, list] = {}
 
     def collect(action: str, host: str, res: dict) -> None:
