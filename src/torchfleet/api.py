@@ -89,7 +89,8 @@ def _run(kind: str, playbook: str, inventory, runs_root, run_id, on_event, cance
                            on_event=on_event, cancel=cancel)
     if outcome.cancelled and kind in ("train", "collective"):
         # ansible-runner stopped ansible-playbook only; torchrun runs on as async jobs.
-        stop(run_id, inventory=inv, runs_root=run_dir.parent)
+        # Ctrl-C is ignored until it ends: an interrupted clean-up would leave them running.
+        _stop(run_id, inv, run_dir.parent, None, {}, interruptible=False)
     result = load(run_dir, kind)
     if result is None:
         detail = ("cancelled before %s.json was written" % kind if outcome.cancelled else
@@ -139,7 +140,13 @@ def stop(run_id: str | None = None, inventory: str | Path | None = None, *,
     """Stop run `run_id` (every torchfleet run when None) on every host, by recorded PID."""
     if run_id is not None and not RUN_ID.match(str(run_id)):
         raise ValueError("run_id %r is not a torchfleet run id" % run_id)
-    inv = _inventory(inventory)
+    return _stop(run_id, _inventory(inventory), runs_root, on_event, variables,
+                 interruptible=True)
+
+
+def _stop(run_id: str | None, inv: Path, runs_root: str | Path | None,
+          on_event: EventHandler | None, variables: dict[str, Any], *,
+          interruptible: bool) -> Result:
     extravars = _extravars(variables)
     if run_id is not None:
         extravars["run_id"] = str(run_id)
@@ -151,7 +158,8 @@ def stop(run_id: str | None = None, inventory: str | Path | None = None, *,
             stopped[host] = res.get("stopped", [])
 
     outcome = run_playbook("stop.yml", inventory=inv, extravars=extravars, run_dir=log_dir,
-                           on_event=on_event, on_module_result=collect)
+                           on_event=on_event, on_module_result=collect,
+                           interruptible=interruptible)
     hosts = [Host(host=h, outcome=("stopped %d process(es) of %s" % (
         sum(len(r["processes"]) for r in runs), ", ".join(r["run_id"] for r in runs))
         if runs else "nothing running")) for h, runs in sorted(stopped.items())]

@@ -8,9 +8,11 @@ is told not to write env files, so no variables or keys are left behind in artif
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -98,16 +100,38 @@ class ProgressFollower:
                              elapsed_s=raw.get("elapsed_s")))
 
 
+@contextlib.contextmanager
+def ctrl_c_sets(flag: threading.Event | None):
+    """While a playbook runs, Ctrl-C sets `flag` (None: is ignored) instead of raising.
+
+    A KeyboardInterrupt raised inside Thread.join() can mark ansible-runner's thread as finished
+    while it still runs (CPython 3.11's _wait_for_tstate_lock releases the running thread's
+    lock), and the run would be abandoned with ansible-playbook still alive. Only the main
+    thread receives signals; a SIGINT that was ignored stays ignored.
+    """
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is signal.SIG_IGN):
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: flag and flag.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def run_playbook(playbook: str, *, inventory: Path, extravars: dict[str, Any], run_dir: Path,
                  on_event: Callable[[Event], None] | None = None,
                  cancel: Callable[[], bool] | None = None,
-                 on_module_result: Callable[[str, str, dict], None] | None = None) -> Outcome:
+                 on_module_result: Callable[[str, str, dict], None] | None = None,
+                 interruptible: bool = True) -> Outcome:
     """Run `playbook` (a root-level playbook of the package) and wait for it.
 
     on_module_result(action, host, result) sees every module result that ended ok.
-    cancel() is asked about once a second; True, or a KeyboardInterrupt in this thread, stops
-    ansible-playbook (the caller then stops what it started on the hosts). ansible-playbook's
-    own output goes to run_dir/ansible.log.
+    cancel() is asked about once a second; True, or Ctrl-C when `interruptible`, stops
+    ansible-playbook (the caller then stops what it started on the hosts); a clean-up run is
+    not interruptible, Ctrl-C is then ignored until it ends. ansible-playbook's own output goes
+    to run_dir/ansible.log.
     """
     import ansible_runner  # imported here: `import torchfleet` stays light
 
@@ -142,25 +166,23 @@ def run_playbook(playbook: str, *, inventory: Path, extravars: dict[str, Any], r
     private = Path(tempfile.mkdtemp(prefix="torchfleet-runner-"))
     follower = ProgressFollower(run_dir / "progress.jsonl", deliver)
     try:
-        thread, runner = ansible_runner.run_async(
-            private_data_dir=str(private), project_dir=str(root), playbook=playbook,
-            inventory=str(inventory), extravars=extravars, quiet=True,
-            suppress_env_files=True, event_handler=handle, cancel_callback=should_cancel,
-            envvars={"ANSIBLE_CONFIG": str(root / "ansible.cfg"),
-                     "ANSIBLE_NOCOLOR": "1", "PYTHONUNBUFFERED": "1"},
-            settings={"suppress_ansible_output": True})
-        while thread.is_alive():
-            try:
+        with ctrl_c_sets(interrupted if interruptible else None):
+            thread, runner = ansible_runner.run_async(
+                private_data_dir=str(private), project_dir=str(root), playbook=playbook,
+                inventory=str(inventory), extravars=extravars, quiet=True,
+                suppress_env_files=True, event_handler=handle, cancel_callback=should_cancel,
+                envvars={"ANSIBLE_CONFIG": str(root / "ansible.cfg"),
+                         "ANSIBLE_NOCOLOR": "1", "PYTHONUNBUFFERED": "1"},
+                settings={"suppress_ansible_output": True})
+            while thread.is_alive():
                 thread.join(0.25)
                 follower.poll()
-            except KeyboardInterrupt:
-                interrupted.set()
-        follower.poll()
-        forks.kill_left(left)
-        stdout = Path(runner.config.artifact_dir) / "stdout"
-        if stdout.is_file():
-            shutil.copyfile(stdout, run_dir / "ansible.log")
-        return Outcome(status=runner.status, rc=runner.rc,
-                       cancelled=runner.status == "canceled" or interrupted.is_set())
+            follower.poll()
+            forks.kill_left(left)
+            stdout = Path(runner.config.artifact_dir) / "stdout"
+            if stdout.is_file():
+                shutil.copyfile(stdout, run_dir / "ansible.log")
+            return Outcome(status=runner.status, rc=runner.rc,
+                           cancelled=runner.status == "canceled" or interrupted.is_set())
     finally:
         shutil.rmtree(private, ignore_errors=True)
