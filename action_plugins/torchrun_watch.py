@@ -1,7 +1,8 @@
 """Watch one host's torchrun until the run ends, fail-fast across hosts.
 
-Runs the torchrun_watch module on the host every `poll_s` seconds. The hosts' watchers share
-one file on the controller, `abort_file`: the first host whose torchrun fails, vanishes, hangs
+Runs the torchrun_watch module on the host in a loop; each look waits on the host up to
+`poll_s` seconds for the run's state to change, so an exit is seen at once. The hosts'
+watchers share one file on the controller, `abort_file`: the first host whose torchrun fails, vanishes, hangs
 or cannot be reached writes it (O_EXCL: the first failure wins), and every other watcher,
 seeing it at its next poll, returns at once so the play can stop every host. On a hang every
 watcher first has py-spy dump its ranks' stacks.
@@ -63,6 +64,7 @@ class ActionModule(ActionBase):
 
     def _poll(self, task_vars, **extra):
         args = {k: v for k, v in self._task.args.items() if k in MODULE_ARGS and v is not None}
+        args["wait_s"] = float(self._task.args.get("poll_s", 2))
         args.update(extra)
         return self._execute_module(module_name="torchrun_watch", module_args=args,
                                     task_vars=task_vars)
@@ -72,7 +74,6 @@ class ActionModule(ActionBase):
         a = self._task.args
         host = task_vars["inventory_hostname"]
         abort_file = a["abort_file"]
-        poll_s = float(a.get("poll_s", 2))
         hang_s = float(a.get("hang_timeout_s", 300))
         job_s = float(a.get("job_timeout_s", 86400))
         start_grace_s = float(a.get("start_grace_s", 60))
@@ -135,7 +136,6 @@ class ActionModule(ActionBase):
                 break
             if show:
                 self._progress(host, state, elapsed, nranks)
-            time.sleep(poll_s)
 
         if outcome == "aborted":
             append_progress(progress_file, host, time.monotonic() - begin, state, outcome)

@@ -13,6 +13,9 @@ description:
   - Signals only processes that belong to the run; its torchrun's command line carries the run
     id and every worker's environment carries TORCHFLEET_RUN_ID, so a recycled PID or another
     user's job is never touched. Never C(pkill -f) by name.
+  - With O(async_jid), then removes the record Ansible's async wrapper keeps of the
+    M(torchrun_job) that started the run (what C(async_status mode=cleanup) does), in the same
+    call.
   - Stopping a run that is not running changes nothing.
 version_added: "0.1.0"
 author: torchfleet developers
@@ -31,6 +34,15 @@ options:
     description: Seconds between SIGTERM and SIGKILL.
     type: float
     default: 10
+  async_jid:
+    description: Job id of the async M(torchrun_job) whose record to remove once the run is
+      stopped. The record is removed after the async wrapper wrote its final result (waiting up
+      to 5 s for it), so it is not written again afterwards.
+    type: str
+  async_dir:
+    description: Directory of Ansible's async job records on the host.
+    type: path
+    default: ~/.ansible_async
 attributes:
   check_mode:
     support: full
@@ -50,6 +62,13 @@ EXAMPLES = r"""
     runs_root: ~/.torchfleet/runs
     run_id: 20261122-0301-ab12
     grace_s: 5
+
+- name: Stop what is left of this host's part of a run, then remove its async job record
+  torchrun_stop:
+    runs_root: ~/.torchfleet/runs
+    run_id: "{{ run_id }}"
+    host_dir: "{{ inventory_hostname }}"
+    async_jid: "{{ launch_job.ansible_job_id }}"
 """
 
 RETURN = r"""
@@ -59,14 +78,43 @@ stopped:
   type: list
   elements: dict
   sample: [{"run_id": "20261122-0301-ab12", "pid": 4242, "signalled": [4242], "killed": [4250]}]
+async_removed:
+  description: The async job record removed, with O(async_jid); null when there was none.
+  returned: always
+  type: str
+  sample: /root/.ansible_async/j123456789.4242
 """
 
 import glob
 import os
+import re
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.torchfleet.procs import run_processes, stop_run
 from ansible.module_utils.torchfleet.rundir import PIDFILE, read_json
+
+
+# Ansible's job ids: "j" + digits + "." + PID; never a path.
+JID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def remove_async_record(path, wait_s=5.0):
+    """Remove the async wrapper's record once it holds the job's final result: the wrapper
+    rewrites it when torchrun_job returns, which is just after torchrun ended or was stopped."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        record = read_json(path)
+        if record is None and not os.path.exists(path):
+            return None
+        if record is not None and record.get("finished") is not False:
+            break
+        time.sleep(0.1)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return None
+    return path
 
 
 def main():
@@ -76,6 +124,8 @@ def main():
             run_id=dict(type="str"),
             host_dir=dict(type="str"),
             grace_s=dict(type="float", default=10),
+            async_jid=dict(type="str"),
+            async_dir=dict(type="path", default="~/.ansible_async"),
         ),
         supports_check_mode=True,
     )
@@ -94,7 +144,14 @@ def main():
             entry.update(stop_run(record["run_id"], record["pid"], p["grace_s"],
                                   record.get("host")))
         stopped.append(entry)
-    module.exit_json(changed=bool(stopped), stopped=stopped)
+    removed = None
+    if p["async_jid"] and not JID.match(p["async_jid"]):
+        module.fail_json(msg="async_jid %r is not an Ansible async job id (like j123456789.4242)"
+                         % p["async_jid"], stopped=stopped)
+    if p["async_jid"] and not module.check_mode:
+        removed = remove_async_record(os.path.join(p["async_dir"], p["async_jid"]))
+    module.exit_json(changed=bool(stopped) or bool(removed), stopped=stopped,
+                     async_removed=removed)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,12 @@ options:
     description: Directory of Ansible's async job files on the host.
     type: path
     default: ~/.ansible_async
+  wait_s:
+    description: Wait on the host up to this many seconds for the state to change (pending to
+      running, running to exited), looking every 0.2 s, and answer as soon as it does; 0 answers
+      at once. The action plugin passes O(poll_s), so an exit is seen within 0.2 s.
+    type: float
+    default: 0
   touch_lease:
     description: Renew the lease.
     type: bool
@@ -49,7 +55,8 @@ options:
       failure is written there and makes every other watcher return.
     type: path
   poll_s:
-    description: Action plugin only. Seconds between looks.
+    description: Action plugin only. Longest wait of one look (O(wait_s)); also how often each
+      watcher reads the abort file.
     type: float
     default: 2
   hang_timeout_s:
@@ -145,6 +152,10 @@ from ansible.module_utils.torchfleet.rundir import (
     EXITCODE, LEASE, PIDFILE, STACK_DUMP, TORCHRUN_LOG, rank_dirs, read_json, root_cause, tail)
 
 
+# Seconds between two looks while the module waits for the state to change (wait_s).
+POLL_S = 0.2
+
+
 def worker_pids(run_id, torchrun_pid):
     """{local_rank: (pid, global rank)} of the live workers this host's torchrun started."""
     workers = {}
@@ -181,6 +192,36 @@ def dump(py_spy, rank, dest):
     return dest
 
 
+def run_state(p, pidfile):
+    """The cheap part of a look: (state, async job record, exit record), from the run's files
+    and /proc."""
+    run_dir = p["run_dir"]
+    exit_info = read_json(os.path.join(run_dir, EXITCODE))
+    if not pidfile:
+        job = read_json(os.path.join(p["async_dir"], p["async_jid"])) if p["async_jid"] else None
+        return ("start_failed" if job and job.get("failed") else "pending"), job, None
+    if exit_info:
+        return "exited", None, exit_info
+    if is_run_torchrun(pidfile["pid"], p["run_id"]):
+        return "running", None, None
+    if alive(pidfile["pid"]):
+        return "pending", None, None  # the PID is not (yet) this run's torchrun
+    # torchrun just ended: torchrun_job writes its exit code within a poll (0.5 s).
+    deadline = time.monotonic() + 3
+    while exit_info is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        exit_info = read_json(os.path.join(run_dir, EXITCODE))
+    return ("exited" if exit_info else "vanished"), None, exit_info
+
+
+def touch_lease(run_dir):
+    if os.path.isdir(run_dir):
+        lease = os.path.join(run_dir, LEASE)
+        with open(lease, "a"):
+            pass
+        os.utime(lease)
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -189,45 +230,40 @@ def main():
             touch_lease=dict(type="bool", default=True),
             async_jid=dict(type="str"),
             async_dir=dict(type="path", default="~/.ansible_async"),
+            wait_s=dict(type="float", default=0),
             dump_stacks=dict(type="bool", default=False),
             py_spy=dict(type="str"),
         ),
         supports_check_mode=True,
     )
     p = module.params
-    run_dir, now = p["run_dir"], time.time()
-    if p["touch_lease"] and os.path.isdir(run_dir):
-        lease = os.path.join(run_dir, LEASE)
-        with open(lease, "a"):
-            pass
-        os.utime(lease)
+    run_dir = p["run_dir"]
+    if p["touch_lease"]:
+        touch_lease(run_dir)
+    # Wait here for the state to change rather than in the controller's sleep: an exit is seen
+    # within POLL_S instead of after the rest of the controller's interval.
+    deadline = time.monotonic() + (0 if p["dump_stacks"] else p["wait_s"])
     pidfile = read_json(os.path.join(run_dir, PIDFILE))
-    exit_info = read_json(os.path.join(run_dir, EXITCODE))
-    result = dict(changed=False, state="pending", rc=None, pid=None, elapsed_s=0.0, ranks=[],
+    state, job, exit_info = first = run_state(p, pidfile)
+    while state == first[0] and state in ("pending", "running") and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        pidfile = pidfile or read_json(os.path.join(run_dir, PIDFILE))
+        state, job, exit_info = run_state(p, pidfile)
+    if p["touch_lease"] and p["wait_s"]:
+        touch_lease(run_dir)
+
+    now = time.time()
+    result = dict(changed=False, state=state, rc=None, pid=None, elapsed_s=0.0, ranks=[],
                   root_cause=None, dumps=[], msg="")
-    job = read_json(os.path.join(p["async_dir"], p["async_jid"])) if p["async_jid"] else None
-    if not pidfile and job and job.get("failed"):
-        result.update(state="start_failed", msg=job.get("msg", "the job failed")[:1000])
+    if state == "start_failed":
+        result["msg"] = job.get("msg", "the job failed")[:1000]
     if pidfile:
         pid = pidfile["pid"]
         result.update(pid=pid, elapsed_s=round(now - pidfile["started"], 3))
         if exit_info:
-            result.update(state="exited", rc=exit_info["rc"],
+            result.update(rc=exit_info["rc"],
                           elapsed_s=round(exit_info["ended"] - pidfile["started"], 3))
-        elif is_run_torchrun(pid, p["run_id"]):
-            result["state"] = "running"
-        elif not alive(pid):
-            # torchrun just ended: torchrun_job writes its exit code within a poll (0.5 s).
-            deadline = time.monotonic() + 3
-            while exit_info is None and time.monotonic() < deadline:
-                time.sleep(0.1)
-                exit_info = read_json(os.path.join(run_dir, EXITCODE))
-            if exit_info:
-                result.update(state="exited", rc=exit_info["rc"],
-                              elapsed_s=round(exit_info["ended"] - pidfile["started"], 3))
-            else:
-                result["state"] = "vanished"
-        workers = worker_pids(p["run_id"], pid) if result["state"] == "running" else {}
+        workers = worker_pids(p["run_id"], pid) if state == "running" else {}
         for local_rank, rdir in rank_dirs(run_dir).items():
             logs = [os.path.join(rdir, n) for n in ("stdout.log", "stderr.log")]
             mtimes = [os.stat(f).st_mtime for f in logs if os.path.exists(f)]
@@ -237,7 +273,7 @@ def main():
                 "local_rank": local_rank, "pid": pid_rank[0], "rank": pid_rank[1],
                 "alive": local_rank in workers, "last_line": last,
                 "idle_s": round(now - max(mtimes), 3) if mtimes else None, "dir": rdir})
-        if result["state"] == "exited" and result["rc"] != 0:
+        if state == "exited" and result["rc"] != 0:
             result["root_cause"] = root_cause(tail(os.path.join(run_dir, TORCHRUN_LOG), 200,
                                                    1 << 20))
         if p["dump_stacks"]:
