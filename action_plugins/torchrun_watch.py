@@ -2,10 +2,10 @@
 
 Runs the torchrun_watch module on the host in a loop; each look waits on the host up to
 `poll_s` seconds for the run's state to change, so an exit is seen at once. The hosts'
-watchers share one file on the controller, `abort_file`: the first host whose torchrun fails, vanishes, hangs
-or cannot be reached writes it (O_EXCL: the first failure wins), and every other watcher,
-seeing it at its next poll, returns at once so the play can stop every host. On a hang every
-watcher first has py-spy dump its ranks' stacks.
+watchers share one file on the controller, `abort_file`: the first host whose torchrun fails,
+vanishes, hangs or cannot be reached writes it (O_EXCL: the first failure wins), and every
+other watcher, seeing it at its next look, returns at once so the play can stop every host.
+On a hang every watcher first has py-spy dump its ranks' stacks.
 
 Returns: outcome (succeeded | failed | hung | aborted | lost | timeout), the last module
 answer (state, rc, ranks, root_cause) and, for the first failure, the abort record.
