@@ -3,7 +3,9 @@
 ansible-runner cancels by SIGKILLing ansible-playbook's process group, but every Ansible
 worker fork calls setsid() (ansible/executor/process/worker.py), so a fork in the middle of a
 task, such as torchrun_watch's polling loop, keeps running. The API snapshots ansible-playbook's
-descendants when it decides to cancel and ends the ones still alive afterwards.
+descendants when it decides to cancel and, once ansible-runner is done, ends the ones still
+alive together with any fork of the run's ansible-playbook started after the snapshot (found by
+the run's directory on its command line: forks keep their parent's argv).
 """
 from __future__ import annotations
 
@@ -38,20 +40,35 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
+def _with_descendants(table: dict[int, list[str]], roots: list[int]) -> list[tuple[int, str]]:
+    children: dict[int, list[int]] = {}
+    for pid, fields in table.items():
+        children.setdefault(int(fields[1]), []).append(pid)
+    found, todo = {}, list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:  # a root may also descend from another root
+            found[pid] = table[pid][19]
+            todo.extend(children.get(pid, []))
+    return list(found.items())
+
+
 def snapshot(parent: int, marker: str) -> list[tuple[int, str]]:
     """(pid, start time) of the children of `parent` whose command line holds `marker` (this
     run's ansible-playbook) and of all their descendants; other children are left alone."""
     table = _table()
-    children: dict[int, list[int]] = {}
-    for pid, fields in table.items():
-        children.setdefault(int(fields[1]), []).append(pid)
-    found = []
-    todo = [pid for pid in children.get(parent, []) if marker.encode() in _cmdline(pid)]
-    while todo:
-        pid = todo.pop()
-        found.append((pid, table[pid][19]))
-        todo.extend(children.get(pid, []))
-    return found
+    return _with_descendants(table, [pid for pid, fields in table.items()
+                                     if int(fields[1]) == parent
+                                     and marker.encode() in _cmdline(pid)])
+
+
+def stray_forks(marker: str) -> list[tuple[int, str]]:
+    """(pid, start time) of every ansible-playbook process whose command line holds `marker`,
+    wherever it was reparented, and of their descendants; never this process."""
+    table = _table()
+    return _with_descendants(table, [pid for pid in table if pid != os.getpid()
+                                     and marker.encode() in (line := _cmdline(pid))
+                                     and b"ansible-playbook" in line])
 
 
 def kill_left(processes: list[tuple[int, str]]) -> int:

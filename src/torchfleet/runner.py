@@ -154,13 +154,15 @@ def run_playbook(playbook: str, *, inventory: Path, extravars: dict[str, Any], r
         return False  # no per-event artifacts: they would hold module arguments
 
     left: list[tuple[int, str]] = []
+    # run_dir is in ansible-playbook's extravars, on its command line (suppress_env_files), as
+    # a JSON string: quoted, so that /runs/a never matches /runs/ab.
+    marker = json.dumps(str(run_dir))
 
     def should_cancel() -> bool:
         stop = interrupted.is_set() or bool(cancel and cancel())
         if stop and not left:
             # Before ansible-runner kills ansible-playbook: its setsid() forks survive that.
-            # run_dir is in its extravars, on its command line (suppress_env_files).
-            left.extend(forks.snapshot(os.getpid(), str(run_dir)))
+            left.extend(forks.snapshot(os.getpid(), marker))
         return stop
 
     private = Path(tempfile.mkdtemp(prefix="torchfleet-runner-"))
@@ -178,7 +180,8 @@ def run_playbook(playbook: str, *, inventory: Path, extravars: dict[str, Any], r
                 thread.join(0.25)
                 follower.poll()
             follower.poll()
-            forks.kill_left(left)
+            if interrupted.is_set() or runner.status == "canceled":  # what runner's kill missed
+                forks.kill_left(left + forks.stray_forks(marker))
             stdout = Path(runner.config.artifact_dir) / "stdout"
             if stdout.is_file():
                 shutil.copyfile(stdout, run_dir / "ansible.log")

@@ -47,3 +47,29 @@ def test_snapshot_finds_the_marked_tree_and_kill_left_ends_it():
             proc.wait()
         for pid, _ in forks.snapshot(os.getpid(), "someone-else"):
             os.kill(pid, 9)
+
+
+def test_stray_forks_finds_reparented_forks_of_this_runs_ansible_playbook_only():
+    # A fork started after the snapshot and reparented: found by the run's quoted directory
+    # and "ansible-playbook" on its command line; a longer run dir and other commands are not.
+    run = subprocess.Popen([sys.executable, "-c", TREE, "ansible-playbook", '"/runs/abc"'])
+    longer = subprocess.Popen([sys.executable, "-c", TREE, "ansible-playbook", '"/runs/abcd"'])
+    not_ansible = subprocess.Popen([sys.executable, "-c", TREE, '"/runs/abc"'])
+    try:
+        time.sleep(0.5)
+        pids = [pid for pid, _ in forks.stray_forks('"/runs/abc"')]
+        assert run.pid in pids and len(pids) == 2
+        assert forks.kill_left(forks.stray_forks('"/runs/abc"')) == 2
+        run.wait(timeout=5)
+        deadline = time.monotonic() + 5
+        while any(alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(alive(p) for p in pids)
+        assert alive(longer.pid) and alive(not_ansible.pid)
+    finally:
+        for proc in (run, longer, not_ansible):
+            proc.kill()
+            proc.wait()
+        for marker in ('"/runs/abcd"', '"/runs/abc"'):
+            for pid, _ in forks.snapshot(os.getpid(), marker) + forks.stray_forks(marker):
+                os.kill(pid, 9)
