@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import torchfleet
+from torchfleet import forks
 from tests.api.conftest import free_port
 from tests.conftest import FIXTURES, processes_matching
 
@@ -101,8 +102,11 @@ def test_cancel_during_train_stops_torchrun_on_every_host(runs_root):
     assert processes_matching("hang_rank1.py") == []
 
 
+# SIGINT as a terminal's Ctrl-C finds it: a test run started in the background (nohup, &)
+# would otherwise pass on an ignored SIGINT, which torchfleet leaves ignored.
 TRAIN_THEN_REPORT = """
-import json, sys, torchfleet
+import json, signal, sys, torchfleet
+signal.signal(signal.SIGINT, signal.default_int_handler)
 r = torchfleet.train(runs_root=sys.argv[1], run_id=sys.argv[2], master_port=int(sys.argv[3]),
                      script=sys.argv[4])
 print(json.dumps({"cancelled": r.cancelled, "ok": r.ok}))

@@ -13,6 +13,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from torchfleet.runner import ctrl_c_sets
 
 
@@ -29,15 +31,37 @@ def wait_through_sigint(flag):
     return time.monotonic() - start, worker.ident not in sys._current_frames()
 
 
-def test_sigint_during_the_wait_sets_the_flag_and_the_wait_lasts_until_the_thread_ends():
+@pytest.fixture
+def terminal_sigint():
+    """SIGINT as a terminal's Ctrl-C finds it, whatever this test run inherited (a run started
+    in the background with & inherits an ignored SIGINT)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_sigint_during_the_wait_sets_the_flag_and_the_wait_lasts_until_the_thread_ends(
+        terminal_sigint):
     flag = threading.Event()
     waited, ended = wait_through_sigint(flag)
     assert flag.is_set()
     assert ended and waited >= 1.4
 
 
-def test_sigint_during_a_clean_up_is_ignored_and_the_handler_is_restored_after():
+def test_sigint_during_a_clean_up_is_ignored_and_the_handler_is_restored_after(terminal_sigint):
     before = signal.getsignal(signal.SIGINT)
     waited, ended = wait_through_sigint(None)
     assert ended and waited >= 1.4
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_an_ignored_sigint_stays_ignored():
+    # nohup and background jobs ignore SIGINT; a run there is not cancelled by one.
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        flag = threading.Event()
+        waited, ended = wait_through_sigint(flag)
+        assert not flag.is_set() and ended
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
