@@ -61,6 +61,11 @@ def stats(values):
             "runs": len(values)}
 
 
+# Per-task wall times (bench/callback_plugins/bench_timer.py) into $BENCH_TIMINGS.
+TIMER_ENV = {"ANSIBLE_CALLBACKS_ENABLED": "bench_timer",
+             "ANSIBLE_CALLBACK_PLUGINS": str(ROOT / "bench" / "callback_plugins")}
+
+
 def playbook(name, inventory, *extra, **envs):
     return timed([str(BIN / "ansible-playbook"), "-i", str(inventory), name, *extra], **envs)
 
@@ -82,9 +87,7 @@ def preflight_vs_ping(inventory, runs, nhosts, tmp):
         pings.append(wall)
         timings.unlink(missing_ok=True)
         wall, c, rc, out = playbook("preflight.yml", inventory, "-e", "run_dir=%s/pf%d" % (tmp, i),
-                                    BENCH_TIMINGS=str(timings),
-                                    ANSIBLE_CALLBACKS_ENABLED="bench_timer",
-                                    ANSIBLE_CALLBACK_PLUGINS=str(ROOT / "bench" / "callback_plugins"))
+                                    BENCH_TIMINGS=str(timings), **TIMER_ENV)
         assert rc == 0, out[-3000:]
         pre.append(wall)
         cpu.append(c / nhosts)
@@ -152,21 +155,27 @@ def raw_launch(the_lab, port, script, script_args, tmp, timeout_s=RAW_BOUND_S):
 
 def bench_launch_overhead(args, tmp):
     the_lab = lab(2)
+    timings = tmp / "launch-timings.jsonl"
     try:
         script = ROOT / "src" / "torchfleet" / "workloads" / "collective.py"
         sargs = ["--sizes", "64K", "--iters", "5"]
         fleet, raw = [], []
         for i in range(args.runs):
+            timings.unlink(missing_ok=True)
             wall, _, rc, out = playbook("collective.yml", the_lab.inventory, "-e",
                                         "run_dir=%s/lo%d" % (tmp, i), "-e", "collective_sizes=64K",
-                                        "-e", "collective_iters=5")
+                                        "-e", "collective_iters=5", **TIMER_ENV,
+                                        BENCH_TIMINGS=str(timings))
             assert rc == 0, out[-3000:]
             fleet.append(wall)
             wall, rcs = raw_launch(the_lab, 29510 + i, script, sargs, tmp)
             assert rcs == [0, 0], rcs
             raw.append(wall)
+        tasks = [json.loads(line) for line in timings.read_text().splitlines()]
         return {"collective_yml_s": stats(fleet), "raw_ssh_torchrun_s": stats(raw),
-                "overhead_s": statistics.median(fleet) - statistics.median(raw)}
+                "overhead_s": statistics.median(fleet) - statistics.median(raw),
+                "tasks_last_run": [{"task": t["task"], "seconds": round(t["seconds"], 3)}
+                                   for t in tasks if t["seconds"] >= 0.3]}
     finally:
         labmod.down(LAB_DIR, LAB_TAG)
 
@@ -336,6 +345,13 @@ def markdown(results):
                 lines.append("- %s: %.2fx (%.2f s) -> %.2fx (%.2f s)" % (
                     name, before[name]["ratio"], before[name]["preflight_s"]["median"],
                     r["ratio"], r["preflight_s"]["median"]))
+    before_lo = (results.get("before") or {}).get("launch_overhead")
+    if lo and before_lo:
+        lines += ["", "Launch overhead before / after this change (%s / %s): +%.2f s -> +%.2f s"
+                  % (before_lo["taken"], m["date"], before_lo["overhead_s"], lo["overhead_s"])]
+    if lo and lo.get("tasks_last_run"):
+        lines += ["", "collective.yml tasks of 0.3 s or more (last run): " + "; ".join(
+            "%s %.2f s" % (t["task"], t["seconds"]) for t in lo["tasks_last_run"])]
     if pc:
         lines += ["", "Slowest preflight tasks (last run of each size):", ""]
         for name, r in pc.items():

@@ -159,7 +159,6 @@ def torchrun_argv(p, script):
         "--rdzv-conf", "join_timeout=%d" % p["join_timeout_s"],
         "--local-addr", p["local_addr"],
         "--max-restarts", str(p["max_restarts"]),
-        "--monitor-interval", "1",
         "--log-dir", os.path.join(p["run_dir"], LOGS),
         "--redirects", "3",
         script, *p["script_args"],
