@@ -1,14 +1,18 @@
 """Versions of the Python stack that torchrun will use, read without importing torch.
 
-The snippet runs under the host's `python` (which may not be the interpreter running the
-module), reads package metadata and torch/version.py, and prints one JSON object. Importing
-torch would take seconds and, on GPU hosts, could initialise CUDA.
+The snippet reads package metadata and torch/version.py of the host's `python`. It runs in
+the module's own process when `python` is the interpreter running the module (the usual case:
+one Python start less per host), else under `python`, printing one JSON object. Importing torch
+would take seconds and, on GPU hosts, could initialise CUDA.
 """
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 
+# Leaves its answer in `out`.
 SNIPPET = r"""
 import importlib.metadata as md, importlib.util, json, os, re, sys
 out = {"executable": sys.executable, "python_version": "%d.%d.%d" % sys.version_info[:3],
@@ -32,16 +36,22 @@ for dist in ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"):
         break
     except md.PackageNotFoundError:
         pass
-print(json.dumps(out))
 """
 
 NCCL_HEADER = "/usr/include/nccl.h"
 
 
 def probe_python(python, timeout_s=20):
-    """Run SNIPPET under `python`; return its dict, or {"error": "..."} when it cannot run."""
+    """SNIPPET's answer for `python`, or {"error": "..."} when it cannot run."""
+    # Not resolved through symlinks: a venv's python links to the base interpreter but sees
+    # other packages.
+    if os.path.abspath(python) == os.path.abspath(sys.executable):
+        scope: dict = {}
+        exec(SNIPPET, scope)  # noqa: S102 (our own constant)
+        return scope["out"]
     try:
-        proc = subprocess.run([python, "-c", SNIPPET], capture_output=True, text=True,
+        proc = subprocess.run([python, "-c", SNIPPET + "print(json.dumps(out))"],
+                              capture_output=True, text=True,
                               timeout=timeout_s, check=False)
     except FileNotFoundError:
         return {"error": "%s: no such interpreter" % python}

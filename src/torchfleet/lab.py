@@ -2,7 +2,7 @@
 
 Each node is a network namespace with an `eth0` veth into one bridge, its own IPv4 address in
 10.77.<tag>.0/24 (used by nothing but the lab), its own hostname (UTS namespace), its own
-/etc/hosts (/etc/netns/<ns>/hosts, which `ip netns exec` binds over /etc/hosts), a node-local
+/etc/hosts and resolv.conf (in /etc/netns/<ns>/, which `ip netns exec` binds over /etc/), a node-local
 directory mounted at <lab>/local (so code_dir and data_paths can differ per node), and its own
 sshd with a lab-only host key; Ansible reaches it over real SSH with a lab-only client key and
 a known_hosts file the lab writes, host key checking on.
@@ -226,6 +226,12 @@ class Lab:
         self._seed_local(node)
         self.hosts_file(node).parent.mkdir(parents=True, exist_ok=True)
         self.write_hosts(node, node.address)
+        # The machine's DNS server is not reachable from the lab's subnet: a name or address
+        # not in /etc/hosts would wait out the resolver's timeouts (10 s in torch's c10d
+        # store connect). Nothing listens on the lab's loopback: lookups fail at once, as
+        # NXDOMAIN would on a cluster.
+        (self.hosts_file(node).parent / "resolv.conf").write_text(
+            "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
         self._start_sshd(node)
 
     def _seed_local(self, node: Node) -> None:

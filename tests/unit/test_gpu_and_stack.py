@@ -7,13 +7,15 @@ a capture.
 """
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
 import sys
 
 import pytest
 from ansible.module_utils.torchfleet import gpu, pystack
 
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, ROOT
 
 
 def test_parse_gpu_csv_eight_h200():
@@ -36,13 +38,29 @@ def test_nccl_version_from_header():
     assert pystack.parse_nccl_header("#define NCCL_MAJOR 2\n") is None
 
 
+# In a fresh interpreter: the probe of the module's own interpreter (answered in-process) must
+# leave torch unimported.
+PROBE_SELF = """
+import json, sys
+import ansible.module_utils
+ansible.module_utils.__path__.append(sys.argv[1])
+from ansible.module_utils.torchfleet import pystack
+stack = pystack.probe_python(sys.executable)
+print(json.dumps([stack, "torch" in sys.modules]))
+"""
+
+
 def test_probe_python_reads_torch_without_importing_it():
-    stack = pystack.probe_python(sys.executable)
-    import torch  # the test may import it; the probe must agree with it
+    out = subprocess.run([sys.executable, "-c", PROBE_SELF, str(ROOT / "module_utils")],
+                         capture_output=True, text=True, check=True).stdout
+    stack, imported = json.loads(out)
+    assert imported is False
+    import torch  # the probe must agree with torch itself
 
     assert stack["torch_version"] == torch.__version__
     assert stack["torch_cuda"] == torch.version.cuda
     assert stack["python_version"] == "%d.%d.%d" % sys.version_info[:3]
+    assert stack["executable"] == sys.executable
 
 
 def test_probe_python_without_torch_and_without_interpreter(tmp_path):
