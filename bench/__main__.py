@@ -205,8 +205,8 @@ def bench_fail_fast(args, tmp):
                                         "-e", json.dumps({"script_args": [str(stamp)]}))
             ended = time.time()
             assert rc != 0 and stamp.exists(), out[-3000:]
-            leftover = subprocess.run(["pgrep", "-f", str(script)], capture_output=True).stdout
-            assert not leftover, leftover
+            leftover = subprocess.run(["pgrep", "-af", str(script)], capture_output=True).stdout
+            assert not leftover, (leftover, (tmp / ("ff%d" % i) / "train.json").read_text())
             fleet.append(ended - float(stamp.read_text()))
             stamp.unlink()
             wall, rcs = raw_launch(the_lab, 29520 + i, script, [str(stamp)], tmp,
@@ -364,12 +364,10 @@ def markdown(results):
     return "\n".join(lines) + "\n"
 
 
-def merge(path, new):
-    """Keep the measures not re-run from the previous results file (with the date they were
-    taken) and record the previous value of each re-run one under "before"."""
-    try:
-        old = json.loads(path.read_text())
-    except (OSError, ValueError):
+def merge(old, new):
+    """Keep the measures not re-run from the previous results (with the date they were taken)
+    and record the previous value of each re-run one under "before"."""
+    if not old:
         return new
     when = old.get("machine", {}).get("date", "an earlier run")
     merged = dict(new, before=dict(old.get("before", {})), carried={})
@@ -382,6 +380,12 @@ def merge(path, new):
     return merged
 
 
+def write(out, results):
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "results.md").write_text(markdown(results))
+
+
 def main():
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -390,6 +394,10 @@ def main():
     parser.add_argument("--lab-sizes", type=int, nargs="*", default=[2, 8, 16])
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    try:
+        old = json.loads((args.out / "results.json").read_text())
+    except (OSError, ValueError):
+        old = None
     results = {"machine": machine()}
     with tempfile.TemporaryDirectory(prefix="torchfleet-bench-") as tmp:
         for name in [b for b in BENCHES if b in args.only]:
@@ -398,11 +406,8 @@ def main():
                 continue
             print("running %s ..." % name, flush=True)
             results[name] = BENCHES[name](args, Path(tmp))
-    args.out.mkdir(parents=True, exist_ok=True)
-    results = merge(args.out / "results.json", results)
-    (args.out / "results.json").write_text(json.dumps(results, indent=2))
-    (args.out / "results.md").write_text(markdown(results))
-    print(markdown(results))
+            write(args.out, merge(old, results))  # a later measure's crash keeps this one
+    print(markdown(merge(old, results)))
     return 0
 
 
