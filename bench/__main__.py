@@ -342,8 +342,8 @@ def markdown(results):
             "%s (%s)" % (name, when) for name, when in carried.items())]
     before = (results.get("before") or {}).get("preflight_cost")
     if pc and before:
-        lines += ["", "Preflight before / after this change (%s / %s):" % (before["taken"], m["date"]),
-                  ""]
+        lines += ["", "Preflight before / after this change (%s / %s):" % (
+            before["taken"], carried.get("preflight_cost", m["date"])), ""]
         for name, r in pc.items():
             if name in before:
                 lines.append("- %s: %.2fx (%.2f s) -> %.2fx (%.2f s)" % (
@@ -352,7 +352,8 @@ def markdown(results):
     before_lo = (results.get("before") or {}).get("launch_overhead")
     if lo and before_lo:
         lines += ["", "Launch overhead before / after this change (%s / %s): +%.2f s -> +%.2f s"
-                  % (before_lo["taken"], m["date"], before_lo["overhead_s"], lo["overhead_s"])]
+                  % (before_lo["taken"], carried.get("launch_overhead", m["date"]),
+                     before_lo["overhead_s"], lo["overhead_s"])]
     if lo and lo.get("tasks_last_run"):
         lines += ["", "collective.yml tasks of 0.3 s or more (last run): " + "; ".join(
             "%s %.2f s" % (t["task"], t["seconds"]) for t in lo["tasks_last_run"])]
