@@ -150,7 +150,35 @@ def raw_launch(the_lab, port, script, script_args, tmp, timeout_s=RAW_BOUND_S):
                 os.killpg(proc.pid, signal.SIGKILL)
         for node in the_lab.nodes:  # whatever the raw launch left inside the nodes
             labmod.kill_namespace_processes(node.ns, keep=the_lab.sshd_pid(node))
+        # Without a tty nothing signals the remote torchrun when its ssh dies, and while its
+        # sshd session lingers it still descends from the kept sshd: end it by its script.
+        kill_in_lab(the_lab, str(script))
     return time.monotonic() - start, rcs
+
+
+def kill_in_lab(the_lab, marker, wait_s=10.0):
+    """SIGKILL every process inside the lab's nodes whose command line holds marker, until
+    none is left."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        pids = [int(p) for node in the_lab.nodes for p in subprocess.run(
+            ["ip", "netns", "pids", node.ns], capture_output=True, text=True).stdout.split()]
+        found = []
+        for pid in pids:
+            try:
+                with open("/proc/%d/cmdline" % pid, "rb") as f:
+                    if marker.encode() in f.read():
+                        found.append(pid)
+            except OSError:
+                continue
+        if not found:
+            return
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.1)
 
 
 def bench_launch_overhead(args, tmp):
