@@ -401,8 +401,9 @@ def merge(old, new):
     when = old.get("machine", {}).get("date", "an earlier run")
     merged = dict(new, before=dict(old.get("before", {})), carried={})
     for name in BENCHES:
-        if name in new and name in old:
-            merged["before"][name] = dict(old[name], taken=when)
+        if name in new and name in old:  # a carried measure was taken when it was carried from
+            merged["before"][name] = dict(old[name],
+                                          taken=old.get("carried", {}).get(name, when))
         elif name in old:
             merged[name] = old[name]
             merged["carried"][name] = old.get("carried", {}).get(name, when)
