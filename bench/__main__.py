@@ -401,7 +401,7 @@ def merge(old, new):
     when = old.get("machine", {}).get("date", "an earlier run")
     merged = dict(new, before=dict(old.get("before", {})), carried={})
     for name in BENCHES:
-        if name in new and name in old:  # a carried measure was taken when it was carried from
+        if name in new and name in old:  # a carried measure dates from when it was taken
             merged["before"][name] = dict(old[name],
                                           taken=old.get("carried", {}).get(name, when))
         elif name in old:
