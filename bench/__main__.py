@@ -160,24 +160,8 @@ def kill_in_lab(the_lab, marker, wait_s=10.0):
     """SIGKILL every process inside the lab's nodes whose command line holds marker, until
     none is left."""
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        pids = [int(p) for node in the_lab.nodes for p in subprocess.run(
-            ["ip", "netns", "pids", node.ns], capture_output=True, text=True).stdout.split()]
-        found = []
-        for pid in pids:
-            try:
-                with open("/proc/%d/cmdline" % pid, "rb") as f:
-                    if marker.encode() in f.read():
-                        found.append(pid)
-            except OSError:
-                continue
-        if not found:
-            return
-        for pid in found:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+    while time.monotonic() < deadline and any([
+            labmod.kill_namespace_processes(node.ns, matching=marker) for node in the_lab.nodes]):
         time.sleep(0.1)
 
 

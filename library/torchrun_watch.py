@@ -244,8 +244,9 @@ def main():
     # within POLL_S instead of after the rest of the controller's interval.
     deadline = time.monotonic() + (0 if p["dump_stacks"] else p["wait_s"])
     pidfile = read_json(os.path.join(run_dir, PIDFILE))
-    state, job, exit_info = first = run_state(p, pidfile)
-    while state == first[0] and state in ("pending", "running") and time.monotonic() < deadline:
+    state, job, exit_info = run_state(p, pidfile)
+    initial = state
+    while state == initial and state in ("pending", "running") and time.monotonic() < deadline:
         time.sleep(POLL_S)
         pidfile = pidfile or read_json(os.path.join(run_dir, PIDFILE))
         state, job, exit_info = run_state(p, pidfile)

@@ -422,19 +422,26 @@ def close_control_masters(root: Path) -> None:
             sh("ssh", "-o", "ControlPath=%s" % sock, "-O", "exit", "tflab", check=False)
 
 
-def kill_namespace_processes(ns: str, keep: int | None = None, only_sshd: bool = False) -> None:
+def kill_namespace_processes(ns: str, keep: int | None = None, only_sshd: bool = False,
+                             matching: str | None = None) -> list[int]:
     """SIGKILL processes in the network namespace: all but `keep` and its descendants (sshd
-    and the sessions Ansible's control masters hold open), or with only_sshd, sshd alone."""
+    and the sessions Ansible's control masters hold open), or with only_sshd, sshd alone, or
+    with matching, those whose command line holds it; returns the PIDs signalled."""
     out = sh("ip", "netns", "pids", ns, check=False).stdout
+    killed = []
     for pid in (int(p) for p in out.split()):
         if keep and _descends_from(pid, keep):
             continue
         if only_sshd and not _comm(pid).startswith("sshd"):
             continue
+        if matching and matching.encode() not in _cmdline(pid):
+            continue
         try:
             os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
         except OSError:
             pass
+    return killed
 
 
 def _descends_from(pid: int, ancestor: int) -> bool:
@@ -454,6 +461,14 @@ def _comm(pid: int) -> str:
             return f.read().strip()
     except OSError:
         return ""
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 def _parent(pid: int) -> int | None:

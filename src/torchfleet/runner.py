@@ -180,12 +180,12 @@ def run_playbook(playbook: str, *, inventory: Path, extravars: dict[str, Any], r
                 thread.join(0.25)
                 follower.poll()
             follower.poll()
-            if interrupted.is_set() or runner.status == "canceled":  # what runner's kill missed
+            cancelled = runner.status == "canceled" or interrupted.is_set()
+            if cancelled:  # what runner's kill missed
                 forks.kill_left(left + forks.stray_forks(marker))
             stdout = Path(runner.config.artifact_dir) / "stdout"
             if stdout.is_file():
                 shutil.copyfile(stdout, run_dir / "ansible.log")
-            return Outcome(status=runner.status, rc=runner.rc,
-                           cancelled=runner.status == "canceled" or interrupted.is_set())
+            return Outcome(status=runner.status, rc=runner.rc, cancelled=cancelled)
     finally:
         shutil.rmtree(private, ignore_errors=True)
