@@ -147,7 +147,8 @@ import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.torchfleet.procs import alive, is_run_torchrun, run_processes
+from ansible.module_utils.torchfleet.procs import (
+    alive, cmdline, is_run_torchrun, run_processes)
 from ansible.module_utils.torchfleet.rundir import (
     EXITCODE, LEASE, PIDFILE, STACK_DUMP, TORCHRUN_LOG, rank_dirs, read_json, root_cause, tail)
 
@@ -204,9 +205,10 @@ def run_state(p, pidfile):
         return "exited", None, exit_info
     if is_run_torchrun(pidfile["pid"], p["run_id"]):
         return "running", None, None
-    if alive(pidfile["pid"]):
-        return "pending", None, None  # the PID is not (yet) this run's torchrun
-    # torchrun just ended: torchrun_job writes its exit code within a poll (0.5 s).
+    if alive(pidfile["pid"]) and cmdline(pidfile["pid"]):
+        return "pending", None, None  # forked but not yet exec'd: still the job's command line
+    # torchrun ended, or is ending (an exiting process is alive for a moment after its command
+    # line is gone): torchrun_job writes its exit code within a poll (0.5 s).
     deadline = time.monotonic() + 3
     while exit_info is None and time.monotonic() < deadline:
         time.sleep(0.1)
