@@ -21,14 +21,19 @@ from torchfleet.runner import ctrl_c_sets
 def wait_through_sigint(flag):
     """Join a 1.5 s worker thread while SIGINT arrives; how long the wait lasted, and whether
     the worker really ended (its frame is gone) when the wait said so."""
-    worker = threading.Thread(target=time.sleep, args=(1.5,))
-    worker.start()
-    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
-    start = time.monotonic()
     with ctrl_c_sets(flag):
+        # Both threads start inside the handler's scope, so a slow machine cannot deliver the
+        # signal before it or after it.
+        start = time.monotonic()
+        worker = threading.Thread(target=time.sleep, args=(1.5,))
+        worker.start()
+        ctrl_c = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+        ctrl_c.start()
         while worker.is_alive():
             worker.join(0.1)
-    return time.monotonic() - start, worker.ident not in sys._current_frames()
+        waited = time.monotonic() - start
+        ctrl_c.join()
+    return waited, worker.ident not in sys._current_frames()
 
 
 @pytest.fixture
