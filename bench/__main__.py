@@ -260,14 +260,16 @@ def bench_harness_overhead(args, tmp):
         for i in range(args.runs):
             wall, _, rc, out = playbook("collective.yml", the_lab.inventory, "-e",
                                         "run_dir=%s/ho%d" % (tmp, i), "-e",
-                                        "collective_sizes=1M,16M", "-e", "collective_iters=20")
+                                        "collective_sizes=1M,16M", "-e",
+                                        "collective_iters=%d" % args.busbw_iters)
             assert rc == 0, out[-3000:]
             report = json.loads((tmp / ("ho%d" % i) / "collective.json").read_text())
             fleet = {r["size_bytes"]: r["busbw_gbs_median"] for r in report["busbw"]
                      if r["op"] == "all_reduce"}
             result = tmp / ("raw-%d.json" % i)
             wall, rcs = raw_launch(the_lab, 29530 + i, raw_script,
-                                   ["--sizes", "1M,16M", "--iters", "20", "--out", str(result)],
+                                   ["--sizes", "1M,16M", "--iters", str(args.busbw_iters),
+                                    "--out", str(result)],
                                    tmp)
             assert rcs == [0, 0], rcs
             for row in json.loads(result.read_text()):
@@ -407,6 +409,8 @@ def main():
     parser.add_argument("--only", nargs="*", choices=sorted(BENCHES), default=sorted(BENCHES))
     parser.add_argument("--lab-sizes", type=int, nargs="*", default=[2, 8, 16])
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--busbw-iters", type=int, default=20,
+                        help="timed iterations per size, both sides of harness_overhead")
     args = parser.parse_args()
     try:
         old = json.loads((args.out / "results.json").read_text())
