@@ -1,7 +1,8 @@
 """Watch one host's torchrun until the run ends, fail-fast across hosts.
 
-Runs the torchrun_watch module on the host in a loop; each look waits on the host up to
-`poll_s` seconds for the run's state to change, so an exit is seen at once. The hosts'
+Looks at the host's run in a loop; each look waits on the host up to `poll_s` seconds for the
+run's state to change, so an exit is seen at once. A look is the torchrun_watch module's code,
+run as a plain script by the host's `python` when one is given (see look_script). The hosts'
 watchers share one file on the controller, `abort_file`: the first host whose torchrun fails,
 vanishes, hangs or cannot be reached writes it (O_EXCL: the first failure wins), and every
 other watcher, seeing it at its next look, returns at once so the play can stop every host.
@@ -16,6 +17,8 @@ import json
 import os
 import time
 
+import shlex
+
 from ansible.errors import AnsibleConnectionFailure, AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
@@ -23,6 +26,26 @@ from ansible.utils.display import Display
 display = Display()
 
 MODULE_ARGS = ("run_dir", "run_id", "py_spy", "async_jid")
+UTILS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                     "module_utils", "torchfleet")
+
+
+def look_script(args):
+    """A plain Python program that makes one look (module_utils/torchfleet/watch.py) with these
+    arguments and prints its JSON answer: what the module would answer, for a bare interpreter
+    start instead of an AnsiballZ one. The arguments travel as a JSON literal inside the
+    program, on stdin, never through a shell."""
+    sources = {}
+    for name in ("procs", "rundir", "watch"):
+        with open(os.path.join(UTILS, name + ".py")) as f:
+            sources[name] = f.read()
+    return "\n".join([
+        "import json, sys, types",
+        "for name, source in %r.items():" % sources,
+        "    module = sys.modules[name] = types.ModuleType(name)",
+        "    exec(compile(source, name + '.py', 'exec'), module.__dict__)",
+        "print(json.dumps(sys.modules['watch'].look(json.loads(%r))))" % json.dumps(args),
+    ]) + "\n"
 
 
 def read_abort(path):
@@ -66,8 +89,19 @@ class ActionModule(ActionBase):
         args = {k: v for k, v in self._task.args.items() if k in MODULE_ARGS and v is not None}
         args["wait_s"] = float(self._task.args.get("poll_s", 2))
         args.update(extra)
-        return self._execute_module(module_name="torchrun_watch", module_args=args,
-                                    task_vars=task_vars)
+        python = self._task.args.get("python")
+        if not python:
+            return self._execute_module(module_name="torchrun_watch", module_args=args,
+                                        task_vars=task_vars)
+        res = self._low_level_execute_command(shlex.join([python, "-"]),
+                                              in_data=look_script(args).encode(), sudoable=True)
+        if res["rc"] == 255:  # ssh's own failure: the host is not reachable
+            raise AnsibleConnectionFailure(res["stderr"][-500:] or "ssh exited with 255")
+        try:
+            return json.loads(res["stdout"].strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            return {"failed": True, "msg": "the look at the run failed on the host (rc %s): %s"
+                                           % (res["rc"], (res["stderr"] or res["stdout"])[-500:])}
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)

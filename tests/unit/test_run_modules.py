@@ -20,6 +20,7 @@ import rank_results
 import run_summary
 import torchrun_stop
 import torchrun_watch
+from ansible.module_utils.torchfleet import watch
 
 from tests.conftest import ROOT
 from tests.unit.modules import run_module
@@ -211,16 +212,16 @@ def test_a_torchrun_that_is_exiting_is_exited_not_pending(tmp_path, monkeypatch)
     run_dir.mkdir()
     (run_dir / "torchrun.pid").write_text(json.dumps({"pid": 4242, "run_id": "r1",
                                                       "started": time.time()}))
-    monkeypatch.setattr(torchrun_watch, "is_run_torchrun", lambda pid, run_id: False)
-    monkeypatch.setattr(torchrun_watch, "alive", lambda pid: True)
-    monkeypatch.setattr(torchrun_watch, "cmdline", lambda pid: "")
+    monkeypatch.setattr(watch, "is_run_torchrun", lambda pid, run_id: False)
+    monkeypatch.setattr(watch, "alive", lambda pid: True)
+    monkeypatch.setattr(watch, "cmdline", lambda pid: "")
     threading.Timer(0.3, (run_dir / "exitcode.json").write_text,
                     (json.dumps({"rc": 0, "reason": "exited", "ended": time.time()}),)).start()
     params = {"run_dir": str(run_dir), "run_id": "r1", "async_jid": None}
     pidfile = json.loads((run_dir / "torchrun.pid").read_text())
-    state, _, exit_info = torchrun_watch.run_state(params, pidfile)
+    state, _, exit_info = watch.run_state(params, pidfile)
     assert (state, exit_info["rc"]) == ("exited", 0)
     # A live PID that still shows another command line has not become torchrun yet.
-    monkeypatch.setattr(torchrun_watch, "cmdline", lambda pid: "/usr/bin/python3 job.py")
+    monkeypatch.setattr(watch, "cmdline", lambda pid: "/usr/bin/python3 job.py")
     (run_dir / "exitcode.json").unlink()
-    assert torchrun_watch.run_state(params, pidfile)[0] == "pending"
+    assert watch.run_state(params, pidfile)[0] == "pending"
