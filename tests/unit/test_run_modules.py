@@ -225,3 +225,27 @@ def test_a_torchrun_that_is_exiting_is_exited_not_pending(tmp_path, monkeypatch)
     monkeypatch.setattr(watch, "cmdline", lambda pid: "/usr/bin/python3 job.py")
     (run_dir / "exitcode.json").unlink()
     assert watch.run_state(params, pidfile)[0] == "pending"
+
+
+def test_the_watchers_plain_script_look_answers_what_the_module_answers(run, capsys):
+    """The action plugin pipes look_script() to the host's Python for each look."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "torchrun_watch_action", ROOT / "action_plugins" / "torchrun_watch.py")
+    action = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(action)
+    look_script = action.look_script
+    module_look = run.wait_running(capsys)
+    args = {"run_dir": str(run.dir), "run_id": run.run_id, "wait_s": 0.0}
+    proc = subprocess.run([sys.executable, "-"], input=look_script(args), capture_output=True,
+                          text=True, check=True, timeout=60)
+    script_look = json.loads(proc.stdout)
+    assert script_look["state"] == module_look["state"] == "running"
+    assert script_look["pid"] == module_look["pid"]
+    assert [(r["rank"], r["alive"]) for r in script_look["ranks"]] == [(0, True)]
+    # A run id with quotes and a newline reaches the look as data, never as code.
+    odd = dict(args, run_id="x'\"\n); import os; os._exit(7) #")
+    proc = subprocess.run([sys.executable, "-"], input=look_script(odd), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["state"] == "pending"
