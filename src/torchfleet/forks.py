@@ -32,7 +32,8 @@ def _table() -> dict[int, list[str]]:
     return table
 
 
-def _cmdline(pid: int) -> bytes:
+def cmdline(pid: int) -> bytes:
+    """/proc/<pid>/cmdline, NUL-separated (b"" when gone)."""
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as f:
             return f.read()
@@ -59,7 +60,7 @@ def snapshot(parent: int, marker: str) -> list[tuple[int, str]]:
     table = _table()
     return _with_descendants(table, [pid for pid, fields in table.items()
                                      if int(fields[1]) == parent
-                                     and marker.encode() in _cmdline(pid)])
+                                     and marker.encode() in cmdline(pid)])
 
 
 def stray_forks(marker: str) -> list[tuple[int, str]]:
@@ -67,7 +68,7 @@ def stray_forks(marker: str) -> list[tuple[int, str]]:
     wherever it was reparented, and of their descendants; never this process."""
     table = _table()
     return _with_descendants(table, [pid for pid in table if pid != os.getpid()
-                                     and marker.encode() in (line := _cmdline(pid))
+                                     and marker.encode() in (line := cmdline(pid))
                                      and b"ansible-playbook" in line])
 
 

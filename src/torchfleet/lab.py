@@ -33,6 +33,8 @@ from pathlib import Path
 
 import yaml
 
+from torchfleet.forks import cmdline
+
 PREFIX = "tflab"  # every lab: tflab<N>-node0 (netns), tflab<N>-v0 (veth), tflab<N>-br
 MAX_LABS = 10  # lab N uses 10.77.N.0/24, so several labs (tests, molecule) can coexist
 MAX_NODES = 200
@@ -434,7 +436,7 @@ def kill_namespace_processes(ns: str, keep: int | None = None, only_sshd: bool =
             continue
         if only_sshd and not _comm(pid).startswith("sshd"):
             continue
-        if matching and matching.encode() not in _cmdline(pid):
+        if matching and matching.encode() not in cmdline(pid):
             continue
         try:
             os.kill(pid, signal.SIGKILL)
@@ -461,14 +463,6 @@ def _comm(pid: int) -> str:
             return f.read().strip()
     except OSError:
         return ""
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
 
 
 def _parent(pid: int) -> int | None:
