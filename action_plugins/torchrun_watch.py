@@ -13,11 +13,11 @@ answer (state, rc, ranks, root_cause) and, for the first failure, the abort reco
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
-import time
-
 import shlex
+import time
 
 from ansible.errors import AnsibleConnectionFailure, AnsibleError
 from ansible.plugins.action import ActionBase
@@ -30,11 +30,10 @@ UTILS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
                      "module_utils", "torchfleet")
 
 
-def look_script(args):
-    """A plain Python program that makes one look (module_utils/torchfleet/watch.py) with these
-    arguments and prints its JSON answer: what the module would answer, for a bare interpreter
-    start instead of an AnsiballZ one. The arguments travel as a JSON literal inside the
-    program, on stdin, never through a shell."""
+@functools.lru_cache(maxsize=1)
+def _loader():
+    """The part of every look's program that loads procs, rundir and watch: read and quoted
+    once per worker, not at every look."""
     sources = {}
     for name in ("procs", "rundir", "watch"):
         with open(os.path.join(UTILS, name + ".py")) as f:
@@ -44,8 +43,16 @@ def look_script(args):
         "for name, source in %r.items():" % sources,
         "    module = sys.modules[name] = types.ModuleType(name)",
         "    exec(compile(source, name + '.py', 'exec'), module.__dict__)",
-        "print(json.dumps(sys.modules['watch'].look(json.loads(%r))))" % json.dumps(args),
     ]) + "\n"
+
+
+def look_script(args):
+    """A plain Python program that makes one look (module_utils/torchfleet/watch.py) with these
+    arguments and prints its JSON answer: what the module would answer, for a bare interpreter
+    start instead of an AnsiballZ one. The arguments travel as a JSON literal inside the
+    program, on stdin, never through a shell."""
+    return _loader() + "print(json.dumps(sys.modules['watch'].look(json.loads(%r))))\n" % (
+        json.dumps(args))
 
 
 def read_abort(path):

@@ -148,7 +148,7 @@ dumps:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.torchfleet.watch import look
+from ansible.module_utils.torchfleet.watch import DEFAULTS, look
 
 
 def main():
@@ -156,11 +156,12 @@ def main():
         argument_spec=dict(
             run_dir=dict(type="path", required=True),
             run_id=dict(type="str", required=True),
-            touch_lease=dict(type="bool", default=True),
+            # Defaults from watch.DEFAULTS, which the action plugin's plain-script looks use.
+            touch_lease=dict(type="bool", default=DEFAULTS["touch_lease"]),
             async_jid=dict(type="str"),
-            async_dir=dict(type="path", default="~/.ansible_async"),
-            wait_s=dict(type="float", default=0),
-            dump_stacks=dict(type="bool", default=False),
+            async_dir=dict(type="path", default=DEFAULTS["async_dir"]),
+            wait_s=dict(type="float", default=DEFAULTS["wait_s"]),
+            dump_stacks=dict(type="bool", default=DEFAULTS["dump_stacks"]),
             py_spy=dict(type="str"),
         ),
         supports_check_mode=True,
