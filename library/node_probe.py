@@ -55,18 +55,21 @@ options:
     description:
       - On the master, bind O(master_port) (when free) and the chosen ephemeral port and leave a
         detached listener accepting connections, so M(port_probe) on every host can test them.
-      - The listener ends by itself after O(expect_peers) connections per port or
-        O(listen_max_s); M(port_probe) with O(port_probe.listener_pid) stops it sooner.
+      - The listener ends by itself after O(expect_peers) connections per port, or when
+        O(listen_idle_s) pass without a connection; M(port_probe) with
+        O(port_probe.listener_pid) stops it sooner.
     type: bool
     default: false
   expect_peers:
     description: Connections per port after which the listener ends.
     type: int
     default: 1
-  listen_max_s:
-    description: Longest life of the listener.
+  listen_idle_s:
+    description: The listener ends when no connection arrived for this long (from its start,
+      then from the last connection).
     type: float
     default: 60
+    aliases: [listen_max_s]
   ephemeral_port:
     description:
       - The port of the ephemeral-port test, chosen by the controller so that every host knows
@@ -309,7 +312,7 @@ def master_facts(port, nics, default_dev, params):
     if params["listen"]:
         # A port some process already listens on is not bound again: connections reach it.
         ports = [p for p in (port, facts["ephemeral_port"]) if p and p not in listening]
-        facts["listener"] = start_listener(ports, params["expect_peers"], params["listen_max_s"])
+        facts["listener"] = start_listener(ports, params["expect_peers"], params["listen_idle_s"])
     return facts
 
 
@@ -326,7 +329,7 @@ def main():
             address_hint=dict(type="str"),
             listen=dict(type="bool", default=False),
             expect_peers=dict(type="int", default=1),
-            listen_max_s=dict(type="float", default=60),
+            listen_idle_s=dict(type="float", default=60, aliases=["listen_max_s"]),
             env_prefixes=dict(type="list", elements="str", default=["NCCL_", "GLOO_", "TORCH_"]),
             max_code_files=dict(type="int", default=20000),
             ephemeral_port=dict(type="int"),

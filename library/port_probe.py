@@ -13,6 +13,9 @@ description:
     until O(timeout_s) so that a listener started a moment later is still found. A firewall that
     drops packets shows as a timeout, one that rejects them as refused.
   - This is the C(nc -zv MASTER PORT) of the hand-written guides, from every host at once.
+  - On the master, O(listen_ports) starts the listener the other hosts' connections reach (the
+    two-round test: it starts after every host's probe, so it does not wait through the
+    probes' fork batches).
 version_added: "0.1.0"
 author: torchfleet developers
 options:
@@ -29,6 +32,20 @@ options:
     description: Time allowed for each port.
     type: float
     default: 3
+  listen_ports:
+    description: Ports to bind and leave a detached listener on, before any connection (see
+      the listener of M(node_probe)).
+    type: list
+    elements: int
+    default: []
+  expect_peers:
+    description: Connections per port after which the listener of O(listen_ports) ends.
+    type: int
+    default: 1
+  listen_idle_s:
+    description: The listener of O(listen_ports) ends when no connection arrived for this long.
+    type: float
+    default: 60
   listener_pid:
     description:
       - On the master, the PID of the listener M(node_probe) left. After its own connections this
@@ -67,9 +84,11 @@ route_error:
   returned: always
   type: str
 listener:
-  description: What became of the listener (exited, stopped, gone); only with listener_pid.
-  returned: when listener_pid is set
-  type: str
+  description: What became of the listener (exited, stopped, gone) with O(listener_pid); with
+    O(listen_ports), the listener started, as M(node_probe) returns it in C(master.listener).
+  returned: when listener_pid or listen_ports is set
+  type: raw
+  sample: {"pid": 4242, "ports": [{"port": 29500, "bound": true, "error": null}]}
 ports:
   description: One entry per port.
   returned: always
@@ -80,7 +99,7 @@ ports:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.torchfleet.connect import connect_all, route_to
-from ansible.module_utils.torchfleet.listener import stop_listener
+from ansible.module_utils.torchfleet.listener import start_listener, stop_listener
 
 
 def main():
@@ -89,12 +108,18 @@ def main():
             master_addr=dict(type="str", required=True),
             ports=dict(type="list", elements="int", default=[]),
             timeout_s=dict(type="float", default=3),
+            listen_ports=dict(type="list", elements="int", default=[]),
+            expect_peers=dict(type="int", default=1),
+            listen_idle_s=dict(type="float", default=60),
             listener_pid=dict(type="int"),
             listener_wait_s=dict(type="float", default=5),
         ),
         supports_check_mode=True,
     )
     p = module.params
+    if p["listen_ports"]:
+        module.exit_json(changed=False, listener=start_listener(
+            p["listen_ports"], p["expect_peers"], p["listen_idle_s"]))
     route, route_error = route_to(p["master_addr"])
     ports = connect_all(p["master_addr"], p["ports"], p["timeout_s"])
     result = dict(changed=False, route=route, route_error=route_error, ports=ports)

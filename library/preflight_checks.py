@@ -81,6 +81,10 @@ options:
     type: list
     elements: dict
     default: []
+  listener:
+    description: The master's listener when the two-round port test started it in a task of its
+      own (M(port_probe) O(port_probe.listen_ports)); else the one in the master's probe counts.
+    type: dict
   run_id:
     description: This run's id, recorded in the report.
     type: str

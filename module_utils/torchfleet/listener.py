@@ -2,9 +2,11 @@
 
 The module binds the ports itself (so "address in use" is reported at once), then hands the
 sockets to a detached child that accepts connections until each port has seen `expect`
-peers or `max_s` passes, and exits. The master's port_probe stops it as soon as the workers
-are done (stop_listener), so it never outlives the preflight and never holds the port when
-torchrun starts.
+peers, or until `idle_s` pass without a new connection, and exits. Its life is counted from
+the last connection, not from its start, so however many fork batches the hosts come in, a
+listener that keeps being reached stays up. The master's port_probe stops it as soon as the
+workers are done (stop_listener), so it never outlives the preflight and never holds the port
+when torchrun starts.
 """
 from __future__ import annotations
 
@@ -17,17 +19,18 @@ import time
 
 MARKER = "torchfleet-port-listener"
 
-# Runs in a fresh interpreter: argv = [marker, expect, max_s, fd, fd, ...].
+# Runs in a fresh interpreter: argv = [marker, expect, idle_s, fd, fd, ...].
 ACCEPT_LOOP = r"""
 import select, socket, sys, time
-expect, max_s = int(sys.argv[2]), float(sys.argv[3])
+expect, idle_s = int(sys.argv[2]), float(sys.argv[3])
 socks = {socket.socket(fileno=int(fd)): 0 for fd in sys.argv[4:]}
-end = time.monotonic() + max_s
+end = time.monotonic() + idle_s
 while socks and time.monotonic() < end:
     ready, _, _ = select.select(list(socks), [], [], max(0.0, end - time.monotonic()))
     for s in ready:
         conn, _ = s.accept()
         conn.close()
+        end = time.monotonic() + idle_s
         socks[s] += 1
         if socks[s] >= expect:
             del socks[s]
@@ -52,8 +55,12 @@ def bind_ports(ports, address="0.0.0.0"):
     return bound, errors
 
 
-def start_listener(ports, expect, max_s, address="0.0.0.0"):
-    """{pid, ports: [{port, bound, error}]}; pid is None when nothing could be bound."""
+def start_listener(ports, expect, idle_s, address="0.0.0.0"):
+    """{pid, ports: [{port, bound, error}]}; pid is None when nothing could be bound.
+
+    Returns once the child runs the accept loop: until it has exec'd, /proc shows the parent's
+    command line, and a stop_listener that came right after would take it for gone.
+    """
     bound, errors = bind_ports(ports, address)
     status = [{"port": p, "bound": p in bound, "error": errors.get(p)} for p in ports]
     if not bound:
@@ -62,13 +69,15 @@ def start_listener(ports, expect, max_s, address="0.0.0.0"):
     try:
         # Detached and with no inherited stdio: Ansible must not wait for it to close pipes.
         child = subprocess.Popen(
-            [sys.executable, "-c", ACCEPT_LOOP, MARKER, str(expect), str(max_s)]
+            [sys.executable, "-c", ACCEPT_LOOP, MARKER, str(expect), str(idle_s)]
             + [str(fd) for fd in fds],
             pass_fds=fds, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True)
     finally:
         for sock in bound.values():
             sock.close()
+    while child.poll() is None and not _is_listener(child.pid):
+        time.sleep(0.01)  # exec is a matter of milliseconds; a child that died ends the wait
     return {"pid": child.pid, "ports": status}
 
 

@@ -213,6 +213,14 @@ PORT_FIX = {
 }
 
 
+# Refused: the master answered with a reset. Either nothing listened there when this host
+# dialled (the preflight listener had ended, or master_addr is not the master's), or a firewall
+# rejects rather than drops.
+REFUSED_FIX = ("refused means nothing listened on {port} when this host connected, or a "
+               "firewall rejects it: run preflight again; if it repeats, check that master_addr "
+               "is the master's address, then {fix}")
+
+
 def port_checks(host, connect, master_addr, master, master_port):
     records = []
     if not master:
@@ -239,12 +247,15 @@ def port_checks(host, connect, master_addr, master, master_port):
             records.append(check(cid, host, True, "TCP %s:%s open (%.2f s)"
                                  % (master_addr, port, result["elapsed_s"])))
             continue
-        why = ("dropped: no answer in %.0f s, a firewall?" % result["elapsed_s"]
-               if result["error"] == "timed out" else result["error"])
+        dropped = result["error"] == "timed out"
+        why = ("dropped: no answer in %.0f s, a firewall?" % result["elapsed_s"] if dropped
+               else result["error"])
         low, high = master.get("ephemeral_range", [32768, 60999])
+        fix = PORT_FIX[cid].format(port=port, low=low, high=high)
+        if not dropped:
+            fix = REFUSED_FIX.format(port=port, fix=fix)
         records.append(check(cid, host, False, "cannot open TCP %s:%s (%s)"
-                             % (master_addr, port, why),
-                             PORT_FIX[cid].format(port=port, low=low, high=high)))
+                             % (master_addr, port, why), fix))
     return records
 
 
@@ -276,6 +287,8 @@ def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
     # With the master unreachable the workers are still checked; only what needs the master
     # (its port, the listener, the route to its address when none was given) is left out.
     minfo = reachable.get(master, {}).get("master", {})
+    if minfo and settings.get("listener"):  # the two-round test started it in a task of its own
+        minfo = dict(minfo, listener=settings["listener"])
     master_addr = minfo.get("addr") or settings.get("master_addr") or None
 
     gpu_hosts = [h for h, p in reachable.items() if p["gpus"]]
@@ -412,6 +425,7 @@ ARGUMENT_SPEC = dict(
     shm_min_bytes=dict(type="int", default=1 << 30),
     script=dict(type="str", default=""),
     input_errors=dict(type="list", elements="dict", default=[]),
+    listener=dict(type="dict"),
     run_id=dict(type="str", default=""),
     run_dir=dict(type="str", default=""),
     runs_root=dict(type="str", default=""),
@@ -441,7 +455,7 @@ def decide(params):
                          "or auto" % nproc)
     settings = {k: params[k] for k in ("master_port", "master_addr", "socket_ifname", "backend",
                                        "code_dir", "data_paths", "shm_min_bytes", "script",
-                                       "input_errors")}
+                                       "input_errors", "listener")}
     settings["nproc_per_node"] = nproc
     checks, nodes, resolved = evaluate(params["hosts"], params["nnodes"],
                                        params["inventory_size"], params["probes"],
