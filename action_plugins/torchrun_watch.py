@@ -1,15 +1,17 @@
-"""Watch one host's torchrun until the run ends, fail-fast across hosts.
+"""Follow a run to its end by looking at its master only.
 
-Looks at the host's run in a loop; each look waits on the host up to `poll_s` seconds for the
-run's state to change, so an exit is seen at once. A look is the torchrun_watch module's code,
-run as a plain script by the host's `python` when one is given (see look_script). The hosts'
-watchers share one file on the controller, `abort_file`: the first host whose torchrun fails,
-vanishes, hangs or cannot be reached writes it (O_EXCL: the first failure wins), and every
-other watcher, seeing it at its next look, returns at once so the play can stop every host.
-On a hang every watcher first has py-spy dump its ranks' stacks.
+The hosts stop each other (the agents' control channel, module_utils/torchfleet/agent.py);
+the controller's part is one look at one host every poll_s at most, whatever the number of
+hosts: it renews the master's lease, prints progress at least every progress_every_s, appends
+the summary to progress_file, and at the end writes the whole record to state_file
+(run_state.json), which the summary, the API and the report read.
 
-Returns: outcome (succeeded | failed | hung | aborted | lost | timeout), the last module
-answer (state, rc, ranks, root_cause) and, for the first failure, the abort record.
+A look is the torchrun_watch module's code run as a plain script by the master's `python`
+when one is given (see look_script). When the master cannot be reached, the run is lost there:
+the other agents stop by themselves within lost_after_s, and the play's stop tasks follow.
+
+Returns: outcome (succeeded | failed | hung | lost | timeout | aborted), failure (the first
+one, as the record names it) and summary (the last look's).
 """
 from __future__ import annotations
 
@@ -25,17 +27,20 @@ from ansible.utils.display import Display
 
 display = Display()
 
-MODULE_ARGS = ("run_dir", "run_id", "py_spy", "async_jid")
+MODULE_ARGS = ("run_dir", "run_id", "async_jid", "async_dir")
 UTILS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                      "module_utils", "torchfleet")
+OUTCOMES = {"succeeded": "succeeded", "failed": "failed", "vanished": "failed",
+            "not_started": "failed", "hung": "hung", "lost": "lost", "timeout": "timeout",
+            "controller_lost": "aborted"}
 
 
 @functools.lru_cache(maxsize=1)
 def _loader():
-    """The part of every look's program that loads procs, rundir and watch: read and quoted
+    """The part of every look's program that loads rundir, runstate and watch: read and quoted
     once per worker, not at every look."""
     sources = {}
-    for name in ("procs", "rundir", "watch"):
+    for name in ("rundir", "runstate", "watch"):
         with open(os.path.join(UTILS, name + ".py")) as f:
             sources[name] = f.read()
     return "\n".join([
@@ -48,53 +53,52 @@ def _loader():
 
 def look_script(args):
     """A plain Python program that makes one look (module_utils/torchfleet/watch.py) with these
-    arguments and prints its JSON answer: what the module would answer, for a bare interpreter
-    start instead of an AnsiballZ one. The arguments travel as a JSON literal inside the
+    arguments and prints its JSON answer. The arguments travel as a JSON literal inside the
     program, on stdin, never through a shell."""
     return _loader() + "print(json.dumps(sys.modules['watch'].look(json.loads(%r))))\n" % (
         json.dumps(args))
 
 
-def read_abort(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def append_progress(path, host, elapsed, state, outcome):
-    """One JSON line per look; lines are short, so O_APPEND writes from every host interleave whole."""
+def append_progress(path, line):
+    """One short JSON line per look (O_APPEND: a reader never sees half a line)."""
     if not path:
         return
-    ranks = [{k: r.get(k) for k in ("local_rank", "rank", "alive", "idle_s", "last_line")}
-             for r in state.get("ranks", [])]
-    line = json.dumps({"host": host, "elapsed_s": round(elapsed, 3), "state": state.get("state"),
-                       "rc": state.get("rc"), "outcome": outcome, "ranks": ranks}) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
     try:
-        os.write(fd, line.encode())
+        os.write(fd, (json.dumps(line) + "\n").encode())
     finally:
         os.close(fd)
 
 
-def write_abort(path, record):
-    """Record the first failure; False when another host's was already there."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
-    except FileExistsError:
-        return False
+def write_state(path, record):
+    if not path:
+        return
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
     with os.fdopen(fd, "w") as f:
         json.dump(record, f)
-    return True
+    os.replace(tmp, path)
+
+
+def progress_text(master, s):
+    slow = s.get("slowest") or {}
+    failure = s.get("failure") or {}
+    text = "  %7.1f s  %s  ranks alive %d of %d  hosts running %d of %d" % (
+        s["elapsed_s"], s["phase"], s["ranks_alive"], s["nranks"], s["hosts_running"],
+        s["nnodes"])
+    if slow.get("host") and slow.get("idle_s") is not None:
+        text += "  slowest %s (quiet %.0f s)" % (slow["host"], slow["idle_s"])
+    if failure:
+        text += "  first failure: %s (%s)" % (failure.get("host") or master,
+                                              failure.get("reason"))
+    return text + "  | %s" % (s.get("last_line") or "")[-100:]
 
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
 
-    def _poll(self, task_vars, **extra):
+    def _look(self, task_vars, **extra):
         args = {k: v for k, v in self._task.args.items() if k in MODULE_ARGS and v is not None}
-        args["wait_s"] = float(self._task.args.get("poll_s", 2))
         args.update(extra)
         python = self._task.args.get("python")
         if not python:
@@ -107,94 +111,51 @@ class ActionModule(ActionBase):
         try:
             return json.loads(res["stdout"].strip().splitlines()[-1])
         except (IndexError, ValueError):
-            return {"failed": True, "msg": "the look at the run failed on the host (rc %s): %s"
+            return {"failed": True, "msg": "the look at the run failed on the master (rc %s): %s"
                                            % (res["rc"], (res["stderr"] or res["stdout"])[-500:])}
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         a = self._task.args
-        host = task_vars["inventory_hostname"]
-        abort_file = a["abort_file"]
-        hang_s = float(a.get("hang_timeout_s", 300))
-        job_s = float(a.get("job_timeout_s", 86400))
-        start_grace_s = float(a.get("start_grace_s", 60))
-        show = bool(a.get("progress", False))
-        nranks = int(a.get("nranks_total", 0))
-        progress_file = a.get("progress_file")
+        master = self._task.delegate_to or task_vars["inventory_hostname"]
+        poll_s = float(a.get("poll_s", 5))
+        every_s = float(a.get("progress_every_s", 10))
+        settle_s = float(a.get("settle_s", 120))
         begin = time.monotonic()
-        state, outcome, record = {}, None, None
-
-        while outcome is None:
-            elapsed = time.monotonic() - begin
+        shown, decided_at, look, failure, record = 0.0, None, {}, None, None
+        while True:
             try:
-                state = self._poll(task_vars)
+                look = self._look(task_vars, wait_s=poll_s)
             except (AnsibleConnectionFailure, AnsibleError) as exc:
-                state = {"failed": True, "msg": str(exc)}
-            if state.get("unreachable") or state.get("failed"):
-                outcome = "lost"
-                record = {"host": host, "reason": "lost",
-                          "detail": "cannot reach the host: %s" % state.get("msg", "")[:300]}
-            elif state["state"] == "exited":
-                if state["rc"] == 0:
-                    outcome = "succeeded"
-                else:
-                    outcome = "failed"
-                    record = {"host": host, "reason": "failed", "rc": state["rc"],
-                              "root_cause": state.get("root_cause")}
-            elif state["state"] == "vanished":
-                outcome = "failed"
-                record = {"host": host, "reason": "vanished",
-                          "detail": "torchrun (pid %s) disappeared without an exit code"
-                                    % state.get("pid")}
-            elif state["state"] == "start_failed":
-                outcome = "failed"
-                record = {"host": host, "reason": "not started", "detail": state["msg"]}
-            elif state["state"] == "pending" and elapsed > start_grace_s:
-                outcome = "failed"
-                record = {"host": host, "reason": "not started",
-                          "detail": "torchrun did not start within %.0f s" % start_grace_s}
-            elif self._hung(state, hang_s):
-                state = self._poll(task_vars, dump_stacks=True)
-                outcome = "hung"
-                record = {"host": host, "reason": "hang", "hang_timeout_s": hang_s,
-                          "stuck": [{"local_rank": r["local_rank"], "last_line": r["last_line"]}
-                                    for r in state["ranks"]]}
-            elif elapsed > job_s:
-                outcome = "timeout"
-                record = {"host": host, "reason": "timeout",
-                          "detail": "still running after job_timeout_s=%.0f" % job_s}
-
-            append_progress(progress_file, host, elapsed, state, outcome)
-            if record is not None:
-                record["detected_s"] = round(elapsed, 3)
-                record["first"] = write_abort(abort_file, record)
+                look = {"failed": True, "unreachable": True, "msg": str(exc)}
+            elapsed = time.monotonic() - begin
+            if look.get("failed"):
+                failure = {"host": master, "node_rank": 0, "reason": "lost",
+                           "detail": "cannot reach the master: %s" % look.get("msg", "")[:300]}
                 break
-            other = read_abort(abort_file)
-            if other is not None:
-                outcome = "aborted"
-                if other.get("reason") == "hang":
-                    state = self._poll(task_vars, dump_stacks=True)
+            if look["state"] == "start_failed":
+                failure = {"host": master, "node_rank": 0, "reason": "not_started",
+                           "detail": look["msg"]}
                 break
-            if show:
-                self._progress(host, state, elapsed, nranks)
-
-        if outcome == "aborted":
-            append_progress(progress_file, host, time.monotonic() - begin, state, outcome)
-        result.update(outcome=outcome, abort=record, watch=state, changed=False,
+            summary = look.get("summary")
+            if summary:
+                append_progress(a.get("progress_file"), dict(summary, watched_s=round(elapsed, 3)))
+                if elapsed - shown >= every_s or summary["phase"] != "running":
+                    shown = elapsed
+                    display.display(progress_text(master, summary))
+                if summary["phase"] != "running":
+                    decided_at = decided_at or time.monotonic()
+                    if summary["final"] or time.monotonic() - decided_at > settle_s:
+                        record = self._look(task_vars, full=True)["record"]
+                        failure = record["failure"]
+                        break
+        phase = record["phase"] if record else failure["reason"]
+        if record is None:
+            # The master's agent kept no record the controller can read: what is known.
+            record = {"run_id": a["run_id"], "phase": phase, "final": False, "failure": failure,
+                      "hosts": []}
+        write_state(a.get("state_file"), record)
+        result.update(outcome=OUTCOMES.get(phase, "failed"), failure=failure,
+                      summary=look.get("summary"), changed=False,
                       watched_s=round(time.monotonic() - begin, 3))
         return result
-
-    @staticmethod
-    def _hung(state, hang_s):
-        ranks = [r for r in state.get("ranks", []) if r.get("idle_s") is not None]
-        return (state.get("state") == "running" and bool(ranks)
-                and all(r["idle_s"] > hang_s for r in ranks))
-
-    @staticmethod
-    def _progress(host, state, elapsed, nranks):
-        ranks = state.get("ranks", [])
-        alive = sum(1 for r in ranks if r.get("alive"))
-        last = ranks[0]["last_line"] if ranks else ""
-        display.display("  [%s] %6.1f s  %s  ranks alive here: %d%s  local rank 0: %s" % (
-            host, elapsed, state.get("state"), alive,
-            " (of %d in the run)" % nranks if nranks else "", last[-100:]))

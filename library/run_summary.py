@@ -7,9 +7,9 @@ DOCUMENTATION = r"""
 module: run_summary
 short_description: Decide how a launched torchrun run ended and write train.json or collective.json
 description:
-  - Takes what M(torchrun_watch) and M(rank_results) returned on every host and decides, on
-    the controller, each host's outcome (the first failure a watcher recorded is read from
-    O(run_dir)/abort.json), missing ranks, the first failure (host, rank, reason
+  - Takes the run's state record (what the master's agent decided, O(run_dir)/run_state.json)
+    and what M(rank_results) returned on every host and decides, on the controller, each host's
+    outcome with its node rank and ranks, missing ranks, the first failure (host, rank, reason
     and the tail of that rank's log) and, for the collective test, per op and size the busbw
     minimum, median and maximum across ranks with the slowest rank and host.
   - Writes O(kind).json into O(run_dir) and returns the tables printed at the end of the play.
@@ -31,10 +31,10 @@ options:
     type: list
     elements: str
     required: true
-  watches:
-    description: Registered M(torchrun_watch) result per host.
+  state:
+    description: The run's state record (run_state.json, written by the M(torchrun_watch) action
+      plugin from the master's record); read from O(run_dir) when unset.
     type: dict
-    default: {}
   ranks:
     description: Registered M(rank_results) result per host.
     type: dict
@@ -82,7 +82,6 @@ EXAMPLES = r"""
     kind: collective
     run_id: "{{ launch_run_id }}"
     hosts: "{{ launch_hosts }}"
-    watches: "{{ dict(launch_hosts | zip(launch_hosts | map('extract', hostvars, 'launch_watch'))) }}"
     ranks: "{{ dict(launch_hosts | zip(launch_hosts | map('extract', hostvars, 'launch_ranks'))) }}"
     world_size: 4
     run_dir: runs/20261122-0301-ab12
@@ -95,7 +94,8 @@ ok:
   returned: always
   type: bool
 checks:
-  description: run.exit per host, run.hang, rank.missing, collective.wrong or train.checksum.
+  description: run.exit per host, host.lost, run.hang, run.timeout, run.controller_lost,
+    rank.missing, collective.wrong or train.checksum.
   returned: always
   type: list
   elements: dict

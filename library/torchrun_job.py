@@ -5,17 +5,28 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: torchrun_job
-short_description: Run torchrun on this host for one torchfleet run, as an async task
+short_description: This host's agent for one torchfleet run; starts torchrun and keeps the run fail-fast
 description:
-  - Starts C(python -m torch.distributed.run) with c10d rendezvous at O(master_addr):O(master_port),
-    the run's id as rendezvous id, O(local_addr) as C(--local-addr), per-rank log files under
-    O(run_dir)/logs and the given environment, then waits for it and records its exit code.
+  - Starts C(python -m torch.distributed.run) with the static rendezvous at
+    O(master_addr):O(master_port), C(--node-rank) O(node_rank) (the host's position in the
+    inventory, so rank order is inventory order), the run's id as rendezvous id (a fresh store
+    prefix per run), O(local_addr) as C(--local-addr), per-rank log files under O(run_dir)/logs
+    and the given environment, then stays with it until the run ends.
+  - The agents coordinate through one control channel on the master, with no controller in
+    the loop. The master's agent (O(node_rank) 0) listens on O(master_addr):O(control_port)
+    and keeps the run's state; every other agent dials in, reports a heartbeat each second
+    and its exit. The first failure anywhere (a rank exiting non-zero, torchrun vanishing, a
+    host silent for O(lost_after_s), no rank progress for O(hang_timeout_s), O(job_timeout_s))
+    is recorded once and every agent stops its own torchrun at once; on a hang each first
+    writes its ranks' py-spy stacks. An agent that loses the master stops by itself.
+  - Every message is signed with O(secret) (HMAC-SHA256, per connection nonce and sequence),
+    so no other process can report, abort or fake progress for the run.
   - The command is built as an argument list; no value is ever interpolated into a shell.
-  - torchrun's PID is written to O(run_dir)/torchrun.pid and its exit to O(run_dir)/exitcode.json.
-  - Meant to run with C(async) longer than the job and C(poll: 0); M(torchrun_watch) follows it.
-  - Dead-man switch; when nothing has touched O(run_dir)/lease for O(lease_s) seconds (the
-    controller was interrupted or lost this host), the run is stopped, so no torchrun outlives
-    the play that started it.
+  - torchrun's PID is written to O(run_dir)/torchrun.pid and its exit to O(run_dir)/exitcode.json;
+    the master keeps the run's state in O(run_dir)/control.json, which M(torchrun_watch) reads.
+  - Meant to run with C(async) longer than the job and C(poll: 0).
+  - Dead-man switch; on the master, when nothing has touched O(run_dir)/lease for O(lease_s)
+    seconds (the controller was interrupted or lost), the run is stopped on every host.
 version_added: "0.1.0"
 author: torchfleet developers
 options:
@@ -27,6 +38,20 @@ options:
     description: The run's id; rendezvous id and TORCHFLEET_RUN_ID of every process.
     type: str
     required: true
+  host:
+    description: This host's inventory name; TORCHFLEET_HOST of every process, and its name on the
+      control channel.
+    type: str
+    required: true
+  node_rank:
+    description: This host's position among the run's hosts (0 is the master).
+    type: int
+    required: true
+  hosts:
+    description: On the master, every host of the run in rank order (who must report).
+    type: list
+    elements: str
+    default: []
   python:
     description: Interpreter with torch.
     type: str
@@ -56,21 +81,46 @@ options:
     type: int
     required: true
   master_addr:
-    description: Rendezvous host.
+    description: The master's address on the chosen NIC (rendezvous and control channel).
     type: str
     required: true
   master_port:
     description: Rendezvous port.
     type: int
     required: true
+  control_port:
+    description: Port of the control channel on the master.
+    type: int
+    required: true
+  secret:
+    description: The run's secret, made per run on the controller; signs every control message.
+    type: str
+    required: true
   local_addr:
     description: This host's address on the chosen NIC, never a name that may resolve to loopback.
     type: str
     required: true
   join_timeout_s:
-    description: How long the rendezvous waits for every node.
+    description: How long the rendezvous waits for every node, and how long an agent may take to
+      reach the master.
     type: int
     default: 60
+  lost_after_s:
+    description: A host (or, seen from a host, the master) silent this long is lost.
+    type: float
+    default: 30
+  hang_timeout_s:
+    description: No rank of the run made progress (wrote to its logs) this long is a hang.
+    type: float
+    default: 300
+  job_timeout_s:
+    description: The longest the run may take.
+    type: float
+    default: 86400
+  abort_grace_s:
+    description: After an abort, SIGTERM to SIGKILL.
+    type: float
+    default: 1.5
   max_restarts:
     description: torchrun C(--max-restarts).
     type: int
@@ -80,7 +130,8 @@ options:
     type: dict
     default: {}
   lease_s:
-    description: Stop the run when O(run_dir)/lease is older than this. 0 turns the switch off.
+    description: On the master, stop the run when O(run_dir)/lease is older than this. 0 turns
+      the switch off.
     type: float
     default: 30
 attributes:
@@ -93,10 +144,13 @@ attributes:
 """
 
 EXAMPLES = r"""
-- name: Start torchrun
+- name: Start torchrun on every host (the first is the master)
   torchrun_job:
-    run_dir: ~/.torchfleet/runs/20261122-0301-ab12/node0
+    run_dir: ~/.torchfleet/runs/20261122-0301-ab12/{{ inventory_hostname }}
     run_id: 20261122-0301-ab12
+    host: "{{ inventory_hostname }}"
+    node_rank: "{{ ansible_play_hosts_all.index(inventory_hostname) }}"
+    hosts: "{{ ansible_play_hosts_all }}"
     python: /opt/venv/bin/python
     script: /srv/code/train.py
     script_args: [--epochs, "3"]
@@ -104,7 +158,9 @@ EXAMPLES = r"""
     nproc_per_node: 8
     master_addr: 10.0.0.1
     master_port: 29500
-    local_addr: 10.0.0.1
+    control_port: 51234
+    secret: "{{ run_secret }}"
+    local_addr: "{{ ansible_host }}"
     env:
       NCCL_SOCKET_IFNAME: eth0
   async: 86400
@@ -122,7 +178,8 @@ pid:
   returned: always
   type: int
 reason:
-  description: Why it ended; exited, or lease when the dead-man switch stopped it.
+  description: Why it ended; exited (by itself), aborted (the run failed elsewhere and the master
+    said so), master_lost (this agent lost the master and stopped by itself).
   returned: always
   type: str
 duration_s:
@@ -136,102 +193,45 @@ argv:
   elements: str
 """
 
-import os
-import subprocess
-import time
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.torchfleet.procs import HOST_ENV, RUN_ID_ENV, stop_run
-from ansible.module_utils.torchfleet.rundir import (
-    EXITCODE, LEASE, LOGS, PIDFILE, RESULTS, TORCHRUN_LOG, write_json)
+from ansible.module_utils.torchfleet.agent import run
 
-POLL_S = 0.5
-
-
-def torchrun_argv(p, script):
-    return [
-        p["python"], "-m", "torch.distributed.run",
-        "--nnodes", str(p["nnodes"]),
-        "--nproc-per-node", str(p["nproc_per_node"]),
-        "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", "%s:%d" % (p["master_addr"], p["master_port"]),
-        "--rdzv-id", p["run_id"],
-        "--rdzv-conf", "join_timeout=%d" % p["join_timeout_s"],
-        "--local-addr", p["local_addr"],
-        "--max-restarts", str(p["max_restarts"]),
-        "--log-dir", os.path.join(p["run_dir"], LOGS),
-        "--redirects", "3",
-        script, *p["script_args"],
-    ]
+ARGUMENT_SPEC = dict(
+    run_dir=dict(type="path", required=True),
+    run_id=dict(type="str", required=True),
+    host=dict(type="str", required=True),
+    node_rank=dict(type="int", required=True),
+    hosts=dict(type="list", elements="str", default=[]),
+    python=dict(type="str", required=True),
+    script=dict(type="str", required=True),
+    script_args=dict(type="list", elements="str", default=[]),
+    files=dict(type="dict", default={}),
+    chdir=dict(type="path"),
+    nnodes=dict(type="int", required=True),
+    nproc_per_node=dict(type="int", required=True),
+    master_addr=dict(type="str", required=True),
+    master_port=dict(type="int", required=True),
+    control_port=dict(type="int", required=True),
+    secret=dict(type="str", required=True, no_log=True),
+    local_addr=dict(type="str", required=True),
+    join_timeout_s=dict(type="int", default=60),
+    lost_after_s=dict(type="float", default=30),
+    hang_timeout_s=dict(type="float", default=300),
+    job_timeout_s=dict(type="float", default=86400),
+    abort_grace_s=dict(type="float", default=1.5),
+    max_restarts=dict(type="int", default=0),
+    env=dict(type="dict", default={}),
+    lease_s=dict(type="float", default=30),
+)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            run_dir=dict(type="path", required=True),
-            run_id=dict(type="str", required=True),
-            python=dict(type="str", required=True),
-            script=dict(type="str", required=True),
-            script_args=dict(type="list", elements="str", default=[]),
-            files=dict(type="dict", default={}),
-            chdir=dict(type="path"),
-            nnodes=dict(type="int", required=True),
-            nproc_per_node=dict(type="int", required=True),
-            master_addr=dict(type="str", required=True),
-            master_port=dict(type="int", required=True),
-            local_addr=dict(type="str", required=True),
-            join_timeout_s=dict(type="int", default=60),
-            max_restarts=dict(type="int", default=0),
-            env=dict(type="dict", default={}),
-            lease_s=dict(type="float", default=30),
-        ),
-        supports_check_mode=False,
-    )
-    p = module.params
-    run_dir = p["run_dir"]
-    os.makedirs(run_dir, mode=0o700, exist_ok=True)
-    os.chmod(run_dir, 0o700)
-    for name, content in p["files"].items():
-        if os.sep in name or name.startswith("."):
-            module.fail_json(msg="file name %r must be a plain name" % name)
-        fd = os.open(os.path.join(run_dir, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(content)
-    script = p["script"] if os.path.isabs(p["script"]) else os.path.join(run_dir, p["script"])
-    if not os.path.isfile(script):
-        module.fail_json(msg="script %s does not exist on this host; copy it there or fix "
-                             "`script`" % script)
-    env = dict(os.environ)
-    env.update({k: str(v) for k, v in p["env"].items()})
-    env.update({RUN_ID_ENV: p["run_id"], "TORCHFLEET_OUT_DIR": os.path.join(run_dir, RESULTS),
-                "PYTHONUNBUFFERED": "1"})
-    argv = torchrun_argv(p, script)
-    open(os.path.join(run_dir, LEASE), "a").close()
-    started = time.time()
-    with open(os.path.join(run_dir, TORCHRUN_LOG), "ab") as log:
-        # Own session: Ansible's async timeout kills the wrapper's process group, not the run;
-        # the run is stopped by its recorded PID (torchrun_stop) or the lease below.
-        proc = subprocess.Popen(argv, cwd=p["chdir"] or run_dir, env=env, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    host = env.get(HOST_ENV)
-    write_json(os.path.join(run_dir, PIDFILE), {"pid": proc.pid, "run_id": p["run_id"],
-                                                "host": host, "argv": argv, "started": started})
-    reason = "exited"
-    while proc.poll() is None:
-        time.sleep(POLL_S)
-        if p["lease_s"] > 0:
-            try:
-                age = time.time() - os.stat(os.path.join(run_dir, LEASE)).st_mtime
-            except OSError:
-                age = 0.0
-            if age > p["lease_s"]:
-                reason = "lease"
-                stop_run(p["run_id"], proc.pid, grace_s=10, host=host)
-    rc = proc.wait()
-    ended = time.time()
-    write_json(os.path.join(run_dir, EXITCODE), {"rc": rc, "reason": reason, "ended": ended})
-    module.exit_json(changed=True, rc=rc, pid=proc.pid, reason=reason,
-                     duration_s=round(ended - started, 3), argv=argv)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=False)
+    try:
+        result = run(module.params)
+    except ValueError as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

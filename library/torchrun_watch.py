@@ -5,20 +5,21 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: torchrun_watch
-short_description: Report the state of this host's torchrun and of each of its ranks
+short_description: Look at a run on its master; the action plugin follows it to its end
 description:
-  - Reads the run directory M(torchrun_job) keeps; says whether torchrun runs, how it ended,
-    and for each local rank its last log line and how long its logs have been silent.
-  - Touches the run's lease, which keeps the dead-man switch of M(torchrun_job) from firing.
-  - With O(dump_stacks), writes every live rank's Python stack (C(py-spy dump)) into that rank's
-    log directory, so a hang is diagnosed before it is stopped.
-  - The action plugin of the same name calls this module in a loop on every host and stops
-    all hosts as soon as one fails or hangs (fail-fast).
+  - Runs on the run's master only. Reads the run's state record that the master's agent
+    (M(torchrun_job)) keeps in O(run_dir)/control.json and answers its summary, the same few
+    fields at any number of hosts; the hosts themselves stop each other on the first failure.
+  - Touches the master's lease, which keeps the dead-man switch of M(torchrun_job) from firing;
+    when the controller stops looking, the run is stopped on every host.
+  - The action plugin of the same name calls it in a loop (one look on one host every
+    O(poll_s) at most, whatever the number of hosts), prints the run's progress, appends it to
+    O(progress_file), and at the end copies the whole record to O(state_file).
 version_added: "0.1.0"
 author: torchfleet developers
 options:
   run_dir:
-    description: This host's directory for the run.
+    description: The master's directory for the run.
     type: path
     required: true
   run_id:
@@ -26,72 +27,57 @@ options:
     type: str
     required: true
   async_jid:
-    description: Job id of the async M(torchrun_job); a job that failed before starting torchrun
-      (a missing script, say) is reported at once as state C(start_failed) with its message.
+    description: Job id of the master's async M(torchrun_job); an agent that failed before it
+      kept any state (a missing script, a control port in use) is reported at once as state
+      C(start_failed) with its message.
     type: str
   async_dir:
     description: Directory of Ansible's async job files on the host.
     type: path
     default: ~/.ansible_async
   wait_s:
-    description: Wait on the host up to this many seconds for the state to change (pending to
-      running, running to exited), looking every 0.2 s, and answer as soon as it does; 0 answers
-      at once. The action plugin passes O(poll_s), so an exit is seen within 0.2 s.
+    description: Wait on the host up to this many seconds for the run's phase to change, looking
+      every 0.2 s, and answer as soon as it does; 0 answers at once.
     type: float
     default: 0
   touch_lease:
-    description: Renew the lease.
+    description: Renew the master's lease.
     type: bool
     default: true
-  dump_stacks:
-    description: Dump every live rank's Python stack with py-spy first.
+  full:
+    description: Answer the whole state record (every host), not only the summary.
     type: bool
     default: false
-  py_spy:
-    description: Path of py-spy; looked up beside the run's Python and on PATH when unset.
-    type: str
   python:
-    description: Action plugin only. Python on the host for the looks. When set, each look is
-      the same code as this module run as a plain script (module_utils/torchfleet/watch.py
-      piped to this interpreter), a bare interpreter start instead of an AnsiballZ module's;
-      the role passes the interpreter that runs torchrun.
+    description: Action plugin only. Python on the master for the looks; each look is then this
+      module's code run as a plain script (a bare interpreter start instead of an AnsiballZ
+      module's).
     type: str
-  abort_file:
-    description: Action plugin only. Controller file shared by every host's watcher; the first
-      failure is written there and makes every other watcher return.
-    type: path
   poll_s:
-    description: Action plugin only. Longest wait of one look (O(wait_s)); also how often each
-      watcher reads the abort file.
+    description: Action plugin only. Longest wait of one look (O(wait_s)).
     type: float
-    default: 2
-  hang_timeout_s:
-    description: Action plugin only. Every rank silent this long is a hang.
+    default: 5
+  progress_every_s:
+    description: Action plugin only. Longest time between two progress lines.
     type: float
-    default: 300
-  job_timeout_s:
-    description: Action plugin only. Longest run.
+    default: 10
+  settle_s:
+    description: Action plugin only. After the run's phase is decided, how long to wait for the
+      master's agent to close the record before taking it as it is.
     type: float
-    default: 86400
-  start_grace_s:
-    description: Action plugin only. Time torchrun has to start.
-    type: float
-    default: 60
-  progress:
-    description: Action plugin only. Print a progress line per look.
-    type: bool
-    default: false
-  nranks_total:
-    description: Action plugin only. World size, for the progress line.
-    type: int
+    default: 120
   progress_file:
     description: Action plugin only. Controller file to which every look appends one JSON line
-      (host, elapsed_s, state, rc, outcome, ranks), for callers that follow a run live
-      (the torchfleet Python API).
+      (the run's summary), for callers that follow a run live (the torchfleet Python API).
+    type: path
+  state_file:
+    description: Action plugin only. Controller file the final record is written to
+      (run_state.json), which the summary, the Python API and the report read.
     type: path
 attributes:
   check_mode:
     support: full
+    details: Only reads the run's record; the lease it touches is the run's own dead-man switch.
   diff_mode:
     support: none
   platform:
@@ -99,52 +85,40 @@ attributes:
 """
 
 EXAMPLES = r"""
-- name: Look at the run once
+- name: Look at the run once, on its master
   torchrun_watch:
     run_dir: ~/.torchfleet/runs/20261122-0301-ab12/node0
     run_id: 20261122-0301-ab12
-  register: state
+  register: look
 """
 
 RETURN = r"""
 state:
-  description: pending (not started yet), start_failed, running, exited, or vanished (no process,
-    no exit code).
+  description: pending (no record yet), start_failed (the master's agent failed), a phase of the
+    run (running, succeeded, failed, vanished, not_started, lost, hung, timeout,
+    controller_lost), or final once the master's agent closed the record.
   returned: always
   type: str
-rc:
-  description: torchrun's exit code once it exited.
+msg:
+  description: Why the master's agent failed, with state start_failed.
   returned: always
-  type: int
-pid:
-  description: torchrun's PID.
-  returned: always
-  type: int
-elapsed_s:
-  description: Seconds since torchrun started.
-  returned: always
-  type: float
-ranks:
-  description: One entry per local rank of the latest attempt.
-  returned: always
-  type: list
-  elements: dict
-  sample: [{"local_rank": 0, "pid": 4242, "rank": 8, "alive": true, "last_line": "step 20/300 loss 0.3",
-            "idle_s": 0.4, "dir": "/root/.torchfleet/runs/x/node0/logs/x_ab/attempt_0/0"}]
-root_cause:
-  description: The failed rank torchrun names as the first observed failure, once it exited.
+  type: str
+summary:
+  description: The run at a glance; null before the master's agent kept any state.
   returned: always
   type: dict
-  sample: {"rank": 1, "local_rank": 1, "exitcode": 3}
-msg:
-  description: Why the job failed to start, with state start_failed.
+  sample: {"phase": "running", "final": false, "failure": null, "elapsed_s": 12.4, "nranks": 16,
+           "ranks_alive": 16, "hosts_running": 16, "nnodes": 16, "hosts_done": 0,
+           "slowest": {"host": "node7", "idle_s": 0.8}, "last_line": "step 40/300 loss 0.21"}
+record:
+  description: The whole state record (module_utils/torchfleet/runstate.py), with O(full).
   returned: always
+  type: dict
+outcome:
+  description: Action plugin only. How the run ended (succeeded, failed, hung, lost, timeout,
+    aborted).
+  returned: from the action plugin
   type: str
-dumps:
-  description: Files written by py-spy, with O(dump_stacks).
-  returned: always
-  type: list
-  elements: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -161,8 +135,7 @@ def main():
             async_jid=dict(type="str"),
             async_dir=dict(type="path", default=DEFAULTS["async_dir"]),
             wait_s=dict(type="float", default=DEFAULTS["wait_s"]),
-            dump_stacks=dict(type="bool", default=DEFAULTS["dump_stacks"]),
-            py_spy=dict(type="str"),
+            full=dict(type="bool", default=DEFAULTS["full"]),
         ),
         supports_check_mode=True,
     )

@@ -4,7 +4,9 @@ modules:
     <runs_root>/<run_id>/<inventory_hostname>/
         torchrun.pid    {"pid", "run_id", "argv", "started"}
         exitcode.json   {"rc", "reason", "ended"} once torchrun ended
-        lease           touched by every watch; stale means the controller is gone
+        control.json    on the master: the run's state record (runstate.py), kept by its agent
+        lease           on the master: touched by the controller's watch; stale means the
+                        controller is gone
         torchrun.log    torchrun's own output
         logs/<rdzv>/attempt_<n>/<local_rank>/{stdout,stderr}.log   per rank (torchrun --log-dir)
         results/rank-<RANK>.json                                    per rank (the workloads)
@@ -18,6 +20,7 @@ import re
 
 PIDFILE = "torchrun.pid"
 EXITCODE = "exitcode.json"
+CONTROL = "control.json"
 LEASE = "lease"
 TORCHRUN_LOG = "torchrun.log"
 LOGS = "logs"

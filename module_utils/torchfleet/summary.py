@@ -1,9 +1,10 @@
 """The end of a launched run, decided on the controller: per host and rank what happened,
 the first failure with its log tail, and for the collective test the busbw table.
 
-Input is what the torchrun_watch and rank_results action plugins returned per host; output is
-train.json / collective.json (same shape as preflight.json: ok, run_id, hosts, checks) and the
-tables printed at the end of the play.
+Input is the run's state record (run_state.json, runstate.py: what the master's agent decided)
+and what rank_results brought back per host; output is train.json / collective.json (same
+shape as preflight.json: ok, run_id, hosts, checks) and the tables printed at the end of the
+play.
 """
 from __future__ import annotations
 
@@ -15,13 +16,22 @@ from ansible.module_utils.torchfleet.preflight import ERROR, check
 from ansible.module_utils.torchfleet.report import prune_runs, write_report
 from ansible.module_utils.torchfleet.rundir import (
     STACK_DUMP, TORCHRUN_LOG, failed_ranks, read_json, root_cause)
+from ansible.module_utils.torchfleet.runstate import (
+    CONTROLLER_LOST, HANG, LOST, TIMEOUT, host_outcome)
+
+STATE_FILE = "run_state.json"
+# Failures of the whole run rather than of a host (a hang is named per host: run.hang).
+RUN_WIDE = {
+    TIMEOUT: "raise job_timeout_s if the run needs longer",
+    CONTROLLER_LOST: "the play was interrupted or the controller lost the master; run again",
+}
 from ansible.module_utils.torchfleet.table import render
 
 ARGUMENT_SPEC = dict(
     kind=dict(type="str", required=True, choices=["train", "collective"]),
     run_id=dict(type="str", required=True),
     hosts=dict(type="list", elements="str", required=True),
-    watches=dict(type="dict", default={}),
+    state=dict(type="dict"),
     ranks=dict(type="dict", default={}),
     world_size=dict(type="int", required=True),
     settings=dict(type="dict", default={}),
@@ -68,17 +78,17 @@ def stacks(run_dir, hosts, frames=4):
     return "\n".join(lines)
 
 
-def first_failure(hosts, watches, abort, run_dir, lines):
+def first_failure(hosts, abort, run_dir, lines):
     """The failure the user must look at first: {host, rank, local_rank, reason, tail}.
 
     A hang comes first, with where every rank was stuck. Otherwise, among the hosts whose
     torchrun log (gathered on the controller) names a root cause, one with a positive exit code
     wins (a rank that exited on its own, not one stopped by a signal as the failure spread);
-    then the first failure any watcher recorded; then a rank that died of a signal.
+    then the run's first failure as the master recorded it; then a rank that died of a signal.
     """
-    if abort and abort.get("reason") == "hang":
+    if abort and abort.get("reason") == HANG:
         return {"host": abort.get("host"), "rank": None, "local_rank": None,
-                "reason": "no rank made progress for %s s; stacks:" % abort.get("hang_timeout_s"),
+                "reason": abort.get("detail", "no rank made progress") + "; stacks:",
                 "tail": stacks(run_dir, hosts)}
     candidates = []
     for host in hosts:
@@ -91,14 +101,25 @@ def first_failure(hosts, watches, abort, run_dir, lines):
                 "reason": "rank %d exited with %d" % (cause["rank"], cause["exitcode"]),
                 "tail": _rank_log(run_dir, host, cause["local_rank"], lines)}
     if abort:
-        host = abort.get("host")
-        reason = {"lost": abort.get("detail", "host lost"),
-                  "vanished": abort.get("detail", "torchrun vanished"),
-                  "failed": "torchrun exited with %s" % abort.get("rc"),
-                  }.get(abort.get("reason"), abort.get("detail") or abort.get("reason"))
-        return {"host": host, "rank": None, "local_rank": None, "reason": reason,
-                "tail": _tail(os.path.join(run_dir, "logs", host or "", "torchrun.log"), lines)}
+        host = abort.get("host") or "controller"
+        return {"host": host, "rank": None, "local_rank": None,
+                "reason": abort.get("detail") or abort.get("reason"),
+                "tail": _tail(os.path.join(run_dir, "logs", host, "torchrun.log"), lines)}
     return None
+
+
+def host_records(hosts, record):
+    """Each host's record from the run's state; a host the record does not know (the master was
+    lost before it could be read) is the lost master or was aborted."""
+    known = {h["host"]: h for h in record.get("hosts", [])}
+    failure = record.get("failure") or {}
+    rows = []
+    for rank, host in enumerate(hosts):
+        rec = known.get(host) or {"host": host, "node_rank": rank, "state": "lost"
+                                  if failure.get("host") == host and failure.get("reason") == LOST
+                                  else "unknown", "rc": None, "elapsed_s": None}
+        rows.append(dict(rec, outcome=host_outcome(record.get("phase"), failure or None, rec)))
+    return rows
 
 
 def busbw_table(results, world_size):
@@ -161,39 +182,56 @@ def rank_states(host_rows, results, run_dir, nproc):
                 "exit_code": f["exitcode"], "state": "failed" if f["exitcode"] > 0 else "killed"}
         for local_rank in range(nproc):
             rows.setdefault((h["host"], local_rank), {
-                "rank": None, "host": h["host"], "local_rank": local_rank, "ok": False,
+                "rank": h["node_rank"] * nproc + local_rank, "host": h["host"], "local_rank": local_rank, "ok": False,
                 "exit_code": None, "state": "stopped"})
     return sorted(rows.values(), key=lambda r: (r["rank"] is None, r["rank"] or 0, r["host"],
                                                 r["local_rank"]))
 
 
+def _span(ranks):
+    return "-" if not ranks else str(ranks[0]) if len(ranks) == 1 else "%d-%d" % (ranks[0],
+                                                                                  ranks[-1])
+
+
 def decide(params):
-    hosts, watches, ranks = params["hosts"], params["watches"], params["ranks"]
+    hosts, ranks = params["hosts"], params["ranks"]
     kind, world = params["kind"], params["world_size"]
+    nproc = int(params["settings"].get("nproc_per_node") or 0)
     results = sorted((r for h in hosts for r in (ranks.get(h) or {}).get("results", [])),
                      key=lambda r: r.get("rank", 0))
-    # The first failure a watcher recorded (torchrun_watch's action plugin writes it).
-    abort = read_json(os.path.join(params["run_dir"], "abort.json")) if params["run_dir"] else None
-    failure = first_failure(hosts, watches, abort, params["run_dir"], params["tail_lines"])
+    record = params.get("state")
+    if record is None and params["run_dir"]:
+        record = read_json(os.path.join(params["run_dir"], STATE_FILE))
+    record = record or {"phase": "unknown", "failure": None, "hosts": []}
+    abort = record.get("failure")
+    failure = first_failure(hosts, abort, params["run_dir"], params["tail_lines"])
     checks, host_rows = [], []
-    for host in hosts:
-        w = watches.get(host) or {}
-        state = w.get("watch") or {}
-        outcome = w.get("outcome") or ("lost" if w.get("unreachable") else "unknown")
-        mine = [r for r in results if r.get("host") == host]
+    if abort and abort.get("host") is None and abort.get("reason") in RUN_WIDE:
+        checks.append(check("run." + abort["reason"], "controller", False,
+                            abort.get("detail", ""), RUN_WIDE[abort["reason"]]))
+    for rec in host_records(hosts, record):
+        host, outcome = rec["host"], rec["outcome"]
         ok = outcome == "succeeded"
-        detail = "%s, exit %s after %.1f s" % (outcome, state.get("rc"),
-                                                 state.get("elapsed_s") or 0.0)
+        detail = "%s, exit %s after %.1f s" % (outcome, rec.get("rc"), rec.get("elapsed_s") or 0.0)
         hint = "see %s/logs/%s/" % (params["run_dir"], host)
         if failure and failure["host"] == host:
             detail += "; first failure: %s" % failure["reason"]
+        if outcome == LOST:
+            checks.append(check("host.lost", host, False, (abort or {}).get("detail")
+                                or "the host stopped answering during the run",
+                                "check the host and its network (ssh %s); the others were "
+                                "stopped" % host))
         checks.append(check("run.exit", host, ok, detail, hint))
-        if outcome == "hung":
+        if outcome == HANG:
             checks.append(check("run.hang", host, False,
-                                "no progress for %s s; stacks in py-spy-dump.txt"
-                                % (w.get("abort") or {}).get("hang_timeout_s"), hint))
-        host_rows.append({"host": host, "outcome": outcome, "rc": state.get("rc"),
-                          "duration_s": state.get("elapsed_s"), "ranks": [r["rank"] for r in mine],
+                                "no progress for %s; stacks in py-spy-dump.txt"
+                                % (abort or {}).get("detail", "hang_timeout_s"), hint))
+        node_rank = rec.get("node_rank", hosts.index(host))
+        host_rows.append({"host": host, "node_rank": node_rank,
+                          "ranks": list(range(node_rank * nproc, node_rank * nproc + nproc)),
+                          "outcome": outcome, "rc": rec.get("rc"),
+                          "duration_s": rec.get("elapsed_s"),
+                          "reported_ranks": [r["rank"] for r in results if r.get("host") == host],
                           "logs": os.path.join(params["run_dir"], "logs", host)})
     present = {r.get("rank") for r in results}
     missing = [r for r in range(world) if r not in present]
@@ -221,22 +259,21 @@ def decide(params):
                             "parameter checksums differ across ranks: gradients were not "
                             "synchronised", "check that every rank runs the same code"))
     bad = [c for c in checks if not c["ok"] and c["severity"] == ERROR]
-    nproc = int(params["settings"].get("nproc_per_node") or 0)
     rank_rows = rank_states(host_rows, results, params["run_dir"], nproc)
     report = dict(ok=not bad, kind=kind, run_id=params["run_id"], world_size=world,
-                  hosts=host_rows, ranks=rank_rows, checks=checks, first_failure=failure,
-                  settings=params["settings"], **extra)
+                  phase=record.get("phase"), hosts=host_rows, ranks=rank_rows, checks=checks,
+                  first_failure=failure, settings=params["settings"], **extra)
     path = ""
     if params["run_dir"]:
         path = write_report(params["run_dir"], kind + ".json", report,
                             params["runs_root"] or None)
         if params["runs_root"]:
             prune_runs(params["runs_root"], params["keep_runs"])
-    rows = [(h["host"], ",".join(map(str, h["ranks"])) or "-", h["outcome"],
+    rows = [(h["host"], h["node_rank"], _span(h["ranks"]), h["outcome"],
              "-" if h["rc"] is None else h["rc"],
              "-" if h["duration_s"] is None else "%.1f s" % h["duration_s"], h["logs"])
             for h in host_rows]
-    text = render(("HOST", "RANKS", "OUTCOME", "EXIT", "DURATION", "LOGS"), rows)
+    text = render(("HOST", "NODE_RANK", "RANKS", "OUTCOME", "EXIT", "DURATION", "LOGS"), rows)
     if extra.get("table_collective"):
         text = extra["table_collective"] + "\n\n" + text
     if failure:

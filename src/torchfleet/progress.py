@@ -1,4 +1,5 @@
-"""A line per host that updates in place on a terminal, fed by torchfleet events."""
+"""A line per host (and one for the run once it is launched) that updates in place on a
+terminal, fed by torchfleet events."""
 from __future__ import annotations
 
 import sys
@@ -20,6 +21,13 @@ class HostLines:
 
     def __call__(self, event: Event) -> None:
         host = event.host
+        if event.kind == "run":
+            s = event.summary
+            self.lines["run"] = "%-9s %6.1f s  ranks alive %s of %s  hosts running %s of %s  %s" % (
+                event.status, event.elapsed_s or 0.0, s.get("ranks_alive"), s.get("nranks"),
+                s.get("hosts_running"), s.get("nnodes"), (s.get("last_line") or "")[-50:])
+            self.draw()
+            return
         if not host or host == "localhost":
             return
         if event.kind == "task":
@@ -32,12 +40,6 @@ class HostLines:
                 self.failed.setdefault(host, []).append(event.check.id)
             bad = self.failed.get(host)
             self.lines[host] = ("FAILED " + ", ".join(bad)) if bad else "checks passed"
-        elif event.kind == "rank":
-            alive = sum(1 for r in event.ranks if r.get("alive"))
-            last = next((r.get("last_line") for r in event.ranks if r.get("last_line")), "")
-            state = event.outcome or event.status
-            self.lines[host] = "%-9s %6.1f s  ranks alive %d  %s" % (
-                state, event.elapsed_s or 0.0, alive, (last or "")[-60:])
         else:
             return
         self.draw()

@@ -2,7 +2,7 @@
 
 The playbooks are the package's own (torchfleet.paths.ansible_root), so this works from an
 installed wheel. Events come from ansible-runner's structured job events (module results) and
-from the run's progress.jsonl (one line per watcher look, written by torchrun_watch), never
+from the run's progress.jsonl (one line per look at the master, written by torchrun_watch), never
 from Ansible's stdout. ansible-runner runs in a private data dir that is removed afterwards and
 is told not to write env files, so no variables or keys are left behind in artifacts.
 """
@@ -35,8 +35,9 @@ class Event:
 
     kind "task": a task ended on a host (status ok / failed / unreachable / skipped);
     kind "check": a check was decided (check is set);
-    kind "rank": a watcher looked at a host's torchrun (status is its state, ranks its ranks,
-    outcome set once that host's watch ended).
+    kind "run": the controller looked at the run on its master (status is the run's phase,
+    summary the run at a glance: ranks alive of all, hosts running, the slowest host, the
+    last line, the first failure; the same few fields at any number of hosts).
     """
 
     kind: str
@@ -44,8 +45,7 @@ class Event:
     task: str | None = None
     status: str | None = None
     check: Check | None = None
-    ranks: list[dict[str, Any]] = field(default_factory=list)
-    outcome: str | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
     elapsed_s: float | None = None
 
 
@@ -75,7 +75,8 @@ def translate(event: dict) -> list[Event]:
 
 
 class ProgressFollower:
-    """Reads the lines torchrun_watch appends to progress.jsonl and turns them into events."""
+    """Reads the lines torchrun_watch appends to progress.jsonl (one per look at the master) and
+    turns them into events."""
 
     def __init__(self, path: Path, emit: Callable[[Event], None]):
         self._path, self._emit, self._offset, self._partial = path, emit, 0, b""
@@ -95,8 +96,7 @@ class ProgressFollower:
                 raw = json.loads(line)
             except ValueError:
                 continue
-            self._emit(Event(kind="rank", host=raw.get("host"), status=raw.get("state"),
-                             ranks=raw.get("ranks") or [], outcome=raw.get("outcome"),
+            self._emit(Event(kind="run", status=raw.get("phase"), summary=raw,
                              elapsed_s=raw.get("elapsed_s")))
 
 

@@ -97,12 +97,3 @@ def test_hostile_data_paths_are_only_looked_at(tmp_path):
     assert not canary.exists()
 
 
-def test_more_nodes_than_forks_is_refused_before_a_launch(tmp_path):
-    # Each host's watcher holds a fork for the whole run; past the forks, hosts go unwatched.
-    run = playbook("train.yml", tmp_path, "-f", "1")
-    assert run.rc != 0
-    assert run.failing() == [("input.forks", "controller")]
-    assert "nnodes=2 is more than Ansible's forks=1" in run.out and "-f 2" in run.out
-    assert_no_host_touched(run)
-    # Preflight alone holds no fork for long: the same forks are fine there.
-    assert playbook("preflight.yml", tmp_path / "pre", "-f", "1").rc == 0

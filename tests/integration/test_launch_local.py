@@ -144,7 +144,7 @@ def test_stop_during_a_run_stops_everything_and_is_a_noop_after(tmp_path):
     assert train.returncode != 0
     assert run_processes("/train.py") == []
     again = playbook("stop.yml", tmp_path / "again")
-    assert again.rc == 0 and "nothing of torchfleet was running here" in again.out
+    assert again.rc == 0 and "nothing of torchfleet was running here" in again.out, again.out
 
 
 def test_a_rerun_after_a_failed_run_and_back_to_back_runs(tmp_path):
@@ -179,3 +179,24 @@ def test_run_files_are_private_and_stop_never_signals_a_foreign_pid(tmp_path):
         import shutil
 
         shutil.rmtree(fake.parent)
+
+
+def test_more_hosts_than_forks_run_in_fork_batches_with_rank_order_kept(tmp_path):
+    """forks=1: every launch, stop and gather task runs host after host; the watch is one task
+    on the master. Rank order is inventory order (c10d's rendezvous would sort by address)."""
+    run = launch("train.yml", tmp_path, "-f", "1", "-e", "train_steps=20")
+    assert run.rc == 0, run.out
+    report = run.report("train.json")
+    assert [(h["host"], h["node_rank"], h["ranks"]) for h in report["hosts"]] == [
+        ("node0", 0, [0]), ("node1", 1, [1])]
+    assert [(r["rank"], r["host"]) for r in report["ranks"]] == [(0, "node0"), (1, "node1")]
+    # What each rank saw itself (its RANK and GROUP_RANK under torchrun), in its host's run
+    # directory (the hosts are this machine).
+    remote = Path.home() / ".torchfleet" / "runs" / report["run_id"]
+    results = {json.loads(p.read_text())["host"]: json.loads(p.read_text())
+               for p in remote.glob("*/results/rank-*.json")}
+    assert {h: (r["rank"], r["node_rank"]) for h, r in results.items()} == {
+        "node0": (0, 0), "node1": (1, 1)}
+    state = json.loads((run.run_dir / "run_state.json").read_text())
+    assert state["phase"] == "succeeded" and state["final"]
+    assert "NODE_RANK" in run.out

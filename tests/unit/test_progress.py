@@ -19,14 +19,15 @@ def test_one_line_per_host_redrawn_in_place():
     lines(Event(kind="task", host="node0", task="Probe the host", status="ok"))
     lines(Event(kind="task", host="node1", task="Probe the host", status="ok"))
     lines(Event(kind="check", host="node1", check=Check("node1", "nic.missing", False, "no eth9")))
-    lines(Event(kind="rank", host="node0", status="running", elapsed_s=4.0,
-                ranks=[{"alive": True, "last_line": "step 3/10"}]))
+    lines(Event(kind="run", status="running", elapsed_s=4.0,
+                summary={"ranks_alive": 2, "nranks": 2, "hosts_running": 2, "nnodes": 2,
+                         "last_line": "step 3/10"}))
     out = term.getvalue()
     assert "\x1b[2A" in out  # moved back over the two host lines before redrawing
     last = out.rsplit("\x1b[2A", 1)[1]
-    assert last.count("\n") == 2
-    assert "node0" in last and "running" in last and "step 3/10" in last
-    assert "node1" in last and "FAILED nic.missing" in last
+    assert last.count("\n") == 3
+    assert "node0" in last and "node1" in last and "FAILED nic.missing" in last
+    assert "running" in last and "ranks alive 2 of 2" in last and "step 3/10" in last
 
 
 def test_silent_off_a_terminal():

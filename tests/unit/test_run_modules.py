@@ -1,6 +1,7 @@
-"""The modules of a launched run, each on its own, with a real torchrun (one node, one rank):
-torchrun_job starts it, torchrun_watch looks at it, torchrun_stop ends it, rank_results packs
-what it left, run_summary decides how it ended.
+"""The modules of a launched run, each on its own, with a real torchrun (one rank per node):
+torchrun_job (the host's agent) starts it, torchrun_watch looks at it on the master,
+torchrun_stop ends it, rank_results packs what it left, run_summary decides how it ended. Two
+agents on this machine show the hosts stopping each other without a controller.
 
 torchrun_job blocks until torchrun exits (Ansible runs it async), so here it runs in a child
 process of its own, as under Ansible's async wrapper.
@@ -10,17 +11,18 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import rank_results
 import run_summary
 import torchrun_stop
 import torchrun_watch
-from ansible.module_utils.torchfleet import watch
 
 from tests.conftest import ROOT
 from tests.unit.modules import run_module
@@ -55,21 +57,35 @@ with patch_module_args(json.loads(sys.argv[4])):
 """
 
 
+def agent_args(tmp_path, run_id, host="node0", node_rank=0, nnodes=1, ports=None, **extra):
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    master_port, control_port = ports or (free_port(), free_port())
+    args = {"run_dir": str(tmp_path / "runs" / run_id / host), "run_id": run_id, "host": host,
+            "node_rank": node_rank, "python": sys.executable, "script": str(script),
+            "script_args": [str(tmp_path / ("go-" + run_id))], "nnodes": nnodes,
+            "nproc_per_node": 1, "master_addr": "127.0.0.1", "master_port": master_port,
+            "control_port": control_port, "secret": "unit-secret", "local_addr": "127.0.0.1",
+            "lost_after_s": 30, "hosts": ["node%d" % i for i in range(nnodes)]}
+    args.update(extra)
+    return args
+
+
+def start_agent(args):
+    """torchrun_job in a child process, as under Ansible's async wrapper."""
+    return subprocess.Popen(
+        [sys.executable, "-c", BOOT, str(ROOT / "module_utils"), str(ROOT / "library"),
+         "torchrun_job", json.dumps(args)], stdout=subprocess.PIPE, text=True)
+
+
 class Run:
-    """One torchfleet run on this machine: torchrun_job in a child process."""
+    """One torchfleet run on this machine: the master's torchrun_job in a child process."""
 
     def __init__(self, tmp_path, run_id):
-        self.run_id, self.dir = run_id, tmp_path / "runs" / run_id / "node0"
-        self.go = tmp_path / ("go-" + run_id)
-        script = tmp_path / "rank.py"
-        script.write_text(RANK)
-        args = {"run_dir": str(self.dir), "run_id": run_id, "python": sys.executable,
-                "script": str(script), "script_args": [str(self.go)], "nnodes": 1,
-                "nproc_per_node": 1, "master_addr": "127.0.0.1", "master_port": free_port(),
-                "local_addr": "127.0.0.1", "env": {"TORCHFLEET_HOST": "node0"}}
-        self.job = subprocess.Popen(
-            [sys.executable, "-c", BOOT, str(ROOT / "module_utils"), str(ROOT / "library"),
-             "torchrun_job", json.dumps(args)], stdout=subprocess.PIPE, text=True)
+        self.run_id = run_id
+        args = agent_args(tmp_path, run_id)
+        self.dir, self.go = Path(args["run_dir"]), Path(args["script_args"][0])
+        self.job = start_agent(args)
 
     def watch(self, capsys, **extra):
         return run_module(torchrun_watch, {"run_dir": str(self.dir), "run_id": self.run_id,
@@ -79,10 +95,12 @@ class Run:
         """The first look that shows the rank alive and past its first print (a rank can be
         alive for a moment before its interpreter has written anything)."""
         deadline = time.monotonic() + 120
+        look = None
         while time.monotonic() < deadline:
             look = self.watch(capsys)
-            if look["state"] == "running" and any(
-                    r["alive"] and "started" in r["last_line"] for r in look["ranks"]):
+            summary = look["summary"]
+            if (look["state"] == "running" and summary["ranks_alive"] == 1
+                    and "started" in summary["last_line"]):
                 return look
             assert look["state"] in ("pending", "running"), look
             time.sleep(0.2)
@@ -108,34 +126,51 @@ def run(tmp_path, request):
 
 def test_watch_sees_the_run_start_then_waits_on_the_host_until_it_exits(run, capsys):
     look = run.wait_running(capsys)
-    with open("/proc/%d/cmdline" % look["pid"], "rb") as f:  # the recorded PID is torchrun
+    pid = json.loads((run.dir / "torchrun.pid").read_text())["pid"]
+    with open("/proc/%d/cmdline" % pid, "rb") as f:  # the recorded PID is torchrun
         assert b"torch.distributed.run" in f.read()
-    assert [(r["local_rank"], r["rank"]) for r in look["ranks"]] == [(0, 0)]
+    assert [(h["host"], h["node_rank"], h["ranks"]) for h in
+            run.watch(capsys, full=True)["record"]["hosts"]] == [("node0", 0, [0, 0])]
     # Still running: the look waits wait_s on the host, then says so.
     assert run.watch(capsys, wait_s=0.5)["state"] == "running"
     # The run ends 1 s into a 60 s wait: the look answers then, not at the end of the wait.
     threading.Timer(1.0, run.go.touch).start()
     begin = time.monotonic()
     look = run.watch(capsys, wait_s=60)
-    assert look["state"] == "exited" and look["rc"] == 0
+    assert look["state"] in ("succeeded", "final") and look["summary"]["failure"] is None
     assert time.monotonic() - begin < 30
-    assert look["root_cause"] is None
     job = run.job_result()
     assert job["rc"] == 0 and job["reason"] == "exited"
-    assert "--rdzv-id" in job["argv"] and run.run_id in job["argv"]
+    argv = job["argv"]
+    assert argv[argv.index("--rdzv-backend") + 1] == "static"
+    assert argv[argv.index("--node-rank") + 1] == "0" and run.run_id in argv
+    record = run.watch(capsys, full=True)["record"]
+    assert record["final"] and record["phase"] == "succeeded"
+    assert "unit-secret" not in json.dumps(record) and "unit-secret" not in json.dumps(job)
 
 
 def test_job_refuses_a_missing_script_and_a_file_name_that_climbs(tmp_path, capsys):
     import torchrun_job
 
-    base = {"run_dir": str(tmp_path / "r"), "run_id": "r1", "python": sys.executable,
-            "nnodes": 1, "nproc_per_node": 1, "master_addr": "127.0.0.1", "master_port": 1,
-            "local_addr": "127.0.0.1"}
+    base = agent_args(tmp_path, "r1")
     missing = run_module(torchrun_job, dict(base, script="/nonexistent/train.py"), capsys)
-    assert missing["failed"] and "/nonexistent/train.py does not exist" in missing["msg"]
+    assert missing["failed"]
+    assert "/nonexistent/train.py does not exist on node0" in missing["msg"]
     climbing = run_module(torchrun_job, dict(base, script="x.py", files={"../x.py": "1"}), capsys)
     assert climbing["failed"] and "must be a plain name" in climbing["msg"]
     assert not (tmp_path / "x.py").exists()
+
+
+def test_a_control_port_in_use_is_named_before_torchrun_starts(tmp_path, capsys):
+    import torchrun_job
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        args = agent_args(tmp_path, "r2", ports=(free_port(), holder.getsockname()[1]))
+        result = run_module(torchrun_job, args, capsys)
+    assert result["failed"] and "cannot listen on its control port" in result["msg"]
+    assert "control_port" in result["msg"] and not Path(args["run_dir"], "torchrun.pid").exists()
 
 
 def test_stop_ends_the_run_and_removes_its_async_record_once_final(run, tmp_path, capsys):
@@ -153,7 +188,7 @@ def test_stop_ends_the_run_and_removes_its_async_record_once_final(run, tmp_path
     assert result["changed"] and [s["run_id"] for s in result["stopped"]] == [run.run_id]
     assert result["async_removed"] == str(record) and not record.exists()
     assert run.job_result()["rc"] != 0  # torchrun was signalled
-    assert run.watch(capsys)["state"] == "exited"
+    assert run.watch(capsys, wait_s=30)["summary"]["hosts_done"] == 1
     again = run_module(torchrun_stop, {"runs_root": str(tmp_path / "runs"),
                                        "run_id": run.run_id}, capsys)
     assert (again["changed"], again["stopped"], again["async_removed"]) == (False, [], None)
@@ -184,47 +219,32 @@ def test_rank_results_packs_results_and_logs_and_truncates_long_logs(run, capsys
 
 
 def test_run_summary_names_the_failed_host_and_the_missing_rank(tmp_path, capsys):
-    watches = {"node0": {"outcome": "succeeded", "watch": {"rc": 0, "elapsed_s": 3.0}},
-               "node1": {"outcome": "failed", "watch": {"rc": 1, "elapsed_s": 2.5},
-                         "abort": {"host": "node1", "reason": "failed", "rc": 1}}}
+    from ansible.module_utils.torchfleet.runstate import RunState
+
+    state = RunState("r1", ["node0", "node1"], 1, now=100.0)
+    state.beat("node0", 101.0)
+    state.beat("node1", 101.0)
+    state.exited("node1", 102.5, 1)
+    state.exited("node0", 103.0, -15, stopped=True)
+    (tmp_path / "run_state.json").write_text(json.dumps(state.record()))
     ranks = {"node0": {"results": [{"rank": 0, "host": "node0", "local_rank": 0, "ok": True}]},
              "node1": {"results": []}}
     summary = run_module(run_summary, {
-        "kind": "train", "run_id": "r1", "hosts": ["node0", "node1"], "watches": watches,
+        "kind": "train", "run_id": "r1", "hosts": ["node0", "node1"],
         "ranks": ranks, "world_size": 2, "settings": {"nproc_per_node": 1},
         "run_dir": str(tmp_path)}, capsys)
     assert summary["ok"] is False
     failed = {(c["id"], c["host"]) for c in summary["failures"]}
-    assert failed == {("run.exit", "node1"), ("rank.missing", "controller")}
+    assert failed == {("run.exit", "node0"), ("run.exit", "node1"), ("rank.missing", "controller")}
     assert {c["id"]: c["detail"] for c in summary["failures"]}["rank.missing"] == \
         "no result from rank(s) 1"
+    assert summary["first_failure"]["host"] == "node1"
     report = json.loads((tmp_path / "train.json").read_text())
-    assert [h["outcome"] for h in report["hosts"]] == ["succeeded", "failed"]
-    assert [(r["rank"], r["state"]) for r in report["ranks"]] == [(0, "succeeded"),
-                                                                  (None, "stopped")]
-
-
-def test_a_torchrun_that_is_exiting_is_exited_not_pending(tmp_path, monkeypatch):
-    """Between releasing its memory and becoming a zombie, an exiting process is alive with an
-    empty command line (a kernel window too short to hit on demand, so the two /proc reads are
-    substituted here; CI once caught the look calling it 'pending')."""
-    run_dir = tmp_path / "node0"
-    run_dir.mkdir()
-    (run_dir / "torchrun.pid").write_text(json.dumps({"pid": 4242, "run_id": "r1",
-                                                      "started": time.time()}))
-    monkeypatch.setattr(watch, "is_run_torchrun", lambda pid, run_id: False)
-    monkeypatch.setattr(watch, "alive", lambda pid: True)
-    monkeypatch.setattr(watch, "cmdline", lambda pid: "")
-    threading.Timer(0.3, (run_dir / "exitcode.json").write_text,
-                    (json.dumps({"rc": 0, "reason": "exited", "ended": time.time()}),)).start()
-    params = {"run_dir": str(run_dir), "run_id": "r1", "async_jid": None}
-    pidfile = json.loads((run_dir / "torchrun.pid").read_text())
-    state, _, exit_info = watch.run_state(params, pidfile)
-    assert (state, exit_info["rc"]) == ("exited", 0)
-    # A live PID that still shows another command line has not become torchrun yet.
-    monkeypatch.setattr(watch, "cmdline", lambda pid: "/usr/bin/python3 job.py")
-    (run_dir / "exitcode.json").unlink()
-    assert watch.run_state(params, pidfile)[0] == "pending"
+    assert [(h["host"], h["node_rank"], h["ranks"], h["outcome"]) for h in report["hosts"]] == [
+        ("node0", 0, [0], "aborted"), ("node1", 1, [1], "failed")]
+    assert [(r["rank"], r["state"]) for r in report["ranks"]] == [(0, "stopped"),
+                                                                  (1, "stopped")]
+    assert "NODE_RANK" in summary["table"]
 
 
 def test_the_watchers_plain_script_look_answers_what_the_module_answers(run, capsys):
@@ -242,10 +262,104 @@ def test_the_watchers_plain_script_look_answers_what_the_module_answers(run, cap
                           text=True, check=True, timeout=60)
     script_look = json.loads(proc.stdout)
     assert script_look["state"] == module_look["state"] == "running"
-    assert script_look["pid"] == module_look["pid"]
-    assert [(r["rank"], r["alive"]) for r in script_look["ranks"]] == [(0, True)]
+    assert script_look["summary"]["ranks_alive"] == 1
+    assert set(script_look["summary"]) == set(module_look["summary"])
     # A run id with quotes and a newline reaches the look as data, never as code.
-    odd = dict(args, run_id="x'\"\n); import os; os._exit(7) #")
+    odd = dict(args, run_id="x'\"\n); import os; os._exit(7) #", run_dir=str(run.dir) + "-x")
     proc = subprocess.run([sys.executable, "-"], input=look_script(odd), capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0 and json.loads(proc.stdout)["state"] == "pending"
+
+
+def _pid_of(args):
+    path = Path(args["run_dir"]) / "torchrun.pid"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if path.exists():
+            return json.loads(path.read_text())["pid"]
+        time.sleep(0.1)
+    pytest.fail("no torchrun.pid in %s" % path)
+
+
+def _gone_within(pid, timeout_s):
+    from ansible.module_utils.torchfleet.procs import alive
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and alive(pid):
+        time.sleep(0.05)
+    return not alive(pid)
+
+
+FAIL_RANK1 = """
+import os, sys, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print("rank", dist.get_rank(), "started", flush=True)
+if dist.get_rank() == 1:
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.05)
+    sys.exit(3)
+time.sleep(300)
+"""
+
+
+def test_two_agents_stop_each_other_without_a_controller(tmp_path):
+    """node1's rank exits 3; the master's agent hears it and node0's torchrun is stopped."""
+    script = tmp_path / "fail1.py"
+    script.write_text(FAIL_RANK1)
+    ports = (free_port(), free_port())
+    run_id = "unit-pair-%d" % os.getpid()
+    node0 = agent_args(tmp_path, run_id, "node0", 0, 2, ports, script=str(script))
+    node1 = agent_args(tmp_path, run_id, "node1", 1, 2, ports, script=str(script))
+    jobs = [start_agent(node0), start_agent(node1)]
+    try:
+        pids = [_pid_of(node0), _pid_of(node1)]
+        logs = Path(node0["run_dir"])
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "started" not in "".join(
+                p.read_text() for p in logs.glob("logs/*/attempt_0/0/stdout.log")):
+            time.sleep(0.2)
+        Path(node1["script_args"][0]).touch()  # rank 1 exits 3 now
+        assert _gone_within(pids[1], 60)
+        failed_at = time.monotonic()
+        assert _gone_within(pids[0], 30)
+        stopped_s = time.monotonic() - failed_at
+        results = [json.loads(j.communicate(timeout=60)[0]) for j in jobs]
+    finally:
+        for j in jobs:
+            j.kill()
+    assert [r["reason"] for r in results] == ["aborted", "exited"]
+    record = json.loads((logs / "control.json").read_text())
+    assert record["final"] and record["failure"]["host"] == "node1"
+    assert record["failure"]["root_cause"]["rank"] == 1
+    assert [(h["host"], h["state"]) for h in record["hosts"]] == [("node0", "stopped"),
+                                                                  ("node1", "exited")]
+    # Recorded for the bench's fail-fast figures; the bound here only catches a lost abort.
+    assert stopped_s < 20
+
+
+def test_an_agent_that_loses_the_master_stops_its_torchrun_by_itself(tmp_path):
+    """The master's agent is killed (its host frozen, say); node1 stops within lost_after_s."""
+    ports = (free_port(), free_port())
+    run_id = "unit-lost-%d" % os.getpid()
+    node0 = agent_args(tmp_path, run_id, "node0", 0, 2, ports, lost_after_s=3)
+    node1 = agent_args(tmp_path, run_id, "node1", 1, 2, ports, lost_after_s=3)
+    jobs = [start_agent(node0), start_agent(node1)]
+    pid0 = None
+    try:
+        pid0, pid1 = _pid_of(node0), _pid_of(node1)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (Path(node0["run_dir"]) /
+                                                   "control.json").exists():
+            time.sleep(0.1)
+        jobs[0].kill()  # the master's agent, not its torchrun
+        assert _gone_within(pid1, 60)
+        result = json.loads(jobs[1].communicate(timeout=60)[0])
+        assert result["reason"] == "master_lost"
+    finally:
+        for j in jobs:
+            j.kill()
+        if pid0:
+            from ansible.module_utils.torchfleet.procs import stop_run
+
+            stop_run(run_id, pid0, grace_s=1, host="node0")
