@@ -109,7 +109,7 @@ def test_a_stale_torchrun_on_the_port_is_named_and_train_refuses(healthy_lab, tm
         assert run.failing() == [("port.in_use", "node0")]
         (check,) = [c for c in run.report()["checks"] if c["id"] == "port.in_use"]
         assert "torch.distributed.run" in check["detail"] and "pid" in check["detail"]
-        assert "Start torchrun" not in run.out
+        assert "Start this host's agent" not in run.out
     finally:
         os.killpg(stale.pid, signal.SIGKILL)
         stale.wait()
