@@ -155,7 +155,10 @@ class ActionModule(ActionBase):
             record = {"run_id": a["run_id"], "phase": phase, "final": False, "failure": failure,
                       "hosts": []}
         write_state(a.get("state_file"), record)
+        # master_lost: the controller could not reach the master (the play then does not try
+        # it again); a run whose phase is 'lost' because of another host still gathers there.
         result.update(outcome=OUTCOMES.get(phase, "failed"), failure=failure,
+                      master_lost=bool(look.get("failed")),
                       summary=look.get("summary"), changed=False,
                       watched_s=round(time.monotonic() - begin, 3))
         return result

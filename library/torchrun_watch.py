@@ -119,6 +119,10 @@ outcome:
     aborted).
   returned: from the action plugin
   type: str
+master_lost:
+  description: Action plugin only. True when the controller could not reach the master.
+  returned: from the action plugin
+  type: bool
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -66,6 +66,9 @@ def main() -> int:
                             init_s=round(init_s, 6), train_s=round(train_s, 6),
                             steps=args.steps, final_loss=float(loss.item()), checksum=mine,
                             checksums_agree=agree, ok=agree))
+    # Every rank past its last collective before any tears its process group down: a gloo
+    # peer that closed its pairs under a rank still tearing down was seen to abort it (SIGABRT).
+    dist.barrier()
     dist.destroy_process_group()
     _rank.log("done: parameter checksum %s, %s across %d ranks"
               % (mine[:16], "identical" if agree else "DIFFERENT", n))
