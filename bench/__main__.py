@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -165,8 +166,8 @@ def kill_in_lab(the_lab, marker, wait_s=10.0):
         time.sleep(0.1)
 
 
-def bench_launch_overhead(args, tmp):
-    the_lab = lab(2)
+def launch_overhead_at(n, args, tmp):
+    the_lab = lab(n)
     timings = tmp / "launch-timings.jsonl"
     try:
         script = ROOT / "src" / "torchfleet" / "workloads" / "collective.py"
@@ -175,21 +176,34 @@ def bench_launch_overhead(args, tmp):
         for i in range(args.runs):
             timings.unlink(missing_ok=True)
             wall, _, rc, out = playbook("collective.yml", the_lab.inventory, "-e",
-                                        "run_dir=%s/lo%d" % (tmp, i), "-e", "collective_sizes=64K",
+                                        "run_dir=%s/lo%d-%d" % (tmp, n, i),
+                                        "-e", "collective_sizes=64K",
                                         "-e", "collective_iters=5", **TIMER_ENV,
                                         BENCH_TIMINGS=str(timings))
             assert rc == 0, out[-3000:]
             fleet.append(wall)
             wall, rcs = raw_launch(the_lab, 29510 + i, script, sargs, tmp)
-            assert rcs == [0, 0], rcs
+            assert rcs == [0] * n, rcs
             raw.append(wall)
         tasks = [json.loads(line) for line in timings.read_text().splitlines()]
-        return {"collective_yml_s": stats(fleet), "raw_ssh_torchrun_s": stats(raw),
+        return {"hosts": n, "collective_yml_s": stats(fleet), "raw_ssh_torchrun_s": stats(raw),
                 "overhead_s": statistics.median(fleet) - statistics.median(raw),
+                "ratio": statistics.median(fleet) / statistics.median(raw),
                 "tasks_last_run": [{"task": t["task"], "seconds": round(t["seconds"], 3)}
                                    for t in tasks if t["seconds"] >= 0.3]}
     finally:
         labmod.down(LAB_DIR, LAB_TAG)
+
+
+def bench_launch_overhead(args, tmp):
+    out = {"sizes": {}}
+    for n in args.launch_sizes:
+        out["sizes"]["lab%d" % n] = launch_overhead_at(n, args, tmp)
+    # The 2-host figures stay where earlier results had them (before/after comparisons).
+    first = out["sizes"].get("lab2") or next(iter(out["sizes"].values()))
+    out.update({k: first[k] for k in ("collective_yml_s", "raw_ssh_torchrun_s", "overhead_s",
+                                      "tasks_last_run")})
+    return out
 
 
 FAIL_SCRIPT = '''
@@ -204,33 +218,128 @@ time.sleep(300)
 '''
 
 
-def bench_fail_fast(args, tmp):
-    the_lab = lab(2)
-    script = tmp / "fail_after_4s.py"
+def pids_running(marker):
+    """PIDs of live processes whose command line holds marker (the lab's nodes share this
+    machine's PID space: only the network is namespaced)."""
+    found = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                line = f.read()
+            with open("/proc/%s/stat" % pid) as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if marker.encode() in line and state not in ("Z", "X") and int(pid) != os.getpid():
+            found.append(int(pid))
+    return found
+
+
+class GoneWatcher(threading.Thread):
+    """Records when the last process holding marker is gone, once the stamp exists."""
+
+    def __init__(self, marker, stamp):
+        super().__init__(daemon=True)
+        self.marker, self.stamp, self.gone_at, self.done = marker, stamp, None, threading.Event()
+
+    def run(self):
+        while not self.done.is_set():
+            if self.stamp.exists():
+                if not pids_running(self.marker):
+                    self.gone_at = time.time()
+                    return
+            time.sleep(0.02)
+
+
+def fail_fast_at(n, args, tmp, raw_runs):
+    the_lab = lab(n)
+    script = tmp / ("fail_after_4s_%d.py" % n)
     script.write_text(FAIL_SCRIPT)
     try:
-        fleet, raw = [], []
+        gone, exits, raw = [], [], []
         for i in range(args.runs):
-            stamp = tmp / ("failed-at-%d" % i)
+            stamp = tmp / ("failed-at-%d-%d" % (n, i))
+            watcher = GoneWatcher(str(script), stamp)
+            watcher.start()
             wall, _, rc, out = playbook("train.yml", the_lab.inventory, "-e",
-                                        "run_dir=%s/ff%d" % (tmp, i), "-e", "script=%s" % script,
+                                        "nnodes=%d" % n, "-e",
+                                        "run_dir=%s/ff%d-%d" % (tmp, n, i), "-e",
+                                        "script=%s" % script,
                                         "-e", json.dumps({"script_args": [str(stamp)]}))
             ended = time.time()
+            watcher.done.set()
+            watcher.join()
             assert rc != 0 and stamp.exists(), out[-3000:]
-            leftover = subprocess.run(["pgrep", "-af", str(script)], capture_output=True).stdout
-            assert not leftover, (leftover, (tmp / ("ff%d" % i) / "train.json").read_text())
-            fleet.append(ended - float(stamp.read_text()))
+            assert not pids_running(str(script)), (tmp / ("ff%d-%d" % (n, i)) / "train.json")
+            failed = float(stamp.read_text())
+            gone.append(watcher.gone_at - failed)
+            exits.append(ended - failed)
             stamp.unlink()
+        for i in range(raw_runs):
+            stamp = tmp / ("raw-failed-at-%d-%d" % (n, i))
             wall, rcs = raw_launch(the_lab, 29520 + i, script, [str(stamp)], tmp,
                                    timeout_s=RAW_BOUND_S)
             raw.append((time.time() - float(stamp.read_text())) if rcs is not None and
                        stamp.exists() else float("inf"))
-        return {"failure_to_play_exit_s": stats(fleet),
-                "raw_torchrun_failure_to_all_exited_s": stats(raw),
-                "raw_note": "inf means plain torchrun was still running %d s after the failure"
-                            % RAW_BOUND_S}
+        out = {"hosts": n, "failure_to_every_rank_gone_s": stats(gone),
+               "failure_to_play_exit_s": stats(exits)}
+        if raw:
+            out["raw_torchrun_failure_to_all_exited_s"] = stats(raw)
+        return out
     finally:
         labmod.down(LAB_DIR, LAB_TAG)
+
+
+def bench_fail_fast(args, tmp):
+    out = {"sizes": {}}
+    for n in args.fail_fast_sizes:
+        # Plain torchrun's figure is a bound (> RAW_BOUND_S): measured once, at the first size.
+        out["sizes"]["lab%d" % n] = fail_fast_at(n, args, tmp, 1 if not out["sizes"] else 0)
+    first = next(iter(out["sizes"].values()))
+    out.update({"failure_to_play_exit_s": first["failure_to_play_exit_s"],
+                "raw_torchrun_failure_to_all_exited_s":
+                    first.get("raw_torchrun_failure_to_all_exited_s"),
+                "raw_note": "inf means plain torchrun was still running %d s after the failure"
+                            % RAW_BOUND_S})
+    return out
+
+
+# Prints a line a second for argv[1] seconds: a run the controller only watches.
+STEADY_SCRIPT = '''
+import sys, time
+for i in range(int(sys.argv[1])):
+    print("step", i, flush=True)
+    time.sleep(1)
+'''
+
+
+def bench_watch_cpu(args, tmp):
+    """Controller CPU-seconds per minute of watch: two runs that differ only in how long the
+    run lasts; the difference of their controller CPU over the difference of their length
+    leaves out everything that is paid once (preflight, start, stop, gather)."""
+    script = tmp / "steady.py"
+    script.write_text(STEADY_SCRIPT)
+    short_s, long_s = args.watch_seconds
+    out = {"sizes": {}, "short_s": short_s, "long_s": long_s}
+    for n in args.watch_sizes:
+        the_lab = lab(n)
+        try:
+            per_minute = []
+            for i in range(args.runs):
+                cpus = []
+                for seconds in (short_s, long_s):
+                    _, cpu, rc, text = playbook(
+                        "train.yml", the_lab.inventory, "-e", "nnodes=%d" % n,
+                        "-e", "run_dir=%s/wc%d-%d-%d" % (tmp, n, i, seconds),
+                        "-e", "script=%s" % script,
+                        "-e", json.dumps({"script_args": [str(seconds)]}))
+                    assert rc == 0, text[-3000:]
+                    cpus.append(cpu)
+                per_minute.append((cpus[1] - cpus[0]) / (long_s - short_s) * 60)
+            out["sizes"]["lab%d" % n] = {"hosts": n, "cpu_s_per_minute": stats(per_minute)}
+        finally:
+            labmod.down(LAB_DIR, LAB_TAG)
+    return out
 
 
 def bench_diagnosis(args, tmp):
@@ -286,10 +395,11 @@ BENCHES = {
     "preflight_cost": bench_preflight_cost,
     "launch_overhead": bench_launch_overhead,
     "fail_fast": bench_fail_fast,
+    "watch_cpu": bench_watch_cpu,
     "diagnosis": bench_diagnosis,
     "harness_overhead": bench_harness_overhead,
 }
-NEEDS_ROOT = {"launch_overhead", "fail_fast", "diagnosis", "harness_overhead"}
+NEEDS_ROOT = {"launch_overhead", "fail_fast", "watch_cpu", "diagnosis", "harness_overhead"}
 
 
 def machine():
@@ -329,11 +439,28 @@ def markdown(results):
                      % (name, rng(r["controller_cpu_s_per_host"])))
     lo = results.get("launch_overhead")
     if lo:
-        lines.append("| collective.yml vs raw ssh+torchrun, 2 lab nodes | %s s | %s s | +%.2f s | "
-                     "<= 3 s | " % (rng(lo["collective_yml_s"]), rng(lo["raw_ssh_torchrun_s"]),
-                                    lo["overhead_s"]))
+        for name, r in (lo.get("sizes") or {"lab2": dict(lo, hosts=2)}).items():
+            lines.append("| collective.yml vs raw ssh+torchrun, %d lab nodes | %s s | %s s | "
+                         "+%.2f s (%.2fx) | %s |" % (
+                             r["hosts"], rng(r["collective_yml_s"]), rng(r["raw_ssh_torchrun_s"]),
+                             r["overhead_s"], r.get("ratio", float("nan")),
+                             "<= 3 s" if r["hosts"] <= 2 else "<= 1.25x"))
     ff = results.get("fail_fast")
-    if ff:
+    for name, r in ((ff or {}).get("sizes") or {}).items():
+        lines.append("| rank 1 exits 1 on %d hosts: every rank on every host gone | %s s | | | "
+                     "<= 3 s |" % (r["hosts"], rng(r["failure_to_every_rank_gone_s"])))
+        lines.append("| rank 1 exits 1 on %d hosts: play exit | %s s | | | |"
+                     % (r["hosts"], rng(r["failure_to_play_exit_s"])))
+    wc = results.get("watch_cpu")
+    if wc:
+        base = wc["sizes"].get("lab2")
+        for name, r in wc["sizes"].items():
+            ratio = (r["cpu_s_per_minute"]["median"] / base["cpu_s_per_minute"]["median"]
+                     if base and base["cpu_s_per_minute"]["median"] > 0 else float("nan"))
+            lines.append("| controller CPU-s per minute of watch, %d hosts | %s | 2 hosts | "
+                         "%.2fx | 16 hosts <= 1.2x |" % (r["hosts"], rng(r["cpu_s_per_minute"]),
+                                                         ratio))
+    if ff and ff.get("raw_torchrun_failure_to_all_exited_s"):
         raw = ff["raw_torchrun_failure_to_all_exited_s"]
         plain = ("%s s" % rng(raw) if raw["max"] != float("inf") else
                  "> %d s (the other node's rank still running, stopped by the benchmark)"
@@ -408,7 +535,13 @@ def main():
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--only", nargs="*", choices=sorted(BENCHES), default=sorted(BENCHES))
-    parser.add_argument("--lab-sizes", type=int, nargs="*", default=[2, 8, 16])
+    parser.add_argument("--lab-sizes", type=int, nargs="*", default=[2, 16, 64, 128],
+                        help="lab sizes of preflight_cost")
+    parser.add_argument("--launch-sizes", type=int, nargs="*", default=[2, 16])
+    parser.add_argument("--fail-fast-sizes", type=int, nargs="*", default=[2, 8, 16])
+    parser.add_argument("--watch-sizes", type=int, nargs="*", default=[2, 8, 16])
+    parser.add_argument("--watch-seconds", type=int, nargs=2, default=[10, 40],
+                        metavar=("SHORT", "LONG"), help="the two run lengths of watch_cpu")
     parser.add_argument("--out", type=Path, default=RESULTS)
     # 20 iterations time a 20-400 ms window, shorter than the noise of 2 busy CPUs.
     parser.add_argument("--busbw-iters", type=int, default=200,

@@ -15,7 +15,7 @@ from torchfleet import lab as labmod
 
 pytestmark = pytest.mark.lab
 NODES = 12
-TAG = 3
+TAG = 4  # tests 1, molecule 2, bench 3
 ROOT_DIR = LAB_DIR.with_name("torchfleet-lab-rank-order")
 SCRIPT = Path(__file__).resolve().parents[1] / "fixtures" / "scripts" / "rank_identity.py"
 
