@@ -219,8 +219,9 @@ time.sleep(300)
 
 
 def pids_running(marker):
-    """PIDs of live processes whose command line holds marker (the lab's nodes share this
-    machine's PID space: only the network is namespaced)."""
+    """PIDs of live processes with marker as one of their arguments: torchrun and its workers,
+    not ansible-playbook's `-e script=...` (the lab's nodes share this machine's PID space:
+    only the network is namespaced)."""
     found = []
     for pid in (p for p in os.listdir("/proc") if p.isdigit()):
         try:
@@ -230,7 +231,7 @@ def pids_running(marker):
                 state = f.read().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if marker.encode() in line and state not in ("Z", "X") and int(pid) != os.getpid():
+        if marker.encode() in line.split(b"\0") and state not in ("Z", "X"):
             found.append(int(pid))
     return found
 

@@ -118,9 +118,10 @@ options:
     type: float
     default: 86400
   abort_grace_s:
-    description: After an abort, SIGTERM to SIGKILL.
+    description: After an abort, SIGTERM (to torchrun and every rank at once) to SIGKILL. The run
+      has failed by then; a rank that saves a checkpoint on SIGTERM needs a longer grace.
     type: float
-    default: 1.5
+    default: 0.5
   max_restarts:
     description: torchrun C(--max-restarts).
     type: int
@@ -218,7 +219,7 @@ ARGUMENT_SPEC = dict(
     lost_after_s=dict(type="float", default=30),
     hang_timeout_s=dict(type="float", default=300),
     job_timeout_s=dict(type="float", default=86400),
-    abort_grace_s=dict(type="float", default=1.5),
+    abort_grace_s=dict(type="float", default=0.5),
     max_restarts=dict(type="int", default=0),
     env=dict(type="dict", default={}),
     lease_s=dict(type="float", default=30),

@@ -33,7 +33,7 @@ from ansible.module_utils.torchfleet.rundir import (
     CONTROL, EXITCODE, LEASE, LOGS, PIDFILE, RESULTS, STACK_DUMP, TORCHRUN_LOG, rank_dirs,
     root_cause, tail, write_json)
 
-LOOK_S = 0.2   # how often the loop looks at torchrun and the channel
+LOOK_S = 0.1   # how often the loop looks at torchrun and the channel
 BEAT_S = 1.0   # how often a host reports; lost_after_s is many beats
 
 
@@ -186,7 +186,7 @@ class Agent:
             if message.get("dump"):
                 dump_stacks(self.py_spy, self.p["run_id"], self.proc.pid, self.p["run_dir"])
             stop_run(self.p["run_id"], self.proc.pid, grace_s=self.p["abort_grace_s"],
-                     host=self.host)
+                     host=self.host, all_at_once=True)
 
     def stop_alone(self, reason):
         """The master (or, on the master, the controller) is gone: stop without being told."""
@@ -194,7 +194,7 @@ class Agent:
             self.stopping, self.reason = {"t": "abort", "failure": None}, reason
             if self.proc.poll() is None:
                 stop_run(self.p["run_id"], self.proc.pid, grace_s=self.p["abort_grace_s"],
-                         host=self.host)
+                         host=self.host, all_at_once=True)
 
     def exit_body(self, rc):
         text = tail(os.path.join(self.p["run_dir"], TORCHRUN_LOG), 200, 1 << 20)

@@ -77,8 +77,11 @@ def run_processes(run_id, root_pid=None, host=None, orphans=True):
     return sorted(found)
 
 
-def stop_run(run_id, root_pid, grace_s, host=None):
+def stop_run(run_id, root_pid, grace_s, host=None, all_at_once=False):
     """SIGTERM torchrun (it forwards to its workers), wait grace_s, SIGKILL what is left.
+
+    all_at_once: SIGTERM every process of the run together (an abort: the ranks need not wait
+    for torchrun to forward the signal, which takes a while on a busy host).
 
     Returns {"signalled": [pids], "killed": [pids]}; nothing of the run is alive after it.
     """
@@ -86,7 +89,7 @@ def stop_run(run_id, root_pid, grace_s, host=None):
     result = {"signalled": [], "killed": []}
     if not targets:
         return result
-    first = [root_pid] if root_pid in targets else targets
+    first = [root_pid] if root_pid in targets and not all_at_once else targets
     for pid in first:
         try:
             os.kill(pid, signal.SIGTERM)
