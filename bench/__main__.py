@@ -314,29 +314,64 @@ for i in range(int(sys.argv[1])):
 '''
 
 
+def tree_cpu_s(root_pid):
+    """CPU seconds of a process tree so far: every live process under root_pid, plus what the
+    ones already reaped left in their parents' cutime/cstime."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats_by_pid = {}
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        stats_by_pid[pid] = (int(fields[1]), sum(int(v) for v in fields[11:15]))
+    tree, grew = {root_pid}, True
+    while grew:
+        grew = False
+        for pid, (ppid, _) in stats_by_pid.items():
+            if ppid in tree and pid not in tree:
+                tree.add(pid)
+                grew = True
+    return sum(stats_by_pid[p][1] for p in tree if p in stats_by_pid) / tick
+
+
 def bench_watch_cpu(args, tmp):
-    """Controller CPU-seconds per minute of watch: two runs that differ only in how long the
-    run lasts; the difference of their controller CPU over the difference of their length
-    leaves out everything that is paid once (preflight, start, stop, gather)."""
+    """Controller CPU-seconds per minute of watch: the CPU of ansible-playbook's whole process
+    tree, sampled twice while every host's ranks are running (nothing else of the play is)."""
     script = tmp / "steady.py"
+    window_s = args.watch_window_s
     script.write_text(STEADY_SCRIPT)
-    short_s, long_s = args.watch_seconds
-    out = {"sizes": {}, "short_s": short_s, "long_s": long_s}
+    out = {"sizes": {}, "window_s": window_s}
     for n in args.watch_sizes:
         the_lab = lab(n)
         try:
             per_minute = []
             for i in range(args.runs):
-                cpus = []
-                for seconds in (short_s, long_s):
-                    _, cpu, rc, text = playbook(
-                        "train.yml", the_lab.inventory, "-e", "nnodes=%d" % n,
-                        "-e", "run_dir=%s/wc%d-%d-%d" % (tmp, n, i, seconds),
-                        "-e", "script=%s" % script,
-                        "-e", json.dumps({"script_args": [str(seconds)]}))
-                    assert rc == 0, text[-3000:]
-                    cpus.append(cpu)
-                per_minute.append((cpus[1] - cpus[0]) / (long_s - short_s) * 60)
+                started = time.time()
+                proc = subprocess.Popen(
+                    [str(BIN / "ansible-playbook"), "-i", str(the_lab.inventory), "train.yml",
+                     "-e", "nnodes=%d" % n, "-e", "run_dir=%s/wc%d-%d" % (tmp, n, i),
+                     "-e", "script=%s" % script,
+                     "-e", json.dumps({"script_args": [str(int(window_s) + 20)]})],
+                    cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    stdin=subprocess.DEVNULL)
+                runs = Path.home() / ".torchfleet" / "runs"
+
+                def all_running():
+                    logs = [p for p in runs.glob("*/node*/logs/*/attempt_0/0/stdout.log")
+                            if p.stat().st_mtime >= started and "step" in p.read_text()]
+                    return len(logs) >= n
+
+                deadline = time.monotonic() + 600
+                while not all_running() and time.monotonic() < deadline and proc.poll() is None:
+                    time.sleep(0.5)
+                time.sleep(5)  # the start task's last fork batch has returned
+                first = tree_cpu_s(proc.pid)
+                time.sleep(window_s)
+                last = tree_cpu_s(proc.pid)
+                per_minute.append((last - first) / window_s * 60)
+                assert proc.wait(timeout=900) == 0
             out["sizes"]["lab%d" % n] = {"hosts": n, "cpu_s_per_minute": stats(per_minute)}
         finally:
             labmod.down(LAB_DIR, LAB_TAG)
@@ -541,8 +576,8 @@ def main():
     parser.add_argument("--launch-sizes", type=int, nargs="*", default=[2, 16])
     parser.add_argument("--fail-fast-sizes", type=int, nargs="*", default=[2, 8, 16])
     parser.add_argument("--watch-sizes", type=int, nargs="*", default=[2, 8, 16])
-    parser.add_argument("--watch-seconds", type=int, nargs=2, default=[10, 40],
-                        metavar=("SHORT", "LONG"), help="the two run lengths of watch_cpu")
+    parser.add_argument("--watch-window-s", type=float, default=30,
+                        help="how long watch_cpu samples the controller during the watch")
     parser.add_argument("--out", type=Path, default=RESULTS)
     # 20 iterations time a 20-400 ms window, shorter than the noise of 2 busy CPUs.
     parser.add_argument("--busbw-iters", type=int, default=200,

@@ -64,6 +64,12 @@ options:
     description: Connections per port after which the listener ends.
     type: int
     default: 1
+  keep_listener:
+    description: On the master with O(connect_addr), return without waiting for the other hosts'
+      connections and leave the listener up (the hosts come in later fork batches); a later
+      M(port_probe) with O(port_probe.listener_pid) removes it.
+    type: bool
+    default: false
   listen_idle_s:
     description: The listener ends when no connection arrived for this long (from its start,
       then from the last connection).
@@ -338,6 +344,7 @@ def main():
             connect_timeout_s=dict(type="float", default=3),
             connect_retry_s=dict(type="float"),
             listener_wait_s=dict(type="float", default=5),
+            keep_listener=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
@@ -394,7 +401,7 @@ def main():
     if connector is not None:
         route, route_error = route_to(params["connect_addr"], nics)
         result["connect"] = dict(route=route, route_error=route_error, ports=connector.results())
-        if master is not None and master["listener"]:
+        if master is not None and master["listener"] and not params["keep_listener"]:
             result["connect"]["listener"] = stop_listener(master["listener"]["pid"],
                                                           params["listener_wait_s"])
     module.exit_json(**result)
