@@ -121,8 +121,8 @@ def local_status(run_dir, pid):
 
 
 class Agent:
-    def __init__(self, p, proc, secret, server=None, client=None, state=None):
-        self.p, self.proc, self.secret = p, proc, secret
+    def __init__(self, p, proc, server=None, client=None, state=None):
+        self.p, self.proc = p, proc
         self.server, self.client, self.state = server, client, state
         self.host = p["host"]
         self.started_m = time.monotonic()
@@ -132,6 +132,7 @@ class Agent:
         self.exit_sent = False
         self.exit_acked = False
         self.last_write = 0.0
+        self.settle_until = None  # the master's bound on waiting for reports after the end
         self.py_spy = find_py_spy(p["python"])
 
     # -- reports ---------------------------------------------------------------------------
@@ -250,7 +251,7 @@ class Agent:
             return False
         if state.all_done():
             return True
-        if not hasattr(self, "settle_until"):
+        if self.settle_until is None:
             dump_s = 70 if state.phase == runstate.HANG else 0
             self.settle_until = now_m + self.p["abort_grace_s"] + 5 + dump_s
         return now_m > self.settle_until
@@ -271,7 +272,7 @@ class Agent:
         return rc, self.reason
 
 
-def start_torchrun(p, script, argv):
+def start_torchrun(p, argv):
     env = dict(os.environ)
     env.update({k: str(v) for k, v in p["env"].items()})
     env.update({RUN_ID_ENV: p["run_id"], HOST_ENV: p["host"],
@@ -344,11 +345,11 @@ def run(p):
         raise
     argv = torchrun_argv(p, script)
     started = time.time()
-    proc = start_torchrun(p, script, argv)
+    proc = start_torchrun(p, argv)
     write_json(os.path.join(run_dir, PIDFILE), {"pid": proc.pid, "run_id": p["run_id"],
                                                 "host": p["host"], "argv": argv,
                                                 "started": started})
-    agent = Agent(p, proc, secret, server=server, client=client, state=state)
+    agent = Agent(p, proc, server=server, client=client, state=state)
     if state is not None:
         state.beat(p["host"], time.time(), pid=proc.pid)
     rc, reason = agent.run()
