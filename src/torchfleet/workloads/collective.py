@@ -177,4 +177,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    _rank.exit_now(main())
