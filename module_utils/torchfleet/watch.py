@@ -51,7 +51,9 @@ def look(params):
     deadline = time.monotonic() + float(p["wait_s"])
     record, job = _read(p)
     seen = (record or {}).get("phase"), (record or {}).get("final")
-    while time.monotonic() < deadline and not (job or {}).get("failed"):
+    # A final record will not change again: nothing to wait for.
+    while (time.monotonic() < deadline and not (job or {}).get("failed")
+           and not (record or {}).get("final")):
         time.sleep(POLL_S)
         record, job = _read(p)
         if ((record or {}).get("phase"), (record or {}).get("final")) != seen:

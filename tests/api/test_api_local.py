@@ -72,7 +72,7 @@ def test_collective_returns_a_busbw_table_for_every_op(collective_run):
 
 
 def test_train_returns_every_ranks_exit_status(runs_root):
-    ok = torchfleet.train(runs_root=runs_root, master_port=free_port())
+    ok = torchfleet.train(runs_root=runs_root, master_port=free_port(), train_steps=20)
     assert ok.ok is True
     assert [(r.rank, r.exit_code, r.state) for r in ok.ranks] == [(0, 0, "succeeded"),
                                                                   (1, 0, "succeeded")]

@@ -147,12 +147,12 @@ def test_stop_during_a_run_stops_everything_and_is_a_noop_after(tmp_path):
     assert again.rc == 0 and "nothing of torchfleet was running here" in again.out, again.out
 
 
-def test_a_rerun_after_a_failed_run_and_back_to_back_runs(tmp_path):
+def test_a_rerun_after_a_failed_run_starts_clean(tmp_path):
     failed = launch("train.yml", tmp_path / "a", "-e", "script=%s" % (SCRIPTS / "fail_rank1.py"))
     assert failed.rc != 0
-    for name in ("b", "c"):
-        run = launch("train.yml", tmp_path / name, "-e", "train_steps=20")
-        assert run.rc == 0, run.out
+    # The next run starts clean on the same port (the suite itself runs back to back).
+    run = launch("train.yml", tmp_path / "b", "-e", "train_steps=20")
+    assert run.rc == 0, run.out
 
 
 def test_run_files_are_private_and_stop_never_signals_a_foreign_pid(tmp_path):
