@@ -427,6 +427,47 @@ def bench_harness_overhead(args, tmp):
         labmod.down(LAB_DIR, LAB_TAG)
 
 
+def isolate_run(the_lab, n, tmp, name):
+    """(wall seconds, the isolate verdict, the failed node/link checks) of one collective.yml
+    with the pair rounds on n lab hosts."""
+    wall, _, rc, out = playbook("collective.yml", the_lab.inventory, "-e",
+                                "run_dir=%s/%s" % (tmp, name), "-e", "nnodes=%d" % n, "-e",
+                                "collective_isolate=true", "-e", "collective_sizes=64K", "-e",
+                                "collective_iters=3")
+    report = json.loads((tmp / name / "collective.json").read_text())
+    named = sorted((c["id"], c["host"]) for c in report["checks"]
+                   if c["id"] in ("node.slow", "link.slow") and not c["ok"])
+    return wall, report["isolate"], named, rc
+
+
+def bench_isolate(args, tmp):
+    """Time to name a rate-limited NIC on n lab hosts, and false positives on the clean lab."""
+    n = args.isolate_size
+    the_lab = lab(n)
+    try:
+        clean, clean_named, walls, pair_s, named_ok = [], 0, [], [], 0
+        for i in range(args.runs):
+            wall, iso, named, rc = isolate_run(the_lab, n, tmp, "iso-clean%d" % i)
+            clean.append(wall)
+            clean_named += len(named)
+        slow = "node%d" % (n // 2 + 1)
+        the_lab.slow_nic(slow)
+        for i in range(args.runs):
+            wall, iso, named, rc = isolate_run(the_lab, n, tmp, "iso-slow%d" % i)
+            walls.append(wall)
+            pair_s.append(iso["time_s"])
+            named_ok += named == [("node.slow", slow)]
+        rounds = iso["rounds"]
+        return {"hosts": n, "schedule": iso["schedule"], "rounds": rounds,
+                "rate": labmod.SLOW_RATE, "pair_size_bytes": iso["size_bytes"],
+                "clean_collective_yml_s": stats(clean), "false_positives": clean_named,
+                "clean_runs": args.runs, "slow_collective_yml_s": stats(walls),
+                "pair_rounds_s": stats(pair_s), "named_only_the_slow_host": named_ok,
+                "slow_runs": args.runs}
+    finally:
+        labmod.down(LAB_DIR, LAB_TAG)
+
+
 BENCHES = {
     "preflight_cost": bench_preflight_cost,
     "launch_overhead": bench_launch_overhead,
@@ -434,8 +475,10 @@ BENCHES = {
     "watch_cpu": bench_watch_cpu,
     "diagnosis": bench_diagnosis,
     "harness_overhead": bench_harness_overhead,
+    "isolate": bench_isolate,
 }
-NEEDS_ROOT = {"launch_overhead", "fail_fast", "watch_cpu", "diagnosis", "harness_overhead"}
+NEEDS_ROOT = {"launch_overhead", "fail_fast", "watch_cpu", "diagnosis", "harness_overhead",
+              "isolate"}
 
 
 def machine():
@@ -513,6 +556,18 @@ def markdown(results):
         for size, s in ho["busbw_ratio_collective_over_raw"].items():
             lines.append("| all_reduce busbw, collective test / raw loop, %s B, %s timed "
                          "iterations | | | %s | >= 0.95 |" % (size, ho.get("iters", 20), rng(s)))
+    iso = results.get("isolate")
+    if iso:
+        lines.append("| rate-limited NIC (%s) on %d lab hosts: collective.yml with the pair rounds "
+                     "(%s, %d rounds) until node.slow names it | %s s (rounds %s s) | the same "
+                     "run on the clean lab: %s s | named the host alone in %d of %d | <= 60 s |"
+                     % (iso["rate"], iso["hosts"], iso["schedule"], iso["rounds"],
+                        rng(iso["slow_collective_yml_s"]), rng(iso["pair_rounds_s"]),
+                        rng(iso["clean_collective_yml_s"]), iso["named_only_the_slow_host"],
+                        iso["slow_runs"]))
+        lines.append("| false positives (node.slow / link.slow) on the clean lab, %d hosts | %d "
+                     "in %d runs | | | 0 |" % (iso["hosts"], iso["false_positives"],
+                                               iso["clean_runs"]))
     carried = results.get("carried") or {}
     if carried:
         lines += ["", "Not re-run this time, carried from the earlier run: %s." % ", ".join(
@@ -577,6 +632,8 @@ def main():
     parser.add_argument("--watch-sizes", type=int, nargs="*", default=[2, 8, 16])
     parser.add_argument("--watch-window-s", type=float, default=30,
                         help="how long watch_cpu samples the controller during the watch")
+    parser.add_argument("--isolate-size", type=int, default=8,
+                        help="lab hosts of the isolate bench")
     parser.add_argument("--out", type=Path, default=RESULTS)
     # 20 iterations time a 20-400 ms window, shorter than the noise of 2 busy CPUs.
     parser.add_argument("--busbw-iters", type=int, default=200,

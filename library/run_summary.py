@@ -67,6 +67,24 @@ options:
     description: Lines of the failing rank's log to show.
     type: int
     default: 15
+  isolate:
+    description: How the pair rounds of the collective test (collective_isolate) are judged.
+    type: dict
+    default: {}
+    suboptions:
+      threshold:
+        description: A pair is slow below this fraction of the reference (the median over
+          hosts of each host's best pair).
+        type: float
+        default: 0.5
+      floor_gbs:
+        description: An absolute busbw floor in GB/s; 0 for none.
+        type: float
+        default: 0.0
+      nics:
+        description: Each host's NIC (NCCL_SOCKET_IFNAME), named in the fix of node.slow.
+        type: dict
+        default: {}
 attributes:
   check_mode:
     support: full
@@ -95,7 +113,8 @@ ok:
   type: bool
 checks:
   description: run.exit per host, host.lost, run.hang, run.timeout, run.controller_lost,
-    rank.missing, collective.wrong or train.checksum.
+    rank.missing, collective.wrong or train.checksum; with the pair rounds, node.slow per
+    host and link.slow per slow pair.
   returned: always
   type: list
   elements: dict
@@ -113,6 +132,12 @@ busbw:
   returned: for kind collective
   type: list
   elements: dict
+isolate:
+  description: The pair rounds' verdict (schedule, rounds, time_s, threshold, floor_gbs,
+    reference_gbs, pairs with a, b, busbw_gbs, latency_us, error and slow, slow_nodes,
+    slow_links).
+  returned: for kind collective with collective_isolate
+  type: dict
 table:
   description: The summary tables.
   returned: always

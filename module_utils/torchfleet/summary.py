@@ -12,6 +12,7 @@ import glob
 import os
 import statistics
 
+from ansible.module_utils.torchfleet import isolate
 from ansible.module_utils.torchfleet.preflight import ERROR, check
 from ansible.module_utils.torchfleet.report import prune_runs, write_report
 from ansible.module_utils.torchfleet.rundir import (
@@ -40,6 +41,11 @@ ARGUMENT_SPEC = dict(
     keep_runs=dict(type="int", default=20),
     expect_results=dict(type="bool", default=True),
     tail_lines=dict(type="int", default=15),
+    isolate=dict(type="dict", default={}, options=dict(
+        threshold=dict(type="float", default=0.5),
+        floor_gbs=dict(type="float", default=0.0),
+        nics=dict(type="dict", default={}),
+    )),
 )
 
 
@@ -142,6 +148,22 @@ def busbw_table(results, world_size):
             "slowest_rank": slow_rank["rank"], "slowest_host": slow_rank.get("host"),
             "missing_ranks": world_size - len(entries)})
     return table
+
+
+def host_busbw(results, op="all_reduce"):
+    """Each host's ranks' busbw at the op's largest size: {host: {op, size_bytes, min, median,
+    max}}. An outlier host shows here in every run, not only with the pair rounds."""
+    sizes = [i["size_bytes"] for r in results for i in r.get("results", []) if i["op"] == op]
+    if not sizes:
+        return {}
+    per_host = {}
+    for r in results:
+        for item in r.get("results", []):
+            if item["op"] == op and item["size_bytes"] == max(sizes):
+                per_host.setdefault(r.get("host"), []).append(item["busbw_gbs"])
+    return {host: {"op": op, "size_bytes": max(sizes), "min": min(bw),
+                   "median": statistics.median(bw), "max": max(bw)}
+            for host, bw in per_host.items()}
 
 
 def collective_text(table):
@@ -251,6 +273,16 @@ def decide(params):
                                 str(r["rank"]) for r in wrong),
                             "check the NIC, driver and NCCL versions of those hosts"))
         extra.update(busbw=table, table_collective=collective_text(table))
+        per_host = host_busbw(results)
+        for row in host_rows:
+            row["busbw_gbs"] = per_host.get(row["host"])
+        opts = params.get("isolate") or {}
+        pairs = isolate.verdict(results, hosts, threshold=opts.get("threshold", 0.5),
+                                floor_gbs=opts.get("floor_gbs", 0.0), nics=opts.get("nics"))
+        if pairs:
+            checks.extend(pairs.pop("checks"))
+            extra.update(isolate=pairs, table_collective=extra["table_collective"] + "\n\n"
+                         + isolate.text(pairs))
     elif any("checksum" in r for r in results):  # the built-in training workload
         agree = (len({r.get("checksum") for r in results}) == 1
                  and all(r.get("checksums_agree") for r in results))

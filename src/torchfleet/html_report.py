@@ -7,7 +7,7 @@ import math
 from html import escape
 from pathlib import Path
 
-from torchfleet.results import BusbwRow, Result, load
+from torchfleet.results import BusbwRow, Isolation, Result, load
 
 CSS = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #1b1f24; }
@@ -21,6 +21,9 @@ td.pass { background: #aceebb; } td.fail { background: #ff8182; } td.none { back
 .charts { display: flex; flex-wrap: wrap; gap: 16px; }
 figure { margin: 0; } figcaption { font-weight: 600; }
 svg text { font: 11px system-ui, sans-serif; fill: #57606a; }
+table.heat td { width: 44px; height: 26px; text-align: center; font-size: 11px; }
+table.heat td.pair.slow, table.heat th.slow-node { outline: 3px solid #cf222e; outline-offset: -3px; }
+table.heat th.slow-node { color: #cf222e; }
 """
 
 W, H, LEFT, RIGHT, TOP, BOTTOM = 460, 260, 56, 16, 14, 40
@@ -115,6 +118,55 @@ def _matrix(result: Result) -> str:
     return out
 
 
+def _heat(ratio: float) -> str:
+    """White-to-green for a pair at or above the reference, to red at zero."""
+    r = max(0.0, min(1.0, ratio))
+    return "rgb(%d,%d,%d)" % (255 - int(83 * r), 130 + int(108 * r), 130 + int(57 * r))
+
+
+def heat_map(iso: Isolation, hosts: list[str]) -> str:
+    """Host x host table of the pairs measured: busbw against the reference, slow pairs and
+    slow hosts outlined in red; a pair not measured (ring schedule) is left grey."""
+    pairs = {}
+    for p in iso.pairs:
+        pairs[(p.a, p.b)] = pairs[(p.b, p.a)] = p
+    order = hosts or sorted({h for p in iso.pairs for h in (p.a, p.b)})
+    head = "".join('<th class="%s">%s</th>' % ("slow-node" if h in iso.slow_nodes else "",
+                                              escape(h)) for h in order)
+    rows = []
+    for a in order:
+        cells = []
+        for b in order:
+            p = pairs.get((a, b))
+            if p is None:
+                cells.append('<td class="none"></td>')
+                continue
+            ratio = (p.busbw_gbs or 0.0) / iso.reference_gbs if iso.reference_gbs else 0.0
+            cells.append('<td class="pair%s" data-a="%s" data-b="%s" style="background:%s" '
+                         'title="%s &harr; %s: %s">%s</td>' % (
+                             " slow" if p.slow else "", escape(a), escape(b), _heat(ratio),
+                             escape(a), escape(b), escape(p.error or "busbw %.3g GB/s, latency "
+                                                          "%.0f us" % (p.busbw_gbs, p.latency_us)),
+                             "&#10007;" if p.error else "%.2g" % (p.busbw_gbs or 0.0)))
+        rows.append('<tr><th class="%s">%s</th>%s</tr>' % (
+            "slow-node" if a in iso.slow_nodes else "", escape(a), "".join(cells)))
+    named = []
+    if iso.slow_nodes:
+        named.append("node.slow: " + escape(", ".join(iso.slow_nodes)))
+    if iso.slow_links:
+        named.append("link.slow: " + ", ".join("%s &harr; %s" % (escape(a), escape(b))
+                                               for a, b in iso.slow_links))
+    verdict = "; ".join(named) or "no slow host or link"
+    return ('<p>%s schedule, %d rounds, %.1f s; cell: pair busbw in GB/s, colour against the '
+            'reference %s GB/s (the median of each host&rsquo;s best pair); outlined: slow '
+            '(below %.2g &times; reference). <span class="%s">%s</span></p>'
+            '<table class="heat"><tr><th></th>%s</tr>%s</table>' % (
+                escape(iso.schedule), iso.rounds, iso.time_s,
+                "-" if iso.reference_gbs is None else "%.3g" % iso.reference_gbs, iso.threshold,
+                "bad" if iso.slow_nodes or iso.slow_links else "ok", verdict, head,
+                "".join(rows)))
+
+
 def _ranks(result: Result) -> str:
     rows = "".join(
         '<tr class="rank %s"><td>%s</td><td>%s</td><td>%s</td><td class="%s">%s</td><td>%s</td></tr>'
@@ -150,6 +202,9 @@ def render(result: Result) -> str:
         body.append('<h2>Bus bandwidth by message size</h2><p>line: median across ranks; '
                     'band: min&ndash;max across ranks; red points: a rank below 80%% of the '
                     'median (hover for the slowest host)</p><div class="charts">%s</div>' % charts)
+    if result.isolation:
+        body.append("<h2>Pair rounds: slow hosts and links</h2>"
+                    + heat_map(result.isolation, [h.host for h in result.hosts]))
     return ('<!doctype html><html lang="en"><head><meta charset="utf-8"><title>torchfleet %s %s'
             '</title><style>%s</style></head><body>%s</body></html>'
             % (escape(result.kind), escape(result.run_id), CSS, "\n".join(body)))

@@ -35,6 +35,7 @@ import yaml
 
 from torchfleet.forks import cmdline
 
+SLOW_RATE = "400mbit"  # a slowed NIC or link in the lab: ~10x below what a lab pair carries
 PREFIX = "tflab"  # every lab: tflab<N>-node0 (netns), tflab<N>-v0 (veth), tflab<N>-br
 MAX_LABS = 10  # lab N uses 10.77.N.0/24, so several labs (tests, molecule) can coexist
 MAX_NODES = 200
@@ -390,10 +391,36 @@ class Lab:
         """Take the node's cable out: its veth goes down on the bridge side."""
         sh("ip", "link", "set", self.node(name).veth, "down")
 
+    def slow_nic(self, name: str, rate: str = SLOW_RATE) -> None:
+        """A NIC that negotiated a low speed: a token bucket on the node's link, both ways
+        (its eth0 sends, its veth on the bridge side delivers)."""
+        node = self.node(name)
+        for dev, ns in (("eth0", node.ns), (node.veth, None)):
+            sh("tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
+               "burst", "64kb", "latency", "400ms", ns=ns)
+
+    def slow_link(self, a: str, b: str, rate: str = SLOW_RATE) -> None:
+        """A bad cable between two nodes only: each node's eth0 holds what it sends to the
+        other to the rate (an htb class chosen by destination address); their other traffic
+        runs free."""
+        for src, dst in ((self.node(a), self.node(b)), (self.node(b), self.node(a))):
+            tc = ("tc", "-n", src.ns)
+            sh(*tc, "qdisc", "replace", "dev", "eth0", "root", "handle", "1:", "htb",
+               "default", "10")
+            sh(*tc, "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:10", "htb",
+               "rate", "100gbit")
+            sh(*tc, "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:20", "htb",
+               "rate", rate)
+            sh(*tc, "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio",
+               "1", "u32", "match", "ip", "dst", dst.address + "/32", "flowid", "1:20")
+
     def heal(self) -> None:
         """Undo every fault above on every node, so one lab serves many tests."""
         close_control_masters(self.root)
         for node in self.nodes:
+            # No qdisc of ours left: deleting the root one restores the kernel's default.
+            sh("tc", "-n", node.ns, "qdisc", "del", "dev", "eth0", "root", check=False)
+            sh("tc", "qdisc", "del", "dev", node.veth, "root", check=False)
             kill_namespace_processes(node.ns, keep=self.sshd_pid(node))
             sh("nft", "delete", "table", "inet", NFT_TABLE, ns=node.ns, check=False)
             links = json.loads(sh("ip", "-n", node.ns, "-j", "link", "show").stdout)
@@ -512,10 +539,12 @@ def main(argv: list[str] | None = None) -> int:
     fault = sub.add_parser("fault", help="inject a fault on one node")
     fault.add_argument("kind", choices=["block_port", "occupy_port", "rename_nic", "desync_code",
                                         "remove_data", "hostname_loopback", "unreachable",
-                                        "cut_network", "set_env"])
+                                        "cut_network", "set_env", "slow_nic", "slow_link"])
     fault.add_argument("node")
     fault.add_argument("--port", type=int, default=29500)
     fault.add_argument("--env", default="NCCL_IB_DISABLE=1", help="NAME=VALUE for set_env")
+    fault.add_argument("--peer", help="the other node of slow_link")
+    fault.add_argument("--rate", default=SLOW_RATE, help="tc rate of slow_nic / slow_link")
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
@@ -540,6 +569,12 @@ def main(argv: list[str] | None = None) -> int:
                 getattr(lab, args.kind)(args.node, args.port)
             elif args.kind == "set_env":
                 lab.set_env(args.node, args.env)
+            elif args.kind == "slow_nic":
+                lab.slow_nic(args.node, args.rate)
+            elif args.kind == "slow_link":
+                if not args.peer:
+                    raise LabError("slow_link needs the other node: --peer NODE")
+                lab.slow_link(args.node, args.peer, args.rate)
             else:
                 getattr(lab, args.kind)(args.node)
     except LabError as exc:

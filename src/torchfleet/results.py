@@ -69,6 +69,32 @@ class BusbwRow:
 
 
 @dataclass(frozen=True)
+class Pair:
+    """Two hosts measured against each other in the pair rounds (collective_isolate)."""
+
+    a: str
+    b: str
+    busbw_gbs: float | None
+    latency_us: float | None
+    error: str | None
+    slow: bool
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """The pair rounds' verdict: the slow hosts (node.slow) and links (link.slow)."""
+
+    schedule: str
+    rounds: int
+    time_s: float
+    threshold: float
+    reference_gbs: float | None
+    pairs: list[Pair]
+    slow_nodes: list[str]
+    slow_links: list[tuple[str, str]]
+
+
+@dataclass(frozen=True)
 class Failure:
     """The first thing that went wrong in a launched run, with its log tail."""
 
@@ -91,6 +117,7 @@ class Result:
     hosts: list[Host] = field(default_factory=list)
     ranks: list[Rank] = field(default_factory=list)
     busbw: list[BusbwRow] = field(default_factory=list)
+    isolation: Isolation | None = None
     first_failure: Failure | None = None
     preflight: Result | None = None
     cancelled: bool = False
@@ -147,6 +174,19 @@ def _busbw(raw: dict) -> BusbwRow:
                     slowest_host=raw.get("slowest_host"), slowest_rank=raw.get("slowest_rank"))
 
 
+def _isolation(raw: dict | None) -> Isolation | None:
+    if not raw:
+        return None
+    return Isolation(
+        schedule=raw["schedule"], rounds=raw["rounds"], time_s=raw["time_s"],
+        threshold=raw["threshold"], reference_gbs=raw.get("reference_gbs"),
+        pairs=[Pair(a=p["a"], b=p["b"], busbw_gbs=p.get("busbw_gbs"),
+                    latency_us=p.get("latency_us"), error=p.get("error"), slow=bool(p["slow"]))
+               for p in raw.get("pairs", [])],
+        slow_nodes=list(raw.get("slow_nodes", [])),
+        slow_links=[(a, b) for a, b in raw.get("slow_links", [])])
+
+
 def from_report(kind: str, data: dict, run_dir: Path) -> Result:
     """A Result from the parsed contents of <kind>.json."""
     failure = data.get("first_failure")
@@ -156,6 +196,7 @@ def from_report(kind: str, data: dict, run_dir: Path) -> Result:
         hosts=[_host(h) for h in data.get("hosts", [])],
         ranks=[_rank(r) for r in data.get("ranks", [])],
         busbw=[_busbw(b) for b in data.get("busbw", [])],
+        isolation=_isolation(data.get("isolate")),
         first_failure=Failure(host=failure["host"], rank=failure.get("rank"),
                               reason=failure.get("reason", ""), tail=failure.get("tail", ""))
         if failure else None)

@@ -97,3 +97,19 @@ def test_hostile_data_paths_are_only_looked_at(tmp_path):
     assert not canary.exists()
 
 
+
+
+@pytest.mark.parametrize("extra, check_id, sentence", [
+    (["-e", "nnodes=1", "-e", "collective_isolate=true"], "input.collective_isolate",
+     "collective_isolate pairs hosts, and nnodes=1 leaves nothing to pair"),
+    (["-e", "collective_isolate=true", "-e", "collective_isolate_schedule=star"],
+     "input.collective_isolate_schedule", "collective_isolate_schedule=star is not a schedule"),
+])
+def test_pair_rounds_asked_for_one_host_or_an_unknown_schedule(tmp_path, extra, check_id,
+                                                                sentence):
+    run = playbook("collective.yml", tmp_path, *extra)
+    assert run.rc != 0
+    assert run.failing() == [(check_id, "controller")]
+    (bad,) = [c for c in run.report()["checks"] if c["id"] == check_id]
+    assert sentence in bad["detail"] and check_id in run.out
+    assert_no_host_touched(run)

@@ -31,3 +31,17 @@ def test_render_is_self_contained_and_escapes_what_hosts_report():
     assert "<script>" not in page and "&lt;script&gt;" in page
     assert "http" not in page.replace("http://www.w3.org/2000/svg", "")
     assert 'class="rank bad"' in page and ">3<" in page
+
+
+def test_heat_map_outlines_the_slow_host_and_leaves_unmeasured_pairs_grey():
+    from torchfleet.html_report import heat_map
+    from torchfleet.results import Isolation, Pair
+
+    pairs = [Pair("n0", "n1", 1.0, 50.0, None, False), Pair("n1", "n2", 0.05, 900.0, None, True),
+             Pair("n0", "n2", None, None, "RuntimeError: <timed out>", True)]
+    iso = Isolation("ring", 3, 2.5, 0.5, 1.0, pairs, ["n2"], [])
+    html = heat_map(iso, ["n0", "n1", "n2"])
+    assert html.count('<th class="slow-node">n2</th>') == 2
+    assert html.count('class="pair slow"') == 4 and html.count('class="pair"') == 2
+    assert html.count('class="none"') == 3  # the diagonal
+    assert "&lt;timed out&gt;" in html and "node.slow: n2" in html

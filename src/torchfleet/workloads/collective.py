@@ -16,6 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 
+import _pairs
 import _rank
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "gather", "barrier")
@@ -136,6 +137,98 @@ def batch_gathers(count, rank, n, device):
     return {"count": count, "wrong": wrong, "time_s": round(time.perf_counter() - start, 6)}
 
 
+class RoundBarrier:
+    """Rounds start together through the rendezvous store on the master, not through the
+    process group: a pair link that is cut must not hang the rounds of every other pair."""
+
+    def __init__(self, n):
+        from torch.distributed import distributed_c10d
+
+        self.store, self.n = distributed_c10d._get_default_store(), n
+
+    def wait(self, name):
+        if self.store.add("torchfleet/isolate/" + name, 1) == self.n:
+            self.store.set("torchfleet/isolate/%s/all" % name, "1")
+        self.store.wait(["torchfleet/isolate/%s/all" % name])
+
+
+def best_seconds(step, iters, device):
+    """Fastest of iters timed calls (after one untimed): a busy CPU or a neighbour's burst can
+    slow one call, a slow NIC or link slows every one of them."""
+    step()
+    best = float("inf")
+    for _ in range(iters):
+        _rank.sync(device)
+        start = time.perf_counter()
+        step()
+        _rank.sync(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def exchange(peer, size_bytes, iters, device):
+    """(seconds, bytes) of the fastest simultaneous exchange of size_bytes both ways with peer:
+    send and receive are in flight together, so each direction is measured under the other's
+    load."""
+    send = torch.ones(max(1, size_bytes // 4), dtype=torch.float32, device=device)
+    recv = torch.empty_like(send)
+
+    def once():
+        for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, send, peer),
+                                           dist.P2POp(dist.irecv, recv, peer)]):
+            req.wait()
+
+    return best_seconds(once, iters, device), send.numel() * 4
+
+
+def ping_pong(peer, first, size_bytes, iters, device):
+    """One-way latency in microseconds: half of the fastest round trip of a small message."""
+    buf = torch.zeros(max(1, size_bytes // 4), dtype=torch.float32, device=device)
+
+    def once():
+        if first:
+            dist.send(buf, peer)
+            dist.recv(buf, peer)
+        else:
+            dist.recv(buf, peer)
+            dist.send(buf, peer)
+
+    return best_seconds(once, iters, device) / 2 * 1e6
+
+
+def isolate(name, size_bytes, small_bytes, iters, device):
+    """The pair rounds (_pairs.py) between hosts: local rank l of one host exchanges with local
+    rank l of its partner, so every rank's path to the network is measured. One record per
+    round this rank took part in; a pair that fails records its error and the rounds go on."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    per_node = _rank.env_int("LOCAL_WORLD_SIZE", 1)
+    node, local = rank // per_node, rank % per_node
+    rounds = _pairs.schedule(name, n // per_node)
+    barrier, records, begin = RoundBarrier(n), [], time.perf_counter()
+    for k, pairs in enumerate(rounds):
+        barrier.wait("round-%d" % k)
+        partner = next((b if a == node else a for a, b in pairs if node in (a, b)), None)
+        if partner is None:
+            continue  # sitting out this round (an odd number of hosts)
+        peer = partner * per_node + local
+        rec = {"round": k, "node": node, "peer_node": partner, "peer": peer,
+               "size_bytes": size_bytes, "busbw_gbs": None, "latency_us": None, "error": None}
+        try:
+            seconds, sent = exchange(peer, size_bytes, iters, device)
+            rec.update(size_bytes=sent, busbw_gbs=sent / seconds / 1e9,
+                       latency_us=ping_pong(peer, node < partner, small_bytes, 20, device))
+        except Exception as exc:  # the pair is named with this error; the rounds go on
+            rec["error"] = ("%s: %s" % (type(exc).__name__, exc))[:300]
+        records.append(rec)
+        _rank.log("pair round %d with node %d: %s" % (
+            k, partner, rec["error"] or "busbw %.3f GB/s, latency %.1f us" % (
+                rec["busbw_gbs"], rec["latency_us"])))
+    barrier.wait("end")
+    return {"schedule": name, "rounds": len(rounds), "size_bytes": size_bytes,
+            "small_bytes": small_bytes, "iters": iters,
+            "time_s": round(time.perf_counter() - begin, 3), "pairs": records}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="1K,64K,1M")
@@ -143,6 +236,11 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batch-gathers", type=int, default=50)
+    parser.add_argument("--isolate", choices=("",) + _pairs.SCHEDULES, default="",
+                        help="after the sweep, pair rounds between hosts with this schedule")
+    parser.add_argument("--pair-size", default="4M", help="message of a pair's busbw")
+    parser.add_argument("--pair-small", default="4", help="message of a pair's latency")
+    parser.add_argument("--pair-iters", type=int, default=5)
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     ops = [op for op in args.ops.split(",") if op]
@@ -168,6 +266,11 @@ def main() -> int:
                 op, result["results"][-1]["size_bytes"], elapsed * 1e6,
                 result["results"][-1]["busbw_gbs"], wrong))
     result["batch_gathers"] = batch_gathers(args.batch_gathers, rank, n, device)
+    if args.isolate:
+        result["isolate"] = isolate(args.isolate, parse_size(args.pair_size),
+                                    parse_size(args.pair_small), args.pair_iters, device)
+    # A slow or broken pair is the isolation verdict's to name (on the controller), not a
+    # wrong result of this rank.
     result["ok"] = (all(r["wrong"] == 0 for r in result["results"])
                     and result["batch_gathers"]["wrong"] == 0)
     _rank.write_result(result)

@@ -1,0 +1,155 @@
+"""Pair rounds (the workload's schedule) and the isolation verdict (the controller's), fed rank
+records shaped exactly like collective.py's isolate() writes them."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from ansible.module_utils.torchfleet.isolate import pair_figures, text, verdict
+from torchfleet.workloads import _pairs
+
+
+def covered(rounds):
+    return [p for r in rounds for p in r]
+
+
+@pytest.mark.parametrize("n", range(2, 18))
+def test_every_round_is_disjoint_and_every_host_has_a_partner(n):
+    for name in _pairs.SCHEDULES:
+        rounds = _pairs.schedule(name, n)
+        for r in rounds:
+            hosts = [h for p in r for h in p]
+            assert len(hosts) == len(set(hosts)), (name, n, r)
+            assert all(0 <= h < n for h in hosts)
+        pairs = covered(rounds)
+        assert len(pairs) == len(set(pairs)), (name, n, "a pair ran twice")
+        assert {h for p in pairs for h in p} == set(range(n)), (name, n, "a host was left out")
+
+
+@pytest.mark.parametrize("n", range(2, 18))
+def test_round_counts_are_the_documented_cost(n):
+    ring = _pairs.schedule("ring", n)
+    assert len(ring) == {2: 1, 3: 3}.get(n, 3 if n % 2 == 0 else 4)
+    if n >= 3:  # every host meets at least two partners: host and link can be told apart
+        degree = {h: 0 for h in range(n)}
+        for a, b in covered(ring):
+            degree[a] += 1
+            degree[b] += 1
+        assert min(degree.values()) >= 2
+    full = _pairs.schedule("full", n)
+    assert len(full) == (n - 1 if n % 2 == 0 else n)
+    assert sorted(covered(full)) == list(itertools.combinations(range(n), 2))
+
+
+def test_an_unknown_schedule_is_refused():
+    with pytest.raises(ValueError, match="ring or full"):
+        _pairs.schedule("star", 4)
+
+
+def ranks(n, bw, per_node=1, error=None, schedule="ring"):
+    """Every rank's result as collective.py writes it; bw(a, b) gives a pair's busbw, and each
+    side of a pair reports it (the later side slightly higher, as measured)."""
+    out = []
+    rounds = _pairs.schedule(schedule, n)
+    for node, local in itertools.product(range(n), range(per_node)):
+        recs = []
+        for k, r in enumerate(rounds):
+            for a, b in r:
+                if node in (a, b):
+                    peer = b if node == a else a
+                    fail = error and error[0] == (a, b) and error[1]
+                    recs.append({"round": k, "node": node, "peer_node": peer,
+                                 "peer": peer * per_node + local, "size_bytes": 4 << 20,
+                                 "busbw_gbs": None if fail else bw(a, b) * (1.0 + 0.01 * (node == a)),
+                                 "latency_us": None if fail else 50.0, "error": fail or None})
+        out.append({"rank": node * per_node + local, "local_rank": local, "node_rank": node,
+                    "world_size": n * per_node,
+                    "isolate": {"schedule": schedule, "rounds": len(rounds),
+                                "size_bytes": 4 << 20, "small_bytes": 4, "iters": 5,
+                                "time_s": 1.0, "pairs": recs}})
+    return out
+
+
+HOSTS = ["node%d" % i for i in range(8)]
+
+
+def failed(v, check_id):
+    return [c["host"] for c in v["checks"] if c["id"] == check_id and not c["ok"]]
+
+
+@pytest.mark.parametrize("schedule", _pairs.SCHEDULES)
+def test_a_clean_cluster_names_nothing(schedule):
+    v = verdict(ranks(8, lambda a, b: 1.0 + 0.1 * ((a * 7 + b) % 3), schedule=schedule), HOSTS)
+    assert v["slow_nodes"] == [] and v["slow_links"] == []
+    assert failed(v, "node.slow") == [] and failed(v, "link.slow") == []
+    assert {c["host"] for c in v["checks"] if c["id"] == "node.slow"} == set(HOSTS)
+
+
+@pytest.mark.parametrize("schedule", _pairs.SCHEDULES)
+@pytest.mark.parametrize("n", [3, 4, 5, 8])
+def test_a_slow_host_is_named_as_the_node_and_only_it(schedule, n):
+    v = verdict(ranks(n, lambda a, b: 0.05 if 2 in (a, b) else 1.0, schedule=schedule),
+                HOSTS[:n], nics={"node2": "eth0"})
+    assert v["slow_nodes"] == ["node2"]
+    assert v["slow_links"] == []
+    (bad,) = [c for c in v["checks"] if not c["ok"]]
+    assert bad["id"] == "node.slow" and bad["host"] == "node2"
+    assert "ethtool eth0" in bad["hint"] and "0.0505 GB/s with node" in bad["detail"]
+    assert v["reference_gbs"] == pytest.approx(1.01, rel=0.02)
+
+
+@pytest.mark.parametrize("schedule", _pairs.SCHEDULES)
+def test_a_slow_pair_is_named_as_the_link(schedule):
+    slow = (1, 2)  # neighbours in the ring: met in round 2
+    v = verdict(ranks(6, lambda a, b: 0.1 if (a, b) == slow else 1.0, schedule=schedule), HOSTS[:6])
+    assert v["slow_nodes"] == []
+    assert v["slow_links"] == [["node1", "node2"]]
+    (bad,) = [c for c in v["checks"] if not c["ok"]]
+    assert bad["id"] == "link.slow" and "node1 <-> node2" in bad["detail"]
+
+
+def test_a_pair_that_failed_is_a_slow_link_with_its_error_and_the_others_still_count():
+    v = verdict(ranks(4, lambda a, b: 1.0, error=((0, 1), "RuntimeError: timed out")), HOSTS[:4])
+    assert v["slow_links"] == [["node0", "node1"]]
+    (bad,) = [c for c in v["checks"] if not c["ok"]]
+    assert "RuntimeError: timed out" in bad["detail"]
+    assert len(v["pairs"]) == 6 and sum(p["slow"] for p in v["pairs"]) == 1
+
+
+def test_a_slow_rail_makes_its_pair_slow_the_higher_side_counts():
+    """Two processes per host: the pair's figure is its slowest rail; of a rail's two sides,
+    the higher figure (the side that waited less)."""
+    def bw(a, b):
+        return 1.0
+    results = ranks(4, bw, per_node=2)
+    for r in results:  # rail 1 of host 3 is slow with everyone
+        if r["node_rank"] == 3 and r["local_rank"] == 1:
+            for rec in r["isolate"]["pairs"]:
+                rec["busbw_gbs"] = 0.01
+    for r in results:
+        if r["local_rank"] == 1 and r["node_rank"] != 3:
+            for rec in r["isolate"]["pairs"]:
+                if rec["peer_node"] == 3:
+                    rec["busbw_gbs"] = 0.02
+    figures = pair_figures(results)
+    assert figures[(0, 3)]["busbw_gbs"] == pytest.approx(0.02)
+    assert figures[(0, 1)]["busbw_gbs"] == pytest.approx(1.01)  # the higher side
+    assert verdict(results, HOSTS[:4])["slow_nodes"] == ["node3"]
+
+
+def test_two_hosts_cannot_tell_host_from_link_and_name_neither():
+    v = verdict(ranks(2, lambda a, b: 0.01), HOSTS[:2])
+    assert v["slow_nodes"] == [] and v["slow_links"] == []
+
+
+def test_an_absolute_floor_names_a_uniformly_slow_cluster():
+    v = verdict(ranks(4, lambda a, b: 0.5), HOSTS[:4], floor_gbs=1.0)
+    assert v["slow_nodes"] == HOSTS[:4]
+
+
+def test_no_pair_rounds_no_verdict_and_text_names_the_culprit():
+    assert verdict([{"rank": 0, "results": []}], HOSTS[:2]) is None
+    v = verdict(ranks(4, lambda a, b: 0.05 if 1 in (a, b) else 1.0), HOSTS[:4])
+    out = text(v)
+    assert "node.slow: node1" in out and "SLOW" in out
