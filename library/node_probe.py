@@ -16,7 +16,7 @@ description:
   - On the master (when O(master_port) is given) it also names the processes already listening
     on that port, picks a free port in the ephemeral range for the reachability test, and
     decides the address the workers will dial.
-  - With O(connect_addr) the port test happens in the same call (one round trip per host):
+  - With O(connect_addr) the port test happens in the same call (one round trip per host);
     every host opens TCP connections to the master while the master's own call holds the
     listener, waits for them and removes it. Without it, M(port_probe) does that in a second
     round.

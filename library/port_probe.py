@@ -14,7 +14,7 @@ description:
     drops packets shows as a timeout, one that rejects them as refused.
   - This is the C(nc -zv MASTER PORT) of the hand-written guides, from every host at once.
   - On the master, O(listen_ports) starts the listener the other hosts' connections reach (the
-    two-round test: it starts after every host's probe, so it does not wait through the
+    two-round test, where it starts after every host's probe and so does not wait through the
     probes' fork batches).
 version_added: "0.1.0"
 author: torchfleet developers

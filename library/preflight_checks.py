@@ -153,7 +153,7 @@ report:
   returned: always
   type: str
 table:
-  description: The summary table: failed and warning checks, or one row per node when all passed.
+  description: The summary table, with the failed and warning checks, or one row per node when all passed.
   returned: always
   type: str
 """

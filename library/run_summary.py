@@ -127,6 +127,19 @@ first_failure:
   description: Host, rank, reason and log tail of the failure to look at first.
   returned: always
   type: dict
+hosts:
+  description: Per host in rank order, host, node_rank, ranks, outcome, rc, duration_s,
+    reported_ranks and logs; for the collective test also busbw_gbs (the host's ranks' busbw
+    min / median / max at the sweep's largest all_reduce size).
+  returned: always
+  type: list
+  elements: dict
+ranks:
+  description: Every rank's end, rank, host, local_rank, ok, exit_code and state (succeeded,
+    failed, killed or stopped).
+  returned: always
+  type: list
+  elements: dict
 busbw:
   description: Per op and size, busbw min / median / max across ranks, slowest rank and host.
   returned: for kind collective
@@ -138,6 +151,10 @@ isolate:
     slow_links).
   returned: for kind collective with collective_isolate
   type: dict
+table_collective:
+  description: The collective test's busbw tables (and the pair rounds' verdict) as text.
+  returned: for kind collective
+  type: str
 table:
   description: The summary tables.
   returned: always

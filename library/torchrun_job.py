@@ -24,7 +24,7 @@ description:
   - The command is built as an argument list; no value is ever interpolated into a shell.
   - torchrun's PID is written to O(run_dir)/torchrun.pid and its exit to O(run_dir)/exitcode.json;
     the master keeps the run's state in O(run_dir)/control.json, which M(torchrun_watch) reads.
-  - Meant to run with C(async) longer than the job and C(poll: 0).
+  - Meant to run with C(async) longer than the job and C(poll=0).
   - Dead-man switch; on the master, when nothing has touched O(run_dir)/lease for O(lease_s)
     seconds (the controller was interrupted or lost), the run is stopped on every host.
 version_added: "0.1.0"

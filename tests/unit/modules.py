@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 from ansible.module_utils.testing import patch_module_args
 
 
@@ -16,8 +17,24 @@ class ModuleExit(Exception):
         self.result = result
 
 
+# What AnsibleModule adds to every result, documented by Ansible, not by each module.
+COMMON = {"changed", "failed", "msg", "invocation", "warnings", "deprecations", "skipped",
+          "exception"}
+
+
+def undocumented(module, result):
+    """Keys of a module's real result that its RETURN does not document."""
+    documented = set(yaml.safe_load(module.RETURN) or {})
+    return sorted(set(result) - documented - COMMON)
+
+
 def run_module(module, args, capsys):
-    """Return the JSON result the module printed; failed results have failed=True."""
+    """Return the JSON result the module printed; failed results have failed=True. A result
+    that is not failed must match RETURN: every key it holds is documented there."""
     with patch_module_args(args), pytest.raises(SystemExit):
         module.main()
-    return json.loads(capsys.readouterr().out)
+    result = json.loads(capsys.readouterr().out)
+    if not result.get("failed"):
+        missing = undocumented(module, result)
+        assert not missing, "%s returns %s, not in its RETURN" % (module.__name__, missing)
+    return result
