@@ -67,6 +67,23 @@ def test_data_paths_not_a_list(tmp_path):
     assert_no_host_touched(run)
 
 
+@pytest.mark.parametrize("value, sentence", [
+    ("notalist", "data_paths=notalist is not a list of paths"),
+    ({"data_paths": ["/data/ok", "shards/train"]},
+     "data_paths holds relative path(s) shards/train"),
+])
+def test_data_paths_a_string_or_relative_is_refused_naming_data_paths(tmp_path, value, sentence):
+    # -e data_paths=notalist arrives as a string, which the argument spec would turn into a
+    # one-element list and preflight report as a missing path.
+    extra = "data_paths=%s" % value if isinstance(value, str) else json.dumps(value)
+    run = playbook("preflight.yml", tmp_path, "-e", extra)
+    assert run.rc != 0
+    assert run.failing() == [("input.data_paths", "controller")]
+    (bad,) = [c for c in run.report()["checks"] if c["id"] == "input.data_paths"]
+    assert sentence in bad["detail"]
+    assert_no_host_touched(run)
+
+
 @pytest.mark.parametrize("inventory_text", ["", "all:\n  children:\n    workers:\n      hosts:\n"
                                                 "        w0:\n          ansible_connection: local\n"])
 def test_inventory_without_group_nodes(tmp_path, inventory_text):
@@ -89,14 +106,13 @@ def test_run_dir_not_writable(tmp_path):
 
 def test_hostile_data_paths_are_only_looked_at(tmp_path):
     canary = tmp_path / "canary"
-    hostile = ["$(touch %s)" % canary, "`touch %s`" % canary, "; touch %s" % canary,
-               "-rf", "a path with spaces"]
+    # Absolute (relative ones are refused before any host): they reach every host's probe.
+    hostile = ["/$(touch %s)" % canary, "/`touch %s`" % canary, "/; touch %s" % canary,
+               "/-rf", "/a path with spaces"]
     run = playbook("preflight.yml", tmp_path, "-e", json.dumps({"data_paths": hostile}))
     assert run.rc != 0
     assert run.failing() == [("data.missing", "node0"), ("data.missing", "node1")]
     assert not canary.exists()
-
-
 
 
 @pytest.mark.parametrize("extra, check_id, sentence", [
