@@ -28,6 +28,8 @@ class InProcessAction(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         _, params = self.validate_argument_spec(argument_spec=self.ARGUMENT_SPEC)
+        if (task_vars or {}).get("ansible_check_mode") and "runs_root" in params:
+            params = dict(params, runs_root="")  # no runs/latest link, no pruning
         try:
             result.update(self.decide(params))
         except ValueError as exc:

@@ -18,7 +18,7 @@ class ActionModule(ActionBase):
                                       task_vars=task_vars)
         result.update(remote)
         files = result.pop("files", [])
-        if dest and not result.get("failed"):
+        if dest and not result.get("failed") and not self._task.check_mode:
             host_dir = os.path.join(dest, task_vars["inventory_hostname"])
             written = []
             for item in files:

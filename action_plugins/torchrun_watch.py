@@ -96,6 +96,7 @@ def progress_text(master, s):
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
+    _supports_check_mode = False  # it renews the master's lease and writes on the controller
 
     def _look(self, task_vars, **extra):
         args = {k: v for k, v in self._task.args.items() if k in MODULE_ARGS and v is not None}

@@ -118,6 +118,8 @@ options:
 attributes:
   check_mode:
     support: full
+    details: Reads only; the port test's listener on the master (a process, no file) runs in
+      check mode too and is gone when preflight ends.
   diff_mode:
     support: none
   platform:

@@ -59,6 +59,8 @@ options:
 attributes:
   check_mode:
     support: full
+    details: Only connects (and on the master runs the port test's listener, a process that
+      writes nothing and is gone when preflight ends).
   diff_mode:
     support: none
   platform:

@@ -29,6 +29,8 @@ options:
 attributes:
   check_mode:
     support: full
+    details: Reads the host only; in check mode the action plugin writes no file on the
+      controller.
   diff_mode:
     support: none
   platform:

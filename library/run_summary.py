@@ -87,7 +87,10 @@ options:
         default: {}
 attributes:
   check_mode:
-    support: full
+    support: partial
+    details: Decides and writes the JSON report into O(run_dir) in check mode too (the
+      verdict is what a --check run is for); in a --check play it neither points
+      runs_root/latest at the run nor prunes old runs.
   diff_mode:
     support: none
   platform:

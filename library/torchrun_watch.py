@@ -76,7 +76,9 @@ options:
     type: path
 attributes:
   check_mode:
-    support: full
+    support: none
+    details: Each look renews the run's lease on the master, and the action plugin writes
+      progress and state files on the controller; a --check run starts no run to watch.
     details: Only reads the run's record; the lease it touches is the run's own dead-man switch.
   diff_mode:
     support: none
@@ -141,7 +143,7 @@ def main():
             wait_s=dict(type="float", default=DEFAULTS["wait_s"]),
             full=dict(type="bool", default=DEFAULTS["full"]),
         ),
-        supports_check_mode=True,
+        supports_check_mode=False,
     )
     module.exit_json(**look(module.params))
 
