@@ -9,8 +9,10 @@ Every rank records, for each round it took part in, its exchange with its partne
 - the reference: each host's best pair, then the median over hosts. A slow host's best pair is
   slow but it is one host of many, and a slow link leaves both its hosts a good partner, so
   the reference holds while fewer than half the hosts are slow, with no hand-set figure;
-- a pair is slow when it failed or its busbw is below threshold x reference (and below
-  floor_gbs when one is set);
+- a pair is slow when it failed, or its busbw is below floor_gbs (when one is set), or below
+  threshold x reference and also below threshold x the median of its own round (when the
+  round had other pairs): what every pair of a round shares (a busy fabric at that moment;
+  on the lab, the machine's CPUs) moves a round's figures together and is not a fault;
 - node.slow: a host whose every pair is slow, with at least two partners (with one partner,
   host and link cannot be told apart); link.slow: a slow pair neither of whose hosts is slow.
 """
@@ -69,9 +71,17 @@ def verdict(results, hosts, threshold=0.5, floor_gbs=0.0, nics=None):
     bests = [max(f["busbw_gbs"] for _, f in ps if f["busbw_gbs"] is not None)
              for ps in partners.values() if any(f["busbw_gbs"] is not None for _, f in ps)]
     reference = statistics.median(bests) if bests else None
-    limit = max(threshold * reference, floor_gbs) if reference is not None else floor_gbs
+    rounds = {}
     for f in figures.values():
-        f["slow"] = bool(f["error"]) or (f["busbw_gbs"] is not None and f["busbw_gbs"] < limit)
+        if f["busbw_gbs"] is not None:
+            rounds.setdefault(f["round"], []).append(f["busbw_gbs"])
+    for f in figures.values():
+        bw, mates = f["busbw_gbs"], rounds.get(f["round"], [])
+        below_reference = (bw is not None and reference is not None
+                           and bw < threshold * reference
+                           and (len(mates) < 2 or bw < threshold * statistics.median(mates)))
+        below_floor = bw is not None and bw < floor_gbs
+        f["slow"] = bool(f["error"]) or below_reference or below_floor
     slow_nodes = sorted(n for n, ps in partners.items()
                         if len(ps) >= 2 and all(f["slow"] for _, f in ps))
     slow_links = [(a, b) for (a, b), f in figures.items()

@@ -153,3 +153,19 @@ def test_no_pair_rounds_no_verdict_and_text_names_the_culprit():
     v = verdict(ranks(4, lambda a, b: 0.05 if 1 in (a, b) else 1.0), HOSTS[:4])
     out = text(v)
     assert "node.slow: node1" in out and "SLOW" in out
+
+
+def test_a_round_slowed_for_every_pair_is_not_a_fault():
+    """Pairs of a round share the moment's conditions (a busy fabric; on the lab, its 2 CPUs):
+    the round where the slow host sat with one partner left the others' pairs twice as fast,
+    which must not make the other rounds' healthy pairs look slow."""
+    rounds = _pairs.schedule("ring", 8)
+    fast_round = 2
+
+    def bw(a, b):
+        if 5 in (a, b):
+            return 0.03
+        k = next(i for i, r in enumerate(rounds) if (a, b) in r)
+        return 0.8 if k == fast_round else 0.3
+    v = verdict(ranks(8, bw), HOSTS)
+    assert v["slow_nodes"] == ["node5"] and v["slow_links"] == []
