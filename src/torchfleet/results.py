@@ -13,14 +13,26 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Check:
-    """One verdict: a check id on a host ("controller" for cross-host ones)."""
+    """One verdict: a check id on a host ("controller" for cross-host ones). The fields are
+    the JSON reports' own: {"id", "host", "ok", "severity", "detail", "hint"}."""
 
     host: str
     id: str
     ok: bool
     detail: str
-    fix: str = ""
+    hint: str = ""
     severity: str = "error"
+
+    @property
+    def fix(self) -> str:
+        """The fix sentence (the JSON's hint), under the name the README's tables use."""
+        return self.hint
+
+    @classmethod
+    def from_json(cls, raw: dict) -> "Check":
+        return cls(host=raw["host"], id=raw["id"], ok=bool(raw["ok"]),
+                   detail=raw.get("detail", ""), hint=raw.get("hint", ""),
+                   severity=raw.get("severity", "error"))
 
 
 @dataclass(frozen=True)
@@ -148,11 +160,6 @@ class Result:
         return data
 
 
-def _check(raw: dict) -> Check:
-    return Check(host=raw["host"], id=raw["id"], ok=bool(raw["ok"]), detail=raw.get("detail", ""),
-                 fix=raw.get("hint", ""), severity=raw.get("severity", "error"))
-
-
 def _host(raw: dict) -> Host:
     return Host(host=raw["host"], node_rank=raw.get("node_rank"), address=raw.get("address"),
                 socket_ifname=raw.get("socket_ifname"), gpus=raw.get("gpus"),
@@ -192,7 +199,7 @@ def from_report(kind: str, data: dict, run_dir: Path) -> Result:
     failure = data.get("first_failure")
     return Result(
         kind=kind, ok=bool(data.get("ok")), run_id=data.get("run_id", run_dir.name),
-        run_dir=run_dir, checks=[_check(c) for c in data.get("checks", [])],
+        run_dir=run_dir, checks=[Check.from_json(c) for c in data.get("checks", [])],
         hosts=[_host(h) for h in data.get("hosts", [])],
         ranks=[_rank(r) for r in data.get("ranks", [])],
         busbw=[_busbw(b) for b in data.get("busbw", [])],

@@ -68,9 +68,7 @@ def translate(event: dict) -> list[Event]:
         for raw in res.get("checks", []):
             out.append(Event(kind="check", host=raw["host"], task=data.get("task"),
                              status="ok" if raw["ok"] else "failed",
-                             check=Check(host=raw["host"], id=raw["id"], ok=bool(raw["ok"]),
-                                         detail=raw.get("detail", ""), fix=raw.get("hint", ""),
-                                         severity=raw.get("severity", "error"))))
+                             check=Check.from_json(raw)))
     return out
 
 
