@@ -79,7 +79,6 @@ attributes:
     support: none
     details: Each look renews the run's lease on the master, and the action plugin writes
       progress and state files on the controller; a --check run starts no run to watch.
-    details: Only reads the run's record; the lease it touches is the run's own dead-man switch.
   diff_mode:
     support: none
   platform:

@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="write a self-contained HTML report of a run")
     p.add_argument("run_dir", help="a run directory (runs/<run_id>)")
     p.add_argument("-o", "--output", help="HTML file (default RUN_DIR/report.html)")
+    p = sub.add_parser("collection", help="the Ansible collection torchfleet.fleet")
+    verb = p.add_subparsers(dest="verb", required=True)
+    b = verb.add_parser("build", help="write DIR/torchfleet-fleet-<version>.tar.gz")
+    b.add_argument("dir", help="output directory")
     return parser
 
 
@@ -72,6 +76,15 @@ def summary(result: Result) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "collection":
+        from torchfleet import collection
+
+        try:
+            print(collection.build(args.dir))
+        except (RuntimeError, OSError) as exc:
+            print("torchfleet collection build: %s" % exc, file=sys.stderr)
+            return ERROR
+        return OK
     if args.command == "report":
         try:
             path = html_report.write(args.run_dir, args.output)

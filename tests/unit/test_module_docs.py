@@ -24,6 +24,7 @@ def test_every_module_renders_in_ansible_doc():
                            *MODULES], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0 and "ERROR" not in proc.stderr, proc.stderr[-3000:]
+    assert "WARNING" not in proc.stderr, proc.stderr[-3000:]  # e.g. a duplicate mapping key
     docs = json.loads(proc.stdout)
     assert sorted(docs) == MODULES
     for name, doc in docs.items():

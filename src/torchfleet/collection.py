@@ -1,0 +1,111 @@
+"""`torchfleet collection build DIR`: the Ansible collection torchfleet.fleet, assembled from
+the same sources as the repository's tree (nothing to maintain twice).
+
+    library/*.py                  -> plugins/modules/
+    action_plugins/*.py           -> plugins/action/
+    module_utils/torchfleet/*.py  -> plugins/module_utils/torchfleet/
+    roles/                        -> roles/
+    playbooks/*.yml               -> playbooks/   (torchfleet.fleet.preflight, .train, ...)
+    src/torchfleet/workloads/     -> roles/launch/files/workloads/
+
+The one change on the way is the import path of the shared code: `ansible.module_utils.
+torchfleet.X` (how the repository's modules import it) becomes `ansible_collections.
+torchfleet.fleet.plugins.module_utils.torchfleet.X`. `ansible-galaxy collection build` then
+packs DIR/torchfleet-fleet-<version>.tar.gz.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from torchfleet import __version__
+from torchfleet.paths import ansible_root
+
+NAMESPACE, NAME = "torchfleet", "fleet"
+FQCN = "%s.%s" % (NAMESPACE, NAME)
+OLD_IMPORT = re.compile(r"\bansible\.module_utils\.torchfleet\b")
+NEW_IMPORT = "ansible_collections.%s.%s.plugins.module_utils.torchfleet" % (NAMESPACE, NAME)
+WORKLOADS = Path(__file__).resolve().parent / "workloads"
+
+GALAXY = """\
+namespace: {ns}
+name: {name}
+version: {version}
+readme: README.md
+authors:
+  - torchfleet developers
+description: Preflight, launch and watch multi-node torchrun (PyTorch) jobs, fail-fast.
+license:
+  - Apache-2.0
+tags: [pytorch, torchrun, distributed, gpu, nccl]
+dependencies: {{}}
+repository: https://github.com/torchfleet/torchfleet
+build_ignore: ["**/__pycache__", "*.pyc"]
+"""
+
+README = """\
+# torchfleet.fleet
+
+torchfleet as an Ansible collection, built by `torchfleet collection build DIR` from the
+torchfleet package {version}.
+
+    ansible-galaxy collection install torchfleet-fleet-{version}.tar.gz
+    ansible-doc torchfleet.fleet.node_probe
+    ansible-playbook -i INVENTORY torchfleet.fleet.preflight
+    ansible-playbook -i INVENTORY torchfleet.fleet.train -e nnodes=2 -e script=/path/train.py
+
+Playbooks: preflight, train, collective, stop. Roles: torchfleet.fleet.preflight, .launch,
+.results. Modules: {modules}. The inventory needs group `nodes` (rank order = its order);
+every variable, check id and output is described in torchfleet's README.
+"""
+
+
+def _copy_py(src: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(OLD_IMPORT.sub(NEW_IMPORT, src.read_text()))
+
+
+def assemble(dest: Path, root: Path | None = None) -> Path:
+    """Write the collection's tree into dest (ansible_collections/torchfleet/fleet layout
+    inside it is the caller's choice); returns dest."""
+    root = root or ansible_root()
+    modules = sorted(p for p in (root / "library").glob("*.py"))
+    for src in modules:
+        _copy_py(src, dest / "plugins" / "modules" / src.name)
+    for src in sorted((root / "action_plugins").glob("*.py")):
+        _copy_py(src, dest / "plugins" / "action" / src.name)
+    for src in sorted((root / "module_utils" / "torchfleet").glob("*.py")):
+        _copy_py(src, dest / "plugins" / "module_utils" / "torchfleet" / src.name)
+    shutil.copytree(root / "roles", dest / "roles",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(WORKLOADS, dest / "roles" / "launch" / "files" / "workloads",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "__init__.py"))
+    (dest / "playbooks").mkdir(parents=True, exist_ok=True)
+    for src in sorted((root / "playbooks").glob("*.yml")):
+        shutil.copy2(src, dest / "playbooks" / src.name)
+    (dest / "meta").mkdir(exist_ok=True)
+    (dest / "meta" / "runtime.yml").write_text('---\nrequires_ansible: ">=2.19.0"\n')
+    (dest / "galaxy.yml").write_text(GALAXY.format(ns=NAMESPACE, name=NAME,
+                                                   version=__version__))
+    (dest / "README.md").write_text(README.format(
+        version=__version__, modules=", ".join(p.stem for p in modules)))
+    return dest
+
+
+def build(out_dir: str | Path) -> Path:
+    """Build DIR/torchfleet-fleet-<version>.tar.gz; returns its path."""
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    galaxy = shutil.which("ansible-galaxy") or str(Path(sys.executable).parent / "ansible-galaxy")
+    with tempfile.TemporaryDirectory(prefix="torchfleet-collection-") as tmp:
+        tree = assemble(Path(tmp) / "ansible_collections" / NAMESPACE / NAME)
+        proc = subprocess.run([galaxy, "collection", "build", str(tree), "--output-path",
+                               str(out_dir), "--force"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError("ansible-galaxy collection build failed: %s"
+                           % (proc.stderr or proc.stdout).strip()[-2000:])
+    return out_dir / ("%s-%s-%s.tar.gz" % (NAMESPACE, NAME, __version__))
