@@ -29,8 +29,9 @@ def test_preflight_check_writes_nothing_on_any_host(tmp_path):
     assert host_files() == []
 
 
-@pytest.mark.parametrize("name", ["train.yml", "collective.yml"])
-def test_a_check_run_starts_nothing_and_says_so(tmp_path, name):
+def test_a_check_run_starts_nothing_and_says_so(tmp_path):
+    # train.yml here; collective.yml runs the same launch role, and the same first task of it.
+    name = "train.yml"
     extra, host_files = host_dirs(tmp_path)
     run = playbook(name, tmp_path, "--check", *extra)
     assert run.rc == 0, run.out[-3000:]

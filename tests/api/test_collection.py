@@ -1,0 +1,90 @@
+"""The collection torchfleet.fleet as a user of another Ansible tree gets it: built by
+`torchfleet collection build DIR`, installed with ansible-galaxy, then used by its FQCNs from
+a folder that is not the clone (no ansible.cfg, no roles/ or library/ beside it)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.api.conftest import free_port
+from tests.conftest import ROOT, processes_matching
+
+pytestmark = pytest.mark.integration
+BIN = Path(sys.executable).parent
+MODULES = sorted(p.stem for p in (ROOT / "library").glob("*.py"))
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    base = tmp_path_factory.mktemp("collection")
+    proc = subprocess.run([str(BIN / "torchfleet"), "collection", "build", str(base / "dist")],
+                          cwd=base, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    archive = Path(proc.stdout.strip())
+    assert archive.name == "torchfleet-fleet-0.1.0.tar.gz" and archive.parent == base / "dist"
+    env = dict(os.environ, PATH="%s:%s" % (BIN, os.environ.get("PATH", "")),
+               ANSIBLE_COLLECTIONS_PATH=str(base / "collections"), ANSIBLE_NOCOLOR="1")
+    env.pop("ANSIBLE_CONFIG", None)
+    install = subprocess.run([str(BIN / "ansible-galaxy"), "collection", "install", str(archive),
+                              "-p", str(base / "collections")], cwd=base, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert install.returncode == 0, install.stderr[-3000:]
+    work = base / "elsewhere"
+    work.mkdir()
+    shutil.copy(ROOT / "inventory" / "local.yml", work / "inventory.yml")
+    return archive, work, env
+
+
+def test_the_archive_holds_one_tree_built_from_the_sources(installed):
+    archive, _, _ = installed
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+        watch = tar.extractfile("plugins/modules/torchrun_watch.py").read().decode()
+    assert {"plugins/modules/%s.py" % m for m in MODULES} <= names
+    assert {"roles/preflight/meta/argument_specs.yml", "roles/launch/tasks/main.yml",
+            "roles/launch/files/workloads/collective.py", "playbooks/train.yml",
+            "plugins/action/torchrun_watch.py", "plugins/module_utils/torchfleet/agent.py",
+            "meta/runtime.yml"} <= names
+    # The one change on the way: the shared code's import path.
+    assert "ansible_collections.torchfleet.fleet.plugins.module_utils.torchfleet" in watch
+    assert "ansible.module_utils.torchfleet" not in watch
+
+
+def test_ansible_doc_renders_every_module_by_its_fqcn(installed):
+    _, work, env = installed
+    proc = subprocess.run([str(BIN / "ansible-doc"), "--json",
+                           *("torchfleet.fleet.%s" % m for m in MODULES)], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "ERROR" not in proc.stderr, proc.stderr[-3000:]
+    assert sorted(json.loads(proc.stdout)) == ["torchfleet.fleet.%s" % m for m in MODULES]
+
+
+def playbook(installed, name, *extra):
+    _, work, env = installed
+    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "inventory.yml",
+                           "torchfleet.fleet.%s" % name, *extra], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=600,
+                          stdin=subprocess.DEVNULL)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_the_collections_playbooks_run_from_any_folder(installed):
+    _, work, _ = installed
+    rc, out = playbook(installed, "preflight", "-e", "master_port=%d" % free_port(), "--check")
+    assert rc == 0 and "torchfleet.fleet.preflight : Decide every check" in out, out[-3000:]
+    rc, out = playbook(installed, "collective", "-e", "master_port=%d" % free_port(),
+                       "-e", "collective_sizes=4K", "-e", "collective_iters=2",
+                       "-e", "run_id=from-collection")
+    assert rc == 0, out[-3000:]
+    report = json.loads((work / "runs" / "from-collection" / "collective.json").read_text())
+    assert report["ok"] and [h["node_rank"] for h in report["hosts"]] == [0, 1]
+    assert processes_matching("from-collection") == []
+    rc, out = playbook(installed, "stop")
+    assert rc == 0 and "nothing of torchfleet was running here" in out, out[-3000:]
