@@ -305,7 +305,13 @@ def decide(params):
              "-" if h["rc"] is None else h["rc"],
              "-" if h["duration_s"] is None else "%.1f s" % h["duration_s"], h["logs"])
             for h in host_rows]
-    text = render(("HOST", "NODE_RANK", "RANKS", "OUTCOME", "EXIT", "DURATION", "LOGS"), rows)
+    head = ("HOST", "NODE_RANK", "RANKS", "OUTCOME", "EXIT", "DURATION", "LOGS")
+    if kind == "collective":  # each host's ranks at the largest all_reduce: outliers show
+        head = head[:6] + ("BUSBW GB/s min/med/max",) + head[6:]
+        rows = [r[:6] + ("-" if not h.get("busbw_gbs") else "%.3g / %.3g / %.3g" % (
+            h["busbw_gbs"]["min"], h["busbw_gbs"]["median"], h["busbw_gbs"]["max"]),) + r[6:]
+            for r, h in zip(rows, host_rows)]
+    text = render(head, rows)
     if extra.get("table_collective"):
         text = extra["table_collective"] + "\n\n" + text
     if failure:

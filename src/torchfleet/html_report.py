@@ -167,17 +167,25 @@ def heat_map(iso: Isolation, hosts: list[str]) -> str:
                 "".join(rows)))
 
 
+def _host_busbw(b: dict | None) -> str:
+    if not b:
+        return "-"
+    return "%.3g / %.3g / %.3g" % (b["min"], b["median"], b["max"])
+
+
 def _ranks(result: Result) -> str:
     rows = "".join(
         '<tr class="rank %s"><td>%s</td><td>%s</td><td>%s</td><td class="%s">%s</td><td>%s</td></tr>'
         % ("ok" if r.ok else "bad", "?" if r.rank is None else r.rank, escape(r.host),
            r.local_rank, "ok" if r.ok else "bad", escape(r.state),
            "-" if r.exit_code is None else r.exit_code) for r in result.ranks)
-    hosts = "".join("<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>" % (
+    hosts = "".join("<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>" % (
         escape(h.host), escape(str(h.outcome)), "-" if h.rc is None else h.rc,
-        "-" if h.duration_s is None else "%.1f s" % h.duration_s) for h in result.hosts)
+        "-" if h.duration_s is None else "%.1f s" % h.duration_s, _host_busbw(h.busbw_gbs))
+        for h in result.hosts)
     return ('<table class="hosts"><tr><th>host</th><th>outcome</th><th>exit</th>'
-            '<th>duration</th></tr>%s</table>'
+            '<th>duration</th><th>busbw GB/s min / median / max (its ranks, all_reduce at the '
+            'largest size)</th></tr>%s</table>'
             '<table class="ranks"><tr><th>rank</th><th>host</th><th>local rank</th><th>state</th>'
             '<th>exit code</th></tr>%s</table>' % (hosts, rows))
 

@@ -49,6 +49,9 @@ class Host:
     rc: int | None = None
     duration_s: float | None = None
     logs: str | None = None
+    # Collective test: this host's ranks' busbw at the sweep's largest all_reduce size
+    # ({op, size_bytes, min, median, max}).
+    busbw_gbs: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -164,7 +167,8 @@ def _host(raw: dict) -> Host:
     return Host(host=raw["host"], node_rank=raw.get("node_rank"), address=raw.get("address"),
                 socket_ifname=raw.get("socket_ifname"), gpus=raw.get("gpus"),
                 versions=raw.get("versions") or {}, outcome=raw.get("outcome"), rc=raw.get("rc"),
-                duration_s=raw.get("duration_s"), logs=raw.get("logs"))
+                duration_s=raw.get("duration_s"), logs=raw.get("logs"),
+                busbw_gbs=raw.get("busbw_gbs"))
 
 
 def _rank(raw: dict) -> Rank:

@@ -43,6 +43,7 @@ def test_a_clean_lab_names_no_slow_host_or_link_with_an_odd_number_of_hosts(heal
     assert all(p["busbw_gbs"] > 0 and p["latency_us"] > 0 for p in iso["pairs"])
     # Every run also shows each host's busbw at the largest size of the sweep.
     assert all(h["busbw_gbs"]["size_bytes"] == 65536 for h in report["hosts"])
+    assert "BUSBW GB/s min/med/max" in run.out
 
 
 def test_a_slowed_nic_is_named_as_node_slow_and_only_it(healthy_lab, tmp_path):
