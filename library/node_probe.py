@@ -39,6 +39,10 @@ options:
   script:
     description: The training script; reported as present or missing.
     type: str
+  run_dir:
+    description: This host's directory for the coming run; reported as free or already there
+      (a run_id used before).
+    type: path
   master_port:
     description: Set on the master only; reports what already listens there.
     type: int
@@ -196,6 +200,12 @@ script:
   returned: always
   type: dict
   sample: {"path": "/srv/code/train.py", "exists": true}
+run_dir:
+  description: This host's directory for the coming run and whether it already exists (null
+    when O(run_dir) is unset).
+  returned: always
+  type: dict
+  sample: {"path": "/home/u/.torchfleet/runs/20261122-0301-ab12/node0", "exists": false}
 euid:
   description: The effective user id the probe ran as (binding a port below 1024 needs 0).
   returned: always
@@ -331,6 +341,7 @@ def main():
             code_dir=dict(type="path"),
             data_paths=dict(type="list", elements="str", default=[]),
             script=dict(type="str"),
+            run_dir=dict(type="path"),
             master_port=dict(type="int"),
             master_addr=dict(type="str"),
             socket_ifname=dict(type="str"),
@@ -396,6 +407,8 @@ def main():
         data=data_facts(params["data_paths"]),
         script={"path": params["script"], "exists": os.path.isfile(params["script"])}
         if params["script"] else None,
+        run_dir={"path": params["run_dir"], "exists": os.path.exists(params["run_dir"])}
+        if params["run_dir"] else None,
         euid=os.geteuid(),
     )
     if master is not None:

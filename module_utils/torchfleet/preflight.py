@@ -363,6 +363,14 @@ def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
                                            "does not exist here"),
                                 "copy %s to %s or fix -e script (a path on the hosts)"
                                 % (settings["script"], host)))
+        used = probe.get("run_dir")
+        if used:
+            # An earlier run's directory: its final state record would be read as this run's.
+            checks.append(check("run_id.used", host, not used["exists"],
+                                "%s %s" % (used["path"], "exists: this run_id was used before "
+                                           "here" if used["exists"] else "is free"),
+                                "leave run_id unset (each run gets a new one) or choose another;"
+                                " to reuse the name, remove %s on %s" % (used["path"], host)))
         hn = probe["hostname"]
         # On a loopback-only run (the embedded default) every address is loopback by design.
         if hn["loopback"] and not is_loopback_addr(master_addr):

@@ -16,7 +16,7 @@ def write_report(run_dir, name, data, runs_root=None):
     Returns the report's path. The rename makes a reader never see half a report.
     """
     os.makedirs(run_dir, mode=0o750, exist_ok=True)
-    path = os.path.join(run_dir, name)
+    path = os.path.abspath(os.path.join(run_dir, name))
     fd, tmp = tempfile.mkstemp(dir=run_dir, prefix="." + name)
     try:
         with os.fdopen(fd, "w") as f:

@@ -77,14 +77,15 @@ def playbook(installed, name, *extra):
 
 def test_the_collections_playbooks_run_from_any_folder(installed):
     _, work, _ = installed
+    run_id = "from-collection-%d" % os.getpid()
     rc, out = playbook(installed, "preflight", "-e", "master_port=%d" % free_port(), "--check")
     assert rc == 0 and "torchfleet.fleet.preflight : Decide every check" in out, out[-3000:]
     rc, out = playbook(installed, "collective", "-e", "master_port=%d" % free_port(),
                        "-e", "collective_sizes=4K", "-e", "collective_iters=2",
-                       "-e", "run_id=from-collection")
+                       "-e", "run_id=%s" % run_id)
     assert rc == 0, out[-3000:]
-    report = json.loads((work / "runs" / "from-collection" / "collective.json").read_text())
+    report = json.loads((work / "runs" / run_id / "collective.json").read_text())
     assert report["ok"] and [h["node_rank"] for h in report["hosts"]] == [0, 1]
-    assert processes_matching("from-collection") == []
+    assert processes_matching(run_id) == []
     rc, out = playbook(installed, "stop")
     assert rc == 0 and "nothing of torchfleet was running here" in out, out[-3000:]

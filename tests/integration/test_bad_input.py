@@ -129,3 +129,15 @@ def test_pair_rounds_asked_for_one_host_or_an_unknown_schedule(tmp_path, extra, 
     (bad,) = [c for c in run.report()["checks"] if c["id"] == check_id]
     assert sentence in bad["detail"] and check_id in run.out
     assert_no_host_touched(run)
+
+
+def test_a_run_id_used_before_is_named_before_anything_starts(tmp_path):
+    run_id = "reused-%d" % tmp_path.stat().st_ino
+    first = playbook("train.yml", tmp_path / "a", "-e", "run_id=%s" % run_id,
+                     "-e", "train_steps=5")
+    assert first.rc == 0, first.out[-3000:]
+    again = playbook("train.yml", tmp_path / "b", "-e", "run_id=%s" % run_id,
+                     "-e", "train_steps=5")
+    assert again.rc != 0
+    assert again.failing() == [("run_id.used", "node0"), ("run_id.used", "node1")]
+    assert "Start this host's agent" not in again.out
