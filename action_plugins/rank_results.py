@@ -3,8 +3,13 @@ from __future__ import annotations
 
 import base64
 import os
+import sys
 
 from ansible.plugins.action import ActionBase
+
+sys.path.insert(0, os.path.dirname(__file__))
+import _torchfleet  # noqa: E402,F401  (puts module_utils on the path)
+from ansible.module_utils.torchfleet.rundir import RANK_RESULTS_SPEC  # noqa: E402
 
 
 class ActionModule(ActionBase):
@@ -12,7 +17,8 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        args = dict(self._task.args)
+        self.validate_argument_spec(argument_spec=RANK_RESULTS_SPEC)  # fails the task, naming it
+        args = dict(self._task.args)  # as given: run_dir is the host's path, expanded there
         dest = args.pop("dest", None)
         remote = self._execute_module(module_name="rank_results", module_args=args,
                                       task_vars=task_vars)

@@ -19,11 +19,16 @@ import functools
 import json
 import os
 import shlex
+import sys
 import time
 
 from ansible.errors import AnsibleConnectionFailure, AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
+
+sys.path.insert(0, os.path.dirname(__file__))
+import _torchfleet  # noqa: E402,F401  (puts module_utils on the path)
+from ansible.module_utils.torchfleet.watch import ACTION_SPEC  # noqa: E402
 
 display = Display()
 
@@ -99,9 +104,10 @@ class ActionModule(ActionBase):
     _supports_check_mode = False  # it renews the master's lease and writes on the controller
 
     def _look(self, task_vars, **extra):
+        # As given, not as validated: a path such as ~/... is the master's, expanded there.
         args = {k: v for k, v in self._task.args.items() if k in MODULE_ARGS and v is not None}
         args.update(extra)
-        python = self._task.args.get("python")
+        python = self.params["python"]
         if not python:
             return self._execute_module(module_name="torchrun_watch", module_args=args,
                                         task_vars=task_vars)
@@ -117,11 +123,10 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        a = self._task.args
+        _, self.params = self.validate_argument_spec(argument_spec=ACTION_SPEC)
+        a = self.params
         master = self._task.delegate_to or task_vars["inventory_hostname"]
-        poll_s = float(a.get("poll_s", 5))
-        every_s = float(a.get("progress_every_s", 10))
-        settle_s = float(a.get("settle_s", 120))
+        poll_s, every_s, settle_s = a["poll_s"], a["progress_every_s"], a["settle_s"]
         begin = time.monotonic()
         shown, decided_at, look, failure, record = 0.0, None, {}, None, None
         while True:

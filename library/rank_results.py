@@ -64,7 +64,8 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.torchfleet.rundir import EXITCODE, LOGS, RESULTS, TORCHRUN_LOG
+from ansible.module_utils.torchfleet.rundir import (
+    EXITCODE, LOGS, RANK_RESULTS_SPEC, RESULTS, TORCHRUN_LOG)
 
 
 def read_tail(path, max_bytes):
@@ -75,14 +76,7 @@ def read_tail(path, max_bytes):
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            run_dir=dict(type="path", required=True),
-            max_log_bytes=dict(type="int", default=1 << 20),
-            dest=dict(type="str"),
-        ),
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=RANK_RESULTS_SPEC, supports_check_mode=True)
     p = module.params
     run_dir = p["run_dir"]
     results = []

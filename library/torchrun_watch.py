@@ -127,23 +127,11 @@ master_lost:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.torchfleet.watch import DEFAULTS, look
+from ansible.module_utils.torchfleet.watch import ARGUMENT_SPEC, look
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            run_dir=dict(type="path", required=True),
-            run_id=dict(type="str", required=True),
-            # Defaults from watch.DEFAULTS, which the action plugin's plain-script looks use.
-            touch_lease=dict(type="bool", default=DEFAULTS["touch_lease"]),
-            async_jid=dict(type="str"),
-            async_dir=dict(type="path", default=DEFAULTS["async_dir"]),
-            wait_s=dict(type="float", default=DEFAULTS["wait_s"]),
-            full=dict(type="bool", default=DEFAULTS["full"]),
-        ),
-        supports_check_mode=False,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=False)
     module.exit_json(**look(module.params))
 
 

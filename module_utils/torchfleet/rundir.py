@@ -27,6 +27,13 @@ LOGS = "logs"
 RESULTS = "results"
 STACK_DUMP = "py-spy-dump.txt"
 
+# The rank_results module's arguments (dest is its action plugin's), validated by both.
+RANK_RESULTS_SPEC = dict(
+    run_dir=dict(type="path", required=True),
+    max_log_bytes=dict(type="int", default=1 << 20),
+    dest=dict(type="str"),
+)
+
 
 def write_json(path, data):
     tmp = path + ".tmp"

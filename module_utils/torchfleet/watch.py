@@ -25,6 +25,26 @@ POLL_S = 0.2
 DEFAULTS = {"touch_lease": True, "async_jid": None, "async_dir": "~/.ansible_async",
             "wait_s": 0.0, "full": False}
 
+# The torchrun_watch module's arguments; the action plugin validates these and its own.
+ARGUMENT_SPEC = dict(
+    run_dir=dict(type="path", required=True),
+    run_id=dict(type="str", required=True),
+    touch_lease=dict(type="bool", default=DEFAULTS["touch_lease"]),
+    async_jid=dict(type="str"),
+    async_dir=dict(type="path", default=DEFAULTS["async_dir"]),
+    wait_s=dict(type="float", default=DEFAULTS["wait_s"]),
+    full=dict(type="bool", default=DEFAULTS["full"]),
+)
+ACTION_SPEC = dict(
+    ARGUMENT_SPEC,
+    python=dict(type="str"),
+    poll_s=dict(type="float", default=5),
+    progress_every_s=dict(type="float", default=10),
+    settle_s=dict(type="float", default=120),
+    progress_file=dict(type="path"),
+    state_file=dict(type="path"),
+)
+
 
 def touch_lease(run_dir):
     if os.path.isdir(run_dir):

@@ -7,9 +7,11 @@ ansible-runner that returns a typed Result.
         for check in result.failures:
             print(check.host, check.id, check.detail, check.fix)
 
-Keyword arguments other than the ones named below become the playbooks' variables (nnodes,
-master_port, socket_ifname, code_dir, data_paths, script, ... as in the README). A failing
-check or run returns ok=False; only misuse of the API raises (ValueError / TypeError).
+The playbooks' public variables (nnodes, master_port, socket_ifname, code_dir, data_paths,
+script, ...) are keyword arguments with the types and defaults of the roles' argument specs
+(torchfleet/variables.py; help(torchfleet.train) lists them), checked before anything runs;
+any other variable goes in variables={...}. A failing check or run returns ok=False; only
+misuse of the API raises (ValueError / TypeError).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from typing import Any, Callable
 from torchfleet.paths import ansible_root
 from torchfleet.results import Check, Host, Result, load
 from torchfleet.runner import Event, run_playbook
+from torchfleet.variables import typed
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -109,6 +112,7 @@ def _run(kind: str, playbook: str, inventory, runs_root, run_id, on_event, cance
     return result
 
 
+@typed
 def preflight(inventory: str | Path | None = None, *, on_event: EventHandler | None = None,
               cancel: CancelCheck | None = None, runs_root: str | Path | None = None,
               run_id: str | None = None, **variables: Any) -> Result:
@@ -117,6 +121,7 @@ def preflight(inventory: str | Path | None = None, *, on_event: EventHandler | N
                 variables)
 
 
+@typed
 def collective(inventory: str | Path | None = None, *, on_event: EventHandler | None = None,
                cancel: CancelCheck | None = None, runs_root: str | Path | None = None,
                run_id: str | None = None, **variables: Any) -> Result:
@@ -125,6 +130,7 @@ def collective(inventory: str | Path | None = None, *, on_event: EventHandler | 
                 variables)
 
 
+@typed
 def train(inventory: str | Path | None = None, *, on_event: EventHandler | None = None,
           cancel: CancelCheck | None = None, runs_root: str | Path | None = None,
           run_id: str | None = None, **variables: Any) -> Result:

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             call = getattr(api, args.command)
             result = call(args.inventory, on_event=progress, runs_root=args.runs_root,
-                          run_id=args.run_id, **variables)
+                          run_id=args.run_id, variables=variables)
     except (ValueError, TypeError) as exc:
         print("torchfleet %s: %s" % (args.command, exc), file=sys.stderr)
         return ERROR

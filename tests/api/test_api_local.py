@@ -148,10 +148,12 @@ def test_ctrl_c_during_train_stops_torchrun_on_every_host_then_returns(runs_root
 
 @pytest.mark.parametrize("call, message", [
     (lambda: torchfleet.preflight("/nonexistent/inventory.yml"), "does not exist"),
-    (lambda: torchfleet.preflight(**{"bad-name": 1}), "not a valid Ansible variable"),
+    (lambda: torchfleet.preflight(variables={"bad-name": 1}), "not a valid Ansible variable"),
+    (lambda: torchfleet.preflight(**{"bad-name": 1}), "unknown argument"),
     (lambda: torchfleet.preflight(run_id="../escape"), "cannot name a directory"),
     (lambda: torchfleet.train(on_event="print"), "must be callable"),
-    (lambda: torchfleet.preflight(data_paths={1, 2}), "not JSON-serialisable"),
+    (lambda: torchfleet.preflight(data_paths={1, 2}), "data_paths.*cannot be converted"),
+    (lambda: torchfleet.preflight(variables={"tags": {1, 2}}), "not JSON-serialisable"),
 ])
 def test_misuse_raises_one_clear_sentence(call, message):
     with pytest.raises((ValueError, TypeError), match=message):

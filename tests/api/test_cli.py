@@ -14,10 +14,10 @@ from tests.api.conftest import free_port
 
 pytestmark = pytest.mark.integration
 
-CHECK_KEYS = {"host", "id", "ok", "detail", "fix", "severity"}
+CHECK_KEYS = {"host", "id", "ok", "detail", "hint", "severity"}  # preflight.json's own
 RESULT_KEYS = {"kind", "ok", "run_id", "run_dir", "checks", "hosts", "ranks", "busbw",
-               "first_failure", "preflight", "cancelled", "ansible_status", "ansible_rc",
-               "failures"}
+               "isolation", "first_failure", "preflight", "cancelled", "ansible_status",
+               "ansible_rc", "failures"}
 
 
 def torchfleet(*args, cwd):
