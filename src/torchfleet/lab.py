@@ -332,6 +332,16 @@ class Lab:
         sh("nft", "add", "rule", "inet", NFT_TABLE, "input", "iifname", "eth0", "tcp", "dport",
            ports, "drop", ns=node.ns)
 
+    def cut_link(self, a: str, b: str) -> None:
+        """A dead cable between two nodes only: each drops what it sends to the other; their
+        traffic with every other node passes."""
+        for src, dst in ((self.node(a), self.node(b)), (self.node(b), self.node(a))):
+            sh("nft", "add", "table", "inet", NFT_TABLE, ns=src.ns)
+            sh("nft", "add", "chain", "inet", NFT_TABLE, "output",
+               "{ type filter hook output priority 0 ; }", ns=src.ns)
+            sh("nft", "add", "rule", "inet", NFT_TABLE, "output", "ip", "daddr", dst.address,
+               "drop", ns=src.ns)
+
     def occupy_port(self, name: str, port: int) -> int:
         """Hold `port` on the node with a listening process; returns its PID."""
         node = self.node(name)
@@ -539,11 +549,12 @@ def main(argv: list[str] | None = None) -> int:
     fault = sub.add_parser("fault", help="inject a fault on one node")
     fault.add_argument("kind", choices=["block_port", "occupy_port", "rename_nic", "desync_code",
                                         "remove_data", "hostname_loopback", "unreachable",
-                                        "cut_network", "set_env", "slow_nic", "slow_link"])
+                                        "cut_network", "set_env", "slow_nic", "slow_link",
+                                        "cut_link"])
     fault.add_argument("node")
     fault.add_argument("--port", type=int, default=29500)
     fault.add_argument("--env", default="NCCL_IB_DISABLE=1", help="NAME=VALUE for set_env")
-    fault.add_argument("--peer", help="the other node of slow_link")
+    fault.add_argument("--peer", help="the other node of slow_link / cut_link")
     fault.add_argument("--rate", default=SLOW_RATE, help="tc rate of slow_nic / slow_link")
     args = parser.parse_args(argv)
     try:
@@ -571,10 +582,13 @@ def main(argv: list[str] | None = None) -> int:
                 lab.set_env(args.node, args.env)
             elif args.kind == "slow_nic":
                 lab.slow_nic(args.node, args.rate)
-            elif args.kind == "slow_link":
+            elif args.kind in ("slow_link", "cut_link"):
                 if not args.peer:
-                    raise LabError("slow_link needs the other node: --peer NODE")
-                lab.slow_link(args.node, args.peer, args.rate)
+                    raise LabError("%s needs the other node: --peer NODE" % args.kind)
+                if args.kind == "slow_link":
+                    lab.slow_link(args.node, args.peer, args.rate)
+                else:
+                    lab.cut_link(args.node, args.peer)
             else:
                 getattr(lab, args.kind)(args.node)
     except LabError as exc:

@@ -4,14 +4,21 @@ named link.slow and nothing else is; a clean lab names nothing. The report's hea
 rendered by headless chromium."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from tests.api.test_report_browser import chromium
-from tests.conftest import processes_matching
-from tests.integration.playbook import playbook
+from tests.conftest import ROOT, processes_matching
+from tests.integration.playbook import BIN, playbook
+from tests.lab.test_reliability_lab import wait_until
 from torchfleet import html_report
 
 pytestmark = pytest.mark.lab
+REMOTE_RUNS = Path.home() / ".torchfleet" / "runs"
 # A small world sweep: the pair rounds are what these tests look at.
 ISOLATE = ("-e", "collective_isolate=true", "-e", "collective_sizes=64K", "-e",
            "collective_iters=3")
@@ -72,3 +79,32 @@ def test_a_slowed_pair_is_named_as_link_slow_and_only_it(healthy_lab, tmp_path):
     assert run.rc != 0
     assert failed(report, "node.slow", "link.slow") == [("link.slow", "node1")]
     assert report["isolate"]["slow_links"] == [["node1", "node2"]]
+
+
+def test_a_pair_cut_during_the_rounds_is_a_slow_link_with_its_error_and_the_rest_run(
+        healthy_lab, tmp_path):
+    """gloo connects every pair when the world forms, so the cable between node1 and node3 is
+    pulled once the rounds have begun; their pair (the chord round) times out, is named with
+    gloo's error, and every other pair and round still reports. Nothing is left running."""
+    run_id = "cut-pair-%d" % os.getpid()
+    proc = subprocess.Popen(
+        [str(BIN / "ansible-playbook"), "collective.yml", "-i", str(healthy_lab.inventory),
+         *ISOLATE, "-e", "nnodes=4", "-e", "collective_timeout_s=10", "-e", "run_id=%s" % run_id,
+         # 16 MiB pairs: a round lasts long enough for the cut to land between rounds 0 and 2.
+         "-e", "collective_pair_size=16M",
+         "-e", "run_dir=%s" % (tmp_path / "run")], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+        env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ.get("PATH", ""))))
+    logs = REMOTE_RUNS / run_id / "node1" / "logs"
+    assert wait_until(lambda: any("pair round 0" in p.read_text(errors="replace")
+                                  for p in logs.glob("**/stdout.log")), 240, 0.02), proc.poll()
+    healthy_lab.cut_link("node1", "node3")  # (1, 3) meet in the last round
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    report = json.loads((tmp_path / "run" / "collective.json").read_text())
+    assert failed(report, "node.slow", "link.slow") == [("link.slow", "node1")]
+    pairs = {(p["a"], p["b"]): p for p in report["isolate"]["pairs"]}
+    assert "Timed out" in pairs[("node1", "node3")]["error"]
+    assert len(pairs) == 6 and all(p["busbw_gbs"] for k, p in pairs.items()
+                                   if k != ("node1", "node3"))
+    assert processes_matching(run_id) == []
