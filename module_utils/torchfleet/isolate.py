@@ -103,7 +103,10 @@ def verdict(results, hosts, threshold=0.5, floor_gbs=0.0, nics=None):
                                 "slow with every partner: %s; %s" % (mine, against),
                                 NODE_FIX % (host, nic, nic)))
         else:
-            checks.append(check("node.slow", host, True, "%s; %s" % (mine, against), ""))
+            alone = "" if len(partners[node]) >= 2 else (
+                " (one partner: host and link cannot be told apart; 3 or more hosts can)")
+            checks.append(check("node.slow", host, True, "%s; %s%s" % (mine, against, alone),
+                                ""))
     for a, b in slow_links:
         checks.append(check("link.slow", name(a), False,
                             "link %s <-> %s: %s while both are fine with other partners; %s"

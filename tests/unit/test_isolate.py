@@ -141,6 +141,8 @@ def test_a_slow_rail_makes_its_pair_slow_the_higher_side_counts():
 def test_two_hosts_cannot_tell_host_from_link_and_name_neither():
     v = verdict(ranks(2, lambda a, b: 0.01), HOSTS[:2])
     assert v["slow_nodes"] == [] and v["slow_links"] == []
+    assert all("cannot be told apart" in c["detail"] for c in v["checks"]
+               if c["id"] == "node.slow")
 
 
 def test_an_absolute_floor_names_a_uniformly_slow_cluster():
