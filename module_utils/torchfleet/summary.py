@@ -156,12 +156,13 @@ def host_busbw(results, op="all_reduce"):
     sizes = [i["size_bytes"] for r in results for i in r.get("results", []) if i["op"] == op]
     if not sizes:
         return {}
+    largest = max(sizes)
     per_host = {}
     for r in results:
         for item in r.get("results", []):
-            if item["op"] == op and item["size_bytes"] == max(sizes):
+            if item["op"] == op and item["size_bytes"] == largest:
                 per_host.setdefault(r.get("host"), []).append(item["busbw_gbs"])
-    return {host: {"op": op, "size_bytes": max(sizes), "min": min(bw),
+    return {host: {"op": op, "size_bytes": largest, "min": min(bw),
                    "median": statistics.median(bw), "max": max(bw)}
             for host, bw in per_host.items()}
 

@@ -26,7 +26,6 @@ from torchfleet import __version__
 from torchfleet.paths import ansible_root
 
 NAMESPACE, NAME = "torchfleet", "fleet"
-FQCN = "%s.%s" % (NAMESPACE, NAME)
 OLD_IMPORT = re.compile(r"\bansible\.module_utils\.torchfleet\b")
 NEW_IMPORT = "ansible_collections.%s.%s.plugins.module_utils.torchfleet" % (NAMESPACE, NAME)
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
@@ -73,13 +72,10 @@ def assemble(dest: Path, root: Path | None = None) -> Path:
     """Write the collection's tree into dest (ansible_collections/torchfleet/fleet layout
     inside it is the caller's choice); returns dest."""
     root = root or ansible_root()
-    modules = sorted(p for p in (root / "library").glob("*.py"))
-    for src in modules:
-        _copy_py(src, dest / "plugins" / "modules" / src.name)
-    for src in sorted((root / "action_plugins").glob("*.py")):
-        _copy_py(src, dest / "plugins" / "action" / src.name)
-    for src in sorted((root / "module_utils" / "torchfleet").glob("*.py")):
-        _copy_py(src, dest / "plugins" / "module_utils" / "torchfleet" / src.name)
+    for here, there in (("library", "plugins/modules"), ("action_plugins", "plugins/action"),
+                        ("module_utils/torchfleet", "plugins/module_utils/torchfleet")):
+        for src in sorted((root / here).glob("*.py")):
+            _copy_py(src, dest / there / src.name)
     shutil.copytree(root / "roles", dest / "roles",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copytree(WORKLOADS, dest / "roles" / "launch" / "files" / "workloads",
@@ -91,8 +87,9 @@ def assemble(dest: Path, root: Path | None = None) -> Path:
     (dest / "meta" / "runtime.yml").write_text('---\nrequires_ansible: ">=2.19.0"\n')
     (dest / "galaxy.yml").write_text(GALAXY.format(ns=NAMESPACE, name=NAME,
                                                    version=__version__))
-    (dest / "README.md").write_text(README.format(
-        version=__version__, modules=", ".join(p.stem for p in modules)))
+    modules = sorted(p.stem for p in (dest / "plugins" / "modules").glob("*.py"))
+    (dest / "README.md").write_text(README.format(version=__version__,
+                                                  modules=", ".join(modules)))
     return dest
 
 

@@ -324,23 +324,23 @@ class Lab:
     def block_port(self, name: str, port: int, last: int | None = None) -> None:
         """Drop TCP to `port` (or the range port-last) arriving on the node's eth0, as a host
         firewall would; the node's own loopback traffic still passes."""
-        node = self.node(name)
         ports = str(port) if last is None else "%d-%d" % (port, last)
-        sh("nft", "add", "table", "inet", NFT_TABLE, ns=node.ns)
-        sh("nft", "add", "chain", "inet", NFT_TABLE, "input",
-           "{ type filter hook input priority 0 ; }", ns=node.ns)
-        sh("nft", "add", "rule", "inet", NFT_TABLE, "input", "iifname", "eth0", "tcp", "dport",
-           ports, "drop", ns=node.ns)
+        self._drop(self.node(name), "input", "iifname", "eth0", "tcp", "dport", ports)
 
     def cut_link(self, a: str, b: str) -> None:
         """A dead cable between two nodes only: each drops what it sends to the other; their
         traffic with every other node passes."""
         for src, dst in ((self.node(a), self.node(b)), (self.node(b), self.node(a))):
-            sh("nft", "add", "table", "inet", NFT_TABLE, ns=src.ns)
-            sh("nft", "add", "chain", "inet", NFT_TABLE, "output",
-               "{ type filter hook output priority 0 ; }", ns=src.ns)
-            sh("nft", "add", "rule", "inet", NFT_TABLE, "output", "ip", "daddr", dst.address,
-               "drop", ns=src.ns)
+            self._drop(src, "output", "ip", "daddr", dst.address)
+
+    @staticmethod
+    def _drop(node: Node, hook: str, *match: str) -> None:
+        """A rule dropping what matches, in the lab's own nftables table of the node (heal
+        deletes that table)."""
+        sh("nft", "add", "table", "inet", NFT_TABLE, ns=node.ns)
+        sh("nft", "add", "chain", "inet", NFT_TABLE, hook,
+           "{ type filter hook %s priority 0 ; }" % hook, ns=node.ns)
+        sh("nft", "add", "rule", "inet", NFT_TABLE, hook, *match, "drop", ns=node.ns)
 
     def occupy_port(self, name: str, port: int) -> int:
         """Hold `port` on the node with a listening process; returns its PID."""

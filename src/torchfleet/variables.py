@@ -96,9 +96,8 @@ def typed(function):
                             "listed in help(torchfleet.%s); pass other variables in "
                             "variables={...}" % (function.__name__, ", ".join(unknown),
                                                  function.__name__))
-        check(dict(variables or {}, **kwargs))
-        merged = dict(variables or {})
-        merged.update(kwargs)
+        merged = {**(variables or {}), **kwargs}
+        check(merged)
         return function(*args, **merged)
 
     wrapper.__signature__ = sig.replace(parameters=params + extra + [variables])
