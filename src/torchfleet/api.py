@@ -97,8 +97,9 @@ def _run(kind: str, playbook: str, inventory, runs_root, run_id, on_event, cance
     result = load(run_dir, kind)
     if result is None:
         detail = ("cancelled before %s.json was written" % kind if outcome.cancelled else
-                  "ansible-playbook ended (%s, rc %s) before writing %s.json; see %s"
-                  % (outcome.status, outcome.rc, kind, run_dir / "ansible.log"))
+                  "ansible-playbook ended (%s, rc %s) before writing %s.json%s; see %s"
+                  % (outcome.status, outcome.rc, kind,
+                     ": " + outcome.error if outcome.error else "", run_dir / "ansible.log"))
         result = Result(kind=kind, ok=False, run_id=run_id, run_dir=run_dir, checks=[
             Check("controller", "run.cancelled" if outcome.cancelled else "ansible.error",
                   False, detail, "" if outcome.cancelled else

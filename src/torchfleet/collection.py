@@ -3,6 +3,7 @@ the same sources as the repository's tree (nothing to maintain twice).
 
     library/*.py                  -> plugins/modules/
     action_plugins/*.py           -> plugins/action/
+    inventory_plugins/*.py        -> plugins/inventory/ (plugin: torchfleet.fleet.slurm)
     module_utils/torchfleet/*.py  -> plugins/module_utils/torchfleet/
     roles/                        -> roles/
     playbooks/*.yml               -> playbooks/   (torchfleet.fleet.preflight, .train, ...)
@@ -58,7 +59,9 @@ torchfleet package {version}.
     ansible-playbook -i INVENTORY torchfleet.fleet.train -e nnodes=2 -e script=/path/train.py
 
 Playbooks: preflight, train, collective, stop. Roles: torchfleet.fleet.preflight, .launch,
-.results. Modules: {modules}. The inventory needs group `nodes` (rank order = its order);
+.results. Modules: {modules}. Inventory plugin: torchfleet.fleet.slurm (a running Slurm
+job's nodes; a source file holding `plugin: torchfleet.fleet.slurm`, named *slurm.yml).
+The inventory needs group `nodes` (rank order = its order);
 every variable, check id and output is described in torchfleet's README.
 """
 
@@ -73,6 +76,7 @@ def assemble(dest: Path, root: Path | None = None) -> Path:
     inside it is the caller's choice); returns dest."""
     root = root or ansible_root()
     for here, there in (("library", "plugins/modules"), ("action_plugins", "plugins/action"),
+                        ("inventory_plugins", "plugins/inventory"),
                         ("module_utils/torchfleet", "plugins/module_utils/torchfleet")):
         for src in sorted((root / here).glob("*.py")):
             _copy_py(src, dest / there / src.name)

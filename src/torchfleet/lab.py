@@ -11,6 +11,7 @@ Everything lab N makes carries the prefix `tflab<N>-`: `down` finds and removes 
 prefix (also after a crash), and never touches anything else; `down --all` removes every lab.
 
     python -m torchfleet.lab up --nodes 4          # prints the inventory path
+    python -m torchfleet.lab up --nodes 3 --slurm  # and a Slurm cluster of them (lab_slurm.py)
     python -m torchfleet.lab fault block_port node0 --port 29500
     python -m torchfleet.lab heal                   # undo every fault
     python -m torchfleet.lab down
@@ -42,6 +43,7 @@ MAX_NODES = 200
 DEFAULT_DIR = Path("/tmp/torchfleet-lab")
 SSHD = "/usr/sbin/sshd"
 NFT_TABLE = PREFIX
+DAEMONS = "daemons"  # <lab>/daemons/*.pid: what the lab runs outside its namespaces
 SAMPLE_CODE = {"train.py": "print('torchfleet lab')\n", "model/net.py": "LAYERS = 4\n"}
 OCCUPY = ("import socket, sys, time\n"
           "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
@@ -299,25 +301,30 @@ class Lab:
             raise LabError("sshd did not answer on %s within %.0f s"
                            % (", ".join(n.name for n in pending), timeout_s))
 
-    def _write_inventory(self) -> None:
+    def node_vars(self) -> dict:
+        """The variables every node of the lab needs: how Ansible reaches it and where its
+        code, data and python are."""
         keys = self.root / "keys"
         ssh_args = " ".join([
             "-o UserKnownHostsFile=%s" % (self.root / "known_hosts"),
             "-o StrictHostKeyChecking=yes", "-o IdentitiesOnly=yes",
             "-o ControlPath=%s" % (self.root / "cp" / "%C")])
+        return {
+            "ansible_user": "root",
+            "ansible_ssh_private_key_file": str(keys / "id_lab"),
+            "ansible_ssh_common_args": ssh_args,
+            # Every node shares this machine's filesystem, so the controller's venv is there.
+            "ansible_python_interpreter": sys.executable,
+            "python": sys.executable,
+            "backend": "gloo",
+            "code_dir": str(self.code_dir),
+            "data_paths": [str(self.data_dir)],
+        }
+
+    def _write_inventory(self) -> None:
         inventory = {"all": {"children": {"nodes": {
             "hosts": {n.name: {"ansible_host": n.address} for n in self.nodes},
-            "vars": {
-                "ansible_user": "root",
-                "ansible_ssh_private_key_file": str(keys / "id_lab"),
-                "ansible_ssh_common_args": ssh_args,
-                # Every node shares this machine's filesystem, so the controller's venv is there.
-                "ansible_python_interpreter": sys.executable,
-                "python": sys.executable,
-                "backend": "gloo",
-                "code_dir": str(self.code_dir),
-                "data_paths": [str(self.data_dir)],
-            }}}}}
+            "vars": self.node_vars()}}}}
         self.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
 
     # ---- faults (each undone by heal() and by down()) --------------------------------------
@@ -510,11 +517,31 @@ def _parent(pid: int) -> int | None:
         return None
 
 
+def stop_daemons(root: Path) -> list[int]:
+    """SIGKILL the daemons the lab started outside its namespaces (the Slurm lab's munged and
+    slurmctld): each left a pid file in <root>/daemons and has the lab's path on its command
+    line, which a reused pid would not."""
+    killed = []
+    for pidfile in sorted((root / DAEMONS).glob("*.pid")):
+        try:
+            pid = int(pidfile.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        if str(root).encode() in cmdline(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except OSError:
+                pass
+    return killed
+
+
 def down(root: Path = DEFAULT_DIR, tag: int | None = None) -> list[str]:
     """Remove every trace of lab `tag` (found by its name prefix; every lab when tag is None)
     and the directory `root`; returns what it removed."""
     removed = []
     close_control_masters(root)
+    removed += ["daemon %d" % pid for pid in stop_daemons(root)]
     for ns in our_namespaces(tag):
         kill_namespace_processes(ns)
         sh("ip", "netns", "del", ns, check=False)
@@ -542,6 +569,8 @@ def main(argv: list[str] | None = None) -> int:
     up_p.add_argument("--nodes", type=int, default=2)
     up_p.add_argument("--tag", type=int, default=0,
                       help="lab number 0-9: names tflab<N>-*, addresses 10.77.<N>.0/24")
+    up_p.add_argument("--slurm", action="store_true",
+                      help="also a Slurm cluster of the nodes (slurmctld, a slurmd per node)")
     down_p = sub.add_parser("down", help="remove the lab (found by its name prefix, also "
                                          "after a crash) and its directory")
     down_p.add_argument("--all", action="store_true", help="remove every lab's leftovers")
@@ -561,6 +590,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             start = time.monotonic()
             lab = Lab.up(args.nodes, args.dir, args.tag)
+            if args.slurm:
+                from torchfleet.lab_slurm import SlurmLab  # it builds on this module
+                try:
+                    SlurmLab(lab).start()
+                except BaseException:
+                    down(args.dir, args.tag)
+                    raise
             print("lab up: %d node(s) in %.1f s; inventory: %s"
                   % (len(lab.nodes), time.monotonic() - start, lab.inventory))
         elif args.command == "down":

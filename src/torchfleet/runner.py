@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -54,6 +55,19 @@ class Outcome:
     status: str  # ansible-runner's: successful, failed, canceled, timeout
     rc: int | None
     cancelled: bool
+    error: str = ""  # what ansible-playbook said first when it stopped before any play
+
+
+# An inventory source that fails: Ansible tries every plugin and prints each one's reason; the
+# one that took the file (auto: a plugin's config file) says what is wrong.
+INVENTORY_ERROR = re.compile(r"Failed to parse inventory with 'auto' plugin: (.+)")
+ERROR_LINE = re.compile(r"^\[ERROR\]: (.+)$", re.M)
+
+
+def first_error(log: str) -> str:
+    """The sentence that says why ansible-playbook stopped, from its output ('' if none)."""
+    found = INVENTORY_ERROR.search(log) or ERROR_LINE.search(log)
+    return found.group(1).strip() if found else ""
 
 
 def translate(event: dict) -> list[Event]:
@@ -182,8 +196,9 @@ def run_playbook(playbook: str, *, inventory: Path, extravars: dict[str, Any], r
             if cancelled:  # what runner's kill missed
                 forks.kill_left(left + forks.stray_forks(marker))
             stdout = Path(runner.config.artifact_dir) / "stdout"
-            if stdout.is_file():
-                shutil.copyfile(stdout, run_dir / "ansible.log")
-            return Outcome(status=runner.status, rc=runner.rc, cancelled=cancelled)
+            log = stdout.read_text(errors="replace") if stdout.is_file() else ""
+            (run_dir / "ansible.log").write_text(log)
+            return Outcome(status=runner.status, rc=runner.rc, cancelled=cancelled,
+                           error=first_error(log) if runner.rc else "")
     finally:
         shutil.rmtree(private, ignore_errors=True)

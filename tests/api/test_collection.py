@@ -51,7 +51,7 @@ def test_the_archive_holds_one_tree_built_from_the_sources(installed):
     assert {"roles/preflight/meta/argument_specs.yml", "roles/launch/tasks/main.yml",
             "roles/launch/files/workloads/collective.py", "playbooks/train.yml",
             "plugins/action/torchrun_watch.py", "plugins/module_utils/torchfleet/agent.py",
-            "meta/runtime.yml"} <= names
+            "plugins/inventory/slurm.py", "meta/runtime.yml"} <= names
     # The one change on the way: the shared code's import path.
     assert "ansible_collections.torchfleet.fleet.plugins.module_utils.torchfleet" in watch
     assert "ansible.module_utils.torchfleet" not in watch
@@ -64,6 +64,11 @@ def test_ansible_doc_renders_every_module_by_its_fqcn(installed):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "ERROR" not in proc.stderr, proc.stderr[-3000:]
     assert sorted(json.loads(proc.stdout)) == ["torchfleet.fleet.%s" % m for m in MODULES]
+    proc = subprocess.run([str(BIN / "ansible-doc"), "-t", "inventory", "--json",
+                           "torchfleet.fleet.slurm"], cwd=work, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "torchfleet.fleet.slurm" in json.loads(proc.stdout)
 
 
 def playbook(installed, name, *extra):

@@ -54,3 +54,13 @@ def test_every_description_is_text(name):
         bad = [t for t in texts(doc) if not isinstance(t, str)]
         assert bad == [], "%s %s: a description parsed as %r" % (name, part, bad[:1])
     assert yaml.safe_load(module.EXAMPLES)
+
+
+def test_the_slurm_inventory_plugin_renders_in_ansible_doc():
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run([str(BIN / "ansible-doc"), "-t", "inventory", "--json", "slurm"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "WARNING" not in proc.stderr, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)["slurm"]
+    assert set(doc["doc"]["options"]) == {"plugin", "job_id", "scontrol", "ssh_retries"}
+    assert doc["examples"].strip()
