@@ -65,14 +65,8 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.torchfleet.rundir import (
-    EXITCODE, LOGS, RANK_RESULTS_SPEC, RESULTS, TORCHRUN_LOG)
+    EXITCODE, LOGS, RANK_RESULTS_SPEC, RESULTS, TORCHRUN_LOG, tail_bytes)
 
-
-def read_tail(path, max_bytes):
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        f.seek(max(0, size - max_bytes))
-        return f.read(), size
 
 
 def main():
@@ -92,7 +86,7 @@ def main():
     for path in logs:
         if not os.path.isfile(path):
             continue
-        data, size = read_tail(path, p["max_log_bytes"])
+        data, size = tail_bytes(path, p["max_log_bytes"])
         rel = os.path.relpath(path, run_dir)
         if rel.startswith(LOGS + os.sep):  # logs/<rdzv id>_<suffix>/attempt_0/0/stdout.log
             rel = rel.split(os.sep, 2)[2]  # -> attempt_0/0/stdout.log

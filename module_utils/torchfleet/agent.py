@@ -26,7 +26,7 @@ import shutil
 import subprocess
 import time
 
-from ansible.module_utils.torchfleet import runstate
+from ansible.module_utils.torchfleet import procs, runstate
 from ansible.module_utils.torchfleet.control import Client, Server
 from ansible.module_utils.torchfleet.procs import HOST_ENV, RUN_ID_ENV, run_processes, stop_run
 from ansible.module_utils.torchfleet.rundir import (
@@ -67,11 +67,7 @@ def worker_pids(run_id, torchrun_pid):
     for pid in run_processes(run_id, torchrun_pid, orphans=False):
         if pid == torchrun_pid:
             continue
-        try:
-            with open("/proc/%d/environ" % pid, "rb") as f:
-                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-        except OSError:
-            continue
+        env = procs.environ(pid)
         if b"LOCAL_RANK" in env and env.get(b"TORCHELASTIC_RUN_ID") is not None:
             workers.setdefault(int(env[b"LOCAL_RANK"]), (pid, int(env.get(b"RANK", b"-1"))))
     return workers
@@ -96,14 +92,6 @@ def dump_stacks(py_spy, run_id, torchrun_pid, run_dir):
                 f.write(text)
 
 
-def _children(pid):
-    try:
-        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
-            return len(f.read().split())
-    except OSError:
-        return 0
-
-
 def local_status(run_dir, pid):
     """What a beat reports: ranks alive, newest log write of any rank, local rank 0's last line."""
     newest, last = None, ""
@@ -117,7 +105,8 @@ def local_status(run_dir, pid):
         if local_rank == 0:
             last = tail(os.path.join(rdir, "stdout.log"), 1) or tail(os.path.join(rdir,
                                                                                   "stderr.log"), 1)
-    return {"alive": _children(pid), "progress_ts": newest, "last_line": last[-300:], "pid": pid}
+    return {"alive": len(procs.children(pid)), "progress_ts": newest,
+            "last_line": last[-300:], "pid": pid}
 
 
 class Agent:

@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 
+from ansible.module_utils.torchfleet import procs
+
 MARKER = "torchfleet-port-listener"
 
 # Runs in a fresh interpreter: argv = [marker, expect, idle_s, fd, fd, ...].
@@ -82,13 +84,7 @@ def start_listener(ports, expect, idle_s, address="0.0.0.0"):
 
 
 def _is_listener(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            alive = MARKER.encode() in f.read()
-        with open("/proc/%d/stat" % pid) as f:
-            return alive and f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return MARKER in procs.cmdline(pid) and procs.alive(pid)
 
 
 def stop_listener(pid, wait_s):

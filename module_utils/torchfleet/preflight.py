@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ansible.module_utils.torchfleet.checks import IDS
 from ansible.module_utils.torchfleet.net import is_loopback as is_loopback_addr
 from ansible.module_utils.torchfleet.report import write_report
 from ansible.module_utils.torchfleet.table import render
@@ -26,6 +27,8 @@ CONTROLLER = "controller"
 
 
 def check(cid, host, ok, detail="", hint="", severity=ERROR):
+    if cid not in IDS:  # a programming error: every id is documented in checks.REGISTRY
+        raise ValueError("check id %r is not in module_utils/torchfleet/checks.py" % cid)
     return {"id": cid, "host": host, "ok": bool(ok), "severity": severity if not ok else INFO,
             "detail": detail, "hint": "" if ok else hint}
 

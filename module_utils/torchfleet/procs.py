@@ -23,14 +23,40 @@ def _read(path, mode="r"):
         return b"" if "b" in mode else ""
 
 
+# The one reader of /proc for torchfleet, on the hosts and on the controller (the package
+# loads this file by path: it imports nothing of Ansible's).
+
+def stat_fields(pid):
+    """Fields of /proc/<pid>/stat after the command name: state [0], ppid [1], start [19];
+    None when gone."""
+    stat = _read("/proc/%d/stat" % pid)
+    return stat.rsplit(")", 1)[1].split() if ")" in stat else None
+
+
 def cmdline(pid):
+    """The command line, arguments joined by spaces ('' when gone)."""
     return _read("/proc/%d/cmdline" % pid, "rb").replace(b"\0", b" ").decode("utf-8", "replace")
+
+
+def comm(pid):
+    return _read("/proc/%d/comm" % pid).strip()
+
+
+def environ(pid):
+    """The environment as {bytes: bytes} ({} when gone or not ours to read)."""
+    raw = _read("/proc/%d/environ" % pid, "rb")
+    return dict(kv.split(b"=", 1) for kv in raw.split(b"\0") if b"=" in kv)
+
+
+def children(pid):
+    """PIDs of the direct children of pid's main thread."""
+    return [int(c) for c in _read("/proc/%d/task/%d/children" % (pid, pid)).split()]
 
 
 def state(pid):
     """The process state letter from /proc/<pid>/stat ('' when gone)."""
-    stat = _read("/proc/%d/stat" % pid)
-    return stat.rsplit(")", 1)[1].split()[0] if ")" in stat else ""
+    fields = stat_fields(pid)
+    return fields[0] if fields else ""
 
 
 def alive(pid):
@@ -38,14 +64,39 @@ def alive(pid):
 
 
 def parent(pid):
-    stat = _read("/proc/%d/stat" % pid)
-    return int(stat.rsplit(")", 1)[1].split()[1]) if ")" in stat else None
+    fields = stat_fields(pid)
+    return int(fields[1]) if fields else None
+
+
+def table():
+    """{pid: stat fields} of every process now."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = stat_fields(int(name))
+            if fields:
+                out[int(name)] = fields
+    return out
+
+
+def descendants(procs, roots):
+    """The roots present in `procs` (a table()) and every process below them."""
+    kids = {}
+    for pid, fields in procs.items():
+        kids.setdefault(int(fields[1]), []).append(pid)
+    found, todo = set(), [r for r in roots if r in procs]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:  # a root may also descend from another root
+            found.add(pid)
+            todo.extend(kids.get(pid, []))
+    return found
 
 
 def has_run_id(pid, run_id, host=None):
-    environ = _read("/proc/%d/environ" % pid, "rb").split(b"\0")
-    return (("%s=%s" % (RUN_ID_ENV, run_id)).encode() in environ
-            and (host is None or ("%s=%s" % (HOST_ENV, host)).encode() in environ))
+    env = environ(pid)
+    return (env.get(RUN_ID_ENV.encode()) == run_id.encode()
+            and (host is None or env.get(HOST_ENV.encode()) == host.encode()))
 
 
 def is_run_torchrun(pid, run_id):
@@ -60,20 +111,11 @@ def run_processes(run_id, root_pid=None, host=None, orphans=True):
     torchrun)."""
     if root_pid is not None and not is_run_torchrun(root_pid, run_id):
         root_pid = None  # the recorded PID is gone or now belongs to another process
-    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    parents = {pid: parent(pid) for pid in pids}
-    found = set()
-    for pid in pids:
-        if not alive(pid) or pid == os.getpid():
-            continue
-        cursor, depth = pid, 0
-        while cursor and depth < 64:
-            if cursor == root_pid:
-                found.add(pid)
-                break
-            cursor, depth = parents.get(cursor), depth + 1
-        if orphans and pid not in found and has_run_id(pid, run_id, host):
-            found.add(pid)
+    procs = table()
+    found = descendants(procs, [root_pid] if root_pid else [])
+    if orphans:
+        found |= {pid for pid in procs if has_run_id(pid, run_id, host)}
+    found = {pid for pid in found if pid != os.getpid() and procs[pid][0] not in ("Z", "X")}
     return sorted(found)
 
 

@@ -64,14 +64,19 @@ def rank_dirs(run_dir):
     return dict(sorted(dirs.items()))
 
 
+def tail_bytes(path, max_bytes):
+    """(the last max_bytes bytes of a file, its size); OSError when it cannot be read."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - max_bytes))
+        return f.read(), size
+
+
 def tail(path, lines=20, max_bytes=16384):
     """The last `lines` lines of a text file ('' when missing)."""
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            data = f.read().decode("utf-8", "replace")
+        data = tail_bytes(path, max_bytes)[0].decode("utf-8", "replace")
     except OSError:
         return ""
     return "\n".join(data.splitlines()[-lines:])

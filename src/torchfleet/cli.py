@@ -1,4 +1,4 @@
-"""torchfleet preflight|collective|train|stop|report.
+"""torchfleet preflight|collective|train|stop|report|checks|collection.
 
 Exit status: 0 ok, 1 a check or the run failed, 2 usage or internal error. --json prints the
 Result (see the README's "Python API and CLI") on stdout and nothing else.
@@ -12,6 +12,7 @@ import sys
 import yaml
 
 from torchfleet import api, html_report
+from torchfleet.paths import shared_module
 from torchfleet.progress import HostLines
 from torchfleet.results import Result
 
@@ -50,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="write a self-contained HTML report of a run")
     p.add_argument("run_dir", help="a run directory (runs/<run_id>)")
     p.add_argument("-o", "--output", help="HTML file (default RUN_DIR/report.html)")
+    p = sub.add_parser("checks", help="list every check id: what it catches, the fix it names")
+    p.add_argument("--markdown", action="store_true", help="as the README's tables")
     p = sub.add_parser("collection", help="the Ansible collection torchfleet.fleet")
     verb = p.add_subparsers(dest="verb", required=True)
     b = verb.add_parser("build", help="write DIR/torchfleet-fleet-<version>.tar.gz")
@@ -73,9 +76,21 @@ def summary(result: Result) -> str:
     return "\n".join(lines)
 
 
+def checks_text(markdown: bool) -> str:
+    """Every check of the registry (module_utils/torchfleet/checks.py)."""
+    registry = shared_module("checks")
+    if markdown:
+        return "\n\n".join(registry.markdown(phases) for phases in registry.TABLES)
+    return "\n".join("%s  [%s]\n    catches: %s\n    fix: %s" % (
+        ", ".join(u.ids), u.phase, u.catches, u.fix) for u in registry.REGISTRY)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "checks":
+        print(checks_text(args.markdown))
+        return OK
     if args.command == "collection":
         from torchfleet import collection
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from torchfleet.forks import cmdline
+from torchfleet.paths import shared_module
 
 SLOW_RATE = "400mbit"  # a slowed NIC or link in the lab: ~10x below what a lab pair carries
 PREFIX = "tflab"  # every lab: tflab<N>-node0 (netns), tflab<N>-v0 (veth), tflab<N>-br
@@ -43,6 +43,7 @@ MAX_NODES = 200
 DEFAULT_DIR = Path("/tmp/torchfleet-lab")
 SSHD = "/usr/sbin/sshd"
 NFT_TABLE = PREFIX
+procs = shared_module("procs")  # the one /proc reader
 DAEMONS = "daemons"  # <lab>/daemons/*.pid: what the lab runs outside its namespaces
 SAMPLE_CODE = {"train.py": "print('torchfleet lab')\n", "model/net.py": "LAYERS = 4\n"}
 OCCUPY = ("import socket, sys, time\n"
@@ -88,14 +89,6 @@ def our_links(tag: int | None = None) -> list[str]:
     out = sh("ip", "-j", "link", "show", check=False).stdout or "[]"
     return [link["ifname"] for link in json.loads(out)
             if link["ifname"].startswith(lab_prefix(tag))]
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
 
 
 @dataclass
@@ -455,7 +448,7 @@ class Lab:
             if "SetEnv" in (self.node_dir(node) / "sshd_config").read_text():
                 self._stop_sshd(node)
                 pid = None
-            if not (pid and pid_alive(pid)):
+            if not (pid and procs.alive(pid)):
                 self._start_sshd(node)
         self.wait_for_ssh()
 
@@ -474,13 +467,14 @@ def kill_namespace_processes(ns: str, keep: int | None = None, only_sshd: bool =
     and the sessions Ansible's control masters hold open), or with only_sshd, sshd alone, or
     with matching, those whose command line holds it; returns the PIDs signalled."""
     out = sh("ip", "netns", "pids", ns, check=False).stdout
+    kept = procs.descendants(procs.table(), [keep]) if keep else set()
     killed = []
     for pid in (int(p) for p in out.split()):
-        if keep and _descends_from(pid, keep):
+        if pid in kept:
             continue
-        if only_sshd and not _comm(pid).startswith("sshd"):
+        if only_sshd and not procs.comm(pid).startswith("sshd"):
             continue
-        if matching and matching.encode() not in cmdline(pid):
+        if matching and matching not in procs.cmdline(pid):
             continue
         try:
             os.kill(pid, signal.SIGKILL)
@@ -488,33 +482,6 @@ def kill_namespace_processes(ns: str, keep: int | None = None, only_sshd: bool =
         except OSError:
             pass
     return killed
-
-
-def _descends_from(pid: int, ancestor: int) -> bool:
-    for _ in range(32):
-        if pid == ancestor:
-            return True
-        parent = _parent(pid)
-        if not parent or parent == pid:
-            return False
-        pid = parent
-    return False
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open("/proc/%d/comm" % pid) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def stop_daemons(root: Path) -> list[int]:
@@ -527,7 +494,7 @@ def stop_daemons(root: Path) -> list[int]:
             pid = int(pidfile.read_text().split()[0])
         except (OSError, ValueError, IndexError):
             continue
-        if str(root).encode() in cmdline(pid):
+        if str(root) in procs.cmdline(pid):
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)

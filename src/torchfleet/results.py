@@ -5,10 +5,11 @@ these classes only give them names and types, so callers never parse Ansible's s
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from torchfleet.paths import shared_module
 
 
 @dataclass(frozen=True)
@@ -213,11 +214,7 @@ def from_report(kind: str, data: dict, run_dir: Path) -> Result:
         if failure else None)
 
 
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+read_json = shared_module("rundir").read_json  # the one JSON reader, shared with the modules
 
 
 def load(run_dir: Path | str, kind: str | None = None) -> Result | None:

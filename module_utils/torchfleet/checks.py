@@ -1,0 +1,161 @@
+"""Every check id torchfleet reports, one unit each: the id(s), what it catches and the fix it
+names. The README's check tables are rendered from this list (`torchfleet checks --markdown`,
+tested equal), and check() refuses an id that is not here, so an undocumented id cannot reach
+a report. How each check decides lives with its rule (preflight.py, summary.py, isolate.py,
+the preflight role's input checks); adding a check is one Unit here, its rule and its test.
+"""
+from __future__ import annotations
+
+from collections import namedtuple
+
+# Where a check is decided: preflight (preflight.json and every run's preflight), input (the
+# controller's look at the variables, before any host is touched), run (train.json /
+# collective.json), api (the Python API and CLI only, when no report was written).
+PREFLIGHT, INPUT, RUN, API = "preflight", "input", "run", "api"
+
+Unit = namedtuple("Unit", "ids phase catches fix")
+
+REGISTRY = (
+    Unit(('host.unreachable',), PREFLIGHT,
+         'SSH/connection failure, per host; the other hosts are still fully checked',
+         'make `ssh <host>` work (host up, ansible_host, ansible_user, key) or remove it '
+         'from `nodes`'),
+    Unit(('host.duplicate',), PREFLIGHT,
+         'two inventory names for one machine (same hostname and addresses): two agents '
+         'would start there',
+         'remove the duplicate or fix its address'),
+    Unit(('python.torch',), PREFLIGHT,
+         'no interpreter with torch (or no usable Python) on the host',
+         'install torch for that interpreter or set `python`'),
+    Unit(('version.python', 'version.torch', 'version.cuda', 'version.nccl',
+          'version.driver'), PREFLIGHT,
+         "a host whose value differs from the one most hosts share (ties: the master's); "
+         'names the outlier, both values and the hosts that agree',
+         'install that version on the outlier'),
+    Unit(('gpu.count',), PREFLIGHT,
+         'fewer GPUs than `nproc_per_node` (skipped with gloo)',
+         'lower `nproc_per_node` or fix the GPUs/driver'),
+    Unit(('nic.missing',), PREFLIGHT,
+         "`socket_ifname` absent on a host (lists the host's NICs)",
+         'an interface every host has, or leave it unset to auto-detect'),
+    Unit(('nic.address',), PREFLIGHT,
+         'the NIC has no IPv4 address',
+         'give it one or pick another NIC'),
+    Unit(('nic.route',), PREFLIGHT,
+         'traffic to the master leaves by another NIC, there is no route, or master_addr '
+         "is not on the master's NIC",
+         'route via the NIC or set `socket_ifname` to the one that routes'),
+    Unit(('port.in_use',), PREFLIGHT,
+         '`master_port` already bound on the master; names the PID and command',
+         '`stop.yml` for an earlier run, kill it, or another `master_port`'),
+    Unit(('port.blocked',), PREFLIGHT,
+         'a host cannot open TCP to `master_addr:master_port`: a timeout is a firewall that '
+         'drops; refused is nothing listening there, or a firewall that rejects',
+         "allow TCP `master_port` on the master's firewall; when refused, run preflight again "
+         'and check that `master_addr` is the master\'s'),
+    Unit(('port.ephemeral',), PREFLIGHT,
+         'a host cannot reach a free high ephemeral port on the master (c10d hands workers '
+         'a random port; NCCL/gloo listen on random ports)',
+         "allow the master's ephemeral range"),
+    Unit(('env.nccl',), PREFLIGHT,
+         'NCCL_* / GLOO_* / TORCH_* variables that differ across hosts (a warning)',
+         'set them the same everywhere, or once with `-e env=…`'),
+    Unit(('hostname.loopback',), PREFLIGHT,
+         "the host's name resolves to a loopback address (Debian's 127.0.1.1) on a "
+         'non-loopback run',
+         'map the name to its real address in /etc/hosts or DNS'),
+    Unit(('code.sync',), PREFLIGHT,
+         '`code_dir` differs: git commit, or file contents (names changed, extra and '
+         'missing files), or is missing',
+         'sync it from the reference host'),
+    Unit(('data.missing',), PREFLIGHT,
+         'a path of `data_paths` is missing on a host',
+         'copy or mount it'),
+    Unit(('shm.size',), PREFLIGHT,
+         '`/dev/shm` smaller than 1 GiB (error with nccl, warning with gloo)',
+         'remount larger / `--shm-size`'),
+    Unit(('world.size',), PREFLIGHT,
+         '`nnodes` < 1 or larger than group `nodes` (reported before any host is touched); '
+         'GPU counts that differ with `nproc_per_node=auto`',
+         'fix `nnodes` / `nproc_per_node`'),
+    Unit(('input.master_port', 'input.nproc_per_node', 'input.data_paths'), INPUT,
+         'a value that makes no sense anywhere (port outside 1–65535, nproc not a positive '
+         'number, data_paths not a list or holding a relative path); reported before any '
+         'host is touched',
+         'the value to set'),
+    Unit(('port.privileged',), PREFLIGHT,
+         "`master_port` below 1024 while the run's user on the master is not root",
+         'a port above 1023'),
+    Unit(('run_id.used',), PREFLIGHT,
+         "`-e run_id=X` names a run whose directory is already on a host (an earlier run's "
+         "state would be read as this one's)",
+         'leave run_id unset, choose another, or remove that directory'),
+    Unit(('script.missing',), PREFLIGHT,
+         '`-e script=…` does not exist on a host; train.yml then starts nothing anywhere',
+         'copy it there or fix the path'),
+    Unit(('run.exit',), RUN,
+         'per host, how its torchrun ended: succeeded, failed (its rank exited non-zero, '
+         'torchrun vanished, or its agent could not start it), hung, lost, timeout, '
+         'aborted (stopped because the run failed elsewhere); the first failure names '
+         'host, rank and log tail',
+         "read that host's logs"),
+    Unit(('host.lost',), RUN,
+         "a host's agent sent no heartbeat for `lost_after_s` (network cut, host frozen, "
+         'agent killed), or the controller could not reach the master',
+         'check the host and its network; the others were stopped'),
+    Unit(('run.hang',), RUN,
+         "no rank of the run wrote to its logs for `hang_timeout_s`; every rank's py-spy "
+         'stack is in its log directory',
+         'read where each rank was stuck'),
+    Unit(('run.timeout',), RUN,
+         'the run outlived `job_timeout_s`',
+         'raise `job_timeout_s`'),
+    Unit(('run.controller_lost',), RUN,
+         'the controller stopped watching for `lease_s` (30 s: interrupted, or lost the '
+         'master); every host was stopped',
+         'run again'),
+    Unit(('rank.missing', 'collective.wrong', 'train.checksum'), RUN,
+         'a rank that wrote no result; a collective result that is not exact; parameter '
+         'checksums that differ across ranks',
+         'as each names'),
+    Unit(('node.slow',), RUN,
+         'with `collective_isolate`: a host whose every pair is slow (at least two '
+         'partners), with its figures against the reference',
+         '`ethtool <nic>` speed and `ethtool -S` errors on that host, the NCCL transport '
+         'in its rank logs'),
+    Unit(('link.slow',), RUN,
+         'with `collective_isolate`: a pair that is slow or failed while both its hosts '
+         'are fine with other partners',
+         "the cables and switch ports between the two, and each one's route to the other"),
+    Unit(('input.collective_isolate', 'input.collective_isolate_schedule'), INPUT,
+         'pair rounds asked for one host; a schedule other than `ring` / `full` (reported '
+         'before any host is touched)',
+         'the value to set'),
+    Unit(('input.run_id',), INPUT,
+         'a `run_id` that cannot name a directory (letters, digits, `.`, `_`, `-`, at most '
+         '64); reported before any host is touched',
+         'a run_id made of those characters, or leave it unset'),
+    Unit(('run.cancelled',), API,
+         'the API call was cancelled (`cancel()` returned True, or Ctrl-C); torchrun was '
+         'stopped on every host',
+         'run again'),
+    Unit(('ansible.error',), API,
+         'ansible-playbook stopped before writing its report (an inventory that cannot be '
+         'read, a Slurm job that is not running, a syntax error); the detail is the first '
+         'error it printed',
+         "as the detail says; ansible.log in the run's directory has the rest"),
+)
+
+# The README's tables: what preflight reports, what a run adds, what only the API adds.
+TABLES = ((PREFLIGHT, INPUT), (RUN,), (API,))
+IDS = frozenset(cid for unit in REGISTRY for cid in unit.ids)
+
+
+def markdown(phases):
+    """The README table of the units decided in `phases`."""
+    lines = ["| id | what it catches | the fix it names |", "| --- | --- | --- |"]
+    for unit in REGISTRY:
+        if unit.phase in phases:
+            lines.append("| %s | %s | %s |" % (", ".join("`%s`" % i for i in unit.ids),
+                                              unit.catches, unit.fix))
+    return "\n".join(lines)

@@ -1,0 +1,66 @@
+"""One unit per check: the registry (module_utils/torchfleet/checks.py) is what the README's
+tables show, holds every id DESIGN.md and the rules use, and check() refuses any other id."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ansible.module_utils.torchfleet import checks
+from ansible.module_utils.torchfleet.preflight import check
+from tests.conftest import ROOT
+from torchfleet.cli import checks_text, main
+
+DESIGN = ROOT.parent / "shared" / "DESIGN.md"
+CODE = [p for d in ("module_utils", "library", "action_plugins", "roles", "src")
+        for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".yml")
+        and p.name != "checks.py"]
+ID = re.compile(r"`([a-z_]+\.[a-z_<>]+)`")
+
+
+def test_the_readme_tables_are_the_registry():
+    readme = (ROOT / "README.md").read_text()
+    for phases in checks.TABLES:
+        assert checks.markdown(phases) in readme, "README table for %s: run `torchfleet " \
+            "checks --markdown` and paste it" % (phases,)
+    assert checks_text(markdown=True).count("| id |") == len(checks.TABLES)
+
+
+@pytest.mark.skipif(not DESIGN.exists(), reason="../shared/DESIGN.md is beside the clone in CI")
+def test_every_design_id_is_registered():
+    table = DESIGN.read_text().split("Check ids are stable", 1)[1].split("\n\n", 2)[1]
+    ids = {i for line in table.splitlines() if line.startswith("| `")
+           for i in ID.findall(line.split(" | ")[0])}
+    assert ids, "no ids read from DESIGN.md"
+    for cid in ids:
+        if cid.endswith(".<name>"):
+            assert any(i.startswith(cid[:-6]) for i in checks.IDS), cid
+        else:
+            assert cid in checks.IDS, cid
+
+
+def test_every_id_the_roles_name_is_registered():
+    named = {m for p in (ROOT / "roles").rglob("*.yml")
+             for m in re.findall(r"^\s*id: ([a-z_]+\.[a-z_]+)\s*$", p.read_text(), re.M)}
+    assert named and named <= checks.IDS, named - checks.IDS
+
+
+def test_every_registered_id_is_used_by_some_rule():
+    text = "\n".join(p.read_text() for p in CODE)
+    for cid in sorted(checks.IDS):
+        prefix, name = cid.split(".", 1)
+        # Literal, or built from its prefix ("version." + name, "run." + reason).
+        used = cid in text or ('"%s."' % prefix in text and '"%s"' % name in text)
+        assert used, "%s is registered but no rule reports it" % cid
+
+
+def test_check_refuses_an_unregistered_id():
+    assert check("port.blocked", "node0", True)["id"] == "port.blocked"
+    with pytest.raises(ValueError, match="not in module_utils/torchfleet/checks.py"):
+        check("port.blokced", "node0", False, "typo")
+
+
+def test_the_cli_lists_every_check(capsys):
+    assert main(["checks"]) == 0
+    out = capsys.readouterr().out
+    assert all(cid in out for cid in checks.IDS)
