@@ -1,11 +1,17 @@
 """The wheel, installed in a fresh venv away from the clone: the API, the CLI and the report
-work from the package's bundled playbooks."""
+work from the package's bundled playbooks.
+
+The venv is a controller's: the wheel and its requirements except the hosts' own (torch,
+py-spy), which the two nodes of the embedded inventory take from `python` = this test's
+interpreter, as a controller without torch driving GPU hosts would."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import venv
+import zipfile
 
 import pytest
 
@@ -30,8 +36,15 @@ def installed(tmp_path_factory):
     (wheel,) = (base / "dist").glob("torchfleet-*.whl")
     venv.create(base / "venv", with_pip=True)
     py = base / "venv" / "bin" / "python"
-    # torch pinned to the CPU build on disk; everything else from the wheel's own requirements.
-    run([py, "-m", "pip", "install", "-q", "torch==2.13.0", wheel], cwd=base)
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(zf.read(n).decode() for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+    requires = [r for r in re.findall(r"^Requires-Dist: (.+)$", meta, re.M)
+                if "extra ==" not in r and not re.match(r"(torch|py-spy)\b", r)]
+    assert any(r.startswith("ansible-core") for r in requires), requires
+    run([py, "-m", "pip", "install", "-q", *requires], cwd=base)
+    run([py, "-m", "pip", "install", "-q", "--no-deps", wheel], cwd=base)
+    assert run([py, "-c", "import importlib.util as u; print(u.find_spec('torch'))"],
+               cwd=base).stdout.strip() == "None"
     work = base / "elsewhere"
     work.mkdir()
     return py, work
@@ -40,9 +53,9 @@ def installed(tmp_path_factory):
 def test_api_from_the_installed_wheel(installed):
     py, work = installed
     code = ("import json, torchfleet, torchfleet.paths as p\n"
-            "r = torchfleet.preflight(master_port=%d)\n"
+            "r = torchfleet.preflight(master_port=%d, python=%r)\n"
             "print(json.dumps({'ok': r.ok, 'root': str(p.ansible_root()), 'dir': str(r.run_dir),"
-            " 'hosts': [h.host for h in r.hosts]}))" % free_port())
+            " 'hosts': [h.host for h in r.hosts]}))" % (free_port(), sys.executable))
     out = json.loads(run([py, "-c", code], cwd=work).stdout.strip().splitlines()[-1])
     assert out["ok"] is True and out["hosts"] == ["node0", "node1"]
     assert "site-packages/torchfleet/ansible" in out["root"]  # not the clone
@@ -52,8 +65,8 @@ def test_api_from_the_installed_wheel(installed):
 def test_cli_and_report_from_the_installed_wheel(installed):
     py, work = installed
     exe = py.parent / "torchfleet"
-    result = json.loads(run([exe, "collective", "--json", "-e", "master_port=%d" % free_port()],
-                            cwd=work).stdout)
+    result = json.loads(run([exe, "collective", "--json", "-e", "master_port=%d" % free_port(),
+                             "-e", "python=%s" % sys.executable], cwd=work).stdout)
     assert result["ok"] is True and {r["op"] for r in result["busbw"]} >= {"all_reduce", "gather"}
     page = run([exe, "report", result["run_dir"]], cwd=work).stdout.strip()
     assert page.endswith("report.html") and "busbw-chart" in open(page).read()

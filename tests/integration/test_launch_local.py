@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -119,22 +120,26 @@ def test_single_node(tmp_path):
     assert report["world_size"] == 1 and [h["host"] for h in report["hosts"]] == ["node0"]
 
 
-def test_stop_during_a_run_stops_everything_and_is_a_noop_after(tmp_path):
+def test_stop_during_a_run_stops_everything_and_never_signals_a_foreign_pid(tmp_path):
     env_path = "%s:%s" % (BIN, os.environ.get("PATH", ""))
     log = tmp_path / "train.log"
+    run_dir, run_id = tmp_path / "run", "stop-test-%d" % os.getpid()
     with open(log, "w") as out:  # a file, not a pipe nobody reads while the play runs
         train = subprocess.Popen(
             [str(BIN / "ansible-playbook"), "train.yml", "-e", "nnodes=2", "-e",
              "train_steps=500000", "-e", "master_port=%d" % free_port(), "-e",
-             "run_dir=%s" % (tmp_path / "run")],
-            cwd=ROOT, env=dict(os.environ, PATH=env_path), stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL)
+             "run_dir=%s" % run_dir, "-e", "run_id=%s" % run_id], cwd=ROOT, env=dict(os.environ, PATH=env_path),
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 180
         while (time.monotonic() < deadline and train.poll() is None
                and len(run_processes("/train.py")) < 2):
             time.sleep(1)
         assert len(run_processes("/train.py")) >= 2, log.read_text()[-3000:]
+        # The run's files on a host are its user's alone.
+        host_dir = Path.home() / ".torchfleet" / "runs" / run_id / "node0"
+        assert host_dir.stat().st_mode & 0o777 == 0o700
+        assert (host_dir / "torchrun.pid").stat().st_mode & 0o777 == 0o600
         stop = playbook("stop.yml", tmp_path / "stop")
         assert stop.rc == 0, stop.out
         assert "stopped run(s)" in stop.out
@@ -143,47 +148,32 @@ def test_stop_during_a_run_stops_everything_and_is_a_noop_after(tmp_path):
         train.kill()
     assert train.returncode != 0
     assert run_processes("/train.py") == []
-    again = playbook("stop.yml", tmp_path / "again")
-    assert again.rc == 0 and "nothing of torchfleet was running here" in again.out, again.out
-
-
-def test_a_rerun_after_a_failed_run_starts_clean(tmp_path):
-    failed = launch("train.yml", tmp_path / "a", "-e", "script=%s" % (SCRIPTS / "fail_rank1.py"))
-    assert failed.rc != 0
-    # The next run starts clean on the same port (the suite itself runs back to back).
-    run = launch("train.yml", tmp_path / "b", "-e", "train_steps=20")
-    assert run.rc == 0, run.out
-
-
-def test_run_files_are_private_and_stop_never_signals_a_foreign_pid(tmp_path):
-    run = launch("train.yml", tmp_path, "-e", "train_steps=10")
-    assert run.rc == 0, run.out
-    run_id = run.report("train.json")["run_id"]
-    host_dir = Path.home() / ".torchfleet" / "runs" / run_id / "node0"
-    assert host_dir.stat().st_mode & 0o777 == 0o700
-    assert (host_dir / "torchrun.pid").stat().st_mode & 0o777 == 0o600
-    assert (run.run_dir / "train.json").stat().st_mode & 0o777 == 0o640
-    assert run.run_dir.stat().st_mode & 0o022 == 0
-    # A run record whose PID now belongs to another process (a recycled PID).
+    assert (run_dir / "train.json").stat().st_mode & 0o777 == 0o640
+    assert run_dir.stat().st_mode & 0o022 == 0
+    # Stopping again finds nothing, and a run record whose PID now belongs to another process
+    # (a recycled PID) is never signalled.
     bystander = subprocess.Popen(["sleep", "120"])
     fake = Path.home() / ".torchfleet" / "runs" / "recycled-pid-test" / "node0"
     fake.mkdir(parents=True, exist_ok=True)
-    (fake / "torchrun.pid").write_text(json.dumps({"pid": bystander.pid, "run_id": "recycled-pid-test",
-                                                   "host": "node0", "argv": [], "started": 0}))
+    (fake / "torchrun.pid").write_text(json.dumps({
+        "pid": bystander.pid, "run_id": "recycled-pid-test", "host": "node0", "argv": [],
+        "started": 0}))
     try:
-        stop = playbook("stop.yml", tmp_path / "stop")
-        assert stop.rc == 0 and "nothing of torchfleet was running here" in stop.out
+        again = playbook("stop.yml", tmp_path / "again")
+        assert again.rc == 0 and "nothing of torchfleet was running here" in again.out, again.out
         assert bystander.poll() is None
     finally:
         bystander.kill()
-        import shutil
-
         shutil.rmtree(fake.parent)
 
 
-def test_more_hosts_than_forks_run_in_fork_batches_with_rank_order_kept(tmp_path):
-    """forks=1: every launch, stop and gather task runs host after host; the watch is one task
-    on the master. Rank order is inventory order (c10d's rendezvous would sort by address)."""
+def test_a_rerun_after_a_failure_in_fork_batches_starts_clean_with_rank_order_kept(tmp_path):
+    """A failed run, then the next on the same port starts clean (the suite itself runs back to
+    back). That one with forks=1: every launch, stop and gather task runs host after host; the
+    watch is one task on the master. Rank order is inventory order (c10d's rendezvous would
+    sort by address)."""
+    failed = launch("train.yml", tmp_path / "a", "-e", "script=%s" % (SCRIPTS / "fail_rank1.py"))
+    assert failed.rc != 0
     run = launch("train.yml", tmp_path, "-f", "1", "-e", "train_steps=20")
     assert run.rc == 0, run.out
     report = run.report("train.json")
