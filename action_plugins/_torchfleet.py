@@ -9,8 +9,15 @@ import ansible.module_utils
 from ansible.plugins.action import ActionBase
 
 MODULE_UTILS = str(Path(__file__).resolve().parents[1] / "module_utils")
-if MODULE_UTILS not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(MODULE_UTILS)
+
+
+def module_utils_importable():
+    """Make `ansible.module_utils.torchfleet` importable here (idempotent)."""
+    if MODULE_UTILS not in ansible.module_utils.__path__:
+        ansible.module_utils.__path__.append(MODULE_UTILS)
+
+
+module_utils_importable()
 
 
 class InProcessAction(ActionBase):
@@ -27,7 +34,7 @@ class InProcessAction(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        _, params = self.validate_argument_spec(argument_spec=self.ARGUMENT_SPEC)
+        checked, params = self.validate_argument_spec(argument_spec=self.ARGUMENT_SPEC)
         if (task_vars or {}).get("ansible_check_mode") and "runs_root" in params:
             params = dict(params, runs_root="")  # no runs/latest link, no pruning
         try:

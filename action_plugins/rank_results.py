@@ -8,7 +8,8 @@ import sys
 from ansible.plugins.action import ActionBase
 
 sys.path.insert(0, os.path.dirname(__file__))
-import _torchfleet  # noqa: E402,F401  (puts module_utils on the path)
+import _torchfleet  # noqa: E402
+_torchfleet.module_utils_importable()
 from ansible.module_utils.torchfleet.rundir import RANK_RESULTS_SPEC  # noqa: E402
 
 

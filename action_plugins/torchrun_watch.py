@@ -27,7 +27,8 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 sys.path.insert(0, os.path.dirname(__file__))
-import _torchfleet  # noqa: E402,F401  (puts module_utils on the path)
+import _torchfleet  # noqa: E402
+_torchfleet.module_utils_importable()
 from ansible.module_utils.torchfleet.watch import ACTION_SPEC  # noqa: E402
 
 display = Display()
@@ -123,7 +124,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        _, self.params = self.validate_argument_spec(argument_spec=ACTION_SPEC)
+        checked, self.params = self.validate_argument_spec(argument_spec=ACTION_SPEC)
         a = self.params
         master = self._task.delegate_to or task_vars["inventory_hostname"]
         poll_s, every_s, settle_s = a["poll_s"], a["progress_every_s"], a["settle_s"]

@@ -163,4 +163,3 @@ class InventoryModule(BaseInventoryPlugin):
             raise AnsibleParserError("`%s %s` failed for Slurm job %s: %s"
                                      % (command, " ".join(args), job_id, said))
         return proc.stdout
-

@@ -23,7 +23,7 @@ description:
   - Reads only; changes nothing on the host (the listener it may start ends before it returns,
     or is stopped by M(port_probe)).
 version_added: "0.1.0"
-author: torchfleet developers
+author: torchfleet developers (@torchfleet)
 options:
   python:
     description: Interpreter that has torch. Defaults to the interpreter running this module.
@@ -60,8 +60,8 @@ options:
       - On the master, bind O(master_port) (when free) and the chosen ephemeral port and leave a
         detached listener accepting connections, so M(port_probe) on every host can test them.
       - The listener ends by itself after O(expect_peers) connections per port, or when
-        O(listen_idle_s) pass without a connection; M(port_probe) with
-        O(port_probe.listener_pid) stops it sooner.
+        O(listen_idle_s) pass without a connection; M(port_probe) given its PID (its
+        C(listener_pid) option) stops it sooner.
     type: bool
     default: false
   expect_peers:
@@ -71,7 +71,7 @@ options:
   keep_listener:
     description: On the master with O(connect_addr), return without waiting for the other hosts'
       connections and leave the listener up (the hosts come in later fork batches); a later
-      M(port_probe) with O(port_probe.listener_pid) removes it.
+      M(port_probe) given its PID (its C(listener_pid) option) removes it.
     type: bool
     default: false
   listen_idle_s:
@@ -119,6 +119,8 @@ options:
     description: Stop hashing O(code_dir) after this many files (reported as truncated).
     type: int
     default: 20000
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full

@@ -17,7 +17,7 @@ description:
     two-round test, where it starts after every host's probe and so does not wait through the
     probes' fork batches).
 version_added: "0.1.0"
-author: torchfleet developers
+author: torchfleet developers (@torchfleet)
 options:
   master_addr:
     description: Address of the master.
@@ -56,6 +56,8 @@ options:
     description: How long to wait for the listener before stopping it.
     type: float
     default: 5
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full

@@ -15,7 +15,7 @@ description:
   - Meant to run on the controller; an action plugin of the same name runs it in-process there,
     which saves a Python start per run. Writes nothing unless O(run_dir) is set.
 version_added: "0.1.0"
-author: torchfleet developers
+author: torchfleet developers (@torchfleet)
 options:
   hosts:
     description: The selected hosts in rank order; the first is the master. Empty when nnodes is invalid.
@@ -83,7 +83,7 @@ options:
     default: []
   listener:
     description: The master's listener when the two-round port test started it in a task of its
-      own (M(port_probe) O(port_probe.listen_ports)); else the one in the master's probe counts.
+      own (the C(listen_ports) option of M(port_probe)); else the one in the master's probe counts.
     type: dict
   run_id:
     description: This run's id, recorded in the report.
@@ -97,6 +97,8 @@ options:
     description: When set, C(runs_root/latest) is pointed at O(run_dir).
     type: str
     default: ""
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: partial

@@ -13,7 +13,7 @@ description:
     controller and returns the results without the file contents.
   - A rank that wrote no result is not invented; the aggregation names it as missing.
 version_added: "0.1.0"
-author: torchfleet developers
+author: torchfleet developers (@torchfleet)
 options:
   run_dir:
     description: This host's directory for the run.
@@ -26,6 +26,8 @@ options:
   dest:
     description: Controller directory for the files (used by the action plugin).
     type: str
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -66,7 +68,6 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.torchfleet.rundir import (
     EXITCODE, LOGS, RANK_RESULTS_SPEC, RESULTS, TORCHRUN_LOG, tail_bytes)
-
 
 
 def main():

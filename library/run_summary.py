@@ -15,7 +15,7 @@ description:
   - Writes O(kind).json into O(run_dir) and returns the tables printed at the end of the play.
   - An action plugin of the same name runs it in the controller's process.
 version_added: "0.1.0"
-author: torchfleet developers
+author: torchfleet developers (@torchfleet)
 options:
   kind:
     description: Which workload ran.
@@ -85,6 +85,8 @@ options:
         description: Each host's NIC (NCCL_SOCKET_IFNAME), named in the fix of node.slow.
         type: dict
         default: {}
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: partial
@@ -174,7 +176,11 @@ from ansible.module_utils.torchfleet.summary import ARGUMENT_SPEC, decide
 
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    module.exit_json(changed=False, **decide(module.params))
+    try:
+        result = decide(module.params)
+    except ValueError as exc:  # a report that cannot be written, named in one sentence
+        module.fail_json(msg=str(exc))
+    module.exit_json(changed=False, **result)
 
 
 if __name__ == "__main__":

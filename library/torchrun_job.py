@@ -28,7 +28,7 @@ description:
   - Dead-man switch; on the master, when nothing has touched O(run_dir)/lease for O(lease_s)
     seconds (the controller was interrupted or lost), the run is stopped on every host.
 version_added: "0.1.0"
-author: torchfleet developers
+author: torchfleet developers (@torchfleet)
 options:
   run_dir:
     description: This host's directory for the run; created with mode 0700.
@@ -135,6 +135,8 @@ options:
       the switch off.
     type: float
     default: 30
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: none

@@ -18,7 +18,7 @@ description:
     call.
   - Stopping a run that is not running changes nothing.
 version_added: "0.1.0"
-author: torchfleet developers
+author: torchfleet developers (@torchfleet)
 options:
   runs_root:
     description: Directory holding this host's run directories (C(<run_id>/<host>/)).
@@ -43,6 +43,8 @@ options:
     description: Directory of Ansible's async job records on the host.
     type: path
     default: ~/.ansible_async
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -92,11 +94,28 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.torchfleet.procs import run_processes, stop_run
-from ansible.module_utils.torchfleet.rundir import PIDFILE, read_json
+from ansible.module_utils.torchfleet.rundir import PIDFILE, RUN_ID, read_json
 
 
 # Ansible's job ids: "j" + digits + "." + PID; never a path.
 JID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def argument_error(p):
+    """One sentence for the first argument that could reach beyond this run, or None. Checked
+    before anything is signalled: a pattern or a path here would widen what is stopped."""
+    if p["run_id"] is not None and not RUN_ID.match(p["run_id"]):
+        return ("run_id %r is not a torchfleet run id (letters, digits, '.', '_', '-'); nothing "
+                "was stopped" % p["run_id"])
+    if p["host_dir"] is not None and (p["host_dir"] in ("", ".", "..") or "/" in p["host_dir"]):
+        return ("host_dir %r is not an inventory host's directory name; nothing was stopped"
+                % p["host_dir"])
+    if p["grace_s"] < 0:
+        return "grace_s must be 0 or more seconds, not %s; nothing was stopped" % p["grace_s"]
+    if p["async_jid"] and not JID.match(p["async_jid"]):
+        return ("async_jid %r is not an Ansible async job id (like j123456789.4242); nothing "
+                "was stopped" % p["async_jid"])
+    return None
 
 
 def remove_async_record(path, wait_s=5.0):
@@ -130,7 +149,11 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    pattern = os.path.join(p["runs_root"], p["run_id"] or "*", p["host_dir"] or "*", PIDFILE)
+    error = argument_error(p)
+    if error:
+        module.fail_json(msg=error)
+    pattern = os.path.join(glob.escape(p["runs_root"]), p["run_id"] or "*",
+                           glob.escape(p["host_dir"]) if p["host_dir"] else "*", PIDFILE)
     stopped = []
     for pidfile in sorted(glob.glob(pattern)):
         record = read_json(pidfile)
@@ -145,9 +168,6 @@ def main():
                                   record.get("host")))
         stopped.append(entry)
     removed = None
-    if p["async_jid"] and not JID.match(p["async_jid"]):
-        module.fail_json(msg="async_jid %r is not an Ansible async job id (like j123456789.4242)"
-                         % p["async_jid"], stopped=stopped)
     if p["async_jid"] and not module.check_mode:
         removed = remove_async_record(os.path.join(p["async_dir"], p["async_jid"]))
     module.exit_json(changed=bool(stopped) or bool(removed), stopped=stopped,

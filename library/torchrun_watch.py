@@ -16,7 +16,7 @@ description:
     O(poll_s) at most, whatever the number of hosts), prints the run's progress, appends it to
     O(progress_file), and at the end copies the whole record to O(state_file).
 version_added: "0.1.0"
-author: torchfleet developers
+author: torchfleet developers (@torchfleet)
 options:
   run_dir:
     description: The master's directory for the run.
@@ -74,6 +74,8 @@ options:
     description: Action plugin only. Controller file the final record is written to
       (run_state.json), which the summary, the Python API and the report read.
     type: path
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: none
@@ -127,11 +129,13 @@ master_lost:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.torchfleet.watch import ARGUMENT_SPEC, look
+from ansible.module_utils.torchfleet.watch import ACTION_SPEC, look
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=False)
+    # The controller-side options (python, poll_s, ...) are accepted and unused on a host: one
+    # spec for what is documented.
+    module = AnsibleModule(argument_spec=ACTION_SPEC, supports_check_mode=False)
     module.exit_json(**look(module.params))
 
 

@@ -309,8 +309,9 @@ def run(p):
                          0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(content)
-        script = p["script"] if os.path.isabs(p["script"]) else os.path.join(run_dir,
-                                                                              p["script"])
+        script = p["script"]
+        if not os.path.isabs(script):
+            script = os.path.join(run_dir, script)
         if not os.path.isfile(script):
             raise ValueError("script %s does not exist on %s; copy it there or fix `script`"
                              % (script, p["host"]))

@@ -156,6 +156,6 @@ def markdown(phases):
     lines = ["| id | what it catches | the fix it names |", "| --- | --- | --- |"]
     for unit in REGISTRY:
         if unit.phase in phases:
-            lines.append("| %s | %s | %s |" % (", ".join("`%s`" % i for i in unit.ids),
-                                              unit.catches, unit.fix))
+            ids = ", ".join("`%s`" % i for i in unit.ids)
+            lines.append("| %s | %s | %s |" % (ids, unit.catches, unit.fix))
     return "\n".join(lines)

@@ -110,7 +110,7 @@ class Server:
         self.by_host = {}  # host -> _Peer (the newest connection of that host)
 
     def step(self, timeout_s, handle):
-        for key, _ in self.sel.select(timeout_s):
+        for key, _events in self.sel.select(timeout_s):
             if key.data is None:
                 self._accept()
                 continue
@@ -156,9 +156,9 @@ class Server:
         self.sel.close()
 
     def _accept(self):
-        for _ in range(256):
+        for _attempt in range(256):
             try:
-                sock, _ = self.listener.accept()
+                sock, _peer = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:

@@ -63,13 +63,16 @@ def verdict(results, hosts, threshold=0.5, floor_gbs=0.0, nics=None):
         return None
     nics = nics or {}
     figures = pair_figures(results)
-    name = lambda node: hosts[node] if 0 <= node < len(hosts) else "node %d" % node  # noqa: E731
+
+    def name(node):
+        return hosts[node] if 0 <= node < len(hosts) else "node %d" % node
+
     partners = {}
     for (a, b), f in figures.items():
         partners.setdefault(a, []).append((b, f))
         partners.setdefault(b, []).append((a, f))
-    bests = [max(f["busbw_gbs"] for _, f in ps if f["busbw_gbs"] is not None)
-             for ps in partners.values() if any(f["busbw_gbs"] is not None for _, f in ps)]
+    bests = [max(f["busbw_gbs"] for _partner, f in ps if f["busbw_gbs"] is not None)
+             for ps in partners.values() if any(f["busbw_gbs"] is not None for _partner, f in ps)]
     reference = statistics.median(bests) if bests else None
     rounds = {}
     for f in figures.values():
@@ -83,7 +86,7 @@ def verdict(results, hosts, threshold=0.5, floor_gbs=0.0, nics=None):
         below_floor = bw is not None and bw < floor_gbs
         f["slow"] = bool(f["error"]) or below_reference or below_floor
     slow_nodes = sorted(n for n, ps in partners.items()
-                        if len(ps) >= 2 and all(f["slow"] for _, f in ps))
+                        if len(ps) >= 2 and all(f["slow"] for _partner, f in ps))
     slow_links = [(a, b) for (a, b), f in figures.items()
                   if f["slow"] and a not in slow_nodes and b not in slow_nodes]
 

@@ -141,7 +141,7 @@ def stop_run(run_id, root_pid, grace_s, host=None, all_at_once=False):
     end = time.monotonic() + grace_s
     while time.monotonic() < end and any(alive(p) for p in targets):
         time.sleep(0.1)
-    for _ in range(3):  # workers may still be appearing from a dying agent
+    for _attempt in range(3):  # workers may still be appearing from a dying agent
         left = [p for p in run_processes(run_id, root_pid, host) if alive(p)]
         if not left:
             break

@@ -13,8 +13,17 @@ RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
 def write_report(run_dir, name, data, runs_root=None):
     """Write run_dir/name atomically (0640, directory 0750); point runs_root/latest at run_dir.
 
-    Returns the report's path. The rename makes a reader never see half a report.
+    Returns the report's path. The rename makes a reader never see half a report. A directory
+    that cannot be written is a ValueError of one sentence naming it, not a traceback.
     """
+    try:
+        return _write_report(run_dir, name, data, runs_root)
+    except OSError as exc:
+        raise ValueError("cannot write %s in %s (%s); pass -e run_dir= a directory you can "
+                         "write" % (name, exc.filename or run_dir, exc.strerror or exc))
+
+
+def _write_report(run_dir, name, data, runs_root):
     os.makedirs(run_dir, mode=0o750, exist_ok=True)
     path = os.path.abspath(os.path.join(run_dir, name))
     fd, tmp = tempfile.mkstemp(dir=run_dir, prefix="." + name)

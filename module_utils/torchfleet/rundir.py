@@ -18,6 +18,9 @@ import json
 import os
 import re
 
+# A run id names a directory on every host: no separators, no glob characters, no dot first.
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
 PIDFILE = "torchrun.pid"
 EXITCODE = "exitcode.json"
 CONTROL = "control.json"

@@ -16,9 +16,10 @@ from ansible.module_utils.torchfleet import isolate
 from ansible.module_utils.torchfleet.preflight import ERROR, check
 from ansible.module_utils.torchfleet.report import prune_runs, write_report
 from ansible.module_utils.torchfleet.rundir import (
-    STACK_DUMP, TORCHRUN_LOG, failed_ranks, read_json, root_cause)
+    STACK_DUMP, TORCHRUN_LOG, failed_ranks, read_json, root_cause, tail)
 from ansible.module_utils.torchfleet.runstate import (
     CONTROLLER_LOST, HANG, LOST, TIMEOUT, host_outcome)
+from ansible.module_utils.torchfleet.table import render, spread, spread_of
 
 STATE_FILE = "run_state.json"
 # Failures of the whole run rather than of a host (a hang is named per host: run.hang).
@@ -26,7 +27,6 @@ RUN_WIDE = {
     TIMEOUT: "raise job_timeout_s if the run needs longer",
     CONTROLLER_LOST: "the play was interrupted or the controller lost the master; run again",
 }
-from ansible.module_utils.torchfleet.table import render
 
 ARGUMENT_SPEC = dict(
     kind=dict(type="str", required=True, choices=["train", "collective"]),
@@ -50,11 +50,7 @@ ARGUMENT_SPEC = dict(
 
 
 def _tail(path, lines):
-    try:
-        with open(path, errors="replace") as f:
-            return "\n".join(f.read().splitlines()[-lines:])
-    except OSError:
-        return ""
+    return tail(path, lines, max_bytes=1 << 20)  # torchrun's failure summary ends its log
 
 
 def _rank_log(run_dir, host, local_rank, lines):
@@ -102,7 +98,7 @@ def first_failure(hosts, abort, run_dir, lines):
         if cause:
             candidates.append((0 if cause["exitcode"] > 0 else 1, hosts.index(host), host, cause))
     if candidates and (min(candidates)[0] == 0 or not abort):
-        _, _, host, cause = min(candidates)
+        _priority, _index, host, cause = min(candidates)
         return {"host": host, "rank": cause["rank"], "local_rank": cause["local_rank"],
                 "reason": "rank %d exited with %d" % (cause["rank"], cause["exitcode"]),
                 "tail": _rank_log(run_dir, host, cause["local_rank"], lines)}
@@ -137,14 +133,14 @@ def busbw_table(results, world_size):
             rows.setdefault(key, []).append((r, item))
     table = []
     for (op, size), entries in rows.items():  # the workload's order: op by op, sizes rising
-        busbw = [item["busbw_gbs"] for _, item in entries]
+        busbw = [item["busbw_gbs"] for _rank, item in entries]
         slow_rank, slow = max(entries, key=lambda e: e[1]["time_us"])
         table.append({
             "op": op, "size_bytes": size, "count": entries[0][1]["count"],
             "ranks": len(entries), "time_us_max": slow["time_us"],
-            "algbw_gbs_min": min(item["algbw_gbs"] for _, item in entries),
+            "algbw_gbs_min": min(item["algbw_gbs"] for _rank, item in entries),
             "busbw_gbs_min": min(busbw), "busbw_gbs_median": statistics.median(busbw),
-            "busbw_gbs_max": max(busbw), "wrong": sum(item["wrong"] for _, item in entries),
+            "busbw_gbs_max": max(busbw), "wrong": sum(item["wrong"] for _rank, item in entries),
             "slowest_rank": slow_rank["rank"], "slowest_host": slow_rank.get("host"),
             "missing_ranks": world_size - len(entries)})
     return table
@@ -172,8 +168,7 @@ def collective_text(table):
     for op in dict.fromkeys(row["op"] for row in table):
         rows = [(r["size_bytes"], r["count"], "%.1f" % r["time_us_max"],
                  "%.4g" % r["algbw_gbs_min"],
-                 "%.4g / %.4g / %.4g" % (r["busbw_gbs_min"], r["busbw_gbs_median"],
-                                         r["busbw_gbs_max"]),
+                 spread(r["busbw_gbs_min"], r["busbw_gbs_median"], r["busbw_gbs_max"]),
                  r["wrong"], "%s (rank %s)" % (r["slowest_host"], r["slowest_rank"]))
                 for r in table if r["op"] == op]
         blocks.append(op + "\n" + render(
@@ -309,9 +304,8 @@ def decide(params):
     head = ("HOST", "NODE_RANK", "RANKS", "OUTCOME", "EXIT", "DURATION", "LOGS")
     if kind == "collective":  # each host's ranks at the largest all_reduce: outliers show
         head = head[:6] + ("BUSBW GB/s min/med/max",) + head[6:]
-        rows = [r[:6] + ("-" if not h.get("busbw_gbs") else "%.3g / %.3g / %.3g" % (
-            h["busbw_gbs"]["min"], h["busbw_gbs"]["median"], h["busbw_gbs"]["max"]),) + r[6:]
-            for r, h in zip(rows, host_rows)]
+        rows = [r[:6] + (spread_of(h.get("busbw_gbs")),) + r[6:]
+                for r, h in zip(rows, host_rows)]
     text = render(head, rows)
     if extra.get("table_collective"):
         text = extra["table_collective"] + "\n\n" + text

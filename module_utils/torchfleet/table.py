@@ -1,4 +1,6 @@
-"""Plain-text tables for the end-of-play summaries."""
+"""Plain-text tables for the end-of-play summaries, and the one rendering of a min / median /
+max spread that the tables and the HTML report both show (the package loads this file by
+path: it imports nothing of Ansible's)."""
 from __future__ import annotations
 
 import textwrap
@@ -22,3 +24,16 @@ def render(headers, rows, max_width=70):
     lines = [fmt % tuple(headers), fmt % tuple("-" * w for w in widths)]
     lines += [(fmt % tuple(r)).rstrip() for r in wrapped]
     return "\n".join(line.rstrip() for line in lines)
+
+
+def spread(low, mid, high):
+    """'min / median / max' of a measured figure (busbw in GB/s), as every report writes it;
+    '-' when there is none."""
+    if low is None:
+        return "-"
+    return "%.4g / %.4g / %.4g" % (low, mid, high)
+
+
+def spread_of(figures):
+    """spread() of {"min", "median", "max"} (a host's busbw row); '-' for none."""
+    return spread(*(figures[k] for k in ("min", "median", "max"))) if figures else "-"

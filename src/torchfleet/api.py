@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from torchfleet.paths import ansible_root
+from torchfleet.paths import ansible_root, shared_module
 from torchfleet.results import Check, Host, Result, load
 from torchfleet.runner import Event, run_playbook
 from torchfleet.variables import typed
 
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+RUN_ID = shared_module("rundir").RUN_ID  # one definition, shared with the modules
 VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by the API itself from its own arguments.
 RESERVED = {"run_id", "run_dir"}
@@ -87,6 +87,11 @@ def _run(kind: str, playbook: str, inventory, runs_root, run_id, on_event, cance
     extravars = _extravars(variables)
     run_id = str(run_id or new_run_id())
     run_dir = _runs_root(runs_root) / run_id
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError("cannot create the run directory %s (%s); pass runs_root= a directory "
+                         "you can write" % (run_dir, exc.strerror or exc)) from exc
     extravars.update(run_id=run_id, run_dir=str(run_dir))
     outcome = run_playbook(playbook, inventory=inv, extravars=extravars, run_dir=run_dir,
                            on_event=on_event, cancel=cancel)

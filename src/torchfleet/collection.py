@@ -9,10 +9,13 @@ the same sources as the repository's tree (nothing to maintain twice).
     playbooks/*.yml               -> playbooks/   (torchfleet.fleet.preflight, .train, ...)
     src/torchfleet/workloads/     -> roles/launch/files/workloads/
 
-The one change on the way is the import path of the shared code: `ansible.module_utils.
-torchfleet.X` (how the repository's modules import it) becomes `ansible_collections.
-torchfleet.fleet.plugins.module_utils.torchfleet.X`. `ansible-galaxy collection build` then
-packs DIR/torchfleet-fleet-<version>.tar.gz.
+The changes on the way are names: the import path of the shared code, `ansible.module_utils.
+torchfleet.X` (how the repository's modules import it), becomes `ansible_collections.
+torchfleet.fleet.plugins.module_utils.torchfleet.X`, and a module named in documentation,
+M(torchrun_job), becomes M(torchfleet.fleet.torchrun_job). tests/sanity/ignore-<ansible>.txt
+is written for ansible-test sanity (the modules are Apache-2.0, not GPLv3; _torchfleet.py is
+the action plugins' shared base, not a plugin). `ansible-galaxy collection build` then packs
+DIR/torchfleet-fleet-<version>.tar.gz.
 """
 from __future__ import annotations
 
@@ -66,20 +69,31 @@ every variable, check id and output is described in torchfleet's README.
 """
 
 
-def _copy_py(src: Path, dest: Path) -> None:
+def _copy_py(src: Path, dest: Path, modules: list[str]) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(OLD_IMPORT.sub(NEW_IMPORT, src.read_text()))
+    text = OLD_IMPORT.sub(NEW_IMPORT, src.read_text())
+    text = re.sub(r"\bM\((%s)\)" % "|".join(modules), r"M(%s.%s.\1)" % (NAMESPACE, NAME), text)
+    dest.write_text(text)
+
+
+def _sanity_ignores(modules: list[str]) -> str:
+    lines = ["plugins/modules/%s.py validate-modules:missing-gplv3-license  # Apache-2.0" % m
+             for m in modules]
+    lines.append("plugins/inventory/slurm.py validate-modules:missing-gplv3-license  # Apache-2.0")
+    lines.append("plugins/action/_torchfleet.py action-plugin-docs  # the plugins' shared base")
+    return "\n".join(lines) + "\n"
 
 
 def assemble(dest: Path, root: Path | None = None) -> Path:
     """Write the collection's tree into dest (ansible_collections/torchfleet/fleet layout
     inside it is the caller's choice); returns dest."""
     root = root or ansible_root()
+    modules = sorted(p.stem for p in (root / "library").glob("*.py"))
     for here, there in (("library", "plugins/modules"), ("action_plugins", "plugins/action"),
                         ("inventory_plugins", "plugins/inventory"),
                         ("module_utils/torchfleet", "plugins/module_utils/torchfleet")):
         for src in sorted((root / here).glob("*.py")):
-            _copy_py(src, dest / there / src.name)
+            _copy_py(src, dest / there / src.name, modules)
     shutil.copytree(root / "roles", dest / "roles",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copytree(WORKLOADS, dest / "roles" / "launch" / "files" / "workloads",
@@ -91,10 +105,19 @@ def assemble(dest: Path, root: Path | None = None) -> Path:
     (dest / "meta" / "runtime.yml").write_text('---\nrequires_ansible: ">=2.19.0"\n')
     (dest / "galaxy.yml").write_text(GALAXY.format(ns=NAMESPACE, name=NAME,
                                                    version=__version__))
-    modules = sorted(p.stem for p in (dest / "plugins" / "modules").glob("*.py"))
+    sanity = dest / "tests" / "sanity"
+    sanity.mkdir(parents=True, exist_ok=True)
+    (sanity / ("ignore-%s.txt" % ansible_minor())).write_text(_sanity_ignores(modules))
     (dest / "README.md").write_text(README.format(version=__version__,
                                                   modules=", ".join(modules)))
     return dest
+
+
+def ansible_minor() -> str:
+    """This ansible-core's X.Y, the suffix of ansible-test's ignore file."""
+    from ansible.release import __version__ as ansible_version
+
+    return ".".join(ansible_version.split(".")[:2])
 
 
 def build(out_dir: str | Path) -> Path:

@@ -7,7 +7,10 @@ import math
 from html import escape
 from pathlib import Path
 
+from torchfleet.paths import shared_module
 from torchfleet.results import BusbwRow, Isolation, Result, load
+
+table = shared_module("table")  # the tables' rendering of a min / median / max spread
 
 CSS = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #1b1f24; }
@@ -81,12 +84,12 @@ def chart(op: str, rows: list[BusbwRow]) -> str:
     for x, r in zip(xs, rows):
         spread = r.busbw_min < 0.8 * r.busbw_median
         parts.append('<circle class="point%s" cx="%.1f" cy="%.1f" r="3.5" fill="%s">'
-                     '<title>%s: busbw %.3g / %.3g / %.3g GB/s (min/median/max); slowest %s '
+                     '<title>%s: busbw %s GB/s (min/median/max); slowest %s '
                      '(rank %s)</title></circle>'
                      % (" slow" if spread else "", px(x), py(r.busbw_median),
-                        "#cf222e" if spread else "#0969da", _size(r.size_bytes), r.busbw_min,
-                        r.busbw_median, r.busbw_max, escape(str(r.slowest_host)),
-                        r.slowest_rank))
+                        "#cf222e" if spread else "#0969da", _size(r.size_bytes),
+                        table.spread(r.busbw_min, r.busbw_median, r.busbw_max),
+                        escape(str(r.slowest_host)), r.slowest_rank))
     parts.append("</svg>")
     return "".join(parts)
 
@@ -167,12 +170,6 @@ def heat_map(iso: Isolation, hosts: list[str]) -> str:
                 "".join(rows)))
 
 
-def _host_busbw(b: dict | None) -> str:
-    if not b:
-        return "-"
-    return "%.3g / %.3g / %.3g" % (b["min"], b["median"], b["max"])
-
-
 def _ranks(result: Result) -> str:
     rows = "".join(
         '<tr class="rank %s"><td>%s</td><td>%s</td><td>%s</td><td class="%s">%s</td><td>%s</td></tr>'
@@ -181,7 +178,7 @@ def _ranks(result: Result) -> str:
            "-" if r.exit_code is None else r.exit_code) for r in result.ranks)
     hosts = "".join("<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>" % (
         escape(h.host), escape(str(h.outcome)), "-" if h.rc is None else h.rc,
-        "-" if h.duration_s is None else "%.1f s" % h.duration_s, _host_busbw(h.busbw_gbs))
+        "-" if h.duration_s is None else "%.1f s" % h.duration_s, table.spread_of(h.busbw_gbs))
         for h in result.hosts)
     return ('<table class="hosts"><tr><th>host</th><th>outcome</th><th>exit</th>'
             '<th>duration</th><th>busbw GB/s min / median / max (its ranks, all_reduce at the '

@@ -56,6 +56,8 @@ def test_failed_check_exits_1_and_names_host_check_and_fix(tmp_path):
     (["preflight", "-e", "novalue"], "KEY=VALUE"),
     (["launch"], "invalid choice"),
     (["report", "/nonexistent-run-dir"], "no preflight.json"),
+    (["preflight", "--runs-root", "/dev/null/runs"],
+     "cannot create the run directory /dev/null/runs/"),
 ])
 def test_usage_errors_exit_2_with_one_sentence(tmp_path, args, message):
     proc = torchfleet(*args, cwd=tmp_path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -119,7 +120,8 @@ class Run:
 
 @pytest.fixture
 def run(tmp_path, request):
-    r = Run(tmp_path, "unit-%d-%s" % (os.getpid(), request.node.name[-20:].strip("_")))
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", request.node.name[-20:]).strip("_-")
+    r = Run(tmp_path, "unit-%d-%s" % (os.getpid(), name))
     yield r
     r.close()
 
@@ -194,6 +196,25 @@ def test_stop_ends_the_run_and_removes_its_async_record_once_final(run, tmp_path
     assert (again["changed"], again["stopped"], again["async_removed"]) == (False, [], None)
 
 
+@pytest.mark.parametrize("bad, said", [
+    ({"run_id": "*"}, "run_id '*' is not a torchfleet run id"),
+    ({"run_id": "../runs"}, "is not a torchfleet run id"),
+    ({"host_dir": ".."}, "host_dir '..' is not an inventory host's directory name"),
+    ({"grace_s": -1}, "grace_s must be 0 or more"),
+    ({"async_jid": "../x"}, "not an Ansible async job id"),
+], ids=["glob", "path", "host_dir", "grace", "jid"])
+def test_stop_checks_every_argument_before_it_signals_anything(run, tmp_path, capsys, bad,
+                                                               said):
+    run.wait_running(capsys)
+    args = {"runs_root": str(tmp_path / "runs"), "run_id": run.run_id, "host_dir": "node0"}
+    result = run_module(torchrun_stop, dict(args, **bad), capsys)
+    assert result["failed"] and said in result["msg"] and "nothing was stopped" in result["msg"]
+    assert "stopped" not in result
+    # The run is untouched: it still finishes by itself.
+    run.go.touch()
+    assert run.job_result()["rc"] == 0
+
+
 def test_stop_refuses_a_job_id_that_is_a_path(tmp_path, capsys):
     victim = tmp_path / "victim"
     victim.write_text("keep me")
@@ -245,6 +266,18 @@ def test_run_summary_names_the_failed_host_and_the_missing_rank(tmp_path, capsys
     assert [(r["rank"], r["state"]) for r in report["ranks"]] == [(0, "stopped"),
                                                                   (1, "stopped")]
     assert "NODE_RANK" in summary["table"]
+
+
+def test_a_report_that_cannot_be_written_is_one_sentence_naming_its_directory(tmp_path,
+                                                                             capsys):
+    (tmp_path / "a-file").write_text("")
+    run_dir = tmp_path / "a-file" / "run"  # under a file: not a directory anyone can make
+    summary = run_module(run_summary, {
+        "kind": "train", "run_id": "r1", "hosts": ["node0"], "ranks": {}, "world_size": 1,
+        "settings": {"nproc_per_node": 1}, "run_dir": str(run_dir)}, capsys)
+    assert summary["failed"] and "Traceback" not in summary["msg"]
+    assert summary["msg"].startswith("cannot write train.json in %s (Not a directory); pass "
+                                     "-e run_dir= a directory you can write" % run_dir)
 
 
 def test_the_watchers_plain_script_look_answers_what_the_module_answers(run, capsys):

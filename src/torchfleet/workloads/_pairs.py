@@ -39,7 +39,7 @@ def full(n: int) -> list[list[tuple[int, int]]]:
     seats = list(range(n)) + ([None] if n % 2 else [])
     m = len(seats)
     rounds = []
-    for _ in range(m - 1):
+    for _round in range(m - 1):
         pairs = [(seats[i], seats[m - 1 - i]) for i in range(m // 2)]
         rounds.append(sorted(tuple(sorted(p)) for p in pairs if None not in p))
         seats = [seats[0], seats[-1]] + seats[1:-1]

@@ -26,8 +26,8 @@ def init():
     import torch
     import torch.distributed as dist
 
-    backend = os.environ.get("TORCHFLEET_BACKEND") or ("nccl" if torch.cuda.is_available()
-                                                        else "gloo")
+    backend = os.environ.get("TORCHFLEET_BACKEND") or (
+        "nccl" if torch.cuda.is_available() else "gloo")
     timeout = datetime.timedelta(seconds=env_int("TORCHFLEET_COLLECTIVE_TIMEOUT_S", 60))
     device = torch.device("cpu")
     if backend == "nccl":

@@ -59,7 +59,7 @@ class Case:
             self.buf = torch.empty(total, **f)
         elif op == "gather":
             self.inp = torch.empty(chunk, **f)
-            self.outs = [torch.empty(chunk, **f) for _ in range(n)] if rank == 0 else None
+            self.outs = [torch.empty(chunk, **f) for _rank in range(n)] if rank == 0 else None
         self.chunk = chunk
 
     def reset(self):
@@ -107,7 +107,7 @@ class Case:
 
 
 def measure(case, warmup, iters, device):
-    for _ in range(warmup):
+    for _warm in range(warmup):
         case.run()
     case.reset()
     case.run()  # the checked run, from a known input
@@ -115,7 +115,7 @@ def measure(case, warmup, iters, device):
     wrong = case.wrong()
     dist.barrier()
     start = time.perf_counter()
-    for _ in range(iters):
+    for _iter in range(iters):
         case.run()
     _rank.sync(device)
     elapsed = (time.perf_counter() - start) / iters
@@ -129,7 +129,7 @@ def batch_gathers(count, rank, n, device):
     for i in range(count):
         length = 1 + (i * 37) % 509
         inp = torch.full((length,), float(rank * 1000 + i), device=device)
-        outs = [torch.empty(length, device=device) for _ in range(n)] if rank == 0 else None
+        outs = [torch.empty(length, device=device) for _rank in range(n)] if rank == 0 else None
         dist.gather(inp, outs, dst=0)
         if rank == 0:
             wrong += sum(int((t != float(src * 1000 + i)).sum()) for src, t in enumerate(outs))
@@ -157,7 +157,7 @@ def best_seconds(step, iters, device):
     slow one call, a slow NIC or link slows every one of them."""
     step()
     best = float("inf")
-    for _ in range(iters):
+    for _iter in range(iters):
         _rank.sync(device)
         start = time.perf_counter()
         step()
@@ -220,9 +220,9 @@ def isolate(name, size_bytes, small_bytes, iters, device):
         except Exception as exc:  # the pair is named with this error; the rounds go on
             rec["error"] = ("%s: %s" % (type(exc).__name__, exc))[:300]
         records.append(rec)
-        _rank.log("pair round %d with node %d: %s" % (
-            k, partner, rec["error"] or "busbw %.3f GB/s, latency %.1f us" % (
-                rec["busbw_gbs"], rec["latency_us"])))
+        said = rec["error"] or "busbw %.3f GB/s, latency %.1f us" % (
+            rec.get("busbw_gbs") or 0.0, rec.get("latency_us") or 0.0)
+        _rank.log("pair round %d with node %d: %s" % (k, partner, said))
     barrier.wait("end")
     return {"schedule": name, "rounds": len(rounds), "size_bytes": size_bytes,
             "small_bytes": small_bytes, "iters": iters,
