@@ -468,14 +468,16 @@ def kill_namespace_processes(ns: str, keep: int | None = None, only_sshd: bool =
     with matching, those whose command line holds it; returns the PIDs signalled."""
     out = sh("ip", "netns", "pids", ns, check=False).stdout
     kept = procs.descendants(procs.table(), [keep]) if keep else set()
+    return _sigkill(pid for pid in (int(p) for p in out.split())
+                    if pid not in kept
+                    and (not only_sshd or procs.comm(pid).startswith("sshd"))
+                    and (not matching or matching in procs.cmdline(pid)))
+
+
+def _sigkill(pids) -> list[int]:
+    """SIGKILL each; returns those signalled (a process already gone is skipped)."""
     killed = []
-    for pid in (int(p) for p in out.split()):
-        if pid in kept:
-            continue
-        if only_sshd and not procs.comm(pid).startswith("sshd"):
-            continue
-        if matching and matching not in procs.cmdline(pid):
-            continue
+    for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
@@ -488,19 +490,13 @@ def stop_daemons(root: Path) -> list[int]:
     """SIGKILL the daemons the lab started outside its namespaces (the Slurm lab's munged and
     slurmctld): each left a pid file in <root>/daemons and has the lab's path on its command
     line, which a reused pid would not."""
-    killed = []
+    pids = []
     for pidfile in sorted((root / DAEMONS).glob("*.pid")):
         try:
-            pid = int(pidfile.read_text().split()[0])
+            pids.append(int(pidfile.read_text().split()[0]))
         except (OSError, ValueError, IndexError):
             continue
-        if str(root) in procs.cmdline(pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-            except OSError:
-                pass
-    return killed
+    return _sigkill(pid for pid in pids if str(root) in procs.cmdline(pid))
 
 
 def down(root: Path = DEFAULT_DIR, tag: int | None = None) -> list[str]:
