@@ -1,9 +1,10 @@
 """GPU and Python-stack parsers.
 
-The nvidia-smi CSV is NOT a capture from a GPU host (none was lent to the session that wrote
-it): its name, driver and memory values are those read off a real H200 machine, in the exact
-`--format=csv,noheader,nounits` layout; tests/fixtures/README.md says how to replace it with
-a capture.
+nvidia_smi_query_gpu_h100x1.csv, nccl_h_2.28.9_defines.txt and python_probe_h100.json are
+RECORDED on a real GPU machine lent to a session (one H100, driver 580.159.04, torch
+2.11.0+cu130 with NCCL 2.28.9; tests/fixtures/README.md). The eight-GPU H200 CSV is not a
+capture: name, driver and memory were read off a real H200, its UUIDs and bus ids are made up;
+it stands for a host with several GPUs, which no lent machine had.
 """
 from __future__ import annotations
 
@@ -27,6 +28,14 @@ def test_parse_gpu_csv_eight_h200():
     assert gpus[7]["pci_bus_id"] == "00000000:DB:00.0"
 
 
+def test_parse_gpu_csv_of_a_recorded_h100():
+    (h100,) = gpu.parse_gpu_csv((FIXTURES / "nvidia_smi_query_gpu_h100x1.csv").read_text())
+    assert h100 == {"index": 0, "name": "NVIDIA H100 80GB HBM3",
+                    "uuid": "GPU-0a9834fe-693b-c2b4-3a88-e1a649bf0cc8",
+                    "driver_version": "580.159.04", "memory_total_mib": 81559,
+                    "pci_bus_id": "00000000:00:06.0"}
+
+
 def test_parse_gpu_csv_rejects_a_foreign_layout():
     with pytest.raises(ValueError, match="unexpected nvidia-smi line"):
         gpu.parse_gpu_csv("NVIDIA H200, 580.159.03\n")
@@ -36,6 +45,20 @@ def test_parse_gpu_csv_rejects_a_foreign_layout():
 def test_nccl_version_from_header():
     assert pystack.parse_nccl_header((FIXTURES / "nccl_h_excerpt.txt").read_text()) == "2.21.5"
     assert pystack.parse_nccl_header("#define NCCL_MAJOR 2\n") is None
+    # The version defines of a real nccl.h (nvidia-nccl-cu13 2.28.9, recorded on a GPU host).
+    recorded = (FIXTURES / "nccl_h_2.28.9_defines.txt").read_text()
+    assert pystack.parse_nccl_header(recorded) == "2.28.9"
+
+
+def test_the_python_probe_on_a_recorded_gpu_host_names_torch_cuda_and_nccl():
+    """What the probe's snippet answered on a GPU host (recorded): the fields version.torch,
+    version.cuda and version.nccl compare across hosts."""
+    seen = json.loads((FIXTURES / "python_probe_h100.json").read_text())
+    assert (seen["torch_version"], seen["torch_cuda"], seen["nccl_version"]) == (
+        "2.11.0", "13.0", "2.28.9")
+    scope = {}
+    exec(pystack.SNIPPET, scope)  # the same snippet here: the same keys, whatever the values
+    assert set(scope["out"]) == set(seen)
 
 
 # In a fresh interpreter: the probe of the module's own interpreter (answered in-process) must

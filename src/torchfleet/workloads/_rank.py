@@ -5,6 +5,7 @@ Shipped beside each workload into the run directory on the host, and imported fr
 from __future__ import annotations
 
 import datetime
+import inspect
 import json
 import os
 import socket
@@ -34,7 +35,12 @@ def init():
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
     start = time.perf_counter()
-    dist.init_process_group(backend, timeout=timeout)
+    # With NCCL the process group is bound to this rank's GPU: barrier() and the first
+    # collective would otherwise guess the device (torch warns; a wrong guess hangs).
+    bound = {}
+    if backend == "nccl" and "device_id" in inspect.signature(dist.init_process_group).parameters:
+        bound["device_id"] = device  # torch >= 2.3
+    dist.init_process_group(backend, timeout=timeout, **bound)
     expected = env_int("TORCHFLEET_EXPECT_WORLD_SIZE", 0)
     if expected and dist.get_world_size() != expected:
         raise SystemExit("rank %d: WORLD_SIZE is %d but torchfleet started %d processes; a host "
