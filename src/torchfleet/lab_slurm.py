@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from torchfleet.lab import DAEMONS, Lab, LabError, lab_prefix, sh
+from torchfleet.paths import shared_module
 
 GPUS_PER_NODE = 2
 CTLD_PORT = 6920  # + the lab's tag, so labs (and a machine's own Slurm on 6817) never meet
@@ -66,6 +67,12 @@ NodeName=DEFAULT CPUs=1 RealMemory=100 Gres=gpu:{gpus} State=UNKNOWN
 {nodes}
 PartitionName=lab Nodes=ALL Default=YES MaxTime=60 State=UP
 """
+
+
+def slurm_inventory():
+    """inventory_plugins/slurm.py, whose reader of `scontrol -o` lines the lab uses too (loaded
+    when first needed: it imports Ansible)."""
+    return shared_module("slurm", "inventory_plugins")
 
 
 class SlurmLab:
@@ -182,9 +189,8 @@ class SlurmLab:
         raise LabError("salloc printed no job id: %s" % out)
 
     def job(self, job_id: str) -> dict[str, str]:
-        """`scontrol show job` of one job as Key -> Value."""
-        out = self.run("scontrol", "-o", "show", "job", job_id).stdout
-        return dict(f.split("=", 1) for f in out.split() if "=" in f)
+        """`scontrol show job` of one job as Key -> Value, read as the inventory plugin reads it."""
+        return slurm_inventory().fields(self.run("scontrol", "-o", "show", "job", job_id).stdout)
 
     def wait_job_end(self, job_id: str, timeout_s: float) -> dict[str, str]:
         end = time.monotonic() + timeout_s

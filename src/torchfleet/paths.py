@@ -24,11 +24,13 @@ def ansible_root() -> Path:
 
 
 @functools.cache
-def shared_module(name: str) -> ModuleType:
-    """module_utils/torchfleet/<name>.py, loaded by path: the package reads the same file the
-    modules do (only for files that import nothing of Ansible's: checks.py, procs.py)."""
-    path = ansible_root() / "module_utils" / "torchfleet" / (name + ".py")
-    spec = importlib.util.spec_from_file_location("torchfleet_shared_" + name, path)
+def shared_module(name: str, folder: str = "module_utils/torchfleet") -> ModuleType:
+    """<folder>/<name>.py of the Ansible tree, loaded by path: the package reads the same file
+    the modules and plugins do (module_utils files that import nothing of Ansible's: checks.py,
+    procs.py; or a plugin, such as inventory_plugins/slurm.py)."""
+    path = ansible_root() / folder / (name + ".py")
+    spec = importlib.util.spec_from_file_location(
+        "torchfleet_shared_%s_%s" % (folder.replace("/", "_"), name), path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

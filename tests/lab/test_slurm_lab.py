@@ -43,7 +43,7 @@ def slurm():
         shutil.copy(ROOT / "inventory" / "slurm.yml", lab.root / "slurm.yml")
         (lab.root / "group_vars").mkdir()
         (lab.root / "group_vars" / "nodes.yml").write_text(yaml.safe_dump(lab.node_vars()))
-        cluster.hold = cluster.allocate("-J", "other-user", "-w", "node0")
+        cluster.allocate("-J", "other-user", "-w", "node0")  # held for the whole module
         yield cluster
     finally:
         labmod.down(ROOT_DIR, TAG)

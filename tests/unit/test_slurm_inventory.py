@@ -3,7 +3,6 @@ reach a cluster (no job id, no scontrol). Running jobs are tested on a real Slur
 tests/lab/test_slurm_lab.py."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -11,14 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from torchfleet.lab_slurm import slurm_inventory
 from torchfleet.paths import ansible_root
 from torchfleet.runner import first_error
 
 ROOT = ansible_root()
-spec = importlib.util.spec_from_file_location("slurm_inventory",
-                                              ROOT / "inventory_plugins" / "slurm.py")
-slurm = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(slurm)
+slurm = slurm_inventory()
 
 # Recorded from the lab's slurmctld 22.05 (`scontrol -o show job` of `salloc -N2 --gres=gpu:2`),
 # cut to the fields around the ones read.
