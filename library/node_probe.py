@@ -238,10 +238,10 @@ master:
 import os
 import random
 import socket
-import subprocess
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.torchfleet.command import bounded
 from ansible.module_utils.torchfleet.connect import Connector, route_to
 from ansible.module_utils.torchfleet.fingerprint import fingerprint
 from ansible.module_utils.torchfleet.gpu import NVIDIA_SMI_ARGV, parse_gpu_csv
@@ -252,16 +252,6 @@ from ansible.module_utils.torchfleet.net import (
 from ansible.module_utils.torchfleet.pystack import NCCL_HEADER, parse_nccl_header, probe_python
 
 PROC_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
-
-
-def run(argv):
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, str(exc)
-    if proc.returncode != 0:
-        return None, (proc.stderr or proc.stdout).strip()[-300:]
-    return proc.stdout, None
 
 
 def read(path):
@@ -282,10 +272,10 @@ def hostname_facts():
             "loopback": any(is_loopback(a) for a in addresses)}
 
 
-def gpu_facts():
+def gpu_facts(run):
     out, err = run(NVIDIA_SMI_ARGV)
     if out is None:
-        found = "No such file" not in (err or "") and "not found" not in (err or "")
+        found = "not found" not in err
         return [], {"found": found, "error": err if found else None}
     return parse_gpu_csv(out), {"found": True, "error": None}
 
@@ -364,6 +354,7 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
+    run = bounded(module)
     connector = None
     if params["connect_addr"] and params["master_port"] is None:
         # Workers dial at once: the master's listener may be up before their facts are.
@@ -382,8 +373,8 @@ def main():
             connector = start_connector(params)
 
     python = params["python"] or sys.executable
-    stack = probe_python(python)
-    gpus, smi = gpu_facts()
+    stack = probe_python(python, run)
+    gpus, smi = gpu_facts(run)
     nccl = stack.get("nccl_version") or parse_nccl_header(read(NCCL_HEADER))
     result = dict(
         changed=False,
@@ -404,7 +395,7 @@ def main():
         shm=shm_facts(),
         env={k: v for k, v in sorted(os.environ.items())
              if k.startswith(tuple(params["env_prefixes"]))},
-        code=fingerprint(params["code_dir"], params["max_code_files"])
+        code=fingerprint(params["code_dir"], run, params["max_code_files"])
         if params["code_dir"] else None,
         data=data_facts(params["data_paths"]),
         script={"path": params["script"], "exists": os.path.isfile(params["script"])}
@@ -416,7 +407,7 @@ def main():
     if master is not None:
         result["master"] = master
     if connector is not None:
-        route, route_error = route_to(params["connect_addr"], nics)
+        route, route_error = route_to(params["connect_addr"], run, nics)
         result["connect"] = dict(route=route, route_error=route_error, ports=connector.results())
         if master is not None and master["listener"] and not params["keep_listener"]:
             result["connect"]["listener"] = stop_listener(master["listener"]["pid"],

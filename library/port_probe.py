@@ -102,6 +102,7 @@ ports:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.torchfleet.command import bounded
 from ansible.module_utils.torchfleet.connect import connect_all, route_to
 from ansible.module_utils.torchfleet.listener import start_listener, stop_listener
 
@@ -124,7 +125,7 @@ def main():
     if p["listen_ports"]:
         module.exit_json(changed=False, listener=start_listener(
             p["listen_ports"], p["expect_peers"], p["listen_idle_s"]))
-    route, route_error = route_to(p["master_addr"])
+    route, route_error = route_to(p["master_addr"], bounded(module))
     ports = connect_all(p["master_addr"], p["ports"], p["timeout_s"])
     result = dict(changed=False, route=route, route_error=route_error, ports=ports)
     if p["listener_pid"]:

@@ -198,6 +198,7 @@ argv:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.torchfleet.agent import run
+from ansible.module_utils.torchfleet.command import bounded
 
 ARGUMENT_SPEC = dict(
     run_dir=dict(type="path", required=True),
@@ -231,7 +232,7 @@ ARGUMENT_SPEC = dict(
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=False)
     try:
-        result = run(module.params)
+        result = run(module.params, bounded(module, 60))
     except ValueError as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(**result)

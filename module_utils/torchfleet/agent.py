@@ -73,20 +73,17 @@ def worker_pids(run_id, torchrun_pid):
     return workers
 
 
-def dump_stacks(py_spy, run_id, torchrun_pid, run_dir):
-    """Each live rank's Python stack into its log directory (before anything is stopped)."""
+def dump_stacks(run, py_spy, run_id, torchrun_pid, run_dir):
+    """Each live rank's Python stack into its log directory (before anything is stopped);
+    `run` is the module's command runner (command.bounded)."""
     dirs = rank_dirs(run_dir)
     for local_rank, (pid, rank) in sorted(worker_pids(run_id, torchrun_pid).items()):
         text = "# rank %s (local rank %s, pid %s)\n" % (rank, local_rank, pid)
         if not py_spy:
             text += "py-spy is not installed on this host; pip install py-spy to get stacks\n"
         else:
-            try:
-                proc = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True,
-                                      text=True, timeout=60, check=False)
-                text += proc.stdout + proc.stderr
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                text += "py-spy failed: %s\n" % exc
+            out, err = run([py_spy, "dump", "--pid", str(pid)], timeout_s=60)
+            text += out if out is not None else "py-spy failed: %s\n" % err
         if local_rank in dirs:
             with open(os.path.join(dirs[local_rank], STACK_DUMP), "w") as f:
                 f.write(text)
@@ -110,8 +107,8 @@ def local_status(run_dir, pid):
 
 
 class Agent:
-    def __init__(self, p, proc, server=None, client=None, state=None):
-        self.p, self.proc = p, proc
+    def __init__(self, p, proc, command, server=None, client=None, state=None):
+        self.p, self.proc, self.command = p, proc, command
         self.server, self.client, self.state = server, client, state
         self.host = p["host"]
         self.started_m = time.monotonic()
@@ -174,7 +171,7 @@ class Agent:
         self.stopping, self.reason = message, "aborted"
         if self.proc.poll() is None:
             if message.get("dump"):
-                dump_stacks(self.py_spy, self.p["run_id"], self.proc.pid, self.p["run_dir"])
+                dump_stacks(self.command, self.py_spy, self.p["run_id"], self.proc.pid, self.p["run_dir"])
             stop_run(self.p["run_id"], self.proc.pid, grace_s=self.p["abort_grace_s"],
                      host=self.host, all_at_once=True)
 
@@ -294,9 +291,9 @@ def report_not_started(p, secret, detail):
     client.close()
 
 
-def run(p):
+def run(p, command):
     """The whole job of torchrun_job: returns its result dict, or raises ValueError with the
-    sentence to fail with."""
+    sentence to fail with. `command` runs short commands (py-spy) for it: command.bounded."""
     secret = p["secret"].encode()
     run_dir = p["run_dir"]
     os.makedirs(run_dir, mode=0o700, exist_ok=True)
@@ -339,7 +336,7 @@ def run(p):
     write_json(os.path.join(run_dir, PIDFILE), {"pid": proc.pid, "run_id": p["run_id"],
                                                 "host": p["host"], "argv": argv,
                                                 "started": started})
-    agent = Agent(p, proc, server=server, client=client, state=state)
+    agent = Agent(p, proc, command, server=server, client=client, state=state)
     if state is not None:
         state.beat(p["host"], time.time(), pid=proc.pid)
     rc, reason = agent.run()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import socket
-import subprocess
 import threading
 import time
 
@@ -72,21 +71,17 @@ def connect_all(addr, ports, timeout_s):
     return Connector(addr, ports, timeout_s).results()
 
 
-def route_to(addr, nics=None):
+def route_to(addr, run, nics=None):
     """(route, error): how traffic to addr leaves this host, naming the NIC that holds it when
-    addr is local (from `nics`, parse_ip_addr's list, when the caller already has it)."""
-    proc = subprocess.run(["ip", "-j", "route", "get", addr], capture_output=True, text=True,
-                          check=False)
-    if proc.returncode != 0:
-        return None, proc.stderr.strip() or "no route"
-    route = parse_ip_route_get(proc.stdout)
+    addr is local (from `nics`, parse_ip_addr's list, when the caller already has it). `run` is
+    the module's command runner (command.bounded)."""
+    out, err = run(["ip", "-j", "route", "get", addr])
+    route = parse_ip_route_get(out) if out is not None else None
     if route is None:
-        return None, "no route"
+        return None, err or "no route"
     route["nic"] = route["dev"]
     if route["local"]:
         if nics is None:
-            addrs = subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True,
-                                   check=False)
-            nics = parse_ip_addr(addrs.stdout)
+            nics = parse_ip_addr(run(["ip", "-j", "addr"])[0])
         route["nic"] = nic_holding(nics, addr) or route["dev"]
     return route, None

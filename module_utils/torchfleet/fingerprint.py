@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
 
 SKIP_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", ".mypy_cache",
              ".pytest_cache", "runs"}
@@ -18,10 +17,8 @@ def sha256_file(path):
     return digest.hexdigest()
 
 
-def _git(code_dir, *args):
-    proc = subprocess.run(["git", "-C", code_dir, *args], capture_output=True, text=True,
-                          check=False)
-    return proc.stdout if proc.returncode == 0 else None
+def _git(run, code_dir, *args):
+    return run(["git", "-C", code_dir, *args])[0]
 
 
 def _walk(code_dir):
@@ -32,7 +29,7 @@ def _walk(code_dir):
                 yield os.path.relpath(os.path.join(root, name), code_dir)
 
 
-def fingerprint(code_dir, max_files=20000):
+def fingerprint(code_dir, run, max_files=20000):
     """{exists, git_commit, git_dirty, files: {relpath: sha256}, truncated}.
 
     In a git checkout the files are those git tracks plus untracked, not ignored ones (so
@@ -43,11 +40,11 @@ def fingerprint(code_dir, max_files=20000):
     if not os.path.isdir(code_dir):
         return {"exists": False, "git_commit": None, "git_dirty": False, "files": {},
                 "truncated": False}
-    commit = _git(code_dir, "rev-parse", "HEAD")
-    listing = _git(code_dir, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    commit = _git(run, code_dir, "rev-parse", "HEAD")
+    listing = _git(run, code_dir, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
     if commit is not None and listing is not None:
         paths = sorted({p for p in listing.split("\0") if p})
-        dirty = bool((_git(code_dir, "status", "--porcelain") or "").strip())
+        dirty = bool((_git(run, code_dir, "status", "--porcelain") or "").strip())
     else:
         commit, dirty = None, False
         paths = _walk(code_dir)

@@ -7,8 +7,10 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 
 TCP_LISTEN = "0A"
+IPV4_LITERAL = re.compile(r"^[0-9]+([.][0-9]+){3}$")
 
 
 def parse_ip_addr(text):
@@ -126,13 +128,25 @@ def parse_default_route_dev(text):
     return routes[0].get("dev") if routes else None
 
 
+def master_addr_up_front(explicit=None, ifname=None, hint=None):
+    """What the controller can know of choose_master_addr's answer before the master is
+    probed: the user's master_addr, or the inventory's ansible_host when it is an IPv4 literal
+    and no socket_ifname asks for another address. None: the master decides."""
+    if explicit:
+        return explicit
+    if not ifname and hint and IPV4_LITERAL.match(hint):
+        return hint
+    return None
+
+
 def choose_master_addr(nics, default_dev, explicit=None, ifname=None, hint=None):
     """The address the workers should dial, decided on the master itself.
 
     In order: the user's master_addr; the first IPv4 on socket_ifname; the inventory's
     ansible_host when it is one of this host's addresses; the first IPv4 on the default
     route's interface; the first non-loopback IPv4; loopback. None when socket_ifname is
-    set but has no IPv4 (nic.missing / nic.address say why).
+    set but has no IPv4 (nic.missing / nic.address say why). master_addr_up_front is the
+    same order up to the hint, as far as the controller can see it.
     """
     if explicit:
         return explicit

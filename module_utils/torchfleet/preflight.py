@@ -11,6 +11,7 @@ from collections import Counter
 
 from ansible.module_utils.torchfleet.checks import IDS
 from ansible.module_utils.torchfleet.net import is_loopback as is_loopback_addr
+from ansible.module_utils.torchfleet.plan import bad_nproc_per_node
 from ansible.module_utils.torchfleet.report import write_report
 from ansible.module_utils.torchfleet.table import render
 
@@ -459,9 +460,9 @@ def summary_table(checks, nodes):
 def decide(params):
     """The module's whole job, shared by the module and its controller-side action plugin."""
     nproc = params["nproc_per_node"]
-    # The select step reports a bad value as input.nproc_per_node before any host is probed;
-    # here it can only arrive from a direct call of the module.
-    if nproc != "auto" and not (nproc.isdigit() and int(nproc) >= 1) and params["hosts"]:
+    # run_plan reports a bad value as input.nproc_per_node before any host is probed; here it
+    # can only arrive from a direct call of the module.
+    if bad_nproc_per_node(nproc) and params["hosts"]:
         raise ValueError("nproc_per_node=%s is not a positive number; set -e nproc_per_node=N "
                          "or auto" % nproc)
     settings = {k: params[k] for k in ("master_port", "master_addr", "socket_ifname", "backend",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 # Leaves its answer in `out`.
@@ -41,25 +40,20 @@ for dist in ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"):
 NCCL_HEADER = "/usr/include/nccl.h"
 
 
-def probe_python(python, timeout_s=20):
-    """SNIPPET's answer for `python`, or {"error": "..."} when it cannot run."""
+def probe_python(python, run, timeout_s=20):
+    """SNIPPET's answer for `python`, or {"error": "..."} when it cannot run; `run` is the
+    module's command runner (command.bounded)."""
     # Not resolved through symlinks: a venv's python links to the base interpreter but sees
     # other packages.
     if os.path.abspath(python) == os.path.abspath(sys.executable):
         scope: dict = {}
         exec(SNIPPET, scope)  # noqa: S102 (our own constant)
         return scope["out"]
-    try:
-        proc = subprocess.run([python, "-c", SNIPPET + "print(json.dumps(out))"],
-                              capture_output=True, text=True,
-                              timeout=timeout_s, check=False)
-    except FileNotFoundError:
-        return {"error": "%s: no such interpreter" % python}
-    except subprocess.TimeoutExpired:
-        return {"error": "%s did not answer within %d s" % (python, timeout_s)}
-    if proc.returncode != 0:
-        return {"error": "%s failed: %s" % (python, proc.stderr.strip()[-300:])}
-    return json.loads(proc.stdout)
+    out, err = run([python, "-c", SNIPPET + "print(json.dumps(out))"], timeout_s=timeout_s)
+    if out is None:
+        return {"error": "%s: no such interpreter" % python if err.endswith(": not found")
+                else "%s failed: %s" % (python, err)}
+    return json.loads(out)
 
 
 def parse_nccl_header(text):

@@ -16,10 +16,19 @@ from __future__ import annotations
 import glob
 import json
 import os
+import random
 import re
+import time
 
 # A run id names a directory on every host: no separators, no glob characters, no dot first.
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def new_run_id():
+    """UTC time to the second and 16 random bits: sortable, and two runs started in the same
+    second (two users, two API calls) still get different directories."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-%04x" % random.randrange(65536)
+
 
 PIDFILE = "torchrun.pid"
 EXITCODE = "exitcode.json"

@@ -16,9 +16,7 @@ misuse of the API raises (ValueError / TypeError).
 from __future__ import annotations
 
 import json
-import random
 import re
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,7 +25,9 @@ from torchfleet.results import Check, Host, Result, load
 from torchfleet.runner import Event, run_playbook
 from torchfleet.variables import typed
 
-RUN_ID = shared_module("rundir").RUN_ID  # one definition, shared with the modules
+# One definition of a run id and how one is made, shared with the modules (run_plan).
+_rundir = shared_module("rundir")
+RUN_ID, new_run_id = _rundir.RUN_ID, _rundir.new_run_id
 VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by the API itself from its own arguments.
 RESERVED = {"run_id", "run_dir"}
@@ -41,8 +41,6 @@ def default_inventory() -> Path:
     return ansible_root() / "inventory" / "local.yml"
 
 
-def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-%04x" % random.randrange(65536)
 
 
 def _inventory(inventory: str | Path | None) -> Path:

@@ -8,7 +8,9 @@ import json
 
 import pytest
 import yaml
+from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.testing import patch_module_args
+from ansible.module_utils.torchfleet.command import bounded
 
 
 class ModuleExit(Exception):
@@ -38,3 +40,9 @@ def run_module(module, args, capsys):
         missing = undocumented(module, result)
         assert not missing, "%s returns %s, not in its RETURN" % (module.__name__, missing)
     return result
+
+
+def command_runner(timeout_s=20):
+    """The command runner a module builds (command.bounded over a real AnsibleModule)."""
+    with patch_module_args({}):
+        return bounded(AnsibleModule(argument_spec={}), timeout_s)

@@ -39,10 +39,10 @@ def test_every_design_id_is_registered():
             assert cid in checks.IDS, cid
 
 
-def test_every_id_the_roles_name_is_registered():
-    named = {m for p in (ROOT / "roles").rglob("*.yml")
-             for m in re.findall(r"^\s*id: ([a-z_]+\.[a-z_]+)\s*$", p.read_text(), re.M)}
-    assert named and named <= checks.IDS, named - checks.IDS
+def test_every_input_id_the_run_plan_names_is_registered():
+    text = (ROOT / "module_utils" / "torchfleet" / "plan.py").read_text()
+    named = set(re.findall(r'"(input\.[a-z_]+)"', text))
+    assert len(named) >= 6 and named <= checks.IDS, named - checks.IDS
 
 
 def test_every_registered_id_is_used_by_some_rule():

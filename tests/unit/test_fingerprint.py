@@ -3,7 +3,13 @@ from __future__ import annotations
 
 import subprocess
 
-from ansible.module_utils.torchfleet.fingerprint import fingerprint
+from ansible.module_utils.torchfleet.fingerprint import fingerprint as fingerprint_with
+
+from tests.unit.modules import command_runner
+
+
+def fingerprint(code_dir, **kwargs):
+    return fingerprint_with(code_dir, command_runner(), **kwargs)
 
 
 def make_tree(root, files):

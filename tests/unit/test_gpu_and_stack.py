@@ -17,6 +17,7 @@ import pytest
 from ansible.module_utils.torchfleet import gpu, pystack
 
 from tests.conftest import FIXTURES, ROOT
+from tests.unit.modules import command_runner
 
 
 def test_parse_gpu_csv_eight_h200():
@@ -68,7 +69,7 @@ import json, sys
 import ansible.module_utils
 ansible.module_utils.__path__.append(sys.argv[1])
 from ansible.module_utils.torchfleet import pystack
-stack = pystack.probe_python(sys.executable)
+stack = pystack.probe_python(sys.executable, None)  # in-process: runs no command
 print(json.dumps([stack, "torch" in sys.modules]))
 """
 
@@ -87,8 +88,23 @@ def test_probe_python_reads_torch_without_importing_it():
 
 
 def test_probe_python_without_torch_and_without_interpreter(tmp_path):
-    assert "no such interpreter" in pystack.probe_python(str(tmp_path / "python9"))["error"]
+    run = command_runner()
+    assert "no such interpreter" in pystack.probe_python(str(tmp_path / "python9"), run)["error"]
     system = shutil.which("python3", path="/usr/bin")
     if system:
-        stack = pystack.probe_python(system)
+        stack = pystack.probe_python(system, run)
         assert stack["torch_version"] is None and stack["torch_cuda"] is None
+
+
+def test_a_hung_interpreter_fails_its_probe_instead_of_hanging_preflight(tmp_path):
+    # A stand-in `python` that never answers (as one stuck on a dead NFS mount would).
+    hung = tmp_path / "python"
+    hung.write_text("#!/bin/sh\nexec sleep 600\n")
+    hung.chmod(0o755)
+    stack = pystack.probe_python(str(hung), command_runner(), timeout_s=1)
+    assert stack == {"error": "%s failed: %s did not answer within 1 s" % (hung, hung)}
+
+
+def test_a_failing_command_is_named_with_its_message():
+    out, err = command_runner()(["ls", "/nonexistent-torchfleet"])
+    assert out is None and "nonexistent-torchfleet" in err

@@ -32,8 +32,10 @@ def test_node_probe_reports_this_host(tmp_path, capsys):
 
 
 def test_node_probe_without_nvidia_smi_reports_no_gpu(tmp_path, capsys, monkeypatch):
-    # A PATH with `ip` alone: the probe must treat the missing nvidia-smi as "no GPU".
-    (tmp_path / "ip").symlink_to(shutil.which("ip"))
+    # A PATH with `ip` and coreutils' `timeout` alone: the probe must treat the missing
+    # nvidia-smi as "no GPU".
+    for tool in ("ip", "timeout"):
+        (tmp_path / tool).symlink_to(shutil.which(tool))
     monkeypatch.setenv("PATH", str(tmp_path))
     result = run_module(node_probe, {"python": sys.executable}, capsys)
     assert result["gpus"] == [] and result["nvidia_smi"]["found"] is False

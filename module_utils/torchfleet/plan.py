@@ -1,0 +1,114 @@
+"""What the controller decides before it touches a host: the run's id, the plan of the
+preflight's port test, and the values asked for that are wrong whatever the hosts hold (the
+input.* checks). Runs in ansible-playbook's own process (action_plugins/run_plan.py)."""
+from __future__ import annotations
+
+import random
+
+from ansible.module_utils.torchfleet.net import master_addr_up_front
+from ansible.module_utils.torchfleet.rundir import RUN_ID, new_run_id
+
+# The user's values as given (raw): a wrong type is an input.* check naming the variable,
+# not a conversion that hides it (a string data_paths would become a list of one).
+ARGUMENT_SPEC = dict(
+    nnodes=dict(type="raw", required=True),
+    forks=dict(type="int", required=True),
+    run_id=dict(type="raw"),
+    master_port=dict(type="raw", default=29500),
+    master_addr=dict(type="str", default=""),
+    socket_ifname=dict(type="str", default=""),
+    master_host=dict(type="str", default=""),
+    nproc_per_node=dict(type="raw", default="auto"),
+    data_paths=dict(type="raw", default=[]),
+    collective_isolate=dict(type="bool", default=False),
+    collective_isolate_schedule=dict(type="raw", default="ring"),
+)
+
+SCHEDULES = ("ring", "full")
+# High in Linux's default ephemeral range, where few processes listen.
+EPHEMERAL_PORTS = (49152, 60999)
+
+
+def _int(value):
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        return None
+
+
+def bad_nproc_per_node(value):
+    value = str(value).strip()
+    return value != "auto" and not (value.isdigit() and int(value) >= 1)
+
+
+def _error(cid, detail, hint):
+    return {"id": cid, "detail": detail, "hint": hint}
+
+
+def input_errors(params):
+    """One record (id, detail, hint) per value that no host needs to see to refuse."""
+    errors = []
+    port = _int(params["master_port"])
+    if port is None or not 1 <= port <= 65535:
+        errors.append(_error("input.master_port",
+                             "master_port=%s is not a TCP port" % params["master_port"],
+                             "set -e master_port=N with 1024 <= N <= 65535 (29500 is "
+                             "torchrun's default)"))
+    run_id = params["run_id"]
+    if run_id is not None and not RUN_ID.match(str(run_id)):
+        errors.append(_error("input.run_id", "run_id=%s cannot name a directory" % run_id,
+                             "use letters, digits, '.', '_' and '-' only (at most 64), or "
+                             "leave run_id unset"))
+    if bad_nproc_per_node(params["nproc_per_node"]):
+        errors.append(_error("input.nproc_per_node",
+                             "nproc_per_node=%s is not a positive number"
+                             % params["nproc_per_node"],
+                             "set -e nproc_per_node=N (N >= 1, at most the GPUs per host) "
+                             "or auto"))
+    paths = params["data_paths"]
+    if isinstance(paths, (str, bytes, dict)) or not isinstance(paths, (list, tuple)):
+        errors.append(_error("input.data_paths",
+                             "data_paths=%s is not a list of paths" % (paths,),
+                             "give a YAML list: -e '{\"data_paths\": [\"/data/a\", "
+                             "\"/data/b\"]}' (CLI: -e data_paths=[/data/a,/data/b])"))
+    else:
+        relative = [str(p) for p in paths if not str(p).startswith(("/", "~"))]
+        if relative:
+            errors.append(_error("input.data_paths",
+                                 "data_paths holds relative path(s) %s: each host would "
+                                 "resolve them against a different directory"
+                                 % ", ".join(relative),
+                                 "give absolute paths (/data/shards or ~/data/shards)"))
+    nnodes = _int(params["nnodes"])
+    if params["collective_isolate"] and (nnodes or 0) < 2:
+        errors.append(_error("input.collective_isolate",
+                             "collective_isolate pairs hosts, and nnodes=%s leaves nothing to "
+                             "pair" % params["nnodes"],
+                             "run it with -e nnodes=N, N >= 2 (3 or more to tell a slow host "
+                             "from a slow link)"))
+    if params["collective_isolate_schedule"] not in SCHEDULES:
+        errors.append(_error("input.collective_isolate_schedule",
+                             "collective_isolate_schedule=%s is not a schedule"
+                             % params["collective_isolate_schedule"],
+                             "set -e collective_isolate_schedule=ring (a few rounds, the "
+                             "default) or full (every pair)"))
+    return errors
+
+
+def port_plan(params):
+    """One round trip per host when the master's address is known up front: each host's probe
+    connects to the master's listener. With every host in one fork batch the master waits for
+    the others' connections inside its own probe; with several batches the listener outlives
+    the master's probe and a last task removes it. Otherwise the master decides its address
+    in its probe and a second round connects to it."""
+    addr = master_addr_up_front(params["master_addr"], params["socket_ifname"],
+                                params["master_host"]) or ""
+    nnodes = _int(params["nnodes"]) or 0
+    return {"inline": bool(addr), "batched": nnodes > params["forks"], "addr": addr,
+            "ephemeral_port": random.randint(*EPHEMERAL_PORTS)}
+
+
+def decide(params):
+    run_id = params["run_id"]
+    return {"run_id": str(run_id) if run_id is not None else new_run_id(),
+            "port_plan": port_plan(params), "input_errors": input_errors(params)}
