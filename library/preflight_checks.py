@@ -157,6 +157,11 @@ report:
   description: Path of preflight.json, when run_dir was set.
   returned: always
   type: str
+verdict:
+  description: How it ended, in one sentence (also the table's last line and the report's C(verdict)).
+  returned: always
+  type: str
+  sample: "preflight failed: 1 problem(s) on node1 (port.blocked)"
 table:
   description: The summary table, with the failed and warning checks, or one row per node when all passed.
   returned: always

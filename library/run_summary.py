@@ -160,6 +160,11 @@ table_collective:
   description: The collective test's busbw tables (and the pair rounds' verdict) as text.
   returned: for kind collective
   type: str
+verdict:
+  description: How it ended, in one sentence (also the table's last line and the report's C(verdict)).
+  returned: always
+  type: str
+  sample: "train failed: first failure on node1, rank 1: rank 1 exited with 3"
 table:
   description: The summary tables.
   returned: always

@@ -12,7 +12,7 @@ from collections import Counter
 from ansible.module_utils.torchfleet.checks import IDS
 from ansible.module_utils.torchfleet.net import is_loopback as is_loopback_addr
 from ansible.module_utils.torchfleet.plan import bad_nproc_per_node
-from ansible.module_utils.torchfleet.report import write_report
+from ansible.module_utils.torchfleet.report import verdict, write_report
 from ansible.module_utils.torchfleet.table import render
 
 ERROR, WARNING, INFO = "error", "warning", "info"
@@ -473,12 +473,14 @@ def decide(params):
                                        params["inventory_size"], params["probes"],
                                        params["connects"], settings)
     bad = failed(checks)
+    sentence = verdict("preflight", checks)
     result = dict(ok=not bad, checks=checks, nodes=nodes, resolved=resolved, failures=bad,
-                  table=summary_table(checks, nodes), report="")
+                  table=summary_table(checks, nodes) + "\n\n" + sentence, verdict=sentence,
+                  report="")
     if params["run_dir"]:
         report = dict(ok=not bad, kind="preflight", run_id=params["run_id"],
                       nnodes=params["nnodes"], master_port=params["master_port"],
-                      hosts=nodes, checks=checks, **resolved)
+                      hosts=nodes, checks=checks, verdict=sentence, **resolved)
         result["report"] = write_report(params["run_dir"], "preflight.json", report,
                                         params["runs_root"] or None)
     return result

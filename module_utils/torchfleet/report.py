@@ -10,6 +10,24 @@ import tempfile
 RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
 
 
+def verdict(kind, checks, first_failure=None):
+    """How a preflight or a run ended, in one sentence, rendered here only: the play's failure
+    message, the last line of its table, `verdict` in its JSON, the API's Result.verdict, the
+    CLI and the HTML report all show this sentence."""
+    failures = [c for c in checks if not c["ok"] and c.get("severity", "error") == "error"]
+    if first_failure:
+        rank = first_failure.get("rank")
+        return "%s failed: first failure on %s, rank %s: %s" % (
+            kind, first_failure["host"], "?" if rank is None else rank, first_failure["reason"])
+    if failures:
+        hosts = list(dict.fromkeys(c["host"] for c in failures))
+        ids = list(dict.fromkeys(c["id"] for c in failures))
+        return "%s failed: %d problem(s) on %s (%s)" % (kind, len(failures), ", ".join(hosts),
+                                                        ", ".join(ids))
+    hosts = {c["host"] for c in checks} - {"controller"}
+    return "%s ok: %d check(s) passed on %d host(s)" % (kind, len(checks), len(hosts))
+
+
 def write_report(run_dir, name, data, runs_root=None):
     """Write run_dir/name atomically (0640, directory 0750); point runs_root/latest at run_dir.
 

@@ -14,7 +14,7 @@ import statistics
 
 from ansible.module_utils.torchfleet import isolate
 from ansible.module_utils.torchfleet.preflight import ERROR, check
-from ansible.module_utils.torchfleet.report import prune_runs, write_report
+from ansible.module_utils.torchfleet.report import prune_runs, verdict, write_report
 from ansible.module_utils.torchfleet.rundir import (
     STACK_DUMP, TORCHRUN_LOG, failed_ranks, read_json, root_cause, tail)
 from ansible.module_utils.torchfleet.runstate import (
@@ -287,10 +287,11 @@ def decide(params):
                             "parameter checksums differ across ranks: gradients were not "
                             "synchronised", "check that every rank runs the same code"))
     bad = [c for c in checks if not c["ok"] and c["severity"] == ERROR]
+    sentence = verdict(kind, checks, failure)
     rank_rows = rank_states(host_rows, results, params["run_dir"], nproc)
     report = dict(ok=not bad, kind=kind, run_id=params["run_id"], world_size=world,
                   phase=record.get("phase"), hosts=host_rows, ranks=rank_rows, checks=checks,
-                  first_failure=failure, settings=params["settings"], **extra)
+                  first_failure=failure, verdict=sentence, settings=params["settings"], **extra)
     path = ""
     if params["run_dir"]:
         path = write_report(params["run_dir"], kind + ".json", report,
@@ -309,9 +310,6 @@ def decide(params):
     text = render(head, rows)
     if extra.get("table_collective"):
         text = extra["table_collective"] + "\n\n" + text
-    if failure:
-        text += "\n\nfirst failure: %s, rank %s: %s\n%s" % (
-            failure["host"], "?" if failure["rank"] is None else failure["rank"],
-            failure["reason"], failure["tail"])
+    text += "\n\n" + sentence + ("\n" + failure["tail"] if failure else "")
     return dict(ok=not bad, checks=checks, failures=bad, first_failure=failure, report=path,
-                table=text, hosts=host_rows, ranks=rank_rows, **extra)
+                verdict=sentence, table=text, hosts=host_rows, ranks=rank_rows, **extra)

@@ -61,8 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def summary(result: Result) -> str:
-    lines = ["torchfleet %s: %s  (run %s, %s)" % (result.kind, "ok" if result.ok else "FAILED",
-                                                  result.run_id, result.run_dir)]
+    lines = ["torchfleet %s  (run %s, %s)" % (result.verdict, result.run_id, result.run_dir)]
     for h in result.hosts:
         if h.outcome:
             lines.append("  %-16s %s" % (h.host, h.outcome))

@@ -192,10 +192,10 @@ def render(result: Result) -> str:
     body = ['<h1>torchfleet %s <span class="%s">%s</span></h1>' % (
         escape(result.kind), "ok" if result.ok else "bad", "ok" if result.ok else "FAILED"),
         "<p>run %s &middot; %s</p>" % (escape(result.run_id), escape(str(result.run_dir)))]
+    body.append('<p class="%s verdict">%s</p>' % ("ok" if result.ok else "bad",
+                                                   escape(result.verdict)))
     if result.first_failure:
-        f = result.first_failure
-        body.append('<h2>First failure</h2><p class="bad">%s, rank %s: %s</p><pre>%s</pre>' % (
-            escape(f.host), "?" if f.rank is None else f.rank, escape(f.reason), escape(f.tail)))
+        body.append('<h2>First failure</h2><pre>%s</pre>' % escape(result.first_failure.tail))
     if pre is not None:
         body.append("<h2>Preflight</h2>" + _matrix(pre))
     if result.kind in ("train", "collective"):

@@ -11,6 +11,8 @@ from typing import Any
 
 from torchfleet.paths import shared_module
 
+_verdict = shared_module("report").verdict  # the one renderer of how a run ended
+
 
 @dataclass(frozen=True)
 class Check:
@@ -141,6 +143,18 @@ class Result:
     ansible_rc: int | None = None
 
     @property
+    def verdict(self) -> str:
+        """How it ended, in one sentence: the sentence of the play and of the JSON report,
+        rendered by the same function (module_utils/torchfleet/report.py)."""
+        checks = [c for c in self.preflight.checks if not c.ok] if self.preflight else []
+        checks += self.checks
+        failure = self.first_failure
+        return _verdict(self.kind, [{"host": c.host, "id": c.id, "ok": c.ok,
+                                     "severity": c.severity} for c in checks],
+                        None if failure is None else {"host": failure.host, "rank": failure.rank,
+                                                      "reason": failure.reason})
+
+    @property
     def failures(self) -> list[Check]:
         """Failed error-level checks, of this run and of its preflight."""
         own = [c for c in self.checks if not c.ok and c.severity == "error"]
@@ -161,6 +175,7 @@ class Result:
         if self.preflight is not None:
             data["preflight"] = self.preflight.to_dict()
         data["failures"] = [asdict(c) for c in self.failures]
+        data["verdict"] = self.verdict
         return data
 
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 CHECK_KEYS = {"host", "id", "ok", "detail", "hint", "severity"}  # preflight.json's own
 RESULT_KEYS = {"kind", "ok", "run_id", "run_dir", "checks", "hosts", "ranks", "busbw",
                "isolation", "first_failure", "preflight", "cancelled", "ansible_status",
-               "ansible_rc", "failures"}
+               "ansible_rc", "failures", "verdict"}
 
 
 def torchfleet(*args, cwd):
@@ -44,9 +44,10 @@ def test_failed_check_exits_1_and_names_host_check_and_fix(tmp_path):
         proc = torchfleet("preflight", "-e", "master_port=%d" % port, cwd=tmp_path)
         as_json = torchfleet("preflight", "--json", "-e", "master_port=%d" % port, cwd=tmp_path)
     assert proc.returncode == 1
-    assert "FAILED" in proc.stdout and "node0" in proc.stdout and "port.in_use" in proc.stdout
+    assert proc.stdout.startswith("torchfleet preflight failed: 1 problem(s) on node0 (port.in_use)")
     assert "fix:" in proc.stdout
     assert as_json.returncode == 1
+    assert json.loads(as_json.stdout)["verdict"] == "preflight failed: 1 problem(s) on node0 (port.in_use)"
     assert [(f["host"], f["id"]) for f in json.loads(as_json.stdout)["failures"]] == [
         ("node0", "port.in_use")]
 

@@ -17,3 +17,24 @@ def test_the_api_check_has_the_json_fields_and_round_trips():
     data = Result(kind="preflight", ok=False, run_id="r", run_dir=Path("/tmp/r"),
                   checks=[c]).to_dict()
     assert data["checks"] == [raw] and data["failures"] == [raw]
+
+
+def test_one_verdict_sentence_for_the_play_the_json_and_the_api(tmp_path):
+    from ansible.module_utils.torchfleet.report import verdict
+    from torchfleet.results import Failure, from_report
+
+    checks = [check("port.blocked", "node1", False, "dropped", "allow TCP 29500"),
+              check("code.sync", "node2", False, "differs", "sync it"),
+              check("port.blocked", "node2", False, "dropped", "allow TCP 29500"),
+              check("nic.route", "node0", True)]
+    sentence = verdict("preflight", checks)
+    assert sentence == "preflight failed: 3 problem(s) on node1, node2 (port.blocked, code.sync)"
+    result = from_report("preflight", {"ok": False, "checks": checks, "verdict": sentence},
+                         tmp_path)
+    assert result.verdict == sentence and result.to_dict()["verdict"] == sentence
+    failure = {"host": "node1", "rank": 3, "reason": "rank 3 exited with 1", "tail": "..."}
+    run = Result(kind="train", ok=False, run_id="r", run_dir=tmp_path,
+                 first_failure=Failure(**failure))
+    assert run.verdict == verdict("train", [], failure) == (
+        "train failed: first failure on node1, rank 3: rank 3 exited with 1")
+    assert verdict("collective", checks[3:]) == "collective ok: 1 check(s) passed on 1 host(s)"
