@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import ansible.module_utils
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -31,3 +32,21 @@ def processes_matching(marker):
         if line and marker in line and int(pid) != os.getpid():
             found.append("%s %s" % (pid, line))
     return found
+
+
+# `bash tests/run` runs pytest in two workers (pytest-xdist, --dist loadgroup). Tests that
+# start what other tests look for on the whole machine (the lab, ansible-playbook runs of the
+# default inventory, torchrun, the port listener) run one after another in one worker; the
+# tests that only read, parse or start processes nobody else looks for run beside them.
+BESIDE = {"tests/unit"}
+SERIAL_UNITS = {"test_listener.py", "test_probe_modules.py"}  # start port listeners
+BESIDE_TESTS = {"test_ansible_test_sanity_passes_on_the_built_collection"}  # CPU only
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        path = Path(str(item.fspath)).relative_to(ROOT)
+        beside = (str(path.parent) in BESIDE and path.name not in SERIAL_UNITS) \
+            or item.originalname in BESIDE_TESTS
+        if not beside:
+            item.add_marker(pytest.mark.xdist_group("hosts"))
