@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import ansible.module_utils
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -34,19 +33,27 @@ def processes_matching(marker):
     return found
 
 
-# `bash tests/run` runs pytest in two workers (pytest-xdist, --dist loadgroup). Tests that
-# start what other tests look for on the whole machine (the lab, ansible-playbook runs of the
-# default inventory, torchrun, the port listener) run one after another in one worker; the
-# tests that only read, parse or start processes nobody else looks for run beside them.
-BESIDE = {"tests/unit"}
-SERIAL_UNITS = {"test_listener.py", "test_probe_modules.py"}  # start port listeners
-BESIDE_TESTS = {"test_ansible_test_sanity_passes_on_the_built_collection"}  # CPU only
+# `bash tests/run` runs pytest in two workers (pytest-xdist). Tests that start what other
+# tests look for on the whole machine (the lab, ansible-playbook runs of the default inventory,
+# torchrun, the port listener) run one after another in one worker, in order; the tests that
+# only read, parse or start processes nobody else looks for run beside them.
+BESIDE = "tests/unit/"
+SERIAL_UNITS = ("tests/unit/test_listener.py", "tests/unit/test_probe_modules.py")  # listeners
+BESIDE_TESTS = ("::test_ansible_test_sanity_passes_on_the_built_collection",)  # CPU only
 
 
-def pytest_collection_modifyitems(items):
-    for item in items:
-        path = Path(str(item.fspath)).relative_to(ROOT)
-        beside = (str(path.parent) in BESIDE and path.name not in SERIAL_UNITS) \
-            or item.originalname in BESIDE_TESTS
-        if not beside:
-            item.add_marker(pytest.mark.xdist_group("hosts"))
+def runs_beside(nodeid: str) -> bool:
+    return (nodeid.startswith(BESIDE) and not nodeid.startswith(SERIAL_UNITS)) \
+        or nodeid.endswith(BESIDE_TESTS)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    # xdist's own loadgroup mode renames nodeids in a way this pytest no longer reads, so the
+    # grouping is a scheduler of ours: one work unit for every test that touches hosts.
+    from xdist.scheduler import LoadScopeScheduling
+
+    class HostsInOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return nodeid if runs_beside(nodeid) else "hosts"
+
+    return HostsInOneWorker(config, log)
