@@ -86,6 +86,9 @@ def test_the_collections_playbooks_run_from_any_folder(installed):
     run_id = "from-collection-%d" % os.getpid()
     rc, out = playbook(installed, "preflight", "-e", "master_port=%d" % free_port(), "--check")
     assert rc == 0 and "torchfleet.fleet.preflight : Decide every check" in out, out[-3000:]
+    # train's roles and modules resolve by FQCN; under --check it starts nothing and says so.
+    rc, out = playbook(installed, "train", "-e", "master_port=%d" % free_port(), "--check")
+    assert rc == 0 and "nothing was started on any host" in out, out[-3000:]
     rc, out = playbook(installed, "collective", "-e", "master_port=%d" % free_port(),
                        "-e", "collective_sizes=4K", "-e", "collective_iters=2",
                        "-e", "run_id=%s" % run_id)

@@ -11,6 +11,7 @@ exits non-zero when anything was wrong.
 from __future__ import annotations
 
 import argparse
+import datetime
 import time
 
 import torch
@@ -145,11 +146,16 @@ class RoundBarrier:
         from torch.distributed import distributed_c10d
 
         self.store, self.n = distributed_c10d._get_default_store(), n
+        # A failing pair spends the process group's timeout on its exchange and may spend it
+        # again on its ping-pong before it records the error; the ranks already at the
+        # barrier wait that long and more (the store's own timeout is that timeout, once).
+        self.timeout = datetime.timedelta(
+            seconds=3 * _rank.env_int("TORCHFLEET_COLLECTIVE_TIMEOUT_S", 60))
 
     def wait(self, name):
         if self.store.add("torchfleet/isolate/" + name, 1) == self.n:
             self.store.set("torchfleet/isolate/%s/all" % name, "1")
-        self.store.wait(["torchfleet/isolate/%s/all" % name])
+        self.store.wait(["torchfleet/isolate/%s/all" % name], self.timeout)
 
 
 def best_seconds(step, iters, device):
