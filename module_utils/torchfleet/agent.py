@@ -171,7 +171,8 @@ class Agent:
         self.stopping, self.reason = message, "aborted"
         if self.proc.poll() is None:
             if message.get("dump"):
-                dump_stacks(self.command, self.py_spy, self.p["run_id"], self.proc.pid, self.p["run_dir"])
+                dump_stacks(self.command, self.py_spy, self.p["run_id"], self.proc.pid,
+                            self.p["run_dir"])
             stop_run(self.p["run_id"], self.proc.pid, grace_s=self.p["abort_grace_s"],
                      host=self.host, all_at_once=True)
 
