@@ -38,5 +38,4 @@ class ActionModule(ActionBase):
                 written.append({"path": path, "size": item["size"],
                                 "truncated": item["truncated"]})
             result["files"] = written
-        result["changed"] = False
         return result

@@ -153,7 +153,7 @@ class ActionModule(ActionBase):
                 if summary["phase"] != "running":
                     decided_at = decided_at or time.monotonic()
                     if summary["final"] or time.monotonic() - decided_at > settle_s:
-                        record = self._look(task_vars, full=True)["record"]
+                        record = look.get("record") or self._look(task_vars, full=True)["record"]
                         failure = record["failure"]
                         break
         phase = record["phase"] if record else failure["reason"]

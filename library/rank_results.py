@@ -12,6 +12,10 @@ description:
   - The action plugin of the same name writes those files under O(dest)/<host>/ on the
     controller and returns the results without the file contents.
   - A rank that wrote no result is not invented; the aggregation names it as missing.
+  - With O(stop), first stops what is left of the run on this host exactly as M(torchrun_stop)
+    does with the same arguments, so the play's end costs one module run per host, not two.
+    A stop argument that could reach beyond the run fails the task before anything is
+    signalled or read.
 version_added: "0.1.0"
 author: torchfleet developers (@torchfleet)
 options:
@@ -26,13 +30,39 @@ options:
   dest:
     description: Controller directory for the files (used by the action plugin).
     type: str
+  stop:
+    description: Stop the run on this host first; the options of M(torchrun_stop).
+    type: dict
+    suboptions:
+      runs_root:
+        description: Directory holding this host's run directories (C(<run_id>/<host>/)).
+        type: path
+        required: true
+      run_id:
+        description: Stop only this run; every run under O(stop.runs_root) when unset.
+        type: str
+      host_dir:
+        description: Only run directories of this inventory host.
+        type: str
+      grace_s:
+        description: Seconds between SIGTERM and SIGKILL.
+        type: float
+        default: 10
+      async_jid:
+        description: Job id of the async M(torchrun_job) whose record to remove once the run
+          is stopped.
+        type: str
+      async_dir:
+        description: Directory of Ansible's async job records on the host.
+        type: path
+        default: ~/.ansible_async
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
-    details: Reads the host only; in check mode the action plugin writes no file on the
-      controller.
+    details: Reads the host only; in check mode O(stop) signals nothing (it lists what it would
+      stop) and the action plugin writes no file on the controller.
   diff_mode:
     support: none
   platform:
@@ -45,6 +75,16 @@ EXAMPLES = r"""
     run_dir: ~/.torchfleet/runs/20261122-0301-ab12/node0
     dest: runs/20261122-0301-ab12/logs
   register: ranks
+
+- name: Stop what is left of this host's part of a run, then bring its results and logs back
+  rank_results:
+    run_dir: "~/.torchfleet/runs/{{ run_id }}/{{ inventory_hostname }}"
+    dest: "runs/{{ run_id }}/logs"
+    stop:
+      runs_root: ~/.torchfleet/runs
+      run_id: "{{ run_id }}"
+      host_dir: "{{ inventory_hostname }}"
+      async_jid: "{{ launch_job.ansible_job_id }}"
 """
 
 RETURN = r"""
@@ -58,6 +98,16 @@ files:
   returned: always
   type: list
   elements: dict
+stopped:
+  description: With O(stop), what was stopped (M(torchrun_stop)'s C(stopped)).
+  returned: when stop is given
+  type: list
+  elements: dict
+  sample: [{"run_id": "20261122-0301-ab12", "pid": 4242, "signalled": [4242], "killed": []}]
+async_removed:
+  description: With O(stop) and its async_jid, the async job record removed; null when none.
+  returned: when stop is given
+  type: str
 """
 
 import base64
@@ -68,12 +118,20 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.torchfleet.rundir import (
     EXITCODE, LOGS, RANK_RESULTS_SPEC, RESULTS, TORCHRUN_LOG, tail_bytes)
+from ansible.module_utils.torchfleet.stop import argument_error, stop_runs
 
 
 def main():
     module = AnsibleModule(argument_spec=RANK_RESULTS_SPEC, supports_check_mode=True)
     p = module.params
     run_dir = p["run_dir"]
+    done = {}
+    if p["stop"]:
+        error = argument_error(p["stop"])
+        if error:
+            module.fail_json(msg=error)
+        # Stopped before reading: a rank still writing would leave a cut log behind.
+        done = stop_runs(p["stop"], module.check_mode)
     results = []
     for path in sorted(glob.glob(os.path.join(run_dir, RESULTS, "rank-*.json"))):
         try:
@@ -95,7 +153,8 @@ def main():
                       "content": base64.b64encode(data).decode("ascii"),
                       "size": size, "truncated": size > len(data)})
     results.sort(key=lambda r: r.get("rank", 0))
-    module.exit_json(changed=False, results=results, files=files)
+    module.exit_json(changed=bool(done.get("stopped")) or bool(done.get("async_removed")),
+                     results=results, files=files, **done)
 
 
 if __name__ == "__main__":

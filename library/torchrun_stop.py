@@ -87,91 +87,18 @@ async_removed:
   sample: /root/.ansible_async/j123456789.4242
 """
 
-import glob
-import os
-import re
-import time
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.torchfleet.procs import run_processes, stop_run
-from ansible.module_utils.torchfleet.rundir import PIDFILE, RUN_ID, read_json
-
-
-# Ansible's job ids: "j" + digits + "." + PID; never a path.
-JID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-def argument_error(p):
-    """One sentence for the first argument that could reach beyond this run, or None. Checked
-    before anything is signalled: a pattern or a path here would widen what is stopped."""
-    if p["run_id"] is not None and not RUN_ID.match(p["run_id"]):
-        return ("run_id %r is not a torchfleet run id (letters, digits, '.', '_', '-'); nothing "
-                "was stopped" % p["run_id"])
-    if p["host_dir"] is not None and (p["host_dir"] in ("", ".", "..") or "/" in p["host_dir"]):
-        return ("host_dir %r is not an inventory host's directory name; nothing was stopped"
-                % p["host_dir"])
-    if p["grace_s"] < 0:
-        return "grace_s must be 0 or more seconds, not %s; nothing was stopped" % p["grace_s"]
-    if p["async_jid"] and not JID.match(p["async_jid"]):
-        return ("async_jid %r is not an Ansible async job id (like j123456789.4242); nothing "
-                "was stopped" % p["async_jid"])
-    return None
-
-
-def remove_async_record(path, wait_s=5.0):
-    """Remove the async wrapper's record once it holds the job's final result: the wrapper
-    rewrites it when torchrun_job returns, which is just after torchrun ended or was stopped."""
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        record = read_json(path)
-        if record is None and not os.path.exists(path):
-            return None
-        if record is not None and record.get("finished") is not False:
-            break
-        time.sleep(0.1)
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return None
-    return path
+from ansible.module_utils.torchfleet.rundir import STOP_SPEC
+from ansible.module_utils.torchfleet.stop import argument_error, stop_runs
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            runs_root=dict(type="path", required=True),
-            run_id=dict(type="str"),
-            host_dir=dict(type="str"),
-            grace_s=dict(type="float", default=10),
-            async_jid=dict(type="str"),
-            async_dir=dict(type="path", default="~/.ansible_async"),
-        ),
-        supports_check_mode=True,
-    )
-    p = module.params
-    error = argument_error(p)
+    module = AnsibleModule(argument_spec=STOP_SPEC, supports_check_mode=True)
+    error = argument_error(module.params)
     if error:
         module.fail_json(msg=error)
-    pattern = os.path.join(glob.escape(p["runs_root"]), p["run_id"] or "*",
-                           glob.escape(p["host_dir"]) if p["host_dir"] else "*", PIDFILE)
-    stopped = []
-    for pidfile in sorted(glob.glob(pattern)):
-        record = read_json(pidfile)
-        if not record:
-            continue
-        live = run_processes(record["run_id"], record["pid"], record.get("host"))
-        if not live:
-            continue
-        entry = {"run_id": record["run_id"], "pid": record["pid"], "processes": live}
-        if not module.check_mode:
-            entry.update(stop_run(record["run_id"], record["pid"], p["grace_s"],
-                                  record.get("host")))
-        stopped.append(entry)
-    removed = None
-    if p["async_jid"] and not module.check_mode:
-        removed = remove_async_record(os.path.join(p["async_dir"], p["async_jid"]))
-    module.exit_json(changed=bool(stopped) or bool(removed), stopped=stopped,
-                     async_removed=removed)
+    done = stop_runs(module.params, module.check_mode)
+    module.exit_json(changed=bool(done["stopped"]) or bool(done["async_removed"]), **done)
 
 
 if __name__ == "__main__":

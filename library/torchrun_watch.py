@@ -114,7 +114,8 @@ summary:
            "ranks_alive": 16, "hosts_running": 16, "nnodes": 16, "hosts_done": 0,
            "slowest": {"host": "node7", "idle_s": 0.8}, "last_line": "step 40/300 loss 0.21"}
 record:
-  description: The whole state record (module_utils/torchfleet/runstate.py), with O(full).
+  description: The whole state record (module_utils/torchfleet/runstate.py), with O(full) or
+    once the record is final.
   returned: always
   type: dict
 outcome:

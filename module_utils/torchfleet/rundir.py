@@ -39,11 +39,23 @@ LOGS = "logs"
 RESULTS = "results"
 STACK_DUMP = "py-spy-dump.txt"
 
-# The rank_results module's arguments (dest is its action plugin's), validated by both.
+# The torchrun_stop module's arguments (stop.py does the work).
+STOP_SPEC = dict(
+    runs_root=dict(type="path", required=True),
+    run_id=dict(type="str"),
+    host_dir=dict(type="str"),
+    grace_s=dict(type="float", default=10),
+    async_jid=dict(type="str"),
+    async_dir=dict(type="path", default="~/.ansible_async"),
+)
+
+# The rank_results module's arguments (dest is its action plugin's), validated by both. With
+# stop, the host's run is stopped first: stop and gather cost one module run per host, not two.
 RANK_RESULTS_SPEC = dict(
     run_dir=dict(type="path", required=True),
     max_log_bytes=dict(type="int", default=1 << 20),
     dest=dict(type="str"),
+    stop=dict(type="dict", options=STOP_SPEC),
 )
 
 

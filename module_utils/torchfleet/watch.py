@@ -6,7 +6,8 @@ module's). Hence only the standard library and the sibling files below.
 
 A look renews the master's lease (the controller is still there), waits on the host up to
 wait_s for the run's phase to change, and answers the run's summary: the same few fields at
-any number of hosts. With full, it answers the whole record (once, at the end).
+any number of hosts. It answers the whole record with full, and once the record is final (the
+end, once: the watcher needs no further look to take it).
 """
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ def look(params):
     if record is not None:
         result.update(state="final" if record["final"] else record["phase"],
                       summary=summary(record, time.time()),
-                      record=record if p["full"] else None)
+                      record=record if p["full"] or record["final"] else None)
     if job and job.get("failed") and not (record or {}).get("final"):
         # The master's agent failed: before it kept any state (its script is missing, its
         # control port is taken, ...) or on its way.

@@ -1,6 +1,6 @@
 """The modules of a launched run, each on its own, with a real torchrun (one rank per node):
 torchrun_job (the host's agent) starts it, torchrun_watch looks at it on the master,
-torchrun_stop ends it, rank_results packs what it left, run_summary decides how it ended. Two
+torchrun_stop ends it, rank_results packs what it left (stopping it first when asked), run_summary decides how it ended. Two
 agents on this machine show the hosts stopping each other without a controller.
 
 torchrun_job blocks until torchrun exits (Ansible runs it async), so here it runs in a child
@@ -148,6 +148,8 @@ def test_watch_sees_the_run_start_then_waits_on_the_host_until_it_exits(run, cap
     assert argv[argv.index("--node-rank") + 1] == "0" and run.run_id in argv
     record = run.watch(capsys, full=True)["record"]
     assert record["final"] and record["phase"] == "succeeded"
+    # A final record comes with every look: the watcher takes it without another one.
+    assert run.watch(capsys)["record"] == record
     assert "unit-secret" not in json.dumps(record) and "unit-secret" not in json.dumps(job)
 
 
@@ -223,6 +225,24 @@ def test_stop_refuses_a_job_id_that_is_a_path(tmp_path, capsys):
                                         "async_dir": str(tmp_path / "async")}, capsys)
     assert result["failed"] and "not an Ansible async job id" in result["msg"]
     assert victim.read_text() == "keep me"
+
+
+def test_rank_results_with_stop_stops_the_run_first_then_packs_what_it_left(run, tmp_path,
+                                                                          capsys):
+    run.wait_running(capsys)
+    stop = {"runs_root": str(tmp_path / "runs"), "run_id": run.run_id, "host_dir": "node0",
+            "grace_s": 5}
+    refused = run_module(rank_results, {"run_dir": str(run.dir), "stop": dict(stop, run_id="*")},
+                         capsys)
+    assert refused["failed"] and "nothing was stopped" in refused["msg"]
+    assert run.watch(capsys)["summary"]["ranks_alive"] == 1
+    packed = run_module(rank_results, {"run_dir": str(run.dir), "stop": stop}, capsys)
+    assert packed["changed"] and [s["run_id"] for s in packed["stopped"]] == [run.run_id]
+    assert run.job_result()["rc"] != 0  # torchrun was signalled
+    # The rank was stopped before it wrote a result: none is invented; its log came back.
+    assert packed["results"] == []
+    stdout = {f["path"]: f for f in packed["files"]}["attempt_0/0/stdout.log"]
+    assert "rank 0 started" in base64.b64decode(stdout["content"]).decode()
 
 
 def test_rank_results_packs_results_and_logs_and_truncates_long_logs(run, capsys):
