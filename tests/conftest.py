@@ -16,8 +16,19 @@ if str(ROOT / "library") not in sys.path:
     sys.path.insert(0, str(ROOT / "library"))
 
 
-def processes_matching(marker):
-    """'PID command line' of every live process whose command line contains marker.
+def netns_of(path):
+    """The network namespace (its inode) of /proc/<pid>/ns/net or /run/netns/<name>."""
+    return os.stat(path).st_ino
+
+
+def this_netns():
+    """This machine's own network: where the default inventory's hosts run (not a lab's)."""
+    return {netns_of("/proc/self/ns/net")}
+
+
+def processes_matching(marker, netns=None):
+    """'PID command line' of every live process whose command line contains marker; with
+    netns (a set of namespace inodes), only those running in one of them.
 
     Read from /proc, not ps, whose output is cut to the terminal width in some environments.
     """
@@ -26,6 +37,8 @@ def processes_matching(marker):
         try:
             with open("/proc/%s/cmdline" % pid, "rb") as f:
                 line = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+            if netns is not None and netns_of("/proc/%s/ns/net" % pid) not in netns:
+                continue
         except OSError:
             continue
         if line and marker in line and int(pid) != os.getpid():
@@ -36,8 +49,10 @@ def processes_matching(marker):
 # `bash tests/run` runs pytest in two workers (pytest-xdist). Tests that start what other
 # tests look for on the whole machine (the lab, ansible-playbook runs of the default inventory,
 # torchrun, the port listener) run one after another in one worker, in order; the tests that
-# only read, parse or start processes nobody else looks for run beside them.
-BESIDE = "tests/unit/"
+# only read, parse or start processes nobody else looks for run beside them, and so does a lab
+# of its own whose hosts keep their runs apart (own namespaces, own remote_runs_root) and whose
+# processes the others' checks do not count (they look in their own network namespaces).
+BESIDE = ("tests/unit/", "tests/lab/test_rank_order_lab.py")
 SERIAL_UNITS = ("tests/unit/test_listener.py", "tests/unit/test_probe_modules.py")  # listeners
 BESIDE_TESTS = ("::test_ansible_test_sanity_passes_on_the_built_collection",)  # CPU only
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import processes_matching
+from tests.conftest import processes_matching, this_netns
 from tests.integration.playbook import local_inventory, playbook
 from tests.unit.test_listener import free_port
 
@@ -22,7 +22,8 @@ PER_HOST_IDS = {"host.unreachable", "python.torch", "gpu.count", "nic.missing", 
 
 
 def listener_processes():
-    return processes_matching("torchfleet-port-listener")
+    """The default inventory's listeners: in this machine's network, not in a lab's."""
+    return processes_matching("torchfleet-port-listener", netns=this_netns())
 
 
 def test_healthy_default_passes_every_check_and_changes_nothing(tmp_path):

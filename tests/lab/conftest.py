@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import processes_matching
+from tests.conftest import netns_of, processes_matching
 from torchfleet import lab as labmod
 
 LAB_DIR = labmod.DEFAULT_DIR.with_name("torchfleet-lab-tests")
@@ -22,12 +22,16 @@ def lab_unavailable() -> str | None:
     return None
 
 
+def lab_netns(tag) -> set[int]:
+    """The network namespaces of lab `tag` while it is up."""
+    return {netns_of("/run/netns/" + ns) for ns in labmod.our_namespaces(tag)}
+
+
 def leftovers() -> list[str]:
-    """Anything of the test lab's still on this machine: namespaces, links, sshd, listeners."""
+    """Anything of the test lab's still on this machine: namespaces, links, sshd."""
     found = ["netns " + ns for ns in labmod.our_namespaces(LAB_TAG)]
     found += ["link " + link for link in labmod.our_links(LAB_TAG)]
-    found += processes_matching(str(LAB_DIR)) + processes_matching("torchfleet-port-listener")
-    return found
+    return found + processes_matching(str(LAB_DIR))
 
 
 @pytest.fixture(scope="session")
@@ -37,8 +41,10 @@ def lab():
         pytest.skip(reason)
     the_lab = labmod.Lab.up(4, LAB_DIR, LAB_TAG)
     yield the_lab
+    # Looked for in the lab's own namespaces (another lab may run beside it), so before down.
+    listeners = processes_matching("torchfleet-port-listener", netns=lab_netns(LAB_TAG))
     labmod.down(LAB_DIR, LAB_TAG)
-    assert leftovers() == []
+    assert listeners == [] and leftovers() == []
 
 
 @pytest.fixture
