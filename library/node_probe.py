@@ -241,7 +241,7 @@ import socket
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.torchfleet.command import bounded
+from ansible.module_utils.torchfleet.command import bounded, missing
 from ansible.module_utils.torchfleet.connect import Connector, route_to
 from ansible.module_utils.torchfleet.fingerprint import fingerprint
 from ansible.module_utils.torchfleet.gpu import NVIDIA_SMI_ARGV, parse_gpu_csv
@@ -275,7 +275,7 @@ def hostname_facts():
 def gpu_facts(run):
     out, err = run(NVIDIA_SMI_ARGV)
     if out is None:
-        found = "not found" not in err
+        found = not missing(err)  # an nvidia-smi that exists and fails is a problem to name
         return [], {"found": found, "error": err if found else None}
     return parse_gpu_csv(out), {"found": True, "error": None}
 

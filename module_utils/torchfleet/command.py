@@ -10,6 +10,11 @@ NOT_RUNNABLE = 126
 NOT_FOUND = 127
 
 
+class Missing(str):
+    """run()'s `why` when the command does not exist on the host: told apart by its type, not
+    its words (a command that ran and failed may print "not found" too)."""
+
+
 def bounded(module, timeout_s=20):
     """run(argv, timeout_s=timeout_s) -> (stdout, None) when argv exits 0, else (None, why)."""
     # Fails the module, naming `timeout`, on a host without coreutils.
@@ -21,10 +26,16 @@ def bounded(module, timeout_s=20):
         if rc in TIMED_OUT:
             return None, "%s did not answer within %g s" % (argv[0], timeout_s)
         if rc == NOT_FOUND:
-            return None, "%s: not found" % argv[0]
+            return None, Missing("%s: not found" % argv[0])
         if rc == NOT_RUNNABLE:
             return None, "%s: cannot be run (%s)" % (argv[0], err.strip()[-200:])
         if rc != 0:
             return None, (err or out).strip()[-300:] or "%s exited with %d" % (argv[0], rc)
         return out, None
     return run
+
+
+def missing(why):
+    """Whether run()'s `why` says the command does not exist on the host (not that it ran and
+    failed, whatever its own message says)."""
+    return isinstance(why, Missing)

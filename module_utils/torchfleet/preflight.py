@@ -332,8 +332,9 @@ def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
         if backend == "gloo":
             checks.append(check("gpu.count", host, True, "skipped: backend gloo runs on CPU"))
         else:
-            have = len(probe["gpus"])
-            why = "" if probe["nvidia_smi"]["found"] else " (no nvidia-smi)"
+            have, smi = len(probe["gpus"]), probe["nvidia_smi"]
+            why = (" (no nvidia-smi)" if not smi["found"] else
+                   " (nvidia-smi failed: %s)" % smi["error"] if smi["error"] else "")
             checks.append(check("gpu.count", host, have >= nproc,
                                 "%d GPU(s)%s for nproc_per_node=%d" % (have, why, nproc),
                                 "set -e nproc_per_node=%d, or check `nvidia-smi` on %s"

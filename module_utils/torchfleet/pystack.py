@@ -11,6 +11,8 @@ import json
 import os
 import sys
 
+from ansible.module_utils.torchfleet.command import missing
+
 # Leaves its answer in `out`.
 SNIPPET = r"""
 import importlib.metadata as md, importlib.util, json, os, re, sys
@@ -51,7 +53,7 @@ def probe_python(python, run, timeout_s=20):
         return scope["out"]
     out, err = run([python, "-c", SNIPPET + "print(json.dumps(out))"], timeout_s=timeout_s)
     if out is None:
-        return {"error": "%s: no such interpreter" % python if err.endswith(": not found")
+        return {"error": "%s: no such interpreter" % python if missing(err)
                 else "%s failed: %s" % (python, err)}
     return json.loads(out)
 

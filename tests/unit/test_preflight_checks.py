@@ -150,6 +150,13 @@ def test_gpu_count_and_gloo_skip():
     checks, _, resolved = run(probes, connects, backend="gloo")
     assert failing(checks) == [] and resolved["nproc_per_node"] == 1
     assert all("skipped" in c["detail"] for c in checks if c["id"] == "gpu.count")
+    # An nvidia-smi that is there and fails is named with its own words.
+    probes["n1"]["gpus"] = []
+    probes["n1"]["nvidia_smi"] = {"found": True, "error": "Failed to initialize NVML"}
+    checks, _, _ = run(probes, connects, nproc_per_node="8", backend="nccl")
+    (gpu,) = [c for c in checks if c["id"] == "gpu.count" and not c["ok"]]
+    assert gpu["detail"] == ("0 GPU(s) (nvidia-smi failed: Failed to initialize NVML) for "
+                             "nproc_per_node=8")
 
 
 def test_missing_nic_and_wrong_route():

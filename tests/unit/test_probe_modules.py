@@ -42,6 +42,21 @@ def test_node_probe_without_nvidia_smi_reports_no_gpu(tmp_path, capsys, monkeypa
     assert result["versions"]["driver"] is None
 
 
+def test_node_probe_names_an_nvidia_smi_that_is_there_and_fails(tmp_path, capsys, monkeypatch):
+    # A stand-in nvidia-smi whose library is missing: it exists, so this is a broken GPU host
+    # to name, not a host without GPUs, though its message says "not found".
+    for tool in ("ip", "timeout"):
+        (tmp_path / tool).symlink_to(shutil.which(tool))
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI could not find libnvidia-ml.so library: not "
+                   "found' >&2\nexit 12\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    result = run_module(node_probe, {"python": sys.executable}, capsys)
+    assert result["gpus"] == [] and result["nvidia_smi"]["found"] is True
+    assert "libnvidia-ml.so" in result["nvidia_smi"]["error"]
+
+
 def test_node_probe_on_master_names_the_holder_of_the_port(capsys):
     with socket.socket() as holder:
         holder.bind(("0.0.0.0", 0))
