@@ -61,8 +61,8 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Reads the host only; in check mode O(stop) signals nothing (it lists what it would
-      stop) and the action plugin writes no file on the controller.
+    details: Without O(stop) it only reads the host. In check mode O(stop) signals nothing (it
+      lists what it would stop) and the action plugin writes no file on the controller.
   diff_mode:
     support: none
   platform:
