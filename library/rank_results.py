@@ -118,20 +118,15 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.torchfleet.rundir import (
     EXITCODE, LOGS, RANK_RESULTS_SPEC, RESULTS, TORCHRUN_LOG, tail_bytes)
-from ansible.module_utils.torchfleet.stop import argument_error, stop_runs
+from ansible.module_utils.torchfleet.stop import stop_checked
 
 
 def main():
     module = AnsibleModule(argument_spec=RANK_RESULTS_SPEC, supports_check_mode=True)
     p = module.params
     run_dir = p["run_dir"]
-    done = {}
-    if p["stop"]:
-        error = argument_error(p["stop"])
-        if error:
-            module.fail_json(msg=error)
-        # Stopped before reading: a rank still writing would leave a cut log behind.
-        done = stop_runs(p["stop"], module.check_mode)
+    # Stopped before reading: a rank still writing would leave a cut log behind.
+    done = stop_checked(module, p["stop"]) if p["stop"] else {"changed": False}
     results = []
     for path in sorted(glob.glob(os.path.join(run_dir, RESULTS, "rank-*.json"))):
         try:
@@ -153,8 +148,7 @@ def main():
                       "content": base64.b64encode(data).decode("ascii"),
                       "size": size, "truncated": size > len(data)})
     results.sort(key=lambda r: r.get("rank", 0))
-    module.exit_json(changed=bool(done.get("stopped")) or bool(done.get("async_removed")),
-                     results=results, files=files, **done)
+    module.exit_json(results=results, files=files, **done)
 
 
 if __name__ == "__main__":

@@ -89,16 +89,12 @@ async_removed:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.torchfleet.rundir import STOP_SPEC
-from ansible.module_utils.torchfleet.stop import argument_error, stop_runs
+from ansible.module_utils.torchfleet.stop import stop_checked
 
 
 def main():
     module = AnsibleModule(argument_spec=STOP_SPEC, supports_check_mode=True)
-    error = argument_error(module.params)
-    if error:
-        module.fail_json(msg=error)
-    done = stop_runs(module.params, module.check_mode)
-    module.exit_json(changed=bool(done["stopped"]) or bool(done["async_removed"]), **done)
+    module.exit_json(**stop_checked(module, module.params))
 
 
 if __name__ == "__main__":

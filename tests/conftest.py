@@ -37,12 +37,14 @@ def processes_matching(marker, netns=None):
         try:
             with open("/proc/%s/cmdline" % pid, "rb") as f:
                 line = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+            if not line or marker not in line or int(pid) == os.getpid():
+                continue
+            # Only for the processes that match: a stat per process on the machine otherwise.
             if netns is not None and netns_of("/proc/%s/ns/net" % pid) not in netns:
                 continue
         except OSError:
             continue
-        if line and marker in line and int(pid) != os.getpid():
-            found.append("%s %s" % (pid, line))
+        found.append("%s %s" % (pid, line))
     return found
 
 

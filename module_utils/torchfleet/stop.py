@@ -49,6 +49,17 @@ def remove_async_record(path, wait_s=5.0):
     return path
 
 
+def stop_checked(module, p):
+    """What both modules do with rundir.STOP_SPEC's arguments p: fail the module naming the first
+    argument that could reach beyond the run (before anything is signalled), else stop_runs;
+    returns stop_runs' answer with `changed`."""
+    error = argument_error(p)
+    if error:
+        module.fail_json(msg=error)
+    done = stop_runs(p, module.check_mode)
+    return dict(done, changed=bool(done["stopped"]) or bool(done["async_removed"]))
+
+
 def stop_runs(p, check_mode=False):
     """Stop what p (rundir.STOP_SPEC's arguments, checked by argument_error) names; returns
     {"stopped": [one entry per run that had live processes], "async_removed": path or None}.
