@@ -1,7 +1,8 @@
 """The modules of a launched run, each on its own, with a real torchrun (one rank per node):
 torchrun_job (the host's agent) starts it, torchrun_watch looks at it on the master,
-torchrun_stop ends it, rank_results packs what it left (stopping it first when asked), run_summary decides how it ended. Two
-agents on this machine show the hosts stopping each other without a controller.
+torchrun_stop ends it, rank_results packs what it left (stopping it first when asked),
+run_summary decides how it ended. Two agents on this machine show the hosts stopping each other
+without a controller.
 
 torchrun_job blocks until torchrun exits (Ansible runs it async), so here it runs in a child
 process of its own, as under Ansible's async wrapper.
@@ -300,10 +301,14 @@ def test_a_report_that_cannot_be_written_is_one_sentence_naming_its_directory(tm
                                      "-e run_dir= a directory you can write" % run_dir)
 
 
-def test_the_watchers_plain_script_look_answers_what_the_module_answers(run, capsys):
+def test_the_watchers_plain_script_look_answers_what_the_module_answers(run, capsys,
+                                                                       monkeypatch):
     """The action plugin pipes look_script() to the host's Python for each look."""
     import importlib.util
 
+    # The plugin puts action_plugins/ first on sys.path (to import _torchfleet): undone after
+    # this test, or a later `import preflight_checks` finds the plugin, not the module.
+    monkeypatch.setattr(sys, "path", list(sys.path))
     spec = importlib.util.spec_from_file_location(
         "torchrun_watch_action", ROOT / "action_plugins" / "torchrun_watch.py")
     action = importlib.util.module_from_spec(spec)
