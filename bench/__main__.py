@@ -358,7 +358,7 @@ def bench_watch_cpu(args, tmp):
                     stdin=subprocess.DEVNULL)
                 runs = Path.home() / ".torchfleet" / "runs"
 
-                def all_running():
+                def all_running(runs=runs, started=started, n=n):
                     logs = [p for p in runs.glob("*/node*/logs/*/attempt_0/0/stdout.log")
                             if p.stat().st_mtime >= started and "step" in p.read_text()]
                     return len(logs) >= n
@@ -512,14 +512,14 @@ def markdown(results):
                      % (name, rng(r["controller_cpu_s_per_host"])))
     lo = results.get("launch_overhead")
     if lo:
-        for name, r in (lo.get("sizes") or {"lab2": dict(lo, hosts=2)}).items():
+        for r in (lo.get("sizes") or {"lab2": dict(lo, hosts=2)}).values():
             lines.append("| collective.yml vs raw ssh+torchrun, %d lab nodes | %s s | %s s | "
                          "+%.2f s%s | %s |" % (
                              r["hosts"], rng(r["collective_yml_s"]), rng(r["raw_ssh_torchrun_s"]),
                              r["overhead_s"], " (%.2fx)" % r["ratio"] if "ratio" in r else "",
                              "<= 3 s" if r["hosts"] <= 2 else "<= 1.25x"))
     ff = results.get("fail_fast")
-    for name, r in ((ff or {}).get("sizes") or {}).items():
+    for r in ((ff or {}).get("sizes") or {}).values():
         lines.append("| rank 1 exits 1 on %d hosts: every rank on every host gone | %s s | | | "
                      "<= 3 s |" % (r["hosts"], rng(r["failure_to_every_rank_gone_s"])))
         lines.append("| rank 1 exits 1 on %d hosts: play exit | %s s | | | |"
@@ -527,7 +527,7 @@ def markdown(results):
     wc = results.get("watch_cpu")
     if wc:
         base = wc["sizes"].get("lab2")
-        for name, r in wc["sizes"].items():
+        for r in wc["sizes"].values():
             ratio = (r["cpu_s_per_minute"]["median"] / base["cpu_s_per_minute"]["median"]
                      if base and base["cpu_s_per_minute"]["median"] > 0 else float("nan"))
             lines.append("| controller CPU-s per minute of watch, %d hosts | %s | 2 hosts | "

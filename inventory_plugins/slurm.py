@@ -149,11 +149,12 @@ class InventoryModule(BaseInventoryPlugin):
         except FileNotFoundError:
             raise AnsibleParserError(
                 "%s not found on this controller, needed to read Slurm job %s; run from a node "
-                "with Slurm's client commands, or set scontrol: to its path" % (command, job_id))
+                "with Slurm's client commands, or set scontrol: to its path" % (command, job_id)
+            ) from None
         except subprocess.TimeoutExpired:
             raise AnsibleParserError(
                 "`%s %s` did not answer in %d s (Slurm job %s); check that slurmctld is up "
-                "(scontrol ping)" % (command, " ".join(args), TIMEOUT_S, job_id))
+                "(scontrol ping)" % (command, " ".join(args), TIMEOUT_S, job_id)) from None
         if proc.returncode != 0:
             said = ((proc.stderr or proc.stdout).strip().splitlines() or ["no output"])[-1]
             if "Invalid job id" in said:

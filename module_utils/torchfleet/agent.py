@@ -325,7 +325,7 @@ def run(p, command):
                 raise ValueError("the master %s cannot listen on its control port %s:%d (%s); "
                                  "free it or set -e control_port=N" % (
                                      p["host"], p["master_addr"], p["control_port"],
-                                     exc.strerror or exc))
+                                     exc.strerror or exc)) from None
         else:
             client = Client(p["master_addr"], p["control_port"], secret, p["host"])
     except ValueError as exc:

@@ -109,7 +109,7 @@ def compare_env(probes, master):
 def compare_code(probes, master, code_dir):
     records = []
     present = {h: p["code"] for h, p in probes.items() if p.get("code") and p["code"]["exists"]}
-    for host, probe in probes.items():
+    for host in probes:
         if host not in present:
             records.append(check("code.sync", host, False, "code_dir %s does not exist" % code_dir,
                                  "copy the code to %s on %s (rsync/git clone) or fix code_dir"

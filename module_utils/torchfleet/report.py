@@ -38,7 +38,7 @@ def write_report(run_dir, name, data, runs_root=None):
         return _write_report(run_dir, name, data, runs_root)
     except OSError as exc:
         raise ValueError("cannot write %s in %s (%s); pass -e run_dir= a directory you can "
-                         "write" % (name, exc.filename or run_dir, exc.strerror or exc))
+                         "write" % (name, exc.filename or run_dir, exc.strerror or exc)) from None
 
 
 def _write_report(run_dir, name, data, runs_root):

@@ -306,7 +306,7 @@ def decide(params):
     if kind == "collective":  # each host's ranks at the largest all_reduce: outliers show
         head = head[:6] + ("BUSBW GB/s min/med/max",) + head[6:]
         rows = [r[:6] + (spread_of(h.get("busbw_gbs")),) + r[6:]
-                for r, h in zip(rows, host_rows)]
+                for r, h in zip(rows, host_rows, strict=True)]
     text = render(head, rows)
     if extra.get("table_collective"):
         text = extra["table_collective"] + "\n\n" + text

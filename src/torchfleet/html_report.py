@@ -8,7 +8,7 @@ from html import escape
 from pathlib import Path
 
 from torchfleet.paths import shared_module
-from torchfleet.results import BusbwRow, Isolation, Result, load
+from torchfleet.results import BusbwRow, Isolation, Pair, Result, load
 
 table = shared_module("table")  # the tables' rendering of a min / median / max spread
 
@@ -56,10 +56,10 @@ def chart(op: str, rows: list[BusbwRow]) -> str:
     def py(y: float) -> float:
         return TOP + ph - y / top * ph
 
-    band = " ".join("%.1f,%.1f" % (px(x), py(r.busbw_max)) for x, r in zip(xs, rows))
+    band = " ".join("%.1f,%.1f" % (px(x), py(r.busbw_max)) for x, r in zip(xs, rows, strict=True))
     band += " " + " ".join("%.1f,%.1f" % (px(x), py(r.busbw_min))
-                           for x, r in reversed(list(zip(xs, rows))))
-    line = " ".join("%.1f,%.1f" % (px(x), py(r.busbw_median)) for x, r in zip(xs, rows))
+                           for x, r in reversed(list(zip(xs, rows, strict=True))))
+    line = " ".join("%.1f,%.1f" % (px(x), py(r.busbw_median)) for x, r in zip(xs, rows, strict=True))
     parts = ['<svg class="busbw-chart" data-op="%s" width="%d" height="%d" viewBox="0 0 %d %d" '
              'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="busbw of %s">'
              % (escape(op), W, H, W, H, escape(op)),
@@ -70,7 +70,7 @@ def chart(op: str, rows: list[BusbwRow]) -> str:
         parts.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#eaeef2"/>'
                      '<text x="%d" y="%.1f" text-anchor="end">%.3g</text>'
                      % (LEFT, LEFT + pw, py(y), py(y), LEFT - 4, py(y) + 4, y))
-    for x, r in zip(xs, rows):
+    for x, r in zip(xs, rows, strict=True):
         parts.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>'
                      % (px(x), TOP + ph + 14, _size(r.size_bytes)))
     parts.append('<text x="%d" y="%d" text-anchor="middle">message size</text>'
@@ -81,7 +81,7 @@ def chart(op: str, rows: list[BusbwRow]) -> str:
                  'stroke="none"/>' % band)
     parts.append('<polyline class="median" points="%s" fill="none" stroke="#0969da" '
                  'stroke-width="2"/>' % line)
-    for x, r in zip(xs, rows):
+    for x, r in zip(xs, rows, strict=True):
         spread = r.busbw_min < 0.8 * r.busbw_median
         parts.append('<circle class="point%s" cx="%.1f" cy="%.1f" r="3.5" fill="%s">'
                      '<title>%s: busbw %s GB/s (min/median/max); slowest %s '
@@ -130,9 +130,9 @@ def _heat(ratio: float) -> str:
 def heat_map(iso: Isolation, hosts: list[str]) -> str:
     """Host x host table of the pairs measured: busbw against the reference, slow pairs and
     slow hosts outlined in red; a pair not measured (ring schedule) is left grey."""
-    pairs = {}
-    for p in iso.pairs:
-        pairs[(p.a, p.b)] = pairs[(p.b, p.a)] = p
+    pairs: dict[tuple[str, str], Pair] = {}
+    for measured in iso.pairs:
+        pairs[(measured.a, measured.b)] = pairs[(measured.b, measured.a)] = measured
     order = hosts or sorted({h for p in iso.pairs for h in (p.a, p.b)})
     head = "".join('<th class="%s">%s</th>' % ("slow-node" if h in iso.slow_nodes else "",
                                               escape(h)) for h in order)
@@ -149,7 +149,8 @@ def heat_map(iso: Isolation, hosts: list[str]) -> str:
                          'title="%s &harr; %s: %s">%s</td>' % (
                              " slow" if p.slow else "", escape(a), escape(b), _heat(ratio),
                              escape(a), escape(b), escape(p.error or "busbw %.3g GB/s, latency "
-                                                          "%.0f us" % (p.busbw_gbs, p.latency_us)),
+                                                          "%.0f us" % (p.busbw_gbs or 0.0,
+                                                                       p.latency_us or 0.0)),
                              "&#10007;" if p.error else "%.2g" % (p.busbw_gbs or 0.0)))
         rows.append('<tr><th class="%s">%s</th>%s</tr>' % (
             "slow-node" if a in iso.slow_nodes else "", escape(a), "".join(cells)))

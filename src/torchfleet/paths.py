@@ -31,6 +31,8 @@ def shared_module(name: str, folder: str = "module_utils/torchfleet") -> ModuleT
     path = ansible_root() / folder / (name + ".py")
     spec = importlib.util.spec_from_file_location(
         "torchfleet_shared_%s_%s" % (folder.replace("/", "_"), name), path)
+    if spec is None or spec.loader is None:
+        raise ImportError("cannot load %s: the Ansible tree is incomplete" % path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

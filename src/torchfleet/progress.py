@@ -35,7 +35,7 @@ class HostLines:
                 self.lines[host] = "%s: %s" % (event.status, event.task)
             elif event.status == "ok" and host not in self.failed:
                 self.lines[host] = "%s" % event.task
-        elif event.kind == "check":
+        elif event.kind == "check" and event.check is not None:
             if not event.check.ok and event.check.severity == "error":
                 self.failed.setdefault(host, []).append(event.check.id)
             bad = self.failed.get(host)

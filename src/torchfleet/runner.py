@@ -125,7 +125,11 @@ def ctrl_c_sets(flag: threading.Event | None):
             or signal.getsignal(signal.SIGINT) is signal.SIG_IGN):
         yield
         return
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: flag and flag.set())
+    def on_sigint(signum, frame):
+        if flag is not None:
+            flag.set()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         yield
     finally:
@@ -160,7 +164,8 @@ def run_playbook(playbook: str, *, inventory: Path, extravars: dict[str, Any], r
     def handle(event: dict) -> bool:
         data = event.get("event_data") or {}
         if on_module_result and event.get("event") == "runner_on_ok":
-            on_module_result(data.get("task_action"), data.get("host"), data.get("res") or {})
+            on_module_result(data.get("task_action") or "", data.get("host") or "",
+                             data.get("res") or {})
         for e in translate(event):
             deliver(e)
         return False  # no per-event artifacts: they would hold module arguments

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 import torchfleet
-from torchfleet import forks
 from tests.api.conftest import free_port
 from tests.conftest import FIXTURES, processes_matching
 

@@ -29,19 +29,20 @@ def ring(n: int) -> list[list[tuple[int, int]]]:
         rounds[1].append(edges[n - 1])
     if n >= 4:
         rounds.append([(i, i + n // 2) for i in range(n // 2)])
-    return [sorted(tuple(sorted(p)) for p in r) for r in rounds if r]
+    return [sorted((min(p), max(p)) for p in r) for r in rounds if r]
 
 
 def full(n: int) -> list[list[tuple[int, int]]]:
     """Circle method: fix one seat, rotate the others; a bye seat when n is odd."""
     if n < 2:
         return []
-    seats = list(range(n)) + ([None] if n % 2 else [])
+    bye = -1  # the seat of nobody when n is odd
+    seats = list(range(n)) + ([bye] if n % 2 else [])
     m = len(seats)
     rounds = []
     for _round in range(m - 1):
         pairs = [(seats[i], seats[m - 1 - i]) for i in range(m // 2)]
-        rounds.append(sorted(tuple(sorted(p)) for p in pairs if None not in p))
+        rounds.append(sorted((min(p), max(p)) for p in pairs if bye not in p))
         seats = [seats[0], seats[-1]] + seats[1:-1]
     return rounds
 
