@@ -7,11 +7,18 @@ the summary to progress_file, and at the end writes the whole record to state_fi
 (run_state.json), which the summary, the API and the report read.
 
 A look is the torchrun_watch module's code run as a plain script by the master's `python`
-when one is given (see look_script). When the master cannot be reached, the run is lost there:
-the other agents stop by themselves within lost_after_s, and the play's stop tasks follow.
+when one is given (see look_script). The hosts whose start task failed (`starts`: each host's
+registered start result) go to the master's store with the first look, which names them as
+the run's failures. A look that fails is tried again until lost_after_s has passed since the
+last good one; only then is the master lost: the other agents stop by themselves within
+lost_after_s, and the play's stop tasks follow.
 
-Returns: outcome (succeeded | failed | hung | lost | timeout | aborted), failure (the first
-one, as the record names it) and summary (the last look's).
+How the run ended is never decided here: the master's record (runstate.py) decides it; when
+the master kept none the controller can read (its own start failed, or it was lost), runstate
+builds the record from what is known.
+
+Returns: outcome (runstate.PHASE_OUTCOME of the record's phase), failure (the record's first
+failure) and summary (the last look's).
 """
 from __future__ import annotations
 
@@ -29,6 +36,7 @@ from ansible.utils.display import Display
 sys.path.insert(0, os.path.dirname(__file__))
 import _torchfleet  # noqa: E402
 _torchfleet.module_utils_importable()
+from ansible.module_utils.torchfleet import runstate  # noqa: E402
 from ansible.module_utils.torchfleet.watch import ACTION_SPEC  # noqa: E402
 
 display = Display()
@@ -36,9 +44,17 @@ display = Display()
 MODULE_ARGS = ("run_dir", "run_id", "async_jid", "async_dir")
 UTILS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                      "module_utils", "torchfleet")
-OUTCOMES = {"succeeded": "succeeded", "failed": "failed", "vanished": "failed",
-            "not_started": "failed", "hung": "hung", "lost": "lost", "timeout": "timeout",
-            "controller_lost": "aborted"}
+
+
+def start_failures(starts):
+    """{host: Ansible's reason} of the hosts whose registered start result failed."""
+    failed = {}
+    for host, res in (starts or {}).items():
+        res = res if isinstance(res, dict) else {}
+        if not res or res.get("failed") or res.get("unreachable"):
+            failed[host] = str(res.get("msg") or ("unreachable" if res.get("unreachable")
+                                                  else "the start task did not run"))[:1000]
+    return failed
 
 
 @functools.lru_cache(maxsize=1)
@@ -86,7 +102,7 @@ def write_state(path, record):
     os.replace(tmp, path)
 
 
-def progress_text(master, s):
+def progress_text(s):
     slow = s.get("slowest") or {}
     failure = s.get("failure") or {}
     text = "  %7.1f s  %s  ranks alive %d of %d  hosts running %d of %d" % (
@@ -95,8 +111,7 @@ def progress_text(master, s):
     if slow.get("host") and slow.get("idle_s") is not None:
         text += "  slowest %s (quiet %.0f s)" % (slow["host"], slow["idle_s"])
     if failure:
-        text += "  first failure: %s (%s)" % (failure.get("host") or master,
-                                              failure.get("reason"))
+        text += "  first failure: %s" % runstate.failure_text(failure)[:200]
     return text + "  | %s" % (s.get("last_line") or "")[-100:]
 
 
@@ -128,20 +143,31 @@ class ActionModule(ActionBase):
         a = self.params
         master = self._task.delegate_to or task_vars["inventory_hostname"]
         poll_s, every_s, settle_s = a["poll_s"], a["progress_every_s"], a["settle_s"]
-        begin = time.monotonic()
+        hosts = list(a["starts"]) or [master]
+        failed_starts = start_failures(a["starts"])
+        begin = good = time.monotonic()
         shown, decided_at, look, failure, record = 0.0, None, {}, None, None
-        while True:
+        if master in failed_starts:  # no store on the master: nothing to look at
+            failure = {"host": master, "reason": runstate.NOT_STARTED,
+                       "detail": "its start failed: %s" % failed_starts[master]}
+        while failure is None:
             try:
-                look = self._look(task_vars, wait_s=poll_s)
+                look = self._look(task_vars, wait_s=poll_s, start_failed=failed_starts)
             except (AnsibleConnectionFailure, AnsibleError) as exc:
                 look = {"failed": True, "unreachable": True, "msg": str(exc)}
-            elapsed = time.monotonic() - begin
+            now = time.monotonic()
+            elapsed = now - begin
             if look.get("failed"):
-                failure = {"host": master, "node_rank": 0, "reason": "lost",
-                           "detail": "cannot reach the master: %s" % look.get("msg", "")[:300]}
+                if now - good <= a["lost_after_s"]:
+                    time.sleep(min(poll_s, 1.0))  # a passing fault: look again
+                    continue
+                failure = {"host": master, "reason": runstate.LOST,
+                           "detail": "the controller could not reach the master for %.0f s: "
+                                     "%s" % (now - good, look.get("msg", "")[:300])}
                 break
+            good = now
             if look["state"] == "start_failed":
-                failure = {"host": master, "node_rank": 0, "reason": "not_started",
+                failure = {"host": master, "reason": runstate.NOT_STARTED,
                            "detail": look["msg"]}
                 break
             summary = look.get("summary")
@@ -149,22 +175,23 @@ class ActionModule(ActionBase):
                 append_progress(a.get("progress_file"), dict(summary, watched_s=round(elapsed, 3)))
                 if elapsed - shown >= every_s or summary["phase"] != "running":
                     shown = elapsed
-                    display.display(progress_text(master, summary))
+                    display.display(progress_text(summary))
                 if summary["phase"] != "running":
                     decided_at = decided_at or time.monotonic()
                     if summary["final"] or time.monotonic() - decided_at > settle_s:
                         record = look.get("record") or self._look(task_vars, full=True)["record"]
                         failure = record["failure"]
                         break
-        phase = record["phase"] if record else failure["reason"]
         if record is None:
-            # The master's agent kept no record the controller can read: what is known.
-            record = {"run_id": a["run_id"], "phase": phase, "final": False, "failure": failure,
-                      "hosts": []}
+            # The master's store kept no record the controller can read: what is known.
+            record = runstate.controller_record(a["run_id"], hosts, a["nproc_per_node"],
+                                                failure)
+            failure = record["failure"]
         write_state(a.get("state_file"), record)
         # master_lost: the controller could not reach the master (the play then does not try
         # it again); a run whose phase is 'lost' because of another host still gathers there.
-        result.update(outcome=OUTCOMES.get(phase, "failed"), failure=failure,
+        result.update(outcome=runstate.PHASE_OUTCOME.get(record["phase"], runstate.FAILED),
+                      failure=failure,
                       master_lost=bool(look.get("failed")),
                       summary=look.get("summary"), changed=False,
                       watched_s=round(time.monotonic() - begin, 3))

@@ -26,7 +26,16 @@ description:
     the master keeps the run's state in O(run_dir)/control.json, which M(torchrun_watch) reads.
   - Meant to run with C(async) longer than the job and C(poll=0).
   - Dead-man switch; on the master, when nothing has touched O(run_dir)/lease for O(lease_s)
-    seconds (the controller was interrupted or lost), the run is stopped on every host.
+    seconds (the controller was interrupted or lost), the run is stopped on every host. The
+    lease counts from the controller's first look (M(torchrun_watch) makes the file), so a
+    start spread over many fork batches is not taken for a lost controller; until that look
+    the run is bounded by O(join_timeout_s) + O(lease_s) from its start.
+  - torchrun dies with its agent (C(PR_SET_PDEATHSIG)), so a killed agent leaves nothing
+    running; the master names that host C(host.lost) when its connection does not come back
+    within 3 s.
+  - Every byte that reaches the control port is bounded and verified before it is parsed; a
+    connection that does not authenticate within 5 s goes, and the master counts what it
+    refused (in its record and O(run_dir)/agent.log).
 version_added: "0.1.0"
 author: torchfleet developers (@torchfleet)
 options:

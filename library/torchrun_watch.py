@@ -10,8 +10,9 @@ description:
   - Runs on the run's master only. Reads the run's state record that the master's agent
     (M(torchrun_job)) keeps in O(run_dir)/control.json and answers its summary, the same few
     fields at any number of hosts; the hosts themselves stop each other on the first failure.
-  - Touches the master's lease, which keeps the dead-man switch of M(torchrun_job) from firing;
-    when the controller stops looking, the run is stopped on every host.
+  - Touches the master's lease (the first look makes it), which keeps the dead-man switch of
+    M(torchrun_job) from firing; when the controller stops looking, the run is stopped on every
+    host.
   - The action plugin of the same name calls it in a loop (one look on one host every
     O(poll_s) at most, whatever the number of hosts), prints the run's progress, appends it to
     O(progress_file), and at the end copies the whole record to O(state_file).
@@ -48,6 +49,28 @@ options:
     description: Answer the whole state record (every host), not only the summary.
     type: bool
     default: false
+  start_failed:
+    description: Hosts whose start task failed, each with Ansible's reason; written once into
+      O(run_dir)/start_failed.json, where the master's store reads them and names them as the
+      run's failures.
+    type: dict
+    default: {}
+  starts:
+    description: Action plugin only. Each host of the run (in rank order) with its registered
+      start result; the hosts whose start failed or were unreachable go to the master as
+      O(start_failed). When the master's own start failed, the run's record is made on the
+      controller naming it.
+    type: dict
+    default: {}
+  nproc_per_node:
+    description: Action plugin only. Processes per host (the record made on the controller).
+    type: int
+    default: 1
+  lost_after_s:
+    description: Action plugin only. A look that fails is tried again until this long has passed
+      since the last good one; only then is the master lost.
+    type: float
+    default: 30
   python:
     description: Action plugin only. Python on the master for the looks; each look is then this
       module's code run as a plain script (a bare interpreter start instead of an AnsiballZ
@@ -98,8 +121,8 @@ EXAMPLES = r"""
 RETURN = r"""
 state:
   description: pending (no record yet), start_failed (the master's agent failed), a phase of the
-    run (running, succeeded, failed, vanished, not_started, lost, hung, timeout,
-    controller_lost), or final once the master's agent closed the record.
+    run (running, succeeded, failed, not_started, lost, hung, timeout, controller_lost), or
+    final once the master's agent closed the record.
   returned: always
   type: str
 msg:
@@ -120,7 +143,7 @@ record:
   type: dict
 outcome:
   description: Action plugin only. How the run ended (succeeded, failed, hung, lost, timeout,
-    aborted).
+    aborted), read from the master's record.
   returned: from the action plugin
   type: str
 master_lost:

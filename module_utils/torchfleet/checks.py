@@ -94,14 +94,17 @@ REGISTRY = (
          '`-e script=…` does not exist on a host; train.yml then starts nothing anywhere',
          'copy it there or fix the path'),
     Unit(('run.exit',), RUN,
-         'per host, how its torchrun ended: succeeded, failed (its rank exited non-zero, '
-         'torchrun vanished, or its agent could not start it), hung, lost, timeout, '
-         'aborted (stopped because the run failed elsewhere); the first failure names '
-         'host, rank and log tail',
+         'per host, how its torchrun ended: succeeded, failed (its rank exited non-zero by '
+         'itself, or its start failed: Ansible\'s reason), hung, lost, timeout, aborted '
+         '(stopped, or its ranks lost a peer, because the run failed elsewhere); the first '
+         'failure, as the master judged it (a cause before the ranks that lost it), names '
+         'host, rank, exit code and log tail',
          "read that host's logs"),
     Unit(('host.lost',), RUN,
-         "a host's agent sent no heartbeat for `lost_after_s` (network cut, host frozen, "
-         'agent killed), or the controller could not reach the master',
+         "a host's agent sent no heartbeat for `lost_after_s` (network cut, host frozen), "
+         "its agent's connection closed without its exit and did not come back in 3 s "
+         '(agent killed), or the controller could not reach the master for `lost_after_s`; '
+         'every lost host is named',
          'check the host and its network; the others were stopped'),
     Unit(('run.hang',), RUN,
          "no rank of the run wrote to its logs for `hang_timeout_s`; every rank's py-spy "

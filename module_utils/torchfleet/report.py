@@ -15,10 +15,12 @@ def verdict(kind, checks, first_failure=None):
     message, the last line of its table, `verdict` in its JSON, the API's Result.verdict, the
     CLI and the HTML report all show this sentence."""
     failures = [c for c in checks if not c["ok"] and c.get("severity", "error") == "error"]
-    if first_failure:
-        rank = first_failure.get("rank")
-        return "%s failed: first failure on %s, rank %s: %s" % (
-            kind, first_failure["host"], "?" if rank is None else rank, first_failure["reason"])
+    if first_failure:  # the master's record judged it (runstate.py); rendered, not re-judged
+        host, rank = first_failure.get("host"), first_failure.get("rank")
+        if not host:  # a failure of the run as a whole: a hang, the job's limit, the lease
+            return "%s failed: %s" % (kind, first_failure["reason"])
+        return "%s failed: first failure on %s%s: %s" % (
+            kind, host, "" if rank is None else ", rank %d" % rank, first_failure["reason"])
     if failures:
         hosts = list(dict.fromkeys(c["host"] for c in failures))
         ids = list(dict.fromkeys(c["id"] for c in failures))

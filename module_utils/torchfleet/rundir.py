@@ -5,8 +5,11 @@ modules:
         torchrun.pid    {"pid", "run_id", "argv", "started"}
         exitcode.json   {"rc", "reason", "ended"} once torchrun ended
         control.json    on the master: the run's state record (runstate.py), kept by its agent
-        lease           on the master: touched by the controller's watch; stale means the
-                        controller is gone
+        lease           on the master: made and touched by the controller's watch at each
+                        look; stale means the controller is gone
+        start_failed.json  on the master: {host: Ansible's reason} of the hosts whose start
+                        task failed, written by the watch's look for the run's store
+        agent.log       on the master: what its store decided and refused, one line each
         torchrun.log    torchrun's own output
         logs/<rdzv>/attempt_<n>/<local_rank>/{stdout,stderr}.log   per rank (torchrun --log-dir)
         results/rank-<RANK>.json                                    per rank (the workloads)
@@ -34,6 +37,8 @@ PIDFILE = "torchrun.pid"
 EXITCODE = "exitcode.json"
 CONTROL = "control.json"
 LEASE = "lease"
+START_FAILED = "start_failed.json"
+AGENT_LOG = "agent.log"
 TORCHRUN_LOG = "torchrun.log"
 LOGS = "logs"
 RESULTS = "results"
@@ -67,11 +72,13 @@ def write_json(path, data):
     os.replace(tmp, path)
 
 
-def read_json(path):
+def read_json(path, max_bytes=64 << 20):
+    """A JSON file's value; None when missing, unreadable, larger than max_bytes or garbled."""
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+        return None if len(data) > max_bytes else json.loads(data)
+    except (OSError, ValueError, RecursionError):
         return None
 
 
@@ -125,3 +132,18 @@ def root_cause(torchrun_log_text):
     marker = torchrun_log_text.rfind("Root Cause")
     found = failed_ranks(torchrun_log_text[marker:] if marker >= 0 else torchrun_log_text)
     return found[0] if found else None
+
+
+# How a rank dies when another rank went away first: its connection to that rank closed or
+# reset, or its collective timed out waiting for it (gloo, NCCL, c10d's store). Such a death is
+# a consequence of a failure elsewhere, never the first failure while a cause is known.
+PEER_LOSS = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|Connection refused"
+    r"|ncclRemoteError|remote process exited|NCCL communicator was aborted"
+    r"|DistNetworkError|recvValue failed|recvBytes failed|Socket Timeout"
+    r"|Timed out waiting|Watchdog caught collective operation timeout", re.I)
+
+
+def peer_loss(rank_stderr_tail):
+    """Whether a failed rank's last lines say it died because another rank went away."""
+    return bool(PEER_LOSS.search(rank_stderr_tail or ""))

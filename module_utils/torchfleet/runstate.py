@@ -1,65 +1,173 @@
-"""The run's state: one record, owned by the master's agent, changed only through this class.
+"""The run's contract and its one judge: phases, host states, outcomes, message kinds, the
+failure record, and RunState, the record itself, owned by the master's store.
 
-Every host's agent reports to the master (control.py carries the messages); the master's agent
-feeds them here and calls tick() to decide what time alone decides (a host gone silent, a hang,
-the job's time limit). The first failure is recorded once; every later one is ignored, so two
-failures racing each other end the run once, naming the first.
+Every host's agent reports to the master (control.py carries the messages); the master's store
+feeds them here and calls tick() for what time alone decides (a host gone silent, a hang, the
+job's time limit, the controller's lease). Every failure is kept in `failures`; `failure` is
+the judged first one, decided here and only here:
 
-record() is the one definition of what a run's state looks like. The master's agent writes it
-to control.json on the host; the controller's watch copies it to run_state.json; the summary
-(train.json / collective.json), the Python API and the HTML report read that copy.
+- a cause before a consequence: a rank that died of a lost peer (its log shows the connection
+  to another rank closed or reset, rundir.peer_loss) is a consequence of another failure; a
+  rank that exited by itself, a host that went silent, an agent that could not start are causes;
+- among those, the earliest by when it happened on the master's clock: an exit's time is when
+  the master heard it less the age the agent measured on its own clock (never a comparison of
+  two hosts' clocks); a silent host's is its last heartbeat; a host whose agent's connection
+  closed without an exit, the moment it closed.
+
+The run fails (and every host is told to stop) at the first failure of any kind; reports that
+arrive while the hosts stop can still name a cause that came first. The record is final once
+every host is done or the master's settle time is over; nothing changes after that.
+
+record() is what every output reads: the master's store writes it to control.json on the
+host; the controller's watch copies it to run_state.json; the summary (train.json /
+collective.json), the Python API, the CLI and the HTML report read that copy:
 
     {"run_id", "phase", "started", "updated", "final", "nnodes", "nproc_per_node",
-     "failure": null | {"host", "node_rank", "reason", "detail", "rc", "root_cause",
-                        "last_line", "detected_s"},
-     "hosts": [{"host", "node_rank", "ranks": [first, ..., last], "state", "rc", "alive",
+     "failure": null | FAILURE, "failures": [FAILURE, ...], "channel": {"refused": {...}},
+     "hosts": [{"host", "node_rank", "ranks": [first, last], "state", "rc", "alive",
                 "progress_ts", "last_line", "last_seen", "pid", "elapsed_s"}]}
+    FAILURE = {"host", "node_rank", "reason", "detail", "rc", "rank", "local_rank",
+               "exitcode", "root_cause", "consequence", "last_line", "at_s", "detected_s"}
 
-Only the standard library: it runs inside the agent on every host.
+Only the standard library: it runs inside the agent on every host, and in the watch's look.
 """
 from __future__ import annotations
 
 import time
 
-# phase: the run as a whole. RUNNING until the first failure or until every host exited 0.
+# The controller's copy of the master's record (the host's files: rundir.py).
+STATE_FILE = "run_state.json"
+
+# phase: the run as a whole. RUNNING until the first failure or until every host exited 0;
+# a failure's reason is also the phase it ends the run in.
 RUNNING = "running"
 SUCCEEDED = "succeeded"
-# A failure's reason is also the phase it ends the run in.
-FAILED = "failed"          # a host's torchrun exited non-zero (a rank failed)
-VANISHED = "vanished"      # torchrun disappeared without an exit code
+FAILED = "failed"            # a host's torchrun exited non-zero (a rank failed)
 NOT_STARTED = "not_started"  # a host's agent could not start torchrun, or never reached the master
-LOST = "lost"              # a host stopped answering (host.lost)
-HANG = "hung"              # no rank anywhere made progress for hang_timeout_s
-TIMEOUT = "timeout"        # the run outlived job_timeout_s
+LOST = "lost"                # a host stopped answering (host.lost)
+HANG = "hung"                # no rank anywhere made progress for hang_timeout_s
+TIMEOUT = "timeout"          # the run outlived job_timeout_s
 CONTROLLER_LOST = "controller_lost"  # the controller stopped watching (lease ran out)
-TERMINAL = (SUCCEEDED, FAILED, VANISHED, NOT_STARTED, LOST, HANG, TIMEOUT, CONTROLLER_LOST)
+RUN_WIDE = (HANG, TIMEOUT, CONTROLLER_LOST)  # failures of the run, not of one host
 
 # host state
 PENDING = "pending"      # not heard from yet
 STARTED = "running"      # its torchrun runs
 EXITED = "exited"        # its torchrun ended by itself (rc says how)
 STOPPED = "stopped"      # its agent stopped torchrun after the run failed elsewhere
-HOST_LOST = "lost"       # silent for lost_after_s
+HOST_LOST = "lost"       # silent for lost_after_s, or its agent's connection closed for good
+UNKNOWN = "unknown"      # not in the record: the master was lost before it could be read
 DONE = (EXITED, STOPPED, HOST_LOST)
 
-# What each phase means for a host that did not cause it (summary's per-host outcome).
+# outcome: how the run ended for one host (run.exit, the tables, the API).
+ABORTED = "aborted"      # stopped, or its ranks died, because the run failed elsewhere
+OUTCOMES = (SUCCEEDED, FAILED, HANG, LOST, TIMEOUT, ABORTED, RUNNING, UNKNOWN)
+# The outcome of a host whose own failure is the given reason.
+_OWN_OUTCOME = {FAILED: FAILED, NOT_STARTED: FAILED, LOST: LOST}
+# How a run that ended in a phase ended, in the same words (the watch's `outcome`).
+PHASE_OUTCOME = {SUCCEEDED: SUCCEEDED, FAILED: FAILED, NOT_STARTED: FAILED, HANG: HANG,
+                 LOST: LOST, TIMEOUT: TIMEOUT, CONTROLLER_LOST: ABORTED}
+
+# Message kinds on the control channel.
+HELLO, BEAT, EXIT, NOT_STARTED_MSG = "hello", "beat", "exit", "not_started"  # agent -> master
+ACK, ABORT = "ack", "abort"                                                  # master -> agent
+
 LINE_MAX = 300
+DETAIL_MAX = 1000
+CLOSED_LOST_S = 3.0  # an agent's connection closed without its exit, not back within this: lost
 
 
-def host_outcome(phase, failure, host_record):
-    """How the run ended for one host: succeeded | failed | hung | lost | timeout | aborted."""
+def _text(value, limit):
+    return value[-limit:] if isinstance(value, str) else ""
+
+
+def _number(value, default=None):
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def _int(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def message(body):
+    """An agent's verified message with its fields checked and bounded, or None. A signed
+    message still comes from another host: nothing in it may break the master's loop."""
+    kind = body.get("t")
+    if kind == BEAT:
+        return {"t": BEAT, "alive": max(0, _int(body.get("alive")) or 0),
+                "idle_s": _number(body.get("idle_s")), "pid": _int(body.get("pid")),
+                "last_line": _text(body.get("last_line"), LINE_MAX)}
+    if kind == EXIT:
+        cause = body.get("root_cause")
+        if isinstance(cause, dict) and all(_int(cause.get(k)) is not None
+                                           for k in ("rank", "local_rank", "exitcode")):
+            cause = {k: cause[k] for k in ("rank", "local_rank", "exitcode")}
+        else:
+            cause = None
+        return {"t": EXIT, "rc": _int(body.get("rc")), "stopped": body.get("stopped") is True,
+                "consequence": body.get("consequence") is True, "root_cause": cause,
+                "age_s": max(0.0, _number(body.get("age_s"), 0.0)),
+                "last_line": _text(body.get("last_line"), LINE_MAX)}
+    if kind == NOT_STARTED_MSG:
+        return {"t": NOT_STARTED_MSG, "detail": _text(body.get("detail"), DETAIL_MAX)}
+    if kind == HELLO:
+        return {"t": HELLO}
+    return None
+
+
+def host_outcome(phase, failures, host_record):
+    """How the run ended for one host: one of OUTCOMES."""
     if host_record["state"] == EXITED and host_record["rc"] == 0:
         return SUCCEEDED
-    if phase == HANG:
-        return HANG
-    if failure and failure["host"] == host_record["host"]:
-        return {FAILED: FAILED, VANISHED: FAILED, NOT_STARTED: FAILED, LOST: LOST,
-                TIMEOUT: TIMEOUT}.get(failure["reason"], "aborted")
-    if phase == TIMEOUT:
-        return TIMEOUT
-    if phase == RUNNING:
-        return "running"
-    return "aborted"
+    if host_record["state"] == UNKNOWN:
+        return UNKNOWN
+    own = [f for f in failures or () if f["host"] == host_record["host"]
+           and not f.get("consequence")]
+    if own:
+        return _OWN_OUTCOME.get(own[0]["reason"], FAILED)
+    if phase in (HANG, TIMEOUT, RUNNING):
+        return phase
+    return ABORTED
+
+
+def host_rows(hosts, record):
+    """Each host of the run in rank order with its outcome; a host the record does not know
+    (the master was lost before its record could be read) is UNKNOWN, not guessed."""
+    known = {h["host"]: h for h in record.get("hosts") or []}
+    nproc = record.get("nproc_per_node") or 0
+    rows = []
+    for node_rank, host in enumerate(hosts):
+        rec = known.get(host) or {
+            "host": host, "node_rank": node_rank, "state": UNKNOWN, "rc": None,
+            "ranks": [node_rank * nproc, node_rank * nproc + nproc - 1], "elapsed_s": None}
+        rows.append(dict(rec, outcome=host_outcome(record.get("phase"),
+                                                   record.get("failures"), rec)))
+    return rows
+
+
+def failure_text(failure):
+    """The first failure in words, for people: the host (or the run), the rank when one is
+    known, and what happened. Never a None or a '?'."""
+    if not failure:
+        return ""
+    who = failure.get("host") or "the run as a whole"
+    if failure.get("rank") is not None:
+        what = "rank %d exited with %d" % (failure["rank"], failure["exitcode"])
+        if failure.get("consequence"):
+            what += " (its connection to another rank broke)"
+        return "%s, %s" % (who, what)
+    return "%s: %s" % (who, failure.get("detail") or failure.get("reason"))
+
+
+def controller_record(run_id, hosts, nproc_per_node, failure):
+    """The record when the master's store kept none the controller could read (its start
+    failed, or the master could not be reached): the same shape, decided by this module."""
+    state = RunState(run_id, hosts, nproc_per_node)
+    host = failure.get("host")
+    state.fail(host if host in state.hosts else None, failure["reason"], state.started,
+               failure.get("detail") or "")
+    state.final = True
+    return state.record()
 
 
 class RunState:
@@ -70,37 +178,60 @@ class RunState:
         self.updated = self.started
         self.join_timeout_s, self.lost_after_s = float(join_timeout_s), float(lost_after_s)
         self.hang_timeout_s, self.job_timeout_s = float(hang_timeout_s), float(job_timeout_s)
-        self.phase, self.failure, self.final = RUNNING, None, False
+        self.phase, self.failure, self.failures, self.final = RUNNING, None, [], False
+        self.refused = {}
         self.order = list(hosts)
         self.hosts = {h: {"host": h, "node_rank": i,
                           "ranks": [i * self.nproc, i * self.nproc + self.nproc - 1],
                           "state": PENDING, "rc": None, "alive": 0, "progress_ts": None,
                           "last_line": "", "last_seen": None, "pid": None, "elapsed_s": None}
                       for i, h in enumerate(self.order)}
+        self.closed_at = {}  # host -> when its connection closed without an exit
 
     # -- what the agents report -------------------------------------------------------------
 
-    def beat(self, host, now, alive=0, progress_ts=None, last_line="", pid=None):
-        """A live agent's report: its torchrun runs with `alive` ranks."""
+    def report(self, host, now, body):
+        """One agent's message (control.py verified it, message() checks its fields); returns
+        the failure it made the run's first, if it did."""
+        msg = message(body) if isinstance(body, dict) else None
+        if msg is None or host not in self.hosts:
+            return None
+        if msg["t"] == BEAT:
+            return self.beat(host, now, msg["alive"], msg["idle_s"], msg["last_line"],
+                             msg["pid"])
+        if msg["t"] == EXIT:
+            return self.exited(host, now, msg["rc"], stopped=msg["stopped"],
+                               root_cause=msg["root_cause"], last_line=msg["last_line"],
+                               consequence=msg["consequence"], age_s=msg["age_s"])
+        if msg["t"] == NOT_STARTED_MSG:
+            return self.not_started(host, now, msg["detail"])
+        self.closed_at.pop(host, None)  # hello: the host is (back) on the channel
+        return None
+
+    def beat(self, host, now, alive=0, idle_s=None, last_line="", pid=None):
+        """A live agent's report: its torchrun runs with `alive` ranks, whose newest log write
+        is idle_s old on that host's own clock."""
         rec = self.hosts.get(host)
         if rec is None or rec["state"] in DONE:
             return None
+        self.closed_at.pop(host, None)
         rec.update(state=STARTED, alive=int(alive), last_seen=now, pid=pid,
                    elapsed_s=round(now - self.started, 3))
-        if progress_ts is not None:
-            rec["progress_ts"] = max(progress_ts, rec["progress_ts"] or 0)
+        if idle_s is not None:
+            rec["progress_ts"] = max(now - idle_s, rec["progress_ts"] or 0)
         if last_line:
             rec["last_line"] = last_line[-LINE_MAX:]
         self.updated = now
         return None
 
-    def exited(self, host, now, rc, stopped=False, vanished=False, root_cause=None,
-               last_line=""):
+    def exited(self, host, now, rc, stopped=False, root_cause=None, last_line="",
+               consequence=False, age_s=0.0):
         """A host's torchrun ended: rc 0, a failure, or stopped by its agent after the run
-        failed elsewhere. Returns the failure it caused, if it is the first."""
+        failed elsewhere. Returns the failure it made the run's first, if it did."""
         rec = self.hosts.get(host)
         if rec is None or rec["state"] in DONE:
             return None
+        self.closed_at.pop(host, None)
         rec.update(state=STOPPED if stopped else EXITED, rc=rc, alive=0, last_seen=now,
                    elapsed_s=round(now - self.started, 3))
         if last_line:
@@ -108,13 +239,14 @@ class RunState:
         self.updated = now
         if stopped:
             return None
-        if vanished:
-            return self.fail(host, VANISHED, now, "torchrun (pid %s) disappeared without an "
-                                                  "exit code" % rec["pid"])
         if rc != 0:
-            return self.fail(host, FAILED, now, "torchrun exited with %s" % rc, rc=rc,
-                             root_cause=root_cause)
-        if all(r["state"] == EXITED and r["rc"] == 0 for r in self.hosts.values()):
+            cause = root_cause or {}
+            detail = ("rank %d exited with %d" % (cause["rank"], cause["exitcode"]) if cause
+                      else "torchrun exited with %s" % rc)
+            return self.fail(host, FAILED, now, detail, rc=rc, root_cause=root_cause,
+                             consequence=consequence, at=now - age_s)
+        if self.phase == RUNNING and all(r["state"] == EXITED and r["rc"] == 0
+                                         for r in self.hosts.values()):
             self.phase = SUCCEEDED
         return None
 
@@ -125,27 +257,63 @@ class RunState:
         rec.update(state=EXITED, last_seen=now, last_line=detail[-LINE_MAX:])
         return self.fail(host, NOT_STARTED, now, detail)
 
+    def closed(self, host, now):
+        """A host's connection to the master ended. Not a failure yet: an agent reconnects
+        after a broken connection; one that does not within CLOSED_LOST_S was killed (or its
+        host went down), and is lost as of now."""
+        rec = self.hosts.get(host)
+        if rec is not None and rec["state"] not in DONE:
+            self.closed_at.setdefault(host, now)
+
     # -- what time decides --------------------------------------------------------------------
 
-    def tick(self, now, lease_age_s=None, lease_s=0.0):
-        """Decide what silence decides; returns a failure when this tick made the first one."""
-        if self.phase != RUNNING:
+    def tick(self, now, lease_age_s=None, lease_s=0.0, start_bound_s=None):
+        """Decide what silence decides; returns the failure this tick made the run's first.
+
+        lease_age_s: seconds since the controller's last look, None before its first look;
+        until then the run is bounded by start_bound_s since its start instead (the lease
+        counts from the controller's first look, so a slow start in many fork batches is not
+        taken for a lost controller)."""
+        if self.final:
             return None
-        if lease_s and lease_age_s is not None and lease_age_s > lease_s:
-            return self.fail(None, CONTROLLER_LOST, now, "the controller stopped watching the run "
-                             "for %.0f s (interrupted or lost); every host was stopped"
-                             % lease_age_s)
+        first = None
         elapsed = now - self.started
+        # While agents dump their ranks' stacks (a hang) they do not beat: silence decides
+        # nothing then.
+        silence_counts = self.phase != HANG
         for rec in self.hosts.values():
-            if rec["state"] == PENDING and elapsed > self.join_timeout_s:
-                return self.fail(rec["host"], NOT_STARTED, now,
-                                 "its agent never reached the master's control port within "
-                                 "join_timeout_s=%.0f" % self.join_timeout_s)
-            if rec["state"] == STARTED and now - rec["last_seen"] > self.lost_after_s:
+            host = rec["host"]
+            if rec["state"] == PENDING and elapsed > self.join_timeout_s \
+                    and self.phase == RUNNING:
+                rec["state"] = EXITED
+                first = first or self.fail(
+                    host, NOT_STARTED, now, "its agent never reached the master's control "
+                    "port within join_timeout_s=%.0f" % self.join_timeout_s)
+            elif rec["state"] == STARTED and host in self.closed_at \
+                    and now - self.closed_at[host] > CLOSED_LOST_S:
                 rec["state"] = HOST_LOST
-                return self.fail(rec["host"], LOST, now, "no heartbeat for %.0f s "
-                                 "(lost_after_s=%.0f): network cut, host frozen or its agent "
-                                 "killed" % (now - rec["last_seen"], self.lost_after_s))
+                first = first or self.fail(
+                    host, LOST, now, "its agent's connection to the master closed without an "
+                    "exit report and did not come back in %.0f s: the agent was killed or the "
+                    "host went down" % CLOSED_LOST_S, at=self.closed_at.pop(host))
+            elif rec["state"] == STARTED and silence_counts \
+                    and now - rec["last_seen"] > self.lost_after_s:
+                rec["state"] = HOST_LOST
+                first = first or self.fail(
+                    host, LOST, now, "no heartbeat for %.0f s (lost_after_s=%.0f): network "
+                    "cut, host frozen or its agent killed" % (now - rec["last_seen"],
+                                                             self.lost_after_s),
+                    at=rec["last_seen"])
+        if self.phase != RUNNING:
+            return first
+        if lease_age_s is not None and lease_s and lease_age_s > lease_s:
+            return self.fail(None, CONTROLLER_LOST, now, "the controller stopped watching the "
+                             "run for %.0f s (interrupted or lost); every host was stopped"
+                             % lease_age_s)
+        if lease_age_s is None and start_bound_s and elapsed > start_bound_s:
+            return self.fail(None, CONTROLLER_LOST, now, "the controller never looked at the "
+                             "run in the %.0f s after its start (interrupted or lost during "
+                             "the start); every host was stopped" % elapsed)
         running = [r for r in self.hosts.values() if r["state"] == STARTED]
         if running and elapsed > self.hang_timeout_s:
             last = max([r["progress_ts"] or 0 for r in self.hosts.values()] + [self.started])
@@ -157,17 +325,29 @@ class RunState:
                              % self.job_timeout_s)
         return None
 
-    def fail(self, host, reason, now, detail, rc=None, root_cause=None):
-        """Record the run's first failure; False-y (None) when one was already recorded."""
-        if self.failure is not None or self.phase != RUNNING:
+    # -- the judge ----------------------------------------------------------------------------
+
+    def fail(self, host, reason, now, detail, rc=None, root_cause=None, consequence=False,
+             at=None):
+        """Keep a failure and judge the run's first again; returns the failure when it is the
+        first of the run (the run fails now: every host is told to stop), else None."""
+        if self.final or self.phase == SUCCEEDED:
             return None
         rec = self.hosts.get(host) or {}
-        self.failure = {"host": host, "node_rank": rec.get("node_rank"), "reason": reason,
-                        "detail": detail, "rc": rc, "root_cause": root_cause,
-                        "last_line": rec.get("last_line", ""),
-                        "detected_s": round(now - self.started, 3)}
-        self.phase, self.updated = reason, now
-        return self.failure
+        cause = root_cause or {}
+        entry = {"host": host, "node_rank": rec.get("node_rank"), "reason": reason,
+                 "detail": detail[-DETAIL_MAX:], "rc": rc, "rank": cause.get("rank"),
+                 "local_rank": cause.get("local_rank"), "exitcode": cause.get("exitcode"),
+                 "root_cause": root_cause, "consequence": bool(consequence),
+                 "last_line": rec.get("last_line", ""),
+                 "at_s": round((now if at is None else at) - self.started, 3),
+                 "detected_s": round(now - self.started, 3)}
+        self.failures.append(entry)
+        first_of_run = self.failure is None
+        self.failure = min(self.failures, key=lambda f: (
+            f["consequence"], f["at_s"], -1 if f["node_rank"] is None else f["node_rank"]))
+        self.phase, self.updated = self.failure["reason"], now
+        return entry if first_of_run else None
 
     def all_done(self):
         return all(r["state"] in DONE or r["state"] == PENDING and self.phase != RUNNING
@@ -179,6 +359,7 @@ class RunState:
         return {"run_id": self.run_id, "phase": self.phase, "started": self.started,
                 "updated": self.updated, "final": self.final, "nnodes": len(self.order),
                 "nproc_per_node": self.nproc, "failure": self.failure,
+                "failures": self.failures, "channel": {"refused": dict(self.refused)},
                 "hosts": [self.hosts[h] for h in self.order]}
 
 

@@ -16,12 +16,11 @@ from ansible.module_utils.torchfleet import isolate
 from ansible.module_utils.torchfleet.preflight import ERROR, check
 from ansible.module_utils.torchfleet.report import prune_runs, verdict, write_report
 from ansible.module_utils.torchfleet.rundir import (
-    STACK_DUMP, TORCHRUN_LOG, failed_ranks, read_json, root_cause, tail)
+    STACK_DUMP, TORCHRUN_LOG, failed_ranks, read_json, tail)
 from ansible.module_utils.torchfleet.runstate import (
-    CONTROLLER_LOST, HANG, LOST, TIMEOUT, host_outcome)
+    CONTROLLER_LOST, HANG, LOST, STATE_FILE, TIMEOUT, UNKNOWN, host_rows)
 from ansible.module_utils.torchfleet.table import render, spread, spread_of
 
-STATE_FILE = "run_state.json"
 # Failures of the whole run rather than of a host (a hang is named per host: run.hang).
 RUN_WIDE = {
     TIMEOUT: "raise job_timeout_s if the run needs longer",
@@ -80,48 +79,28 @@ def stacks(run_dir, hosts, frames=4):
     return "\n".join(lines)
 
 
-def first_failure(hosts, abort, run_dir, lines):
-    """The failure the user must look at first: {host, rank, local_rank, reason, tail}.
-
-    A hang comes first, with where every rank was stuck. Otherwise, among the hosts whose
-    torchrun log (gathered on the controller) names a root cause, one with a positive exit code
-    wins (a rank that exited on its own, not one stopped by a signal as the failure spread);
-    then the run's first failure as the master recorded it; then a rank that died of a signal.
-    """
-    if abort and abort.get("reason") == HANG:
-        return {"host": abort.get("host"), "rank": None, "local_rank": None,
-                "reason": abort.get("detail", "no rank made progress") + "; stacks:",
-                "tail": stacks(run_dir, hosts)}
-    candidates = []
-    for host in hosts:
-        cause = root_cause(_tail(os.path.join(run_dir, "logs", host, "torchrun.log"), 400))
-        if cause:
-            candidates.append((0 if cause["exitcode"] > 0 else 1, hosts.index(host), host, cause))
-    if candidates and (min(candidates)[0] == 0 or not abort):
-        _priority, _index, host, cause = min(candidates)
-        return {"host": host, "rank": cause["rank"], "local_rank": cause["local_rank"],
-                "reason": "rank %d exited with %d" % (cause["rank"], cause["exitcode"]),
-                "tail": _rank_log(run_dir, host, cause["local_rank"], lines)}
-    if abort:
-        host = abort.get("host") or "controller"
-        return {"host": host, "rank": None, "local_rank": None,
-                "reason": abort.get("detail") or abort.get("reason"),
-                "tail": _tail(os.path.join(run_dir, "logs", host, "torchrun.log"), lines)}
-    return None
-
-
-def host_records(hosts, record):
-    """Each host's record from the run's state; a host the record does not know (the master was
-    lost before it could be read) is the lost master or was aborted."""
-    known = {h["host"]: h for h in record.get("hosts", [])}
-    failure = record.get("failure") or {}
-    rows = []
-    for rank, host in enumerate(hosts):
-        rec = known.get(host) or {"host": host, "node_rank": rank, "state": "lost"
-                                  if failure.get("host") == host and failure.get("reason") == LOST
-                                  else "unknown", "rc": None, "elapsed_s": None}
-        rows.append(dict(rec, outcome=host_outcome(record.get("phase"), failure or None, rec)))
-    return rows
+def first_failure(record, run_dir, lines):
+    """The run's first failure as the master's record judged it (runstate.py decides; this only
+    adds what a person reads next): the tail of that rank's log, or on a hang where every rank
+    was stuck. None when the run did not fail."""
+    failure = record.get("failure")
+    if not failure:
+        return None
+    host, local_rank = failure.get("host"), failure.get("local_rank")
+    out = {"host": host, "node_rank": failure.get("node_rank"), "rank": failure.get("rank"),
+           "local_rank": local_rank, "exit_code": failure.get("exitcode"),
+           "consequence": bool(failure.get("consequence")), "failure": failure["reason"],
+           "reason": failure.get("detail") or failure["reason"]}
+    if failure["reason"] == HANG:
+        out.update(reason=out["reason"] + "; stacks:",
+                   tail=stacks(run_dir, [h["host"] for h in record.get("hosts") or []]))
+    elif host and local_rank is not None:
+        out["tail"] = _rank_log(run_dir, host, local_rank, lines)
+    elif host:
+        out["tail"] = _tail(os.path.join(run_dir, "logs", host, TORCHRUN_LOG), lines)
+    else:
+        out["tail"] = ""
+    return out
 
 
 def busbw_table(results, world_size):
@@ -177,7 +156,7 @@ def collective_text(table):
     return "\n\n".join(blocks)
 
 
-def rank_states(host_rows, results, run_dir, nproc):
+def rank_states(hosts_out, results, run_dir, nproc):
     """Every rank's end: [{rank, host, local_rank, ok, exit_code, state}].
 
     A rank's exit code comes from torchrun's failure summary on its host (negative: a signal)
@@ -185,7 +164,7 @@ def rank_states(host_rows, results, run_dir, nproc):
     | stopped (ended by torchfleet after another rank failed, no code recorded).
     """
     rows = {}
-    for h in host_rows:
+    for h in hosts_out:
         mine = [r for r in results if r.get("host") == h["host"]]
         for r in mine:
             done = h["outcome"] == "succeeded"
@@ -220,23 +199,29 @@ def decide(params):
     record = params.get("state")
     if record is None and params["run_dir"]:
         record = read_json(os.path.join(params["run_dir"], STATE_FILE))
-    record = record or {"phase": "unknown", "failure": None, "hosts": []}
+    record = record or {"phase": UNKNOWN, "failure": None, "failures": [], "hosts": []}
     abort = record.get("failure")
-    failure = first_failure(hosts, abort, params["run_dir"], params["tail_lines"])
-    checks, host_rows = [], []
+    failure = first_failure(record, params["run_dir"], params["tail_lines"])
+    own = {}  # each host's own failures, as the record keeps them
+    for f in record.get("failures") or []:
+        own.setdefault(f.get("host"), []).append(f)
+    checks, rows_out = [], []
     if abort and abort.get("host") is None and abort.get("reason") in RUN_WIDE:
         checks.append(check("run." + abort["reason"], "controller", False,
                             abort.get("detail", ""), RUN_WIDE[abort["reason"]]))
-    for rec in host_records(hosts, record):
+    for rec in host_rows(hosts, dict(record, nproc_per_node=record.get("nproc_per_node")
+                                     or nproc)):
         host, outcome = rec["host"], rec["outcome"]
         ok = outcome == "succeeded"
-        detail = "%s, exit %s after %.1f s" % (outcome, rec.get("rc"), rec.get("elapsed_s") or 0.0)
+        detail = "%s, exit %s after %.1f s" % (outcome, "-" if rec.get("rc") is None
+                                               else rec["rc"], rec.get("elapsed_s") or 0.0)
         hint = "see %s/logs/%s/" % (params["run_dir"], host)
         if failure and failure["host"] == host:
             detail += "; first failure: %s" % failure["reason"]
         if outcome == LOST:
-            checks.append(check("host.lost", host, False, (abort or {}).get("detail")
-                                or "the host stopped answering during the run",
+            lost = [f for f in own.get(host, []) if f["reason"] == LOST]
+            checks.append(check("host.lost", host, False, lost[0]["detail"] if lost else
+                                "the host stopped answering during the run",
                                 "check the host and its network (ssh %s); the others were "
                                 "stopped" % host))
         checks.append(check("run.exit", host, ok, detail, hint))
@@ -245,7 +230,7 @@ def decide(params):
                                 "no progress for %s; stacks in py-spy-dump.txt"
                                 % (abort or {}).get("detail", "hang_timeout_s"), hint))
         node_rank = rec.get("node_rank", hosts.index(host))
-        host_rows.append({"host": host, "node_rank": node_rank,
+        rows_out.append({"host": host, "node_rank": node_rank,
                           "ranks": list(range(node_rank * nproc, node_rank * nproc + nproc)),
                           "outcome": outcome, "rc": rec.get("rc"),
                           "duration_s": rec.get("elapsed_s"),
@@ -270,7 +255,7 @@ def decide(params):
                             "check the NIC, driver and NCCL versions of those hosts"))
         extra.update(busbw=table, table_collective=collective_text(table))
         per_host = host_busbw(results)
-        for row in host_rows:
+        for row in rows_out:
             row["busbw_gbs"] = per_host.get(row["host"])
         opts = params.get("isolate") or {}
         pairs = isolate.verdict(results, hosts, threshold=opts.get("threshold", 0.5),
@@ -288,9 +273,9 @@ def decide(params):
                             "synchronised", "check that every rank runs the same code"))
     bad = [c for c in checks if not c["ok"] and c["severity"] == ERROR]
     sentence = verdict(kind, checks, failure)
-    rank_rows = rank_states(host_rows, results, params["run_dir"], nproc)
+    rank_rows = rank_states(rows_out, results, params["run_dir"], nproc)
     report = dict(ok=not bad, kind=kind, run_id=params["run_id"], world_size=world,
-                  phase=record.get("phase"), hosts=host_rows, ranks=rank_rows, checks=checks,
+                  phase=record.get("phase"), hosts=rows_out, ranks=rank_rows, checks=checks,
                   first_failure=failure, verdict=sentence, settings=params["settings"], **extra)
     path = ""
     if params["run_dir"]:
@@ -301,15 +286,15 @@ def decide(params):
     rows = [(h["host"], h["node_rank"], _span(h["ranks"]), h["outcome"],
              "-" if h["rc"] is None else h["rc"],
              "-" if h["duration_s"] is None else "%.1f s" % h["duration_s"], h["logs"])
-            for h in host_rows]
+            for h in rows_out]
     head = ("HOST", "NODE_RANK", "RANKS", "OUTCOME", "EXIT", "DURATION", "LOGS")
     if kind == "collective":  # each host's ranks at the largest all_reduce: outliers show
         head = head[:6] + ("BUSBW GB/s min/med/max",) + head[6:]
         rows = [r[:6] + (spread_of(h.get("busbw_gbs")),) + r[6:]
-                for r, h in zip(rows, host_rows, strict=True)]
+                for r, h in zip(rows, rows_out, strict=True)]
     text = render(head, rows)
     if extra.get("table_collective"):
         text = extra["table_collective"] + "\n\n" + text
     text += "\n\n" + sentence + ("\n" + failure["tail"] if failure else "")
     return dict(ok=not bad, checks=checks, failures=bad, first_failure=failure, report=path,
-                verdict=sentence, table=text, hosts=host_rows, ranks=rank_rows, **extra)
+                verdict=sentence, table=text, hosts=rows_out, ranks=rank_rows, **extra)

@@ -4,7 +4,9 @@ Used two ways: by the torchrun_watch module, and as a plain script the watcher's
 pipes to the master's Python for each look (a bare interpreter start instead of an AnsiballZ
 module's). Hence only the standard library and the sibling files below.
 
-A look renews the master's lease (the controller is still there), waits on the host up to
+A look renews the master's lease (the controller is still there; the first look makes it: the
+lease counts from there), hands the master's store the hosts whose start task failed (the
+store names them, with Ansible's reason, as the run's failures), waits on the host up to
 wait_s for the run's phase to change, and answers the run's summary: the same few fields at
 any number of hosts. It answers the whole record with full, and once the record is final (the
 end, once: the watcher needs no further look to take it).
@@ -15,16 +17,17 @@ import os
 import time
 
 try:
-    from ansible.module_utils.torchfleet.rundir import CONTROL, LEASE, read_json
+    from ansible.module_utils.torchfleet.rundir import (
+        CONTROL, LEASE, START_FAILED, read_json, write_json)
     from ansible.module_utils.torchfleet.runstate import summary
 except ImportError:  # a plain script: the action plugin loaded these by their own names
-    from rundir import CONTROL, LEASE, read_json  # type: ignore
+    from rundir import CONTROL, LEASE, START_FAILED, read_json, write_json  # type: ignore
     from runstate import summary  # type: ignore
 
 POLL_S = 0.2
 
 DEFAULTS = {"touch_lease": True, "async_jid": None, "async_dir": "~/.ansible_async",
-            "wait_s": 0.0, "full": False}
+            "wait_s": 0.0, "full": False, "start_failed": {}}
 
 # The torchrun_watch module's arguments; the action plugin validates these and its own.
 ARGUMENT_SPEC = dict(
@@ -35,10 +38,14 @@ ARGUMENT_SPEC = dict(
     async_dir=dict(type="path", default=DEFAULTS["async_dir"]),
     wait_s=dict(type="float", default=DEFAULTS["wait_s"]),
     full=dict(type="bool", default=DEFAULTS["full"]),
+    start_failed=dict(type="dict", default={}),
 )
 ACTION_SPEC = dict(
     ARGUMENT_SPEC,
     python=dict(type="str"),
+    starts=dict(type="dict", default={}),
+    nproc_per_node=dict(type="int", default=1),
+    lost_after_s=dict(type="float", default=30),
     poll_s=dict(type="float", default=5),
     progress_every_s=dict(type="float", default=10),
     settle_s=dict(type="float", default=120),
@@ -69,6 +76,10 @@ def look(params):
     p["async_dir"] = os.path.expanduser(p["async_dir"])
     if p["touch_lease"]:
         touch_lease(p["run_dir"])
+    start_failed = os.path.join(p["run_dir"], START_FAILED)
+    if p["start_failed"] and os.path.isdir(p["run_dir"]) and not os.path.exists(start_failed):
+        write_json(start_failed, {str(h): str(why)[:1000] for h, why in
+                                  p["start_failed"].items()})
     deadline = time.monotonic() + float(p["wait_s"])
     record, job = _read(p)
     seen = (record or {}).get("phase"), (record or {}).get("final")

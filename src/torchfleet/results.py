@@ -114,12 +114,16 @@ class Isolation:
 
 @dataclass(frozen=True)
 class Failure:
-    """The first thing that went wrong in a launched run, with its log tail."""
+    """The first thing that went wrong in a launched run, as the master's record judged it
+    (runstate.py), with its log tail. host is None for a failure of the run as a whole (a hang,
+    the job's time limit, the controller's lease); exit_code is the failing rank's."""
 
-    host: str
+    host: str | None
     rank: int | None
     reason: str
     tail: str = ""
+    exit_code: int | None = None
+    consequence: bool = False
 
 
 @dataclass
@@ -224,8 +228,10 @@ def from_report(kind: str, data: dict, run_dir: Path) -> Result:
         ranks=[_rank(r) for r in data.get("ranks", [])],
         busbw=[_busbw(b) for b in data.get("busbw", [])],
         isolation=_isolation(data.get("isolate")),
-        first_failure=Failure(host=failure["host"], rank=failure.get("rank"),
-                              reason=failure.get("reason", ""), tail=failure.get("tail", ""))
+        first_failure=Failure(host=failure.get("host"), rank=failure.get("rank"),
+                              reason=failure.get("reason", ""), tail=failure.get("tail", ""),
+                              exit_code=failure.get("exit_code"),
+                              consequence=bool(failure.get("consequence")))
         if failure else None)
 
 

@@ -74,6 +74,26 @@ def test_a_failing_rank_stops_every_host_and_is_named_with_its_log(tmp_path):
     assert run_processes("fail_rank1.py") == []
 
 
+def test_a_cascade_names_the_rank_that_failed_in_every_output(tmp_path):
+    """Every rank all-reduces in a loop; rank 3 (node1's second) exits 3; the other ranks die
+    of the broken connection, and node0's report reaches the master first. The master's record
+    is the one judge: every output names node1, rank 3, exit 3."""
+    run = launch("train.yml", tmp_path, "-e", "nproc_per_node=2",
+                 "-e", "script=%s" % (SCRIPTS / "cascade_last_rank.py"))
+    assert run.rc != 0
+    report = run.report("train.json")
+    record = json.loads((run.run_dir / "run_state.json").read_text())
+    failure = report["first_failure"]
+    assert (failure["host"], failure["rank"], failure["exit_code"]) == ("node1", 3, 3), failure
+    assert (record["failure"]["host"], record["failure"]["rank"]) == ("node1", 3)
+    assert "giving up with exit code 3" in failure["tail"]
+    sentence = "train failed: first failure on node1, rank 3: rank 3 exited with 3"
+    assert report["verdict"] == sentence and sentence in run.out
+    assert {h["host"]: h["outcome"] for h in report["hosts"]} == {"node0": "aborted",
+                                                                  "node1": "failed"}
+    assert run_processes("cascade_last_rank.py") == []
+
+
 def test_a_hang_is_diagnosed_with_stacks_then_stopped(tmp_path):
     run = launch("train.yml", tmp_path, "-e", "script=%s" % (SCRIPTS / "hang_rank1.py"),
                  "-e", "hang_timeout_s=6")
@@ -86,6 +106,8 @@ def test_a_hang_is_diagnosed_with_stacks_then_stopped(tmp_path):
     texts = [d.read_text() for d in dumps]
     assert any("hang_rank1.py:9" in t for t in texts), texts  # the time.sleep line
     assert "rank 1 (local rank 0" in report["first_failure"]["tail"]
+    assert report["verdict"].startswith("train failed: no rank made progress for ")
+    assert "None" not in report["verdict"] and "?" not in report["verdict"]
     assert run_processes("hang_rank1.py") == []
 
 

@@ -16,6 +16,12 @@ CODE = [p for d in ("module_utils", "library", "action_plugins", "roles", "src")
         for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".yml")
         and p.name != "checks.py"]
 ID = re.compile(r"`([a-z_]+\.[a-z_<>]+)`")
+# DESIGN.md ids whose checks are not built yet, with the open issue that builds them. Each must
+# still be missing from the registry: building one means taking it off this list.
+PLANNED = {
+    "rdma.down": 23, "rdma.rate": 23, "rdma.gid": 23, "rdma.none": 23, "nccl.transport": 23,
+    "hang.stacks": 22,
+}
 
 
 def test_the_readme_tables_are_the_registry():
@@ -32,7 +38,8 @@ def test_every_design_id_is_registered():
     ids = {i for line in table.splitlines() if line.startswith("| `")
            for i in ID.findall(line.split(" | ")[0])}
     assert ids, "no ids read from DESIGN.md"
-    for cid in ids:
+    assert set(PLANNED) <= ids and not set(PLANNED) & checks.IDS
+    for cid in ids - set(PLANNED):
         if cid.endswith(".<name>"):
             assert any(i.startswith(cid[:-6]) for i in checks.IDS), cid
         else:

@@ -6,8 +6,9 @@ import socket
 import time
 
 import pytest
+from ansible.module_utils.torchfleet import control
 from ansible.module_utils.torchfleet.control import (
-    TO_MASTER, Client, Server, seal, unseal)
+    TO_AGENT, TO_MASTER, Client, Server, seal, unseal)
 
 from tests.unit.test_listener import free_port
 
@@ -62,33 +63,93 @@ def test_hello_beat_and_ack_then_an_abort_reaches_every_host(master):
     b.close()
 
 
+def _raw_greeting(master, raw, cnonce=b"0" * 32):
+    """Say a nonce on a raw connection and read the master's greeting line."""
+    raw.settimeout(0.05)
+    raw.sendall(cnonce + b"\n")
+    greeting, deadline = b"", time.monotonic() + 10
+    while b"\n" not in greeting and time.monotonic() < deadline:
+        master.server.step(0.02, master.handle)
+        try:
+            greeting += raw.recv(400)
+        except socket.timeout:
+            pass
+    return greeting.rstrip(b"\n")
+
+
+def _closed_by_master(master, raw, timeout_s=10):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        master.server.step(0.02, master.handle)
+        try:
+            if raw.recv(100) == b"":
+                return True
+        except socket.timeout:
+            pass
+        except OSError:
+            return True
+    return False
+
+
 def test_a_client_without_the_secret_is_cut_off_and_changes_nothing(master):
     intruder = Client("127.0.0.1", master.port, b"guessed", "node1")
     master.pump([intruder], lambda got: intruder.peer is None and intruder.error)
+    assert "not signed with the run's secret" in intruder.error and intruder.last_heard is None
     assert master.seen == [] and master.server.by_host == {}
-    # A raw connection that sends an abort-shaped line without a valid signature: dropped too.
+    # A raw connection gets a greeting signed over its own nonce; an abort-shaped line without
+    # a valid signature after it is dropped and counted.
     with socket.create_connection(("127.0.0.1", master.port), timeout=5) as raw:
-        raw.settimeout(0.05)
-        greeting, deadline = b"", time.monotonic() + 10
-        while b"\n" not in greeting and time.monotonic() < deadline:
-            master.server.step(0.02, master.handle)
-            try:
-                greeting += raw.recv(200)
-            except socket.timeout:
-                pass
-        nonce = json.loads(greeting)["nonce"]
-        raw.sendall(json.dumps({"s": 1, "b": {"t": "hello", "host": "node1"},
-                                "m": "0" * 64}).encode() + b"\n")
-        deadline = time.monotonic() + 10
-        closed = False
-        while time.monotonic() < deadline and not closed:
-            master.server.step(0.02, master.handle)
-            try:
-                closed = raw.recv(100) == b""
-            except socket.timeout:
-                pass
-        assert closed and nonce
+        greeting = _raw_greeting(master, raw)
+        seq, body = unseal(SECRET, TO_AGENT, "0" * 32, -1, greeting)
+        assert seq == 0 and set(body) == {"nonce"}
+        nonce = "0" * 32 + ":" + body["nonce"]
+        forged = seal(b"guessed", TO_MASTER, nonce, 1, {"t": "hello", "host": "node1"})
+        raw.sendall(forged)
+        assert _closed_by_master(master, raw)
+    assert master.seen == [] and master.server.refused["unsigned"] == 1
+
+
+def test_the_lines_that_killed_the_master_before_are_refused_and_counted(master):
+    """A non-ASCII MAC (hmac.compare_digest raised TypeError) and a deeply nested line (json
+    raised RecursionError) ended the master's agent; now each closes its own connection."""
+    lines = [json.dumps({"s": 1, "b": {"t": "beat"}, "m": "\u00e9"}, ensure_ascii=False).encode(),
+             b"[" * 50000 + b"]" * 50000, b"1 " + b"\xe9" * 64 + b" {}", b"\xff\xfe\x00"]
+    for line in lines:
+        with socket.create_connection(("127.0.0.1", master.port), timeout=5) as raw:
+            _raw_greeting(master, raw)
+            raw.sendall(line + b"\n")
+            assert _closed_by_master(master, raw)
     assert master.seen == []
+    assert sum(master.server.refused.values()) == len(lines)
+    # And the channel still serves the run.
+    agent = Client("127.0.0.1", master.port, SECRET, "node1")
+    master.pump([agent], lambda got: "node1" in master.server.by_host)
+    agent.close()
+
+
+def test_idle_connections_are_capped_and_dropped_while_an_agent_keeps_reporting(master):
+    agent = Client("127.0.0.1", master.port, SECRET, "node1")
+    master.pump([agent], lambda got: "node1" in master.server.by_host)
+    idle = []
+    try:
+        for _ in range(control.MAX_PENDING_PER_ADDR * 3):
+            idle.append(socket.create_connection(("127.0.0.1", master.port), timeout=5))
+            master.server.step(0, master.handle)
+        agent.send({"t": "beat", "alive": 1})
+        master.pump([agent], lambda got: got["node1"])
+        pending = [p for p in master.server.peers.values() if p.host is None]
+        assert len(pending) <= control.MAX_PENDING_PER_ADDR
+        assert master.server.refused["over_cap"] >= control.MAX_PENDING_PER_ADDR * 2
+        # Past the hello deadline none is left, and the agent is still heard.
+        master.pump([agent], lambda got: not any(p.host is None
+                                                 for p in master.server.peers.values()))
+        assert master.server.refused["no_hello"] >= 1
+        agent.send({"t": "beat", "alive": 2})
+        master.pump([agent], lambda got: ("node1", {"t": "beat", "alive": 2}) in master.seen)
+    finally:
+        for s in idle:
+            s.close()
+        agent.close()
 
 
 def test_a_replayed_or_reordered_message_is_refused():
@@ -98,9 +159,32 @@ def test_a_replayed_or_reordered_message_is_refused():
     assert unseal(SECRET, TO_MASTER, nonce, 5, line) is None  # replayed on its connection
     assert unseal(SECRET, TO_MASTER, "other", 0, line) is None  # replayed on another
     assert unseal(b"other key", TO_MASTER, nonce, 0, line) is None
-    forged = json.loads(line)
-    forged["b"]["rc"] = 0
-    assert unseal(SECRET, TO_MASTER, nonce, 0, json.dumps(forged).encode()) is None
+    assert unseal(SECRET, TO_AGENT, nonce, 0, line) is None  # reflected back to its sender
+    forged = line.replace(b'"rc":1', b'"rc":0')
+    assert forged != line and unseal(SECRET, TO_MASTER, nonce, 0, forged) is None
+
+
+def test_a_fake_master_cannot_greet_an_agent_or_keep_it_from_deciding_the_master_is_lost():
+    """Anything that answers on the port without the secret (an old greeting replayed, a
+    greeting signed with another key, garbage) is not the master: last_heard stays unset."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    old = seal(SECRET, TO_AGENT, "1" * 32, 0, {"nonce": "2" * 32})  # recorded elsewhere
+    try:
+        for answer in (old, seal(b"guessed", TO_AGENT, "x", 0, {"nonce": "y"}),
+                       b'{"nonce": "abc"}\n', b"\x00" * 100 + b"\n"):
+            agent = Client("127.0.0.1", port, SECRET, "node1")
+            agent.step(0.01)  # connects and queues its nonce
+            conn, _ = listener.accept()
+            conn.sendall(answer)
+            deadline = time.monotonic() + 10
+            while agent.peer is not None and time.monotonic() < deadline:
+                agent.step(0.02)
+            conn.close()
+            assert agent.peer is None and agent.last_heard is None
+            assert "not signed with the run's secret" in agent.error
+    finally:
+        listener.close()
 
 
 def test_the_server_listens_on_the_masters_address_only():

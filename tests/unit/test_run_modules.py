@@ -339,6 +339,13 @@ def _pid_of(args):
     pytest.fail("no torchrun.pid in %s" % path)
 
 
+def _record(args):
+    try:
+        return json.loads((Path(args["run_dir"]) / "control.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _gone_within(pid, timeout_s):
     from ansible.module_utils.torchfleet.procs import alive
 
@@ -407,13 +414,15 @@ def test_an_agent_that_loses_the_master_stops_its_torchrun_by_itself(tmp_path):
     try:
         pid0, pid1 = _pid_of(node0), _pid_of(node1)
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (Path(node0["run_dir"]) /
-                                                   "control.json").exists():
+        # node1 has heard the master (a worker that never did waits join_timeout_s instead).
+        while time.monotonic() < deadline and (_record(node0) or {}).get("hosts", [{}, {}])[1] \
+                .get("state") != "running":
             time.sleep(0.1)
-        jobs[0].kill()  # the master's agent, not its torchrun
+        jobs[0].kill()  # the master's agent; its torchrun dies with it (PR_SET_PDEATHSIG)
         assert _gone_within(pid1, 60)
         result = json.loads(jobs[1].communicate(timeout=60)[0])
         assert result["reason"] == "master_lost"
+        assert _gone_within(pid0, 30), "the killed agent's torchrun is still running"
     finally:
         for j in jobs:
             j.kill()

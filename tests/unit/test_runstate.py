@@ -19,7 +19,7 @@ def state(**kw):
 
 def all_beat(s, now, progress_ts=None):
     for h in HOSTS:
-        s.beat(h, now, alive=2, progress_ts=progress_ts or now, last_line="step", pid=1)
+        s.beat(h, now, alive=2, idle_s=now - (progress_ts or now), last_line="step", pid=1)
 
 
 def test_rank_order_is_inventory_order():
@@ -34,7 +34,7 @@ def test_every_host_exiting_zero_is_success_and_the_run_is_done():
     for h in HOSTS:
         assert s.exited(h, 1010, 0) is None
     assert s.phase == runstate.SUCCEEDED and s.failure is None and s.all_done()
-    assert [host_outcome(s.phase, s.failure, h) for h in s.record()["hosts"]] == \
+    assert [host_outcome(s.phase, s.failures, h) for h in s.record()["hosts"]] == \
         ["succeeded"] * 3
 
 
@@ -66,7 +66,7 @@ def test_a_failed_host_is_named_with_its_exit_code_and_root_cause():
     # The others are stopped by their agents: they report, and are 'aborted', not failed.
     s.exited("node0", 1006, -15, stopped=True)
     s.exited("node2", 1006, -15, stopped=True)
-    outcomes = [host_outcome(s.phase, s.failure, h) for h in s.record()["hosts"]]
+    outcomes = [host_outcome(s.phase, s.failures, h) for h in s.record()["hosts"]]
     assert outcomes == ["aborted", "failed", "aborted"] and s.all_done()
 
 
@@ -75,31 +75,26 @@ def test_two_failures_racing_end_the_run_once_naming_the_first():
     all_beat(s, 1001)
     first = s.exited("node2", 1005, 3)
     assert first is not None and first["host"] == "node2"
-    assert s.exited("node0", 1005.1, 1) is None  # the second: recorded on its host, not the run
+    assert s.exited("node0", 1005.1, 1) is None  # the second: kept, but not the run's first
+    s.exited("node1", 1005.3, -15, stopped=True)
     assert s.tick(2000) is None
     assert s.failure["host"] == "node2" and s.phase == runstate.FAILED
+    assert [f["host"] for f in s.failures] == ["node2", "node0"]
     assert s.record()["hosts"][0]["rc"] == 1
-
-
-def test_a_vanished_torchrun_is_a_failure():
-    s = state()
-    all_beat(s, 1001)
-    failure = s.exited("node0", 1003, None, vanished=True)
-    assert failure["reason"] == runstate.VANISHED and "disappeared" in failure["detail"]
 
 
 def test_a_silent_host_is_lost_after_lost_after_s():
     s = state()
     all_beat(s, 1001)
     for t in (1011, 1021):
-        s.beat("node0", t, progress_ts=t)
-        s.beat("node2", t, progress_ts=t)
+        s.beat("node0", t, idle_s=0)
+        s.beat("node2", t, idle_s=0)
     assert s.tick(1030) is None
     failure = s.tick(1032)  # node1 silent since 1001: 31 s
     assert (failure["host"], failure["reason"]) == ("node1", runstate.LOST)
     rec = {h["host"]: h for h in s.record()["hosts"]}
     assert rec["node1"]["state"] == runstate.HOST_LOST
-    assert host_outcome(s.phase, s.failure, rec["node1"]) == "lost"
+    assert host_outcome(s.phase, s.failures, rec["node1"]) == "lost"
     # A lost host that comes back is not taken back into the run.
     s.beat("node1", 1033)
     assert rec["node1"]["state"] == runstate.HOST_LOST
@@ -114,14 +109,14 @@ def test_no_progress_anywhere_for_hang_timeout_is_a_hang():
     all_beat(s, 1102, progress_ts=1001)
     failure = s.tick(1102)
     assert failure["reason"] == runstate.HANG and failure["host"] is None
-    assert {host_outcome(s.phase, s.failure, h) for h in s.record()["hosts"]} == {"hung"}
+    assert {host_outcome(s.phase, s.failures, h) for h in s.record()["hosts"]} == {"hung"}
 
 
 def test_one_rank_progressing_anywhere_is_no_hang():
     s = state(hang_timeout_s=100)
     for t in range(1001, 1300, 10):
         all_beat(s, t, progress_ts=1001)
-        s.beat("node2", t, progress_ts=t)  # only node2's ranks print (rank 0 may be the quiet one)
+        s.beat("node2", t, idle_s=0)  # only node2's ranks print (rank 0 may be the quiet one)
         assert s.tick(t) is None
 
 
@@ -141,9 +136,133 @@ def test_the_summary_is_the_same_few_fields_at_any_size():
     small, big = state(), RunState("r1", ["n%d" % i for i in range(512)], 8, now=1000.0)
     for s, hosts in ((small, HOSTS), (big, ["n%d" % i for i in range(512)])):
         for i, h in enumerate(hosts):
-            s.beat(h, 1001, alive=s.nproc, progress_ts=1000 + (i % 7), last_line="step")
+            s.beat(h, 1001, alive=s.nproc, idle_s=1 - (i % 7), last_line="step")
     a, b = summary(small.record(), 1010), summary(big.record(), 1010)
     assert set(a) == set(b)
     assert b["ranks_alive"] == b["nranks"] == 4096 and b["hosts_running"] == 512
     assert b["slowest"]["host"] == "n0" and b["slowest"]["idle_s"] == 10.0
     assert len(repr(b)) < 1000
+
+
+CAUSE = {"rank": 5, "local_rank": 1, "exitcode": 3}
+
+
+def test_a_cascade_names_the_rank_that_failed_not_the_peers_that_lost_it():
+    """node2's rank exits 3; node0's and node1's ranks die of the broken connection and their
+    reports reach the master first. The run failed at the first report; the judged first
+    failure is the cause, whichever report came first."""
+    s = state()
+    all_beat(s, 1001)
+    peer = {"rank": 0, "local_rank": 0, "exitcode": 1}
+    assert s.exited("node0", 1005.00, 1, root_cause=peer, consequence=True) is not None
+    assert s.failure["host"] == "node0"  # all that is known yet: the run fails now
+    s.exited("node1", 1005.05, 1, root_cause=dict(peer, rank=2), consequence=True)
+    s.exited("node2", 1005.40, 1, root_cause=CAUSE, age_s=0.3)
+    f = s.failure
+    assert (f["host"], f["rank"], f["exitcode"], f["consequence"]) == ("node2", 5, 3, False)
+    assert runstate.failure_text(f) == "node2, rank 5 exited with 3"
+    outcomes = [host_outcome(s.phase, s.failures, h) for h in s.record()["hosts"]]
+    assert outcomes == ["aborted", "aborted", "failed"]
+    # Two causes: the earlier one by when it happened (arrival less the host's own age).
+    t = state()
+    all_beat(t, 1001)
+    t.exited("node1", 1006.0, 1, root_cause=dict(CAUSE, rank=2), age_s=0.1)
+    t.exited("node2", 1006.2, 1, root_cause=CAUSE, age_s=0.5)
+    assert t.failure["host"] == "node2"
+
+
+def test_a_killed_agent_is_lost_when_its_connection_closes_for_good_and_comes_first():
+    s = state()
+    all_beat(s, 1001)
+    s.closed("node1", 1002.0)  # its agent killed: the kernel closes its socket
+    # Its torchrun died with it; the others' ranks die of the broken connection.
+    s.exited("node0", 1002.3, 1, root_cause={"rank": 0, "local_rank": 0, "exitcode": 1},
+             consequence=True)
+    assert s.tick(1004.0) is None  # not yet: an agent may reconnect after a broken connection
+    s.tick(1005.5)
+    f = s.failure
+    assert (f["host"], f["reason"], f["at_s"]) == ("node1", runstate.LOST, 2.0)
+    assert "connection to the master closed" in f["detail"]
+    # A host that reconnects in time is not lost.
+    t = state()
+    all_beat(t, 1001)
+    t.closed("node1", 1002.0)
+    t.report("node1", 1002.5, {"t": "hello", "host": "node1"})
+    all_beat(t, 1003)
+    assert t.tick(1010) is None and t.phase == runstate.RUNNING
+
+
+def test_every_lost_host_is_in_the_record():
+    s = state()
+    all_beat(s, 1001)
+    for t in (1011, 1021, 1031):
+        s.beat("node0", t, idle_s=0)
+    s.beat("node2", 1001.5, idle_s=0)  # node2 falls silent half a second after node1
+    assert s.tick(1031.2)["host"] == "node1"
+    assert s.tick(1031.8) is None  # the run had already failed: node2 is kept, not first
+    assert [(f["host"], f["reason"]) for f in s.failures] == [("node1", runstate.LOST),
+                                                               ("node2", runstate.LOST)]
+    assert s.failure["host"] == "node1"
+    assert [host_outcome(s.phase, s.failures, h) for h in s.record()["hosts"]] == \
+        ["aborted", "lost", "lost"]
+
+
+def test_skewed_clocks_change_nothing_the_idle_age_is_measured_on_each_host():
+    """Each host says how long ago its ranks wrote (its own clock against its own files): a
+    host whose clock is an hour off is no more or less hung than the others."""
+    s = state(hang_timeout_s=100)
+    for t in range(1001, 1300, 10):
+        for h in HOSTS:
+            # node2's clock runs 3600 s ahead; its files carry its clock too: the age is the same
+            skew = 3600 if h == "node2" else 0
+            s.beat(h, t, alive=2, idle_s=(t + skew) - (t - 5 + skew))
+        assert s.tick(t) is None
+    assert {h["progress_ts"] for h in s.record()["hosts"]} == {1291 - 5}
+
+
+def test_the_lease_counts_from_the_controllers_first_look():
+    """Many fork batches: no look for longer than lease_s after the start is no lost
+    controller; the start is bounded by join_timeout_s + lease_s instead."""
+    s = state()
+    all_beat(s, 1049)
+    assert s.tick(1050, lease_age_s=None, lease_s=30, start_bound_s=90) is None
+    all_beat(s, 1069)
+    assert s.tick(1070, lease_age_s=5, lease_s=30, start_bound_s=90) is None
+    t = state()
+    all_beat(t, 1001)
+    for now in range(1010, 1090, 10):
+        all_beat(t, now)
+        assert t.tick(now, lease_age_s=None, lease_s=30, start_bound_s=90) is None
+    all_beat(t, 1091)
+    f = t.tick(1091, lease_age_s=None, lease_s=30, start_bound_s=90)
+    assert f["reason"] == runstate.CONTROLLER_LOST and "never looked" in f["detail"]
+
+
+def test_a_start_that_failed_on_the_controller_is_named_with_ansibles_reason():
+    s = state()
+    all_beat(s, 1001)
+    f = s.not_started("node2", 1003, "its start failed: Failed to connect to the host via ssh")
+    assert (f["host"], f["reason"]) == ("node2", runstate.NOT_STARTED)
+    record = runstate.controller_record("r1", HOSTS, 2, {
+        "host": "node0", "reason": runstate.NOT_STARTED, "detail": "its start failed: x"})
+    assert record["final"] and record["failure"]["host"] == "node0"
+    assert [h["host"] for h in record["hosts"]] == HOSTS
+
+
+def test_a_signed_message_with_odd_fields_cannot_break_the_master():
+    s = state()
+    for body in ({"t": "beat", "alive": "many", "idle_s": [1], "pid": {}},
+                 {"t": "exit", "rc": "x", "root_cause": {"rank": "0"}, "age_s": -5},
+                 {"t": "exit", "rc": 2, "root_cause": [1, 2]}, {"t": "nonsense"}, {},
+                 {"t": "not_started", "detail": 12}):
+        s.report("node1", 1002, body)
+    assert s.failure["host"] == "node1" and runstate.failure_text(s.failure)
+    assert s.report("nobody", 1003, {"t": "exit", "rc": 1}) is None
+
+
+def test_no_sentence_for_people_holds_a_none_or_a_question_mark():
+    s = state(hang_timeout_s=5)
+    all_beat(s, 1001)
+    f = s.tick(1010)
+    text = runstate.failure_text(f)
+    assert "None" not in text and "?" not in text and "no rank made progress" in text
