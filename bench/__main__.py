@@ -462,6 +462,13 @@ def bench_isolate(args, tmp):
         labmod.down(LAB_DIR, LAB_TAG)
 
 
+def bench_fuzz(args, tmp):
+    """The control channel's fuzz campaign (bench/fuzz_control.py): inputs on each end, crashes."""
+    from bench.fuzz_control import campaign
+
+    return campaign(lines=args.fuzz_lines, connections=max(300, args.fuzz_lines // 100))
+
+
 BENCHES = {
     "preflight_cost": bench_preflight_cost,
     "launch_overhead": bench_launch_overhead,
@@ -470,6 +477,7 @@ BENCHES = {
     "diagnosis": bench_diagnosis,
     "harness_overhead": bench_harness_overhead,
     "isolate": bench_isolate,
+    "fuzz": bench_fuzz,
 }
 NEEDS_ROOT = {"launch_overhead", "fail_fast", "watch_cpu", "diagnosis", "harness_overhead",
               "isolate"}
@@ -518,6 +526,13 @@ def markdown(results):
                              r["hosts"], rng(r["collective_yml_s"]), rng(r["raw_ssh_torchrun_s"]),
                              r["overhead_s"], " (%.2fx)" % r["ratio"] if "ratio" in r else "",
                              "<= 3 s" if r["hosts"] <= 2 else "<= 1.25x"))
+    fz = results.get("fuzz")
+    if fz:
+        lines.append("| control channel fuzz: inputs fed to the master's end / the agent's end "
+                     "(frames, and byte streams over real connections) | %d / %d | | crashes "
+                     "%d / %d, outsiders' messages taken %d | 0 |" % (
+                         fz["inputs_master"], fz["inputs_agent"], fz["crashes_master"],
+                         fz["crashes_agent"], fz["verified_from_outsiders"]))
     ff = results.get("fail_fast")
     for r in ((ff or {}).get("sizes") or {}).values():
         lines.append("| rank 1 exits 1 on %d hosts: every rank on every host gone | %s s | | | "
@@ -629,6 +644,8 @@ def main():
                         help="how long watch_cpu samples the controller during the watch")
     parser.add_argument("--isolate-size", type=int, default=8,
                         help="lab hosts of the isolate bench")
+    parser.add_argument("--fuzz-lines", type=int, default=100000,
+                        help="frames fed to each end of the control channel by the fuzz bench")
     parser.add_argument("--out", type=Path, default=RESULTS)
     # 20 iterations time a 20-400 ms window, shorter than the noise of 2 busy CPUs.
     parser.add_argument("--busbw-iters", type=int, default=100,
