@@ -212,6 +212,15 @@ euid:
   description: The effective user id the probe ran as (binding a port below 1024 needs 0).
   returned: always
   type: int
+stacks:
+  description: Whether py-spy can attach to the ranks here to dump a hang's stacks (py_spy
+    path, Yama's ptrace_scope, CAP_SYS_PTRACE on py-spy, can_attach, why not); where it
+    cannot, the ranks' own faulthandler is used.
+  returned: always
+  type: dict
+  sample: {"py_spy": "/opt/venv/bin/py-spy", "ptrace_scope": 1, "cap_sys_ptrace": false,
+           "can_attach": false, "why": "kernel.yama.ptrace_scope=1 and the run's user is not
+           root and /opt/venv/bin/py-spy has no CAP_SYS_PTRACE"}
 data:
   description: One entry per data path.
   returned: always
@@ -250,6 +259,7 @@ from ansible.module_utils.torchfleet.net import (
     choose_master_addr, is_loopback, listening_ports, parse_default_route_dev, parse_ip_addr,
     parse_proc_net_tcp, processes_holding)
 from ansible.module_utils.torchfleet.pystack import NCCL_HEADER, parse_nccl_header, probe_python
+from ansible.module_utils.torchfleet.stacks import attach_facts
 
 PROC_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
 
@@ -403,6 +413,7 @@ def main():
         run_dir={"path": params["run_dir"], "exists": os.path.exists(params["run_dir"])}
         if params["run_dir"] else None,
         euid=os.geteuid(),
+        stacks=attach_facts(stack.get("executable", python), os.geteuid()),
     )
     if master is not None:
         result["master"] = master

@@ -144,6 +144,14 @@ options:
       the switch off.
     type: float
     default: 30
+  stack_dump:
+    description: How a hang's stacks are taken. C(auto) uses py-spy where it can attach to the
+      ranks (root, C(kernel.yama.ptrace_scope) 0, or py-spy with CAP_SYS_PTRACE), else each
+      rank's own faulthandler (every process of the run starts with a sitecustomize that
+      registers it on SIGUSR1; Python frames only).
+    type: str
+    choices: [auto, py-spy, faulthandler]
+    default: auto
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -235,6 +243,7 @@ ARGUMENT_SPEC = dict(
     max_restarts=dict(type="int", default=0),
     env=dict(type="dict", default={}),
     lease_s=dict(type="float", default=30),
+    stack_dump=dict(type="str", choices=["auto", "py-spy", "faulthandler"], default="auto"),
 )
 
 

@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import signal
 import subprocess
 import time
 
-from ansible.module_utils.torchfleet import procs, runstate
+from ansible.module_utils.torchfleet import procs, runstate, stacks
 from ansible.module_utils.torchfleet.control import Client, Server
 from ansible.module_utils.torchfleet.procs import HOST_ENV, RUN_ID_ENV, run_processes, stop_run
 from ansible.module_utils.torchfleet.rundir import (
@@ -78,11 +77,6 @@ def torchrun_argv(p, script):
     ]
 
 
-def find_py_spy(python):
-    beside = os.path.join(os.path.dirname(python or ""), "py-spy")
-    return beside if os.access(beside, os.X_OK) else shutil.which("py-spy")
-
-
 def worker_pids(run_id, torchrun_pid):
     """{local_rank: (pid, global rank)} of the live workers this host's torchrun started."""
     workers = {}
@@ -98,22 +92,6 @@ def worker_pids(run_id, torchrun_pid):
 def live_children(pid):
     """torchrun's workers still running (a dead one not yet reaped is not)."""
     return [c for c in procs.children(pid) if procs.alive(c)]
-
-
-def dump_stacks(run, py_spy, run_id, torchrun_pid, run_dir):
-    """Each live rank's Python stack into its log directory (before anything is stopped);
-    `run` is the module's command runner (command.bounded)."""
-    dirs = rank_dirs(run_dir)
-    for local_rank, (pid, rank) in sorted(worker_pids(run_id, torchrun_pid).items()):
-        text = "# rank %s (local rank %s, pid %s)\n" % (rank, local_rank, pid)
-        if not py_spy:
-            text += "py-spy is not installed on this host; pip install py-spy to get stacks\n"
-        else:
-            out, err = run([py_spy, "dump", "--pid", str(pid)], timeout_s=60)
-            text += out if out is not None else "py-spy failed: %s\n" % err
-        if local_rank in dirs:
-            with open(os.path.join(dirs[local_rank], STACK_DUMP), "w") as f:
-                f.write(text)
 
 
 def local_status(run_dir, pid, now=None):
@@ -164,7 +142,7 @@ class HostAgent:
         self.exit_sent = False
         self.exit_acked = False
         self.most_workers = 0
-        self.py_spy = find_py_spy(p["python"])
+        self.stack_facts = stacks.attach_facts(p["python"], os.geteuid())
 
     def step(self, now_m):
         """Look at torchrun once: beat, report its end, carry out a pending stop."""
@@ -191,9 +169,10 @@ class HostAgent:
         if kind != runstate.ABORT or self.stopping is not None or self.proc.poll() is not None:
             return
         self.stopping, self.reason = message, "aborted"
-        if message.get("dump"):
-            dump_stacks(self.command, self.py_spy, self.p["run_id"], self.proc.pid,
-                        self.p["run_dir"])
+        if message.get("dump"):  # every live rank's stack, before anything is stopped
+            stacks.dump(self.command, self.stack_facts, self.p["stack_dump"],
+                        worker_pids(self.p["run_id"], self.proc.pid),
+                        rank_dirs(self.p["run_dir"]), STACK_DUMP)
         workers = len(live_children(self.proc.pid))
         if self.most_workers and workers < self.most_workers:
             # A rank here died already and torchrun is ending by itself: let it say which
@@ -370,6 +349,7 @@ def start_torchrun(p, argv):
     env.update({RUN_ID_ENV: p["run_id"], HOST_ENV: p["host"],
                 "TORCHFLEET_OUT_DIR": os.path.join(p["run_dir"], RESULTS),
                 "PYTHONUNBUFFERED": "1"})
+    stacks.install_hook(p["run_dir"], env)  # a hang's stacks where py-spy cannot attach
     agent_pid = os.getpid()
     with open(os.path.join(p["run_dir"], TORCHRUN_LOG), "ab") as log:
         # Own session: Ansible's async timeout kills the wrapper's process group, not the run;

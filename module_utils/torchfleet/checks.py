@@ -93,6 +93,13 @@ REGISTRY = (
     Unit(('script.missing',), PREFLIGHT,
          '`-e script=…` does not exist on a host; train.yml then starts nothing anywhere',
          'copy it there or fix the path'),
+    Unit(('hang.stacks',), PREFLIGHT,
+         "py-spy cannot attach to the ranks on a host (not installed; the run's user not "
+         'root under `kernel.yama.ptrace_scope` 1 or 2 without CAP_SYS_PTRACE on py-spy; '
+         'ptrace_scope 3): a warning, as a hang\'s stacks then come from each rank\'s own '
+         'faulthandler (SIGUSR1, Python frames only)',
+         'pip install py-spy; `sudo setcap cap_sys_ptrace+ep <py-spy>`, or '
+         '`sysctl kernel.yama.ptrace_scope=0`, or run as root'),
     Unit(('run.exit',), RUN,
          'per host, how its torchrun ended: succeeded, failed (its rank exited non-zero by '
          'itself, or its start failed: Ansible\'s reason), hung, lost, timeout, aborted '

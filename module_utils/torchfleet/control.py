@@ -178,15 +178,18 @@ class Server:
                 self._drop(peer, None, closed)
 
     def _read(self, peer, handle, closed):
-        lines = peer.read_lines(MAX_FIRST_LINE if peer.cnonce is None else MAX_LINE)
+        lines = peer.read_lines(MAX_LINE)
         if lines is None:  # closed: an agent's ends its connection; an outsider's never spoke
             return self._drop(peer, None if peer.host else "no_hello", closed)
-        if lines == "too_long":
+        if lines == "too_long" or peer.cnonce is None and not lines \
+                and len(peer.inbuf) > MAX_FIRST_LINE:
             return self._drop(peer, "too_long", closed)
         for line in lines:
             if peer.sock not in self.peers:
                 return None
             if peer.cnonce is None:
+                if len(line) > MAX_FIRST_LINE:
+                    return self._drop(peer, "too_long", closed)
                 if not NONCE.match(line):
                     return self._drop(peer, "garbled", closed)
                 peer.cnonce = line.decode()

@@ -394,6 +394,16 @@ def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
                                 "missing: %s" % ", ".join(missing) if missing else
                                 "%d path(s) present" % len(probe["data"]),
                                 "copy or mount %s on %s" % (", ".join(missing), host)))
+        st = probe.get("stacks") or {}
+        if st:
+            checks.append(check(
+                "hang.stacks", host, st.get("can_attach", False),
+                "py-spy %s can attach to the ranks" % st.get("py_spy") if st.get("can_attach")
+                else "%s: a hang's stacks will come from each rank's own faulthandler (Python "
+                     "frames only)" % st.get("why"),
+                "pip install py-spy beside the hosts' python" if not st.get("py_spy") else
+                "sudo setcap cap_sys_ptrace+ep %s, or sysctl kernel.yama.ptrace_scope=0, or run "
+                "as root" % st.get("py_spy"), WARNING))
         shm = probe["shm"]["total_bytes"]
         need = settings["shm_min_bytes"]
         checks.append(check("shm.size", host, shm >= need,

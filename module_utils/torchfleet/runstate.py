@@ -299,10 +299,10 @@ class RunState:
             elif rec["state"] == STARTED and silence_counts \
                     and now - rec["last_seen"] > self.lost_after_s:
                 rec["state"] = HOST_LOST
+                silent_s = now - rec["last_seen"]
                 first = first or self.fail(
                     host, LOST, now, "no heartbeat for %.0f s (lost_after_s=%.0f): network "
-                    "cut, host frozen or its agent killed" % (now - rec["last_seen"],
-                                                             self.lost_after_s),
+                    "cut, host frozen or its agent killed" % (silent_s, self.lost_after_s),
                     at=rec["last_seen"])
         if self.phase != RUNNING:
             return first

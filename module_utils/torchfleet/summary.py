@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import statistics
 
 from ansible.module_utils.torchfleet import isolate
@@ -65,8 +66,26 @@ def _rank_log(run_dir, host, local_rank, lines):
     return _tail(os.path.join(base, "torchrun.log"), lines)
 
 
+# A frame as faulthandler prints it (py-spy's are indented by four: "    func (file:line)").
+FAULTHANDLER_FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (.+)$')
+
+
+def frames_of(dump_lines):
+    """The frames of a stack dump, innermost first, as 'func (file:line)': py-spy's or
+    faulthandler's."""
+    found = []
+    for line in dump_lines:
+        m = FAULTHANDLER_FRAME.match(line)
+        if m:
+            found.append("%s (%s:%s)" % (m.group(3), os.path.basename(m.group(1)), m.group(2)))
+        elif line.startswith("    "):
+            found.append(line.strip())
+    return found
+
+
 def stacks(run_dir, hosts, frames=4):
-    """Where each hung rank is: its py-spy dump's innermost frames, from the gathered logs."""
+    """Where each hung rank is: its dump's innermost frames, from the gathered logs; a dump
+    that could not be taken says why."""
     lines = []
     for host in hosts:
         for path in sorted(glob.glob(os.path.join(run_dir, "logs", host, "attempt_*", "*",
@@ -74,7 +93,7 @@ def stacks(run_dir, hosts, frames=4):
             text = _tail(path, 200).splitlines()
             who = text[0].lstrip("# ") if text and text[0].startswith("#") else (
                 "local rank " + os.path.basename(os.path.dirname(path)))
-            where = [ln.strip() for ln in text if ln.startswith("    ")][:frames]
+            where = frames_of(text)[:frames]
             lines.append("%s %s: %s" % (host, who, " <- ".join(where) or " ".join(text[1:])[:200]))
     return "\n".join(lines)
 
@@ -231,11 +250,11 @@ def decide(params):
                                 % (abort or {}).get("detail", "hang_timeout_s"), hint))
         node_rank = rec.get("node_rank", hosts.index(host))
         rows_out.append({"host": host, "node_rank": node_rank,
-                          "ranks": list(range(node_rank * nproc, node_rank * nproc + nproc)),
-                          "outcome": outcome, "rc": rec.get("rc"),
-                          "duration_s": rec.get("elapsed_s"),
-                          "reported_ranks": [r["rank"] for r in results if r.get("host") == host],
-                          "logs": os.path.join(params["run_dir"], "logs", host)})
+                         "ranks": list(range(node_rank * nproc, node_rank * nproc + nproc)),
+                         "outcome": outcome, "rc": rec.get("rc"),
+                         "duration_s": rec.get("elapsed_s"),
+                         "reported_ranks": [r["rank"] for r in results if r.get("host") == host],
+                         "logs": os.path.join(params["run_dir"], "logs", host)})
     present = {r.get("rank") for r in results}
     missing = [r for r in range(world) if r not in present]
     # A user's script need not write rank results; when some rank did, all must have.

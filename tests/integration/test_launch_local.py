@@ -94,9 +94,12 @@ def test_a_cascade_names_the_rank_that_failed_in_every_output(tmp_path):
     assert run_processes("cascade_last_rank.py") == []
 
 
-def test_a_hang_is_diagnosed_with_stacks_then_stopped(tmp_path):
+@pytest.mark.parametrize("method", ["auto", "faulthandler"])
+def test_a_hang_is_diagnosed_with_stacks_then_stopped(tmp_path, method):
+    """auto is py-spy here (root); faulthandler is what a user py-spy cannot serve gets: each
+    rank dumps its own stack on SIGUSR1."""
     run = launch("train.yml", tmp_path, "-e", "script=%s" % (SCRIPTS / "hang_rank1.py"),
-                 "-e", "hang_timeout_s=6")
+                 "-e", "hang_timeout_s=6", "-e", "stack_dump=%s" % method)
     assert run.rc != 0
     report = run.report("train.json")
     assert {h["outcome"] for h in report["hosts"]} == {"hung"}
@@ -104,7 +107,10 @@ def test_a_hang_is_diagnosed_with_stacks_then_stopped(tmp_path):
     dumps = sorted(run.run_dir.glob("logs/*/attempt_0/*/py-spy-dump.txt"))
     assert len(dumps) == 2
     texts = [d.read_text() for d in dumps]
-    assert any("hang_rank1.py:9" in t for t in texts), texts  # the time.sleep line
+    line9 = "hang_rank1.py:9" if method == "auto" else 'hang_rank1.py", line 9'
+    assert any(line9 in t for t in texts), texts  # the time.sleep line
+    assert all(("faulthandler" in t) is (method == "faulthandler") for t in texts), texts
+    assert "<module> (hang_rank1.py:9)" in report["first_failure"]["tail"] or method == "auto"
     assert "rank 1 (local rank 0" in report["first_failure"]["tail"]
     assert report["verdict"].startswith("train failed: no rank made progress for ")
     assert "None" not in report["verdict"] and "?" not in report["verdict"]

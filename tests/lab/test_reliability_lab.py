@@ -2,12 +2,14 @@
 torchrun holding the port. Each ends with no process of the run left on any node."""
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,6 +17,10 @@ import pytest
 
 from tests.conftest import processes_matching
 from tests.integration.playbook import BIN, ROOT, Run, playbook
+from tests.unit.test_listener import free_port
+from torchfleet.paths import shared_module
+
+procs = shared_module("procs")
 
 pytestmark = pytest.mark.lab
 REMOTE_RUNS = Path.home() / ".torchfleet" / "runs"
@@ -32,11 +38,12 @@ def wait_until(predicate, timeout_s, interval_s=0.5):
     return predicate()
 
 
-def start_long_train(lab, tmp_path, *extra):
+def start_long_train(lab, tmp_path, *extra, nnodes=2):
     """train.yml with a run that would last hours; returns (process, run id) once it trains."""
     started = time.time()
     proc = subprocess.Popen(
-        [str(BIN / "ansible-playbook"), "train.yml", "-i", str(lab.inventory), "-e", "nnodes=2",
+        [str(BIN / "ansible-playbook"), "train.yml", "-i", str(lab.inventory),
+         "-e", "nnodes=%d" % nnodes,
          "-e", "train_steps=100000000", "-e", "run_dir=%s" % (tmp_path / "run"), *extra],
         cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -44,7 +51,7 @@ def start_long_train(lab, tmp_path, *extra):
     def training():
         logs = [p for p in REMOTE_RUNS.glob("*/node*/logs/*/attempt_0/0/stdout.log")
                 if p.stat().st_mtime >= started and "step" in p.read_text()]
-        return len(logs) == 2
+        return len(logs) == nnodes
 
     assert wait_until(training, 180), "the run never started training"
     run_id = next(p for p in REMOTE_RUNS.glob("*/node1/torchrun.pid")
@@ -115,3 +122,106 @@ def test_a_stale_torchrun_on_the_port_is_named_and_train_refuses(healthy_lab, tm
     finally:
         os.killpg(stale.pid, signal.SIGKILL)
         stale.wait()
+
+
+def _agent_and_torchrun(run_id, host):
+    """(the agent's PID, its torchrun's PID) of one host's part of the run. Lab nodes share
+    this machine's files: the host's run directory is readable here."""
+    pid = json.loads((REMOTE_RUNS / run_id / host / "torchrun.pid").read_text())["pid"]
+    return procs.parent(pid), pid
+
+
+class Flood(threading.Thread):
+    """Another process on the network: garbage lines on fresh connections, and hundreds of
+    connections that never say a word, on the master's control port, until stopped."""
+
+    def __init__(self, addr, port, idle=300):
+        super().__init__(daemon=True)
+        self.addr, self.port, self.idle = addr, port, idle
+        self.done, self.sent = threading.Event(), 0
+
+    def run(self):
+        held = []
+        garbage = [b'{"s": 1, "b": {"t": "beat"}, "m": "\xc3\xa9"}', b"[" * 60000,
+                   b"0" * 32 + b"\n1 " + b"f" * 64 + b' {"t": "abort"}', bytes(range(256))]
+        try:
+            while not self.done.is_set():
+                try:
+                    if len(held) < self.idle:
+                        held.append(socket.create_connection((self.addr, self.port), 2))
+                    with socket.create_connection((self.addr, self.port), 2) as s:
+                        s.sendall(garbage[self.sent % len(garbage)] + b"\n")
+                        self.sent += 1
+                except OSError:
+                    time.sleep(0.05)  # refused or reset: the master dropped it, go on
+        finally:
+            for s in held:
+                s.close()
+
+
+def test_a_flooded_control_port_changes_nothing_then_a_killed_agent_is_named(healthy_lab,
+                                                                             tmp_path):
+    """Three hosts train while another process floods the master's control port; the master
+    counts what it refused and the run goes on. Then node2's agent is SIGKILLed: its torchrun
+    dies with it, and every output names node2 host.lost, not the ranks that lost a peer."""
+    port = free_port()
+    proc, run_id = start_long_train(healthy_lab, tmp_path, "-e", "lost_after_s=10",
+                                    "-e", "control_port=%d" % port, nnodes=3)
+    flood = Flood(healthy_lab.node("node0").address, port)
+    flood.start()
+    agent_log = REMOTE_RUNS / run_id / "node0" / "agent.log"
+    try:
+        # Garbage closes its connection; idle connections over the caps go (the flood keeps
+        # opening more, so they are pushed out before the hello deadline).
+        assert wait_until(lambda: agent_log.exists() and "garbled" in agent_log.read_text()
+                          and "over_cap" in agent_log.read_text(), 120), "nothing refused"
+        progress = tmp_path / "run" / "progress.jsonl"
+        seen = len(progress.read_text().splitlines())
+        assert wait_until(lambda: len(progress.read_text().splitlines()) > seen + 2, 60)
+        last = json.loads(progress.read_text().splitlines()[-1])
+        assert last["phase"] == "running" and last["hosts_running"] == 3, last
+        agent, torchrun = _agent_and_torchrun(run_id, "node2")
+        os.kill(agent, signal.SIGKILL)
+        assert wait_until(lambda: not procs.alive(torchrun), 30), "torchrun outlived its agent"
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        flood.done.set()
+        flood.join(30)
+        if proc.poll() is None:  # an assertion failed before the run ended
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.communicate(timeout=120)
+    run = Run(proc.returncode, out, tmp_path / "run")
+    assert run.rc != 0 and flood.sent > 0
+    report = run.report("train.json")
+    record = json.loads((run.run_dir / "run_state.json").read_text())
+    assert (record["failure"]["host"], record["failure"]["reason"]) == ("node2", "lost")
+    assert report["first_failure"]["host"] == "node2"
+    assert report["verdict"].startswith("train failed: first failure on node2: ")
+    assert {h["host"]: h["outcome"] for h in report["hosts"]}["node2"] == "lost"
+    assert ("host.lost", "node2") in {(c["id"], c["host"]) for c in report["checks"]}
+    refused = record["channel"]["refused"]
+    assert refused.get("garbled", 0) > 0 and refused.get("over_cap", 0) > 0, refused
+    assert refused.get("unsigned", 0) > 0, refused  # the forged abort after a valid nonce
+    assert wait_until(lambda: not processes_of(run_id), 90), processes_of(run_id)
+
+
+def test_a_frozen_host_is_lost_and_nothing_of_the_run_is_left_after_it_thaws(healthy_lab,
+                                                                              tmp_path):
+    proc, run_id = start_long_train(healthy_lab, tmp_path, "-e", "lost_after_s=10")
+    agent, torchrun = _agent_and_torchrun(run_id, "node1")
+    frozen = [agent] + procs.run_processes(run_id, torchrun, host="node1")
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+    run = Run(proc.returncode, out, tmp_path / "run")
+    report = run.report("train.json")
+    assert report["first_failure"]["host"] == "node1", report["first_failure"]
+    assert ("host.lost", "node1") in {(c["id"], c["host"]) for c in report["checks"]}
+    assert wait_until(lambda: not processes_of(run_id), 90), processes_of(run_id)

@@ -1,0 +1,167 @@
+"""How a hung rank's stacks are taken, on every host and for every user.
+
+py-spy reads a rank's frames from outside, which needs ptrace: as root, or as the ranks' user
+under Yama's ptrace_scope 0 (or without Yama), or with py-spy carrying CAP_SYS_PTRACE under
+ptrace_scope 1 and 2 (Ubuntu's default is 1, where a user may trace only its own descendants:
+py-spy cannot attach to ranks it did not start); ptrace_scope 3 forbids it to everyone.
+
+Where py-spy cannot attach (or is not installed), the ranks dump their own Python stacks: every
+process of the run starts with a sitecustomize, first on its PYTHONPATH, that registers
+faulthandler on SIGUSR1 (and then loads the sitecustomize it shadows, if any), so the agent
+signals each rank and copies what the rank wrote to its stderr. faulthandler shows Python
+frames only, and a rank's own SIGUSR1 handler, if it sets one, replaces it.
+
+Used by node_probe (what preflight's hang.stacks reports) and by the agent (the dump).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import struct
+import time
+
+PTRACE_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
+CAP_SYS_PTRACE = 19
+HOOK_DIR = "_stack_hook"
+METHODS = ("auto", "py-spy", "faulthandler")
+
+SITECUSTOMIZE = r'''"""torchfleet: this rank's Python stacks to stderr on SIGUSR1 (faulthandler), for a hang's
+diagnosis where py-spy cannot attach. Then the sitecustomize this one shadows, if any."""
+import faulthandler as _faulthandler
+import os as _os
+import signal as _signal
+import sys as _sys
+
+try:
+    _faulthandler.register(_signal.SIGUSR1, file=_sys.stderr, all_threads=True)
+except (AttributeError, RuntimeError, ValueError):
+    pass
+_here = _os.path.dirname(_os.path.abspath(__file__))
+for _entry in _sys.path:
+    _path = _os.path.join(_os.path.abspath(_entry or "."), "sitecustomize.py")
+    if _os.path.dirname(_path) != _here and _os.path.isfile(_path):
+        with open(_path) as _f:
+            exec(compile(_f.read(), _path, "exec"), {"__name__": "sitecustomize",
+                                                     "__file__": _path})
+        break
+'''
+
+
+def find_py_spy(python):
+    """py-spy beside the host's python (a venv's), else on PATH; None when there is none."""
+    beside = os.path.join(os.path.dirname(python or ""), "py-spy")
+    return beside if os.access(beside, os.X_OK) else shutil.which("py-spy")
+
+
+def permitted_caps(raw):
+    """The permitted set of a security.capability xattr (struct vfs_cap_data, revisions 1-3:
+    magic_etc, then permitted/inheritable pairs of 32-bit words, low word first)."""
+    if len(raw) < 12:
+        return 0
+    words = struct.unpack("<%dI" % (len(raw) // 4), raw[:len(raw) // 4 * 4])
+    return words[1] | ((words[3] << 32) if len(words) > 3 else 0)
+
+
+def has_cap(path, cap=CAP_SYS_PTRACE):
+    """Whether the file carries cap in its permitted file capabilities (setcap cap+ep)."""
+    try:
+        raw = os.getxattr(path, "security.capability")
+    except (OSError, AttributeError):
+        return False
+    return bool(permitted_caps(raw) >> cap & 1)
+
+
+def ptrace_scope(path=PTRACE_SCOPE):
+    """Yama's ptrace_scope, or None without Yama (classic ptrace: the same user may attach)."""
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def attach_facts(python, euid, scope=None, py_spy=None):
+    """Whether py-spy can attach to the ranks here: {py_spy, ptrace_scope, cap_sys_ptrace,
+    can_attach, why}; why says what stops it, '' when nothing does."""
+    py_spy = py_spy if py_spy is not None else find_py_spy(python)
+    scope = ptrace_scope() if scope is None else scope
+    cap = bool(py_spy) and has_cap(py_spy)
+    if not py_spy:
+        why = "py-spy is not installed beside %s or on PATH" % python
+    elif scope == 3:
+        why = "kernel.yama.ptrace_scope=3 forbids attaching to any process"
+    elif scope in (1, 2) and euid != 0 and not cap:
+        why = ("kernel.yama.ptrace_scope=%d and the run's user is not root and %s has no "
+               "CAP_SYS_PTRACE" % (scope, py_spy))
+    else:
+        why = ""
+    return {"py_spy": py_spy, "ptrace_scope": scope, "cap_sys_ptrace": cap,
+            "can_attach": not why, "why": why}
+
+
+def install_hook(run_dir, env):
+    """Write the sitecustomize into the run's directory and put it first on PYTHONPATH in env
+    (a dict, changed in place)."""
+    hook = os.path.join(run_dir, HOOK_DIR)
+    os.makedirs(hook, mode=0o700, exist_ok=True)
+    with open(os.path.join(hook, "sitecustomize.py"), "w") as f:
+        f.write(SITECUSTOMIZE)
+    env["PYTHONPATH"] = os.pathsep.join([hook] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
+                                                  else []))
+
+
+def _size(path):
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def faulthandler_dumps(workers, dirs, wait_s=3.0):
+    """{local_rank: text}: SIGUSR1 to each rank, then what each wrote to its stderr.log."""
+    before = {}
+    for local_rank, (pid, _rank) in workers.items():
+        path = os.path.join(dirs.get(local_rank, ""), "stderr.log")
+        before[local_rank] = (path, _size(path))
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except OSError:
+            pass
+    # A dump is whole once the rank's stderr stopped growing for a moment after it began.
+    deadline, seen, texts = time.monotonic() + wait_s, {}, {}
+    while time.monotonic() < deadline and len(texts) < len(before):
+        time.sleep(0.2)
+        for local_rank, (path, size) in before.items():
+            now = _size(path)
+            if local_rank in texts or now <= size:
+                continue
+            if seen.get(local_rank) == now:
+                with open(path, "rb") as f:
+                    f.seek(size)
+                    text = f.read(1 << 16).decode("utf-8", "replace")
+                if "most recent call first" in text:
+                    texts[local_rank] = text
+            seen[local_rank] = now
+    return texts
+
+
+def dump(run, facts, method, workers, dirs, out_name):
+    """Each live rank's stack into its log directory as out_name; `run` is the module's
+    command runner (command.bounded), facts attach_facts(), workers {local_rank: (pid, rank)},
+    dirs {local_rank: log directory}. Says in each file how the stack was taken, or why not."""
+    use_py_spy = method == "py-spy" or (method == "auto" and facts["can_attach"])
+    texts = {} if use_py_spy else faulthandler_dumps(workers, dirs)
+    for local_rank, (pid, rank) in sorted(workers.items()):
+        text = "# rank %s (local rank %s, pid %s)\n" % (rank, local_rank, pid)
+        if use_py_spy and facts["py_spy"]:
+            out, err = run([facts["py_spy"], "dump", "--pid", str(pid)], timeout_s=60)
+            text += out if out is not None else "py-spy failed: %s\n" % err
+        else:
+            why = facts["why"] or "stack_dump=%s" % method
+            text += "# faulthandler (SIGUSR1) of the rank itself: %s\n" % why
+            text += texts.get(local_rank) or ("the rank wrote no stack within 3 s of SIGUSR1 "
+                                              "(its own SIGUSR1 handler, or stuck in the kernel)\n")
+        if local_rank in dirs:
+            with open(os.path.join(dirs[local_rank], out_name), "w") as f:
+                f.write(text)

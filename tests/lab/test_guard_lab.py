@@ -1,0 +1,60 @@
+"""guard_ports on the lab: while a run lives, its master's ports answer only the run's hosts;
+after it, no rule of it is left."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.integration.playbook import BIN, ROOT, Run
+from tests.lab.test_reliability_lab import REMOTE_RUNS, wait_until
+from tests.unit.test_listener import free_port
+
+pytestmark = pytest.mark.lab
+SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "wait_for_file.py"
+
+
+def connects(ns, addr, port):
+    """Whether a TCP connection from namespace ns to addr:port opens."""
+    probe = "import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 3)"
+    return subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", probe, addr,
+                           str(port)], capture_output=True).returncode == 0
+
+
+def guard_tables(ns):
+    out = subprocess.run(["ip", "netns", "exec", ns, "nft", "list", "tables"],
+                         capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "torchfleet_guard_" in line]
+
+
+def test_guarded_ports_answer_only_the_runs_hosts_and_no_rule_is_left(healthy_lab, tmp_path):
+    node0, node1, outsider = healthy_lab.nodes[0], healthy_lab.nodes[1], healthy_lab.nodes[3]
+    go, master_port, control_port = tmp_path / "go", free_port(), free_port()
+    started = time.time()
+    proc = subprocess.Popen(
+        [str(BIN / "ansible-playbook"), "train.yml", "-i", str(healthy_lab.inventory),
+         "-e", "nnodes=2", "-e", "guard_ports=true", "-e", "master_port=%d" % master_port,
+         "-e", "control_port=%d" % control_port, "-e", "script=%s" % SCRIPT,
+         "-e", json.dumps({"script_args": [str(go)]}), "-e", "run_dir=%s" % (tmp_path / "run")],
+        cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def waiting():
+            return sum(1 for p in REMOTE_RUNS.glob("*/node*/logs/*/attempt_0/0/stdout.log")
+                       if p.stat().st_mtime >= started and "waiting" in p.read_text()) == 2
+
+        assert wait_until(waiting, 180), "the run never started"
+        assert len(guard_tables(node0.ns)) == 1
+        for port in (master_port, control_port):
+            assert connects(node1.ns, node0.address, port), port
+            assert not connects(outsider.ns, node0.address, port), port
+    finally:
+        go.touch()
+        out, _ = proc.communicate(timeout=240)
+    run = Run(proc.returncode, out, tmp_path / "run")
+    assert run.rc == 0, run.out[-3000:]
+    assert guard_tables(node0.ns) == []
