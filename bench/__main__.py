@@ -15,6 +15,7 @@ import os
 import platform
 import shlex
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -469,6 +470,75 @@ def bench_fuzz(args, tmp):
     return campaign(lines=args.fuzz_lines, connections=max(300, args.fuzz_lines // 100))
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def bench_flood(args, tmp):
+    """train.yml on n lab hosts with its control port flooded (garbage lines and idle
+    connections from this machine, bench/fuzz_control.Flood) against the same run unflooded,
+    alternating; the flooder's own CPU is on the same 2 CPUs, so it is rate-limited."""
+    from bench.fuzz_control import Flood
+
+    n = args.flood_size
+    the_lab = lab(n)
+    try:
+        clean, flooded, sent, refused = [], [], [], []
+        for i in range(args.runs):
+            for flood_on in (False, True):
+                port = free_port()
+                flood = Flood(the_lab.node("node0").address, port, rate_hz=args.flood_rate)
+                if flood_on:
+                    flood.start()
+                run_dir = tmp / ("flood%d-%d-%d" % (n, i, flood_on))
+                wall, _, rc, out = playbook(
+                    "train.yml", the_lab.inventory, "-e", "nnodes=%d" % n, "-e",
+                    "train_steps=%d" % args.flood_steps, "-e", "control_port=%d" % port,
+                    "-e", "run_dir=%s" % run_dir)
+                flood.done.set()
+                if flood_on:
+                    flood.join(30)
+                    sent.append(flood.sent)
+                    state = json.loads((run_dir / "run_state.json").read_text())
+                    refused.append(sum(state["channel"]["refused"].values()))
+                assert rc == 0, out[-3000:]
+                (flooded if flood_on else clean).append(wall)
+        return {"hosts": n, "train_steps": args.flood_steps, "rate_hz": args.flood_rate,
+                "clean_s": stats(clean), "flooded_s": stats(flooded),
+                "ratio": statistics.median(flooded) / statistics.median(clean),
+                "ratio_min": min(flooded) / max(clean), "ratio_max": max(flooded) / min(clean),
+                "garbage_sent": stats(sent), "refused": stats(refused)}
+    finally:
+        labmod.down(LAB_DIR, LAB_TAG)
+
+
+def bench_start_skew(args, tmp):
+    """train.yml on n lab hosts with few forks: the agents start over many fork batches, the
+    start longer than the master's 30 s lease. Whether the run ends ok (no false abort), and
+    how far apart the first and the last agent started."""
+    n = args.skew_size
+    the_lab = lab(n)
+    try:
+        out = {"hosts": n, "forks": {}}
+        for forks in args.skew_forks:
+            run_dir = tmp / ("skew%d-%d" % (n, forks))
+            wall, _, rc, text = playbook("train.yml", the_lab.inventory, "-e", "nnodes=%d" % n,
+                                         "-e", "train_steps=20", "-f", str(forks),
+                                         "-e", "run_dir=%s" % run_dir)
+            state = json.loads((run_dir / "run_state.json").read_text())
+            runs = Path.home() / ".torchfleet" / "runs" / state["run_id"]
+            started = [json.loads((runs / "node%d" % i / "torchrun.pid").read_text())["started"]
+                       for i in range(n)]
+            out["forks"][str(forks)] = {"ok": rc == 0, "phase": state["phase"],
+                                        "start_spread_s": round(max(started) - min(started), 2),
+                                        "wall_s": round(wall, 2)}
+        return out
+    finally:
+        labmod.down(LAB_DIR, LAB_TAG)
+
+
 BENCHES = {
     "preflight_cost": bench_preflight_cost,
     "launch_overhead": bench_launch_overhead,
@@ -478,9 +548,11 @@ BENCHES = {
     "harness_overhead": bench_harness_overhead,
     "isolate": bench_isolate,
     "fuzz": bench_fuzz,
+    "flood": bench_flood,
+    "start_skew": bench_start_skew,
 }
 NEEDS_ROOT = {"launch_overhead", "fail_fast", "watch_cpu", "diagnosis", "harness_overhead",
-              "isolate"}
+              "isolate", "flood", "start_skew"}
 
 
 def machine():
@@ -526,6 +598,19 @@ def markdown(results):
                              r["hosts"], rng(r["collective_yml_s"]), rng(r["raw_ssh_torchrun_s"]),
                              r["overhead_s"], " (%.2fx)" % r["ratio"] if "ratio" in r else "",
                              "<= 3 s" if r["hosts"] <= 2 else "<= 1.25x"))
+    fl = results.get("flood")
+    if fl:
+        lines.append("| train.yml on %d lab hosts, control port flooded (%d garbage "
+                     "connections/s + 300 idle) vs not | %s s | %s s | %.2fx [%.2f-%.2f] | "
+                     "<= 1.1x |" % (fl["hosts"], fl["rate_hz"], rng(fl["flooded_s"]),
+                                    rng(fl["clean_s"]), fl["ratio"], fl["ratio_min"],
+                                    fl["ratio_max"]))
+    sk = results.get("start_skew")
+    for forks, r in ((sk or {}).get("forks") or {}).items():
+        lines.append("| train.yml on %d lab hosts with forks %s: start spread (first to last "
+                     "agent) | %.1f s | lease 30 s | %s | no false abort |" % (
+                         sk["hosts"], forks, r["start_spread_s"],
+                         "ok" if r["ok"] else "failed: %s" % r["phase"]))
     fz = results.get("fuzz")
     if fz:
         lines.append("| control channel fuzz: inputs fed to the master's end / the agent's end "
@@ -644,6 +729,14 @@ def main():
                         help="how long watch_cpu samples the controller during the watch")
     parser.add_argument("--isolate-size", type=int, default=8,
                         help="lab hosts of the isolate bench")
+    parser.add_argument("--flood-size", type=int, default=16, help="lab hosts of flood")
+    parser.add_argument("--flood-rate", type=float, default=200,
+                        help="garbage connections a second of flood's flooder")
+    parser.add_argument("--flood-steps", type=int, default=100,
+                        help="steps of the built-in training run of flood")
+    parser.add_argument("--skew-size", type=int, default=16, help="lab hosts of start_skew")
+    parser.add_argument("--skew-forks", type=int, nargs="*", default=[16, 1],
+                        help="Ansible forks of start_skew (1: a batch per host)")
     parser.add_argument("--fuzz-lines", type=int, default=100000,
                         help="frames fed to each end of the control channel by the fuzz bench")
     parser.add_argument("--out", type=Path, default=RESULTS)

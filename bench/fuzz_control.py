@@ -1,4 +1,6 @@
-"""The fuzz campaign of the control channel: many inputs at each end, crashes counted.
+"""Hostile bytes on the control channel: the fuzz campaign (many inputs at each end, crashes
+counted) and a flood (Flood: garbage lines and idle connections at a bounded rate) for the
+flooded-run measure.
 
 The master's end gets arbitrary bytes, arbitrary JSON bodies and mutated valid messages through
 the frame reader, and raw byte streams over real connections to a Server; the agent's end gets
@@ -11,6 +13,8 @@ import json
 import random
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,6 +119,35 @@ def campaign(lines=20000, connections=300, seed=1):
     return {"inputs_master": tried["master"], "inputs_agent": tried["agent"],
             "crashes_master": crashes["master"], "crashes_agent": crashes["agent"],
             "verified_from_outsiders": len(heard)}
+
+
+class Flood(threading.Thread):
+    """Another process on the network: garbage lines on fresh connections at about rate_hz,
+    and up to `idle` connections held open without a word, until done is set."""
+
+    GARBAGE = [b'{"s": 1, "b": {"t": "beat"}, "m": "\xc3\xa9"}', b"[" * 60000,
+               b"0" * 32 + b"\n1 " + b"f" * 64 + b' {"t": "abort"}', bytes(range(256))]
+
+    def __init__(self, addr, port, rate_hz=200.0, idle=300):
+        super().__init__(daemon=True)
+        self.addr, self.port, self.rate_hz, self.idle = addr, port, rate_hz, idle
+        self.done, self.sent = threading.Event(), 0
+
+    def run(self):
+        held = []
+        try:
+            while not self.done.wait(1.0 / self.rate_hz):
+                try:
+                    if len(held) < self.idle:
+                        held.append(socket.create_connection((self.addr, self.port), 2))
+                    with socket.create_connection((self.addr, self.port), 2) as s:
+                        s.sendall(self.GARBAGE[self.sent % len(self.GARBAGE)] + b"\n")
+                        self.sent += 1
+                except OSError:
+                    time.sleep(0.05)  # not listening yet, or the master dropped it
+        finally:
+            for s in held:
+                s.close()
 
 
 if __name__ == "__main__":

@@ -10,6 +10,12 @@ a known_hosts file the lab writes, host key checking on.
 Everything lab N makes carries the prefix `tflab<N>-`: `down` finds and removes it all by that
 prefix (also after a crash), and never touches anything else; `down --all` removes every lab.
 
+With `--user`, the lab also has a non-root login, `tflab<N>-user`, on every node (real clusters
+log in as ordinary users): its own home under the lab, the lab's client key, and a venv it can
+execute, made from the system's python of the controller's minor version with the
+controller's site-packages bound read-only under the lab (the controller's own interpreter
+may live where other users cannot reach it). `user_inventory` is the lab as that user.
+
     python -m torchfleet.lab up --nodes 4          # prints the inventory path
     python -m torchfleet.lab up --nodes 3 --slurm  # and a Slurm cluster of them (lab_slurm.py)
     python -m torchfleet.lab fault block_port node0 --port 29500
@@ -28,6 +34,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +86,28 @@ def lab_prefix(tag: int | None) -> str:
     return PREFIX if tag is None else "%s%d-" % (PREFIX, tag)
 
 
+def user_name(tag: int) -> str:
+    return lab_prefix(tag) + "user"
+
+
+def our_users(tag: int | None = None) -> list[str]:
+    """The labs' non-root users on this machine (tflab<N>-user)."""
+    with open("/etc/passwd") as f:
+        names = [line.split(":", 1)[0] for line in f]
+    return [n for n in names if n.startswith(lab_prefix(tag)) and n.endswith("-user")]
+
+
+def mounts_under(root: Path) -> list[str]:
+    """Mount points at or below root in this mount namespace, deepest first."""
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].replace("\\040", " ")
+            if point == str(root) or point.startswith(str(root) + "/"):
+                points.append(point)
+    return sorted(points, key=len, reverse=True)
+
+
 def our_namespaces(tag: int | None = None) -> list[str]:
     out = sh("ip", "netns", "list", check=False).stdout
     return [line.split()[0] for line in out.splitlines()
@@ -117,6 +146,7 @@ class Lab:
     root: Path = DEFAULT_DIR
     nodes: list[Node] = field(default_factory=list)
     tag: int = 0
+    user: bool = False
 
     @property
     def bridge(self) -> str:
@@ -144,6 +174,18 @@ class Lab:
     def data_dir(self) -> Path:
         return self.local / "data"
 
+    @property
+    def user_dir(self) -> Path:
+        return self.root / "user"
+
+    @property
+    def user_inventory(self) -> Path:
+        return self.root / "inventory-user.yml"
+
+    @property
+    def user_python(self) -> Path:
+        return self.user_dir / "venv" / "bin" / "python"
+
     def node_dir(self, node: Node) -> Path:
         return self.root / "nodes" / node.name
 
@@ -169,17 +211,19 @@ class Lab:
             raise LabError("no lab at %s; start one with `python -m torchfleet.lab up`" % root)
         saved = json.loads(state.read_text())
         tag = saved.get("tag", 0)
-        return cls(root, [Node(name, i, tag) for i, name in enumerate(saved["nodes"])], tag)
+        return cls(root, [Node(name, i, tag) for i, name in enumerate(saved["nodes"])], tag,
+                   saved.get("user", False))
 
     @classmethod
-    def up(cls, nodes: int, root: Path = DEFAULT_DIR, tag: int = 0) -> "Lab":
+    def up(cls, nodes: int, root: Path = DEFAULT_DIR, tag: int = 0,
+           user: bool = False) -> "Lab":
         require_root()
         if not 1 <= nodes <= MAX_NODES:
             raise LabError("--nodes must be between 1 and %d, not %d" % (MAX_NODES, nodes))
         if not 0 <= tag < MAX_LABS:
             raise LabError("--tag must be between 0 and %d, not %d" % (MAX_LABS - 1, tag))
         down(root, tag)  # a crashed earlier lab with this tag must not be in the way
-        lab = cls(root, [Node("node%d" % i, i, tag) for i in range(nodes)], tag)
+        lab = cls(root, [Node("node%d" % i, i, tag) for i in range(nodes)], tag, user)
         try:
             lab._build()
         except BaseException:
@@ -201,6 +245,8 @@ class Lab:
         (self.root / "known_hosts").write_text("".join(
             "%s %s %s\n" % (node.address, *host_key) for node in self.nodes))
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
+        if self.user:  # before the nodes: their mount namespaces copy the lab's mounts
+            self._add_user()
 
         sh("ip", "link", "add", self.bridge, "type", "bridge")
         sh("ip", "addr", "add", self.gateway + "/24", "dev", self.bridge)
@@ -208,7 +254,7 @@ class Lab:
         for node in self.nodes:
             self._add_node(node)
         (self.root / "state.json").write_text(json.dumps(
-            {"nodes": [n.name for n in self.nodes], "tag": self.tag}))
+            {"nodes": [n.name for n in self.nodes], "tag": self.tag, "user": self.user}))
         self._write_inventory()
         self.wait_for_ssh()
 
@@ -231,6 +277,30 @@ class Lab:
         (self.hosts_file(node).parent / "resolv.conf").write_text(
             "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
         self._start_sshd(node)
+
+    def _add_user(self) -> None:
+        name = user_name(self.tag)
+        system_python = "/usr/bin/python%d.%d" % sys.version_info[:2]
+        if not os.access(system_python, os.X_OK):
+            raise LabError("the lab's non-root user needs %s (the controller's minor version, "
+                           "for torch's extensions); apt-get install python3" % system_python)
+        udir = self.user_dir
+        udir.mkdir(mode=0o755)
+        sh("useradd", "--home-dir", str(udir / "home"), "--create-home", "--shell", "/bin/sh",
+           "--password", "*", name)  # '*': no password, not locked (sshd without PAM checks)
+        shutil.copy(self.root / "keys" / "id_lab.pub", udir / "authorized_keys")
+        (udir / "authorized_keys").chmod(0o644)
+        site = udir / "site"
+        site.mkdir(mode=0o755)
+        sh("mount", "--bind", sysconfig.get_paths()["purelib"], str(site))
+        sh("mount", "-o", "remount,bind,ro", str(site))  # down's rmtree can never reach into it
+        venv = udir / "venv"
+        sh(system_python, "-m", "venv", "--without-pip", str(venv))
+        (venv / "lib" / ("python%d.%d" % sys.version_info[:2]) / "site-packages" /
+         "torchfleet-lab.pth").write_text(str(site) + "\n")
+        py_spy = Path(sys.executable).parent / "py-spy"
+        if py_spy.exists():
+            shutil.copy(py_spy, venv / "bin" / "py-spy")
 
     def _seed_local(self, node: Node) -> None:
         # Only the contents are replaced: the node's mount namespace holds this directory
@@ -260,7 +330,8 @@ class Lab:
         config.write_text("\n".join([
             "Port 22", "ListenAddress %s" % node.address,
             "HostKey %s" % (keys / "host_ed25519"), "PidFile %s" % (ndir / "sshd.pid"),
-            "AuthorizedKeysFile %s" % (keys / "authorized_keys"),
+            "AuthorizedKeysFile %s %s" % (keys / "authorized_keys",
+                                          self.user_dir / "authorized_keys"),
             "PermitRootLogin prohibit-password", "PubkeyAuthentication yes",
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
             "StrictModes no", "MaxStartups 500", "MaxSessions 100",
@@ -319,6 +390,12 @@ class Lab:
             "hosts": {n.name: {"ansible_host": n.address} for n in self.nodes},
             "vars": self.node_vars()}}}}
         self.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+        if self.user:
+            user_vars = dict(self.node_vars(), ansible_user=user_name(self.tag),
+                             ansible_python_interpreter=str(self.user_python),
+                             python=str(self.user_python))
+            inventory["all"]["children"]["nodes"]["vars"] = user_vars
+            self.user_inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
 
     # ---- faults (each undone by heal() and by down()) --------------------------------------
     def block_port(self, name: str, port: int, last: int | None = None) -> None:
@@ -517,6 +594,12 @@ def down(root: Path = DEFAULT_DIR, tag: int | None = None) -> list[str]:
         for entry in netns_etc.glob(lab_prefix(tag) + "*"):
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(str(entry))
+    for point in mounts_under(root):  # before the rmtree: never into a bound directory
+        sh("umount", "-l", point, check=False)
+        removed.append("mount " + point)
+    for name in our_users(tag):
+        sh("userdel", name, check=False)
+        removed.append("user " + name)
     if root.exists():
         shutil.rmtree(root, ignore_errors=True)
         removed.append(str(root))
@@ -532,6 +615,8 @@ def main(argv: list[str] | None = None) -> int:
     up_p.add_argument("--nodes", type=int, default=2)
     up_p.add_argument("--tag", type=int, default=0,
                       help="lab number 0-9: names tflab<N>-*, addresses 10.77.<N>.0/24")
+    up_p.add_argument("--user", action="store_true",
+                      help="also a non-root login on every node (tflab<N>-user)")
     up_p.add_argument("--slurm", action="store_true",
                       help="also a Slurm cluster of the nodes (slurmctld, a slurmd per node)")
     down_p = sub.add_parser("down", help="remove the lab (found by its name prefix, also "
@@ -552,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "up":
             start = time.monotonic()
-            lab = Lab.up(args.nodes, args.dir, args.tag)
+            lab = Lab.up(args.nodes, args.dir, args.tag, args.user)
             if args.slurm:
                 from torchfleet.lab_slurm import SlurmLab  # it builds on this module
                 try:

@@ -31,6 +31,8 @@ def leftovers() -> list[str]:
     """Anything of the test lab's still on this machine: namespaces, links, sshd."""
     found = ["netns " + ns for ns in labmod.our_namespaces(LAB_TAG)]
     found += ["link " + link for link in labmod.our_links(LAB_TAG)]
+    found += ["user " + u for u in labmod.our_users(LAB_TAG)]
+    found += ["mount " + m for m in labmod.mounts_under(LAB_DIR)]
     return found + processes_matching(str(LAB_DIR))
 
 
@@ -39,7 +41,7 @@ def lab():
     reason = lab_unavailable()
     if reason:
         pytest.skip(reason)
-    the_lab = labmod.Lab.up(4, LAB_DIR, LAB_TAG)
+    the_lab = labmod.Lab.up(4, LAB_DIR, LAB_TAG, user=True)
     yield the_lab
     # Looked for in the lab's own namespaces (another lab may run beside it), so before down.
     listeners = processes_matching("torchfleet-port-listener", netns=lab_netns(LAB_TAG))

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import processes_matching
 from tests.integration.playbook import BIN, ROOT, Run, playbook
@@ -38,23 +39,24 @@ def wait_until(predicate, timeout_s, interval_s=0.5):
     return predicate()
 
 
-def start_long_train(lab, tmp_path, *extra, nnodes=2):
-    """train.yml with a run that would last hours; returns (process, run id) once it trains."""
+def start_long_train(lab, tmp_path, *extra, nnodes=2, inventory=None, runs=REMOTE_RUNS):
+    """train.yml with a run that would last hours; returns (process, run id) once it trains.
+    runs: where the hosts keep their run directories (the login's ~/.torchfleet/runs)."""
     started = time.time()
     proc = subprocess.Popen(
-        [str(BIN / "ansible-playbook"), "train.yml", "-i", str(lab.inventory),
+        [str(BIN / "ansible-playbook"), "train.yml", "-i", str(inventory or lab.inventory),
          "-e", "nnodes=%d" % nnodes,
          "-e", "train_steps=100000000", "-e", "run_dir=%s" % (tmp_path / "run"), *extra],
         cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
     def training():
-        logs = [p for p in REMOTE_RUNS.glob("*/node*/logs/*/attempt_0/0/stdout.log")
+        logs = [p for p in runs.glob("*/node*/logs/*/attempt_0/0/stdout.log")
                 if p.stat().st_mtime >= started and "step" in p.read_text()]
         return len(logs) == nnodes
 
     assert wait_until(training, 180), "the run never started training"
-    run_id = next(p for p in REMOTE_RUNS.glob("*/node1/torchrun.pid")
+    run_id = next(p for p in runs.glob("*/node1/torchrun.pid")
                   if p.stat().st_mtime >= started).parent.parent.name
     return proc, run_id
 
@@ -224,4 +226,41 @@ def test_a_frozen_host_is_lost_and_nothing_of_the_run_is_left_after_it_thaws(hea
     report = run.report("train.json")
     assert report["first_failure"]["host"] == "node1", report["first_failure"]
     assert ("host.lost", "node1") in {(c["id"], c["host"]) for c in report["checks"]}
+    assert wait_until(lambda: not processes_of(run_id), 90), processes_of(run_id)
+
+
+def test_a_start_longer_than_the_lease_is_no_lost_controller(healthy_lab, tmp_path):
+    """Four hosts started one at a time (forks 1) under a 3 s lease: the start outlasts the
+    lease, which counts from the controller's first look, so the run is not aborted."""
+    run = playbook("train.yml", tmp_path, "-e", "nnodes=4", "-e", "train_steps=20",
+                   "-e", "launch_lease_s=3", "-e", "launch_poll_s=1", "-f", "1",
+                   inventory=healthy_lab.inventory)
+    assert run.rc == 0, run.out[-3000:]
+    record = json.loads((run.run_dir / "run_state.json").read_text())
+    assert record["phase"] == "succeeded" and record["failures"] == []
+    # It was a start longer than the lease: the last agent started > 3 s after the first.
+    starts = sorted(json.loads((REMOTE_RUNS / record["run_id"] / h / "torchrun.pid")
+                               .read_text())["started"] for h in ("node0", "node3"))
+    assert starts[1] - starts[0] > 3, starts
+
+
+def test_a_host_whose_start_task_fails_is_the_first_failure_with_ansibles_reason(
+        healthy_lab, tmp_path):
+    """node2's async start cannot make its job directory: Ansible fails the task there; the
+    master's record names node2 with Ansible's reason, and nothing is left anywhere."""
+    inventory = yaml.safe_load(healthy_lab.inventory.read_text())
+    inventory["all"]["children"]["nodes"]["hosts"]["node2"]["ansible_async_dir"] = \
+        "/proc/torchfleet-no-async-dir"
+    broken = tmp_path / "inventory.yml"
+    broken.write_text(yaml.safe_dump(inventory))
+    run = playbook("train.yml", tmp_path, "-e", "nnodes=3", inventory=broken)
+    assert run.rc != 0
+    report = run.report("train.json")
+    failure = report["first_failure"]
+    assert failure["host"] == "node2" and failure["failure"] == "not_started", failure
+    assert "its start failed: could not create" in failure["reason"], failure
+    assert report["verdict"].startswith("train failed: first failure on node2: its start "
+                                        "failed")
+    assert {h["host"]: h["outcome"] for h in report["hosts"]}["node2"] == "failed"
+    run_id = report["run_id"]
     assert wait_until(lambda: not processes_of(run_id), 90), processes_of(run_id)
