@@ -400,7 +400,10 @@ def run(p, command):
     run_dir = p["run_dir"]
     t = Timings(p)
     os.makedirs(run_dir, mode=0o700, exist_ok=True)
-    os.chmod(run_dir, 0o700)
+    # This host's part and the run's directory above it (named by the run id, so ours) are
+    # private to the run's user: the ranks' logs may hold what a script printed.
+    for path in (run_dir, os.path.dirname(run_dir)):
+        os.chmod(path, 0o700)
     try:
         for name, content in p["files"].items():
             if os.sep in name or name.startswith("."):

@@ -43,24 +43,37 @@ def write_report(run_dir, name, data, runs_root=None):
                          "write" % (name, exc.filename or run_dir, exc.strerror or exc)) from None
 
 
+# A run directory on the controller, from every entry point (playbooks, API, CLI): 0750, its
+# reports 0640. Not 0700: a team that shares a controller shares results through the group;
+# not readable by every user of the controller: the ranks' logs may hold what a script printed.
+RUN_DIR_MODE, REPORT_MODE = 0o750, 0o640
+
+
+def make_run_dir(run_dir, runs_root=None):
+    """Create a run directory (RUN_DIR_MODE; OSError when it cannot be; a directory the user
+    named that exists already keeps its mode) and, in a runs root, point runs_root/latest at
+    it."""
+    os.makedirs(run_dir, mode=RUN_DIR_MODE, exist_ok=True)
+    if runs_root:
+        link = os.path.join(runs_root, "latest")
+        tmp_link = link + ".tmp%d" % os.getpid()
+        os.symlink(os.path.relpath(run_dir, runs_root), tmp_link)
+        os.replace(tmp_link, link)
+
+
 def _write_report(run_dir, name, data, runs_root):
-    os.makedirs(run_dir, mode=0o750, exist_ok=True)
+    make_run_dir(run_dir, runs_root)
     path = os.path.abspath(os.path.join(run_dir, name))
     fd, tmp = tempfile.mkstemp(dir=run_dir, prefix="." + name)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, sort_keys=True)
             f.write("\n")
-        os.chmod(tmp, 0o640)
+        os.chmod(tmp, REPORT_MODE)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
-    if runs_root:
-        link = os.path.join(runs_root, "latest")
-        tmp_link = link + ".tmp%d" % os.getpid()
-        os.symlink(os.path.relpath(run_dir, runs_root), tmp_link)
-        os.replace(tmp_link, link)
     return path
 
 

@@ -27,6 +27,7 @@ from torchfleet.variables import typed
 
 # One definition of a run id and how one is made, shared with the modules (run_plan).
 _rundir = shared_module("rundir")
+_report = shared_module("report")
 RUN_ID, new_run_id = _rundir.RUN_ID, _rundir.new_run_id
 VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by the API itself from its own arguments.
@@ -52,6 +53,16 @@ def _inventory(inventory: str | Path | None) -> Path:
                          "(see inventory/example-cluster.yml) or None for the embedded default"
                          % path)
     return path.resolve()
+
+
+def _make_run_dir(run_dir: Path, runs_root: Path | None = None) -> None:
+    """The playbooks' run directory contract (module_utils/torchfleet/report.py): its mode, and
+    runs_root/latest pointed at it."""
+    try:
+        _report.make_run_dir(str(run_dir), str(runs_root) if runs_root else None)
+    except OSError as exc:
+        raise ValueError("cannot create the run directory %s (%s); pass runs_root= a directory "
+                         "you can write" % (run_dir, exc.strerror or exc)) from exc
 
 
 def _runs_root(runs_root: str | Path | None) -> Path:
@@ -84,13 +95,11 @@ def _run(kind: str, playbook: str, inventory, runs_root, run_id, on_event, cance
     inv = _inventory(inventory)
     extravars = _extravars(variables)
     run_id = str(run_id or new_run_id())
-    run_dir = _runs_root(runs_root) / run_id
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError("cannot create the run directory %s (%s); pass runs_root= a directory "
-                         "you can write" % (run_dir, exc.strerror or exc)) from exc
-    extravars.update(run_id=run_id, run_dir=str(run_dir))
+    root = _runs_root(runs_root)
+    run_dir = root / run_id
+    _make_run_dir(run_dir, root)
+    # The playbook chooses runs_root/run_id itself, as for a run started by hand.
+    extravars.update(run_id=run_id, runs_root=str(root))
     outcome = run_playbook(playbook, inventory=inv, extravars=extravars, run_dir=run_dir,
                            on_event=on_event, cancel=cancel)
     if outcome.cancelled and kind in ("train", "collective"):
@@ -161,6 +170,7 @@ def _stop(run_id: str | None, inv: Path, runs_root: str | Path | None,
     if run_id is not None:
         extravars["run_id"] = str(run_id)
     log_dir = _runs_root(runs_root) / ("stop-" + new_run_id())
+    _make_run_dir(log_dir)
     stopped: dict[str, list] = {}
 
     def collect(action: str, host: str, res: dict) -> None:

@@ -15,9 +15,10 @@ import yaml
 
 from torchfleet.paths import ansible_root
 
-# Options the playbooks set themselves (the workload, the report's kind), and run_dir, which
-# the API sets from runs_root= and run_id=.
-INTERNAL = {"results_kind", "workload", "launch_workload", "launch_script", "run_dir"}
+# Options the playbooks set themselves (the workload, the report's kind), and run_dir and
+# runs_root, which the API sets from runs_root= and run_id=.
+INTERNAL = {"results_kind", "workload", "launch_workload", "launch_script", "run_dir",
+            "runs_root"}
 PY_TYPES = {"int": int, "str": str, "bool": bool, "float": float, "list": list, "dict": dict,
             "path": str, "raw": Any}
 

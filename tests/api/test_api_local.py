@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import tempfile
 from pathlib import Path
 
@@ -39,6 +40,10 @@ def test_preflight_ok_with_every_hosts_checks_as_events(runs_root):
     names = {p.name for p in result.run_dir.rglob("*")}
     assert names == {"preflight.json", "ansible.log"}
     assert "PRIVATE KEY" not in (result.run_dir / "ansible.log").read_text()
+    # The playbooks' run directory contract: 0750, reports 0640, runs/latest moved to it.
+    assert stat.S_IMODE(result.run_dir.stat().st_mode) == 0o750
+    assert stat.S_IMODE((result.run_dir / "preflight.json").stat().st_mode) == 0o640
+    assert (runs_root / "latest").resolve() == result.run_dir.resolve()
 
 
 def test_failing_preflight_returns_port_in_use_on_the_master(runs_root):

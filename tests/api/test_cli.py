@@ -34,6 +34,9 @@ def test_preflight_json_ok_exits_0_and_parses_as_the_documented_schema(tmp_path)
     assert all(set(c) == CHECK_KEYS for c in result["checks"])
     assert result["run_dir"] == str(tmp_path / "runs" / result["run_id"])
     assert os.path.isfile(os.path.join(result["run_dir"], "preflight.json"))
+    # The same run directory contract as the playbooks': 0750, runs/latest moved to it.
+    assert os.stat(result["run_dir"]).st_mode & 0o777 == 0o750
+    assert os.path.realpath(tmp_path / "runs" / "latest") == result["run_dir"]
 
 
 def test_failed_check_exits_1_and_names_host_check_and_fix(tmp_path):

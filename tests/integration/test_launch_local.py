@@ -167,6 +167,7 @@ def test_stop_during_a_run_stops_everything_and_never_signals_a_foreign_pid(tmp_
         # The run's files on a host are its user's alone.
         host_dir = Path.home() / ".torchfleet" / "runs" / run_id / "node0"
         assert host_dir.stat().st_mode & 0o777 == 0o700
+        assert host_dir.parent.stat().st_mode & 0o777 == 0o700
         assert (host_dir / "torchrun.pid").stat().st_mode & 0o777 == 0o600
         stop = playbook("stop.yml", tmp_path / "stop")
         assert stop.rc == 0, stop.out
@@ -177,7 +178,7 @@ def test_stop_during_a_run_stops_everything_and_never_signals_a_foreign_pid(tmp_
     assert train.returncode != 0
     assert run_processes("/train.py") == []
     assert (run_dir / "train.json").stat().st_mode & 0o777 == 0o640
-    assert run_dir.stat().st_mode & 0o022 == 0
+    assert run_dir.stat().st_mode & 0o777 == 0o750
     # Stopping again finds nothing, and a run record whose PID now belongs to another process
     # (a recycled PID) is never signalled.
     bystander = subprocess.Popen(["sleep", "120"])

@@ -41,7 +41,8 @@ def test_collective_as_a_non_root_user_in_private_run_directories(healthy_lab, t
     assert report["ok"] and {h["outcome"] for h in report["hosts"]} == {"succeeded"}
     uid = pwd.getpwnam(labmod.user_name(healthy_lab.tag)).pw_uid
     host_dir = user_runs(healthy_lab) / report["run_id"] / "node0"
-    assert host_dir.stat().st_uid == uid and stat.S_IMODE(host_dir.stat().st_mode) == 0o700
+    for path in (host_dir, host_dir.parent):  # this host's part and the run's directory
+        assert path.stat().st_uid == uid and stat.S_IMODE(path.stat().st_mode) == 0o700
     # What preflight says of py-spy here follows the kernel's rules for this user.
     facts = stacks.attach_facts(str(healthy_lab.user_python), uid)
     verdicts = {c["host"]: c["ok"] for c in run.report()["checks"] if c["id"] == "hang.stacks"}
