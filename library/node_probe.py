@@ -12,7 +12,8 @@ description:
     C(/dev/shm) size, NCCL_/GLOO_/TORCH_ environment, a fingerprint of O(code_dir) and the
     state of O(data_paths).
   - Torch is never imported; versions come from package metadata and C(torch/version.py).
-  - A host without C(nvidia-smi) is reported with no GPUs, not as an error.
+  - A host without C(nvidia-smi) is looked at for AMD GPUs (C(amd-smi), C(rocm-smi), the kernel's
+    KFD topology); one without any is reported with no GPUs, not as an error.
   - On the master (when O(master_port) is given) it also names the processes already listening
     on that port, picks a free port in the ephemeral range for the reachability test, and
     decides the address the workers will dial.
@@ -119,6 +120,11 @@ options:
     description: Stop hashing O(code_dir) after this many files (reported as truncated).
     type: int
     default: 20000
+  rdma_sysfs:
+    description: Where the kernel lists RDMA devices; another directory of the same layout is read
+      instead (tests, or a container that mounts the host's sysfs elsewhere).
+    type: path
+    default: /sys/class/infiniband
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -163,7 +169,8 @@ default_dev:
   returned: always
   type: str
 gpus:
-  description: GPUs from nvidia-smi; empty without nvidia-smi.
+  description: GPUs from nvidia-smi, else AMD GPUs from amd-smi, rocm-smi or /sys/class/kfd;
+    empty when none of them finds one.
   returned: always
   type: list
   elements: dict
@@ -173,11 +180,19 @@ nvidia_smi:
   description: Whether nvidia-smi was found, and its error if it failed.
   returned: always
   type: dict
-versions:
-  description: python, torch, cuda (torch's CUDA build), nccl, driver; null when absent.
+gpu_tool:
+  description: What listed the GPUs (nvidia-smi; where it is absent, amd-smi, rocm-smi or the
+    kernel's KFD topology), whether one was found, and its error if it failed.
   returned: always
   type: dict
-  sample: {"python": "3.11.7", "torch": "2.13.0", "cuda": null, "nccl": null, "driver": null}
+  sample: {"tool": "amd-smi", "found": true, "error": null}
+versions:
+  description: python, torch, cuda (torch's CUDA build), hip (torch's HIP build), nccl (NCCL, or
+    RCCL on ROCm), driver, rocm (/opt/rocm/.info/version); null when absent.
+  returned: always
+  type: dict
+  sample: {"python": "3.11.7", "torch": "2.13.0", "cuda": null, "hip": null, "nccl": null,
+           "driver": null, "rocm": null}
 python:
   description: The interpreter examined and its error when it could not run.
   returned: always
@@ -208,6 +223,17 @@ run_dir:
   returned: always
   type: dict
   sample: {"path": "/home/u/.torchfleet/runs/20261122-0301-ab12/node0", "exists": false}
+rdma:
+  description: RDMA devices from sysfs (no ibstat needed) - each device's netdevs and ports with
+    state, phys_state, rate, link_layer and GIDs (index, gid, ipv4, type, netdev); a file that
+    could not be read is an error beside its device or port, never a value.
+  returned: always
+  type: dict
+  sample: {"root": "/sys/class/infiniband", "present": true, "error": null,
+           "devices": [{"name": "mlx5_0", "netdevs": ["ib0"], "error": null,
+                        "ports": [{"port": 1, "state": "ACTIVE", "phys_state": "LinkUp",
+                                   "rate": "200 Gb/sec (4X HDR)", "rate_gbps": 200.0,
+                                   "link_layer": "InfiniBand", "gids": [], "error": null}]}]}
 euid:
   description: The effective user id the probe ran as (binding a port below 1024 needs 0).
   returned: always
@@ -253,12 +279,15 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.torchfleet.command import bounded, missing
 from ansible.module_utils.torchfleet.connect import Connector, route_to
 from ansible.module_utils.torchfleet.fingerprint import fingerprint
-from ansible.module_utils.torchfleet.gpu import NVIDIA_SMI_ARGV, parse_gpu_csv
+from ansible.module_utils.torchfleet.gpu import (
+    AMD_SMI_ARGV, NVIDIA_SMI_ARGV, RCCL_HEADERS, ROCM_SMI_ARGV, ROCM_VERSION_FILE, kfd_gpus,
+    parse_amd_smi_static, parse_gpu_csv, parse_rocm_smi_json)
 from ansible.module_utils.torchfleet.listener import start_listener, stop_listener
 from ansible.module_utils.torchfleet.net import (
     choose_master_addr, is_loopback, listening_ports, parse_default_route_dev, parse_ip_addr,
     parse_proc_net_tcp, processes_holding)
 from ansible.module_utils.torchfleet.pystack import NCCL_HEADER, parse_nccl_header, probe_python
+from ansible.module_utils.torchfleet.rdma import read_devices
 from ansible.module_utils.torchfleet.stacks import attach_facts
 
 PROC_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
@@ -282,12 +311,42 @@ def hostname_facts():
             "loopback": any(is_loopback(a) for a in addresses)}
 
 
+def listdir(path):
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
 def gpu_facts(run):
+    """(gpus, nvidia-smi's facts, the GPU tool's facts): NVIDIA's GPUs from nvidia-smi; where
+    it is absent, AMD's from amd-smi, rocm-smi or the KFD topology. A tool that exists and
+    fails is a problem to name, not a host without GPUs."""
     out, err = run(NVIDIA_SMI_ARGV)
-    if out is None:
-        found = not missing(err)  # an nvidia-smi that exists and fails is a problem to name
-        return [], {"found": found, "error": err if found else None}
-    return parse_gpu_csv(out), {"found": True, "error": None}
+    if out is not None:
+        facts = {"found": True, "error": None, "tool": "nvidia-smi"}
+        return parse_gpu_csv(out), facts, facts
+    if not missing(err):
+        facts = {"found": True, "error": err, "tool": "nvidia-smi"}
+        return [], facts, facts
+    smi = {"found": False, "error": None}
+    for argv, parse in ((AMD_SMI_ARGV, parse_amd_smi_static), (ROCM_SMI_ARGV, parse_rocm_smi_json)):
+        out, err = run(argv)
+        if out is None and missing(err):
+            continue
+        tool = {"found": True, "error": err, "tool": argv[0]}
+        if out is None:
+            return [], smi, tool
+        try:
+            return parse(out), smi, tool
+        except (ValueError, TypeError, AttributeError) as exc:
+            return [], smi, dict(tool, error="its JSON could not be read (%s)" % exc)
+    gpus = kfd_gpus(read, listdir)
+    return gpus, smi, {"found": bool(gpus), "error": None, "tool": "kfd" if gpus else None}
+
+
+def first_line(path):
+    return (read(path).splitlines() or [""])[0].strip() or None
 
 
 def shm_facts():
@@ -353,6 +412,7 @@ def main():
             listen_idle_s=dict(type="float", default=60, aliases=["listen_max_s"]),
             env_prefixes=dict(type="list", elements="str", default=["NCCL_", "GLOO_", "TORCH_"]),
             max_code_files=dict(type="int", default=20000),
+            rdma_sysfs=dict(type="path", default="/sys/class/infiniband"),
             ephemeral_port=dict(type="int"),
             connect_addr=dict(type="str"),
             connect_ports=dict(type="list", elements="int", default=[]),
@@ -384,8 +444,10 @@ def main():
 
     python = params["python"] or sys.executable
     stack = probe_python(python, run)
-    gpus, smi = gpu_facts(run)
-    nccl = stack.get("nccl_version") or parse_nccl_header(read(NCCL_HEADER))
+    gpus, smi, tool = gpu_facts(run)
+    # RCCL (ROCm) keeps NCCL's version macros in its own header.
+    nccl = stack.get("nccl_version") or next(
+        (v for v in (parse_nccl_header(read(h)) for h in (NCCL_HEADER,) + RCCL_HEADERS) if v), None)
     result = dict(
         changed=False,
         hostname=hostname_facts(),
@@ -393,6 +455,7 @@ def main():
         default_dev=default_dev,
         gpus=gpus,
         nvidia_smi=smi,
+        gpu_tool=tool,
         python={"executable": stack.get("executable", python), "error": stack.get("error"),
                 "torch_path": stack.get("torch_path")},
         versions={
@@ -401,6 +464,8 @@ def main():
             "cuda": stack.get("torch_cuda"),
             "nccl": nccl if stack.get("torch_version") else None,
             "driver": gpus[0]["driver_version"] if gpus else None,
+            "hip": stack.get("torch_hip"),
+            "rocm": first_line(ROCM_VERSION_FILE),
         },
         shm=shm_facts(),
         env={k: v for k, v in sorted(os.environ.items())
@@ -412,6 +477,7 @@ def main():
         if params["script"] else None,
         run_dir={"path": params["run_dir"], "exists": os.path.exists(params["run_dir"])}
         if params["run_dir"] else None,
+        rdma=read_devices(params["rdma_sysfs"]),
         euid=os.geteuid(),
         stacks=attach_facts(stack.get("executable", python), os.geteuid()),
     )

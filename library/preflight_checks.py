@@ -97,6 +97,32 @@ options:
     description: When set, C(runs_root/latest) is pointed at O(run_dir).
     type: str
     default: ""
+  network:
+    description:
+      - The NCCL network preset asked for. With C(ib) the rdma.* checks run on every host; C(auto)
+        chooses C(ib) when every host has an active RDMA port NCCL would use (else C(ethernet))
+        and says which HCAs, in C(resolved.network) and C(resolved.network_why).
+    type: str
+    choices: [none, ethernet, ib, auto]
+    default: none
+  nccl_ib_hca:
+    description: NCCL_IB_HCA as the run will set it (C(mlx5_0,mlx5_1:1), C(^mlx5_2), C(=mlx5_0));
+      the HCAs rdma.down looks at. Empty is every device.
+    type: str
+    default: ""
+  nccl_ib_gid_index:
+    description: NCCL_IB_GID_INDEX as the run will set it; rdma.gid checks it names a RoCE v2
+      IPv4 GID on every RoCE port. Empty leaves the choice to NCCL.
+    type: str
+    default: ""
+  nccl_nsocks_perthread:
+    description: NCCL_NSOCKS_PERTHREAD of the C(ethernet) preset.
+    type: int
+    default: 4
+  nccl_socket_nthreads:
+    description: NCCL_SOCKET_NTHREADS of the C(ethernet) preset.
+    type: int
+    default: 2
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -145,7 +171,8 @@ nodes:
   sample: [{"host": "node0", "node_rank": 0, "address": "10.0.0.1", "socket_ifname": "eth0",
             "python": "/usr/bin/python3", "versions": {}, "gpus": 8}]
 resolved:
-  description: master_addr, backend, nproc_per_node, world_size and the ephemeral port tested.
+  description: master_addr, backend, nproc_per_node, world_size, the ephemeral port tested, the
+    network preset used (network, network_why) and its NCCL variables (nccl_env).
   returned: always
   type: dict
 failures:

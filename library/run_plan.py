@@ -61,6 +61,16 @@ options:
     description: Pair schedule of the isolation rounds, C(ring) or C(full).
     type: raw
     default: ring
+  nccl_ib_hca:
+    description: NCCL_IB_HCA as asked for; anything but NCCL's form (names with an optional
+      C(:port), comma separated, behind an optional C(^) or C(=)) is C(input.nccl_ib_hca).
+    type: raw
+    default: ""
+  nccl_ib_gid_index:
+    description: NCCL_IB_GID_INDEX as asked for; anything but an integer 0-255 is
+      C(input.nccl_ib_gid_index).
+    type: raw
+    default: ""
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:

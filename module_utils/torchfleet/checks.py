@@ -27,13 +27,14 @@ REGISTRY = (
     Unit(('python.torch',), PREFLIGHT,
          'no interpreter with torch (or no usable Python) on the host',
          'install torch for that interpreter or set `python`'),
-    Unit(('version.python', 'version.torch', 'version.cuda', 'version.nccl',
-          'version.driver'), PREFLIGHT,
+    Unit(('version.python', 'version.torch', 'version.cuda', 'version.hip', 'version.nccl',
+          'version.driver', 'version.rocm'), PREFLIGHT,
          "a host whose value differs from the one most hosts share (ties: the master's); "
          'names the outlier, both values and the hosts that agree',
          'install that version on the outlier'),
     Unit(('gpu.count',), PREFLIGHT,
-         'fewer GPUs than `nproc_per_node` (skipped with gloo)',
+         'fewer GPUs than `nproc_per_node` (skipped with gloo); NVIDIA GPUs from nvidia-smi, AMD '
+         'GPUs from amd-smi, rocm-smi or the kernel\'s KFD topology',
          'lower `nproc_per_node` or fix the GPUs/driver'),
     Unit(('nic.missing',), PREFLIGHT,
          "`socket_ifname` absent on a host (lists the host's NICs)",
@@ -74,6 +75,21 @@ REGISTRY = (
     Unit(('shm.size',), PREFLIGHT,
          '`/dev/shm` smaller than 1 GiB (error with nccl, warning with gloo)',
          'remount larger / `--shm-size`'),
+    Unit(('rdma.none',), PREFLIGHT,
+         '`network: ib` on a host with no RDMA device in /sys/class/infiniband',
+         'install the HCA driver and rdma-core, or `network: ethernet` / `auto`'),
+    Unit(('rdma.down',), PREFLIGHT,
+         'with `network: ib` (or `auto` choosing it): an HCA named in `nccl_ib_hca` missing, or '
+         'a port NCCL would use not ACTIVE / LinkUp (with no `nccl_ib_hca`: no active port at '
+         'all); sysfs that cannot be read is a warning that the host is unknown, never a pass',
+         'bring the link up (cable, switch port, subnet manager) or fix `nccl_ib_hca`'),
+    Unit(('rdma.rate',), PREFLIGHT,
+         "a host whose active links are slower than most hosts' (fewer ports, or a port "
+         'trained at a lower rate); a warning, as the run goes at the slowest link\'s speed',
+         'check the cables, transceivers and switch ports of that host'),
+    Unit(('rdma.gid',), PREFLIGHT,
+         '`nccl_ib_gid_index` that is not a RoCE v2 IPv4 GID on a RoCE port NCCL would use',
+         'the index it names (RoCE v2 with an IPv4 address on that port)'),
     Unit(('world.size',), PREFLIGHT,
          '`nnodes` < 1 or larger than group `nodes` (reported before any host is touched); '
          'GPU counts that differ with `nproc_per_node=auto`',
@@ -124,6 +140,12 @@ REGISTRY = (
          'the controller stopped watching for `lease_s` (30 s: interrupted, or lost the '
          'master); every host was stopped',
          'run again'),
+    Unit(('nccl.transport',), RUN,
+         'with NCCL (the collective test, or `nccl_transport_check`): a host whose ranks used '
+         'sockets (NET/Socket) where IB was expected (`network: ib`, or `auto` chose it); a '
+         'warning where RDMA went without GPUDirect, or no NCCL INFO line was found',
+         "the rdma.* checks, NCCL_IB_HCA, /dev/infiniband in the ranks' container, "
+         'nvidia-peermem'),
     Unit(('rank.missing', 'collective.wrong', 'train.checksum'), RUN,
          'a rank that wrote no result; a collective result that is not exact; parameter '
          'checksums that differ across ranks',
@@ -140,6 +162,10 @@ REGISTRY = (
     Unit(('input.collective_isolate', 'input.collective_isolate_schedule'), INPUT,
          'pair rounds asked for one host; a schedule other than `ring` / `full` (reported '
          'before any host is touched)',
+         'the value to set'),
+    Unit(('input.nccl_ib_hca', 'input.nccl_ib_gid_index'), INPUT,
+         'an HCA list that is not plain names with an optional `:port` (NCCL_IB_HCA\'s form), a '
+         'GID index that is not an integer 0-255; reported before any host is touched',
          'the value to set'),
     Unit(('input.run_id',), INPUT,
          'a `run_id` that cannot name a directory (letters, digits, `.`, `_`, `-`, at most '

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 from ansible.module_utils.torchfleet.net import master_addr_up_front
+from ansible.module_utils.torchfleet.rdma import HCA_SPEC
 from ansible.module_utils.torchfleet.rundir import RUN_ID, new_run_id
 
 # The user's values as given (raw): a wrong type is an input.* check naming the variable,
@@ -22,6 +23,8 @@ ARGUMENT_SPEC = dict(
     data_paths=dict(type="raw", default=[]),
     collective_isolate=dict(type="bool", default=False),
     collective_isolate_schedule=dict(type="raw", default="ring"),
+    nccl_ib_hca=dict(type="raw", default=""),
+    nccl_ib_gid_index=dict(type="raw", default=""),
 )
 
 SCHEDULES = ("ring", "full")
@@ -92,6 +95,20 @@ def input_errors(params):
                              % params["collective_isolate_schedule"],
                              "set -e collective_isolate_schedule=ring (a few rounds, the "
                              "default) or full (every pair)"))
+    hca = params["nccl_ib_hca"]
+    if hca not in (None, "") and not (isinstance(hca, str) and HCA_SPEC.match(hca.strip())):
+        errors.append(_error("input.nccl_ib_hca",
+                             "nccl_ib_hca=%s is not a list of HCA names" % (hca,),
+                             "give NCCL_IB_HCA's form: names with an optional :port, comma "
+                             "separated, optionally behind ^ (exclude) or = (exact), e.g. "
+                             "mlx5_0,mlx5_1:1 (ls /sys/class/infiniband lists them)"))
+    gid = params["nccl_ib_gid_index"]
+    if gid not in (None, "") and not (str(gid).strip().isdigit() and int(str(gid)) <= 255
+                                      and not isinstance(gid, bool)):
+        errors.append(_error("input.nccl_ib_gid_index",
+                             "nccl_ib_gid_index=%s is not a GID table index" % (gid,),
+                             "give an integer from 0 to 255 (3 is common for RoCE v2 IPv4; "
+                             "preflight's rdma.gid names the right one), or leave it unset"))
     return errors
 
 

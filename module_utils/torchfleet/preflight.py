@@ -9,49 +9,26 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ansible.module_utils.torchfleet.checks import IDS
+from ansible.module_utils.torchfleet import fabric, rdma
 from ansible.module_utils.torchfleet.net import is_loopback as is_loopback_addr
 from ansible.module_utils.torchfleet.plan import bad_nproc_per_node
+from ansible.module_utils.torchfleet.records import (  # noqa: F401 (check: for importers)
+    ERROR, INFO, WARNING, check, fmt_hosts, outliers)
 from ansible.module_utils.torchfleet.report import verdict, write_report
 from ansible.module_utils.torchfleet.table import render
 
-ERROR, WARNING, INFO = "error", "warning", "info"
-VERSION_NAMES = ("python", "torch", "cuda", "nccl", "driver")
+VERSION_NAMES = ("python", "torch", "cuda", "hip", "nccl", "driver", "rocm")
 VERSION_FIX = {
     "python": "use the same Python version for `python` on every host",
     "torch": "install torch {want} on {host} (pip install torch=={want})",
     "cuda": "install the torch build for CUDA {want} on {host}",
-    "nccl": "install NCCL {want} on {host} (the nvidia-nccl wheel that matches torch)",
-    "driver": "install NVIDIA driver {want} on {host}",
+    "hip": "install the torch build for ROCm (HIP {want}) on {host}",
+    "nccl": "install NCCL {want} on {host} (the nvidia-nccl wheel that matches torch; RCCL on "
+            "ROCm)",
+    "driver": "install GPU driver {want} on {host}",
+    "rocm": "install ROCm {want} on {host}",
 }
 CONTROLLER = "controller"
-
-
-def check(cid, host, ok, detail="", hint="", severity=ERROR):
-    if cid not in IDS:  # a programming error: every id is documented in checks.REGISTRY
-        raise ValueError("check id %r is not in module_utils/torchfleet/checks.py" % cid)
-    return {"id": cid, "host": host, "ok": bool(ok), "severity": severity if not ok else INFO,
-            "detail": detail, "hint": "" if ok else hint}
-
-
-def reference(values, master):
-    """The value most hosts share; ties are broken by the master's value."""
-    counts = Counter(values.values())
-    top = max(counts.values())
-    tied = [v for v, n in counts.items() if n == top]
-    return values[master] if values.get(master) in tied else tied[0]
-
-
-def outliers(values, master):
-    """(reference value, {host: value}) for hosts whose value differs from the reference."""
-    ref = reference(values, master)
-    return ref, {h: v for h, v in values.items() if v != ref}
-
-
-def fmt_hosts(hosts, limit=4):
-    hosts = list(hosts)
-    shown = ", ".join(hosts[:limit])
-    return shown + (" and %d more" % (len(hosts) - limit) if len(hosts) > limit else "")
 
 
 def world_checks(nnodes, inventory_size, hosts):
@@ -332,14 +309,17 @@ def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
         if backend == "gloo":
             checks.append(check("gpu.count", host, True, "skipped: backend gloo runs on CPU"))
         else:
-            have, smi = len(probe["gpus"]), probe["nvidia_smi"]
-            why = (" (no nvidia-smi)" if not smi["found"] else
-                   " (nvidia-smi failed: %s)" % smi["error"] if smi["error"] else "")
+            have = len(probe["gpus"])
+            tool = probe.get("gpu_tool") or dict(probe["nvidia_smi"], tool="nvidia-smi")
+            why = (" (no nvidia-smi, amd-smi or rocm-smi)" if not tool["found"] else
+                   " (%s failed: %s)" % (tool["tool"], tool["error"]) if tool["error"] else
+                   " (%s)" % tool["tool"])
             checks.append(check("gpu.count", host, have >= nproc,
                                 "%d GPU(s)%s for nproc_per_node=%d" % (have, why, nproc),
-                                "set -e nproc_per_node=%d, or check `nvidia-smi` on %s"
-                                % (have, host) if have else
-                                "install the NVIDIA driver on %s or use -e backend=gloo" % host))
+                                "set -e nproc_per_node=%d, or check `%s` on %s"
+                                % (have, tool["tool"] or "nvidia-smi", host) if have else
+                                "install the GPU driver (NVIDIA, or AMD's amdgpu with ROCm) on %s "
+                                "or use -e backend=gloo" % host))
         records, nic, address = nic_checks(host, probe, connect, settings["socket_ifname"],
                                            master_addr, is_master)
         checks.extend(records)
@@ -421,10 +401,17 @@ def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
     checks.extend(compare_env(reachable, master))
     if settings["code_dir"]:
         checks.extend(compare_code(reachable, master, settings["code_dir"]))
+    fabric_records, network, network_why = fabric.rdma_checks(reachable, master, settings)
+    checks.extend(fabric_records)
     order = {h: i for i, h in enumerate([CONTROLLER] + hosts)}
     checks.sort(key=lambda c: (order.get(c["host"], len(order)), c["id"]))
     resolved = {"master_addr": master_addr, "backend": backend, "nproc_per_node": nproc,
-                "world_size": nproc * len(hosts), "ephemeral_port": minfo.get("ephemeral_port")}
+                "world_size": nproc * len(hosts), "ephemeral_port": minfo.get("ephemeral_port"),
+                "network": network, "network_why": network_why,
+                "nccl_env": rdma.preset_env(network, settings.get("nccl_ib_hca"),
+                                              settings.get("nccl_ib_gid_index"),
+                                              settings.get("nccl_nsocks_perthread", 4),
+                                              settings.get("nccl_socket_nthreads", 2))}
     return checks, nodes, resolved
 
 
@@ -452,6 +439,11 @@ ARGUMENT_SPEC = dict(
     run_id=dict(type="str", default=""),
     run_dir=dict(type="str", default=""),
     runs_root=dict(type="str", default=""),
+    network=dict(type="str", default="none", choices=["none", "ethernet", "ib", "auto"]),
+    nccl_ib_hca=dict(type="str", default=""),
+    nccl_ib_gid_index=dict(type="str", default=""),
+    nccl_nsocks_perthread=dict(type="int", default=4),
+    nccl_socket_nthreads=dict(type="int", default=2),
 )
 
 
@@ -478,7 +470,9 @@ def decide(params):
                          "or auto" % nproc)
     settings = {k: params[k] for k in ("master_port", "master_addr", "socket_ifname", "backend",
                                        "code_dir", "data_paths", "shm_min_bytes", "script",
-                                       "input_errors", "listener")}
+                                       "input_errors", "listener", "network", "nccl_ib_hca",
+                                       "nccl_ib_gid_index", "nccl_nsocks_perthread",
+                                       "nccl_socket_nthreads")}
     settings["nproc_per_node"] = nproc
     checks, nodes, resolved = evaluate(params["hosts"], params["nnodes"],
                                        params["inventory_size"], params["probes"],

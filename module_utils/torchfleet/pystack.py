@@ -17,7 +17,8 @@ from ansible.module_utils.torchfleet.command import missing
 SNIPPET = r"""
 import importlib.metadata as md, importlib.util, json, os, re, sys
 out = {"executable": sys.executable, "python_version": "%d.%d.%d" % sys.version_info[:3],
-       "torch_version": None, "torch_cuda": None, "nccl_version": None, "torch_path": None}
+       "torch_version": None, "torch_cuda": None, "torch_hip": None, "nccl_version": None,
+       "torch_path": None}
 try:
     out["torch_version"] = md.version("torch")
 except md.PackageNotFoundError:
@@ -27,8 +28,10 @@ if spec and spec.submodule_search_locations:
     out["torch_path"] = list(spec.submodule_search_locations)[0]
     try:
         with open(os.path.join(out["torch_path"], "version.py")) as f:
-            m = re.search(r"^cuda\s*(?::[^=]*)?=\s*'([^']+)'", f.read(), re.M)
-        out["torch_cuda"] = m.group(1) if m else None
+            text = f.read()
+        for key in ("cuda", "hip"):  # a build for one has None for the other
+            m = re.search(r"^%s\s*(?::[^=]*)?=\s*'([^']+)'" % key, text, re.M)
+            out["torch_" + key] = m.group(1) if m else None
     except OSError:
         pass
 for dist in ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"):

@@ -13,13 +13,14 @@ import os
 import re
 import statistics
 
-from ansible.module_utils.torchfleet import isolate
-from ansible.module_utils.torchfleet.preflight import ERROR, check
+from ansible.module_utils.parsing.convert_bool import boolean
+from ansible.module_utils.torchfleet import fabric, isolate, nccl_log
+from ansible.module_utils.torchfleet.records import ERROR, check
 from ansible.module_utils.torchfleet.report import prune_runs, verdict, write_report
 from ansible.module_utils.torchfleet.rundir import (
     STACK_DUMP, TORCHRUN_LOG, failed_ranks, read_json, tail)
 from ansible.module_utils.torchfleet.runstate import (
-    CONTROLLER_LOST, HANG, LOST, STATE_FILE, TIMEOUT, UNKNOWN, host_rows)
+    CONTROLLER_LOST, HANG, LOST, STATE_FILE, SUCCEEDED, TIMEOUT, UNKNOWN, host_rows)
 from ansible.module_utils.torchfleet.table import render, spread, spread_of
 
 # Failures of the whole run rather than of a host (a hang is named per host: run.hang).
@@ -120,6 +121,25 @@ def first_failure(record, run_dir, lines):
     else:
         out["tail"] = ""
     return out
+
+
+# NCCL prints its INIT and NET lines when a communicator starts: the head of each rank's log.
+NCCL_HEAD_BYTES = 4 << 20
+
+
+def host_transport(run_dir, host):
+    """What NCCL used on a host, from the head of its ranks' gathered logs (None: no NCCL INFO
+    line there)."""
+    procs = []
+    pattern = os.path.join(run_dir, "logs", host, "attempt_*", "*", "std*.log")
+    for path in sorted(glob.glob(pattern)):
+        try:
+            with open(path, "rb") as f:
+                text = f.read(NCCL_HEAD_BYTES).decode("utf-8", "replace")
+        except OSError:
+            continue
+        procs.extend(nccl_log.parse(text))
+    return nccl_log.summarize(procs)
 
 
 def busbw_table(results, world_size):
@@ -255,6 +275,18 @@ def decide(params):
                          "duration_s": rec.get("elapsed_s"),
                          "reported_ranks": [r["rank"] for r in results if r.get("host") == host],
                          "logs": os.path.join(params["run_dir"], "logs", host)})
+    settings = params["settings"]
+    if boolean(settings.get("transport_check", False), strict=False) and params["run_dir"]:
+        seen = {h: host_transport(params["run_dir"], h) for h in hosts}
+        for row in rows_out:
+            row["transport"] = seen.get(row["host"])
+        # A host whose ranks ended before NCCL started says nothing; one that ran through
+        # without a word from NCCL is unknown.
+        checked = [r["host"] for r in rows_out
+                   if seen.get(r["host"]) is not None or r["outcome"] == SUCCEEDED]
+        checks.extend(fabric.transport_checks(
+            checked, seen, settings.get("network"),
+            boolean(settings.get("expect_gdr", True), strict=False)))
     present = {r.get("rank") for r in results}
     missing = [r for r in range(world) if r not in present]
     # A user's script need not write rank results; when some rank did, all must have.
@@ -310,6 +342,10 @@ def decide(params):
     if kind == "collective":  # each host's ranks at the largest all_reduce: outliers show
         head = head[:6] + ("BUSBW GB/s min/med/max",) + head[6:]
         rows = [r[:6] + (spread_of(h.get("busbw_gbs")),) + r[6:]
+                for r, h in zip(rows, rows_out, strict=True)]
+    if any("transport" in h for h in rows_out):  # what NCCL used, before the logs' path
+        head = head[:-1] + ("NCCL TRANSPORT",) + head[-1:]
+        rows = [r[:-1] + (nccl_log.describe(h.get("transport")),) + r[-1:]
                 for r, h in zip(rows, rows_out, strict=True)]
     text = render(head, rows)
     if extra.get("table_collective"):

@@ -1,4 +1,4 @@
-"""torchfleet preflight|collective|train|stop|report|checks|collection.
+"""torchfleet preflight|collective|train|stop|report|checks|fabric|transport|collection.
 
 Exit status: 0 ok, 1 a check or the run failed, 2 usage or internal error. --json prints the
 Result (see the README's "Python API and CLI") on stdout and nothing else.
@@ -11,7 +11,7 @@ import sys
 
 import yaml
 
-from torchfleet import api, html_report
+from torchfleet import api, fabric_cli, html_report
 from torchfleet.paths import shared_module
 from torchfleet.progress import HostLines
 from torchfleet.results import Result
@@ -53,6 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="HTML file (default RUN_DIR/report.html)")
     p = sub.add_parser("checks", help="list every check id: what it catches, the fix it names")
     p.add_argument("--markdown", action="store_true", help="as the README's tables")
+    p = sub.add_parser("fabric", help="this host's RDMA devices as torchfleet sees them, and "
+                       "what network=auto would choose here")
+    p.add_argument("--sysfs", default="/sys/class/infiniband",
+                   help="where the RDMA devices are listed (default %(default)s)")
+    p.add_argument("--hca", default="", help="NCCL_IB_HCA to apply (mlx5_0,mlx5_1:1, ^mlx5_2)")
+    p.add_argument("--gid-index", default="", help="NCCL_IB_GID_INDEX to apply")
+    p.add_argument("--json", action="store_true", help="print it as JSON")
+    p = sub.add_parser("transport", help="what NCCL used, per rank, from NCCL_DEBUG=INFO logs")
+    p.add_argument("logs", nargs="+", metavar="LOG", help="rank logs (stdout/stderr)")
+    p.add_argument("--json", action="store_true", help="print it as JSON")
     p = sub.add_parser("collection", help="the Ansible collection torchfleet.fleet")
     verb = p.add_subparsers(dest="verb", required=True)
     b = verb.add_parser("build", help="write DIR/torchfleet-fleet-<version>.tar.gz")
@@ -84,12 +94,40 @@ def checks_text(markdown: bool) -> str:
         ", ".join(u.ids), u.phase, u.catches, u.fix) for u in registry.REGISTRY)
 
 
+def fabric_command(args: argparse.Namespace) -> int:
+    try:
+        if args.command == "fabric":
+            hca = args.hca.strip()
+            if hca:
+                shared_module("rdma").parse_hca_spec(hca)
+            if args.gid_index and not str(args.gid_index).isdigit():
+                raise ValueError("--gid-index %s is not an integer" % args.gid_index)
+            view = fabric_cli.fabric_view(args.sysfs, hca, args.gid_index)
+            text = fabric_cli.fabric_text(view)
+        else:
+            view = fabric_cli.transport_view(args.logs)
+            text = fabric_cli.transport_text(view)
+    except ValueError as exc:
+        print("torchfleet %s: %s is not NCCL_IB_HCA's form (names with an optional :port, "
+              "comma separated, behind an optional ^ or =), or a bad value" % (args.command, exc),
+              file=sys.stderr)
+        return ERROR
+    except OSError as exc:
+        print("torchfleet %s: cannot read %s: %s" % (args.command, exc.filename, exc.strerror),
+              file=sys.stderr)
+        return ERROR
+    print(fabric_cli.as_json(view) if args.json else text)
+    return OK
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "checks":
         print(checks_text(args.markdown))
         return OK
+    if args.command in ("fabric", "transport"):
+        return fabric_command(args)
     if args.command == "collection":
         from torchfleet import collection
 

@@ -177,15 +177,19 @@ def _ranks(result: Result) -> str:
         % ("ok" if r.ok else "bad", "?" if r.rank is None else r.rank, escape(r.host),
            r.local_rank, "ok" if r.ok else "bad", escape(r.state),
            "-" if r.exit_code is None else r.exit_code) for r in result.ranks)
-    hosts = "".join("<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>" % (
+    nccl = any(h.transport for h in result.hosts)  # NCCL's INFO lines were read
+    describe = shared_module("nccl_log").describe
+    hosts = "".join("<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td>%s</tr>" % (
         escape(h.host), escape(str(h.outcome)), "-" if h.rc is None else h.rc,
-        "-" if h.duration_s is None else "%.1f s" % h.duration_s, table.spread_of(h.busbw_gbs))
+        "-" if h.duration_s is None else "%.1f s" % h.duration_s, table.spread_of(h.busbw_gbs),
+        "<td>%s</td>" % escape(describe(h.transport)) if nccl else "")
         for h in result.hosts)
     return ('<table class="hosts"><tr><th>host</th><th>outcome</th><th>exit</th>'
             '<th>duration</th><th>busbw GB/s min / median / max (its ranks, all_reduce at the '
-            'largest size)</th></tr>%s</table>'
+            'largest size)</th>%s</tr>%s</table>'
             '<table class="ranks"><tr><th>rank</th><th>host</th><th>local rank</th><th>state</th>'
-            '<th>exit code</th></tr>%s</table>' % (hosts, rows))
+            '<th>exit code</th></tr>%s</table>' % (
+                "<th>NCCL transport</th>" if nccl else "", hosts, rows))
 
 
 def render(result: Result) -> str:

@@ -55,6 +55,9 @@ class Host:
     # Collective test: this host's ranks' busbw at the sweep's largest all_reduce size
     # ({op, size_bytes, min, median, max}).
     busbw_gbs: dict[str, Any] | None = None
+    # With NCCL's INFO lines (nccl.transport): what this host's ranks used ({network, devices,
+    # transports, gdr, ...}; module_utils/torchfleet/nccl_log.py).
+    transport: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,7 @@ def _host(raw: dict) -> Host:
                 socket_ifname=raw.get("socket_ifname"), gpus=raw.get("gpus"),
                 versions=raw.get("versions") or {}, outcome=raw.get("outcome"), rc=raw.get("rc"),
                 duration_s=raw.get("duration_s"), logs=raw.get("logs"),
-                busbw_gbs=raw.get("busbw_gbs"))
+                busbw_gbs=raw.get("busbw_gbs"), transport=raw.get("transport"))
 
 
 def _rank(raw: dict) -> Rank:

@@ -141,3 +141,16 @@ def test_a_run_id_used_before_is_named_before_anything_starts(tmp_path):
     assert again.rc != 0
     assert again.failing() == [("run_id.used", "node0"), ("run_id.used", "node1")]
     assert "Start this host's agent" not in again.out
+
+
+@pytest.mark.parametrize("var, value, cid", [
+    ("nccl_ib_hca", "mlx5_0;touch /tmp/tf-pwned", "input.nccl_ib_hca"),
+    ("nccl_ib_hca", "$(id)", "input.nccl_ib_hca"),
+    ("nccl_ib_gid_index", "three", "input.nccl_ib_gid_index"),
+])
+def test_an_hca_or_gid_index_that_is_not_a_name_or_integer(tmp_path, var, value, cid):
+    run = playbook("train.yml", tmp_path, "-e", json.dumps({"network": "ib", var: value}))
+    assert run.rc != 0
+    assert run.failing() == [(cid, "controller")]
+    assert "%s=%s is not" % (var, value) in run.out
+    assert_no_host_touched(run)

@@ -136,6 +136,7 @@ def test_hostile_arguments_and_env_reach_the_script_verbatim(tmp_path):
         assert got["argv"] == hostile
         assert got["env"]["TF_HOSTILE"] == extra["env"]["TF_HOSTILE"]
         assert got["env"]["NCCL_IB_DISABLE"] == "1" and got["env"]["NCCL_SOCKET_IFNAME"] == "lo"
+        assert got["env"]["NCCL_NSOCKS_PERTHREAD"] == "4"  # the preset preflight decided
     assert not canary.exists()
     assert report["settings"]["network"] == "ethernet"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests import sysfs_tree
 from tests.integration.playbook import playbook
 
 pytestmark = pytest.mark.lab
@@ -114,3 +115,23 @@ def test_the_same_machine_listed_twice(healthy_lab, tmp_path):
     run = playbook("preflight.yml", tmp_path, inventory=path)
     assert run.failing() == [("host.duplicate", "node0-again")]
     assert "the same machine as node0" in run.out
+
+
+def test_one_nodes_rdma_port_down_is_rdma_down_there_and_only_there(healthy_lab, tmp_path):
+    # Each node sees its own tree at the same path (the lab's per-node directory), laid out as
+    # the kernel's /sys/class/infiniband: node2's port is Down. heal() removes the trees.
+    for node in healthy_lab.nodes:
+        link = sysfs_tree.DOWN if node.name == "node2" else sysfs_tree.ACTIVE
+        sysfs_tree.build(healthy_lab.node_local(node) / "rdma",
+                         {"mlx5_0": {1: sysfs_tree.ib_port(link=link)}})
+    sysfs = "rdma_sysfs=%s/rdma" % healthy_lab.local
+    run = preflight(healthy_lab, tmp_path, "-e", "network=ib", "-e", "nccl_ib_hca=mlx5_0",
+                    "-e", sysfs)
+    assert run.rc != 0
+    assert run.failing() == [("rdma.down", "node2")]
+    assert "port not active: mlx5_0:1 DOWN/Disabled" in run.out
+    # auto: not every host has an active port, so not ib, and preflight says why.
+    run = preflight(healthy_lab, tmp_path, "-e", "network=auto", "-e", sysfs)
+    assert run.rc == 0, run.out
+    report = run.report()
+    assert report["network"] == "ethernet" and "node2" in report["network_why"]

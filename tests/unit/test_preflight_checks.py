@@ -75,7 +75,8 @@ def test_healthy_cluster_passes_every_check_and_plans_the_nodes():
     checks, nodes, resolved = run(*cluster())
     assert failing(checks) == []
     assert resolved == {"master_addr": "10.1.0.1", "backend": "nccl", "nproc_per_node": 8,
-                        "world_size": 32, "ephemeral_port": 51000}
+                        "world_size": 32, "ephemeral_port": 51000, "network": "none",
+                        "network_why": "asked for", "nccl_env": {}}
     assert [(n["host"], n["node_rank"], n["socket_ifname"], n["address"]) for n in nodes] == [
         (h, i, "eth0", ADDR[h]) for i, h in enumerate(HOSTS)]
     ids = {c["id"] for c in checks}
