@@ -479,9 +479,13 @@ def decide(params):
                                        params["connects"], settings)
     bad = failed(checks)
     sentence = verdict("preflight", checks)
+    table = summary_table(checks, nodes)
+    if params["network"] != "none" and resolved.get("network"):  # what the preset will be
+        table += "\n\nnetwork=%s%s: %s" % (
+            resolved["network"], " (auto)" if params["network"] == "auto" else "",
+            resolved["network_why"])
     result = dict(ok=not bad, checks=checks, nodes=nodes, resolved=resolved, failures=bad,
-                  table=summary_table(checks, nodes) + "\n\n" + sentence, verdict=sentence,
-                  report="")
+                  table=table + "\n\n" + sentence, verdict=sentence, report="")
     if params["run_dir"]:
         report = dict(ok=not bad, kind="preflight", run_id=params["run_id"],
                       nnodes=params["nnodes"], master_port=params["master_port"],

@@ -2,12 +2,14 @@
 documented layout (no HCA on these machines), each test breaking one thing on one host."""
 from __future__ import annotations
 
+import preflight_checks
 import pytest
 from ansible.module_utils.torchfleet import plan, rdma
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tests import sysfs_tree as t
+from tests.unit.modules import run_module
 from tests.unit.test_preflight_checks import cluster, failing, run
 
 
@@ -187,3 +189,14 @@ def test_parse_hca_spec_accepts_or_raises_value_error_only(text):
 def test_ipv4_of_gid_never_raises(gid):
     out = rdma.ipv4_of_gid(gid)
     assert out is None or len(out.split(".")) == 4
+
+
+def test_the_preflight_table_says_what_auto_chose_and_why(tmp_path, capsys):
+    probes, connects = fabric(tmp_path)
+    result = run_module(preflight_checks, {
+        "hosts": list(probes), "nnodes": 4, "inventory_size": 4, "probes": probes,
+        "connects": connects, "network": "auto"}, capsys)
+    assert result["ok"] is True
+    assert ("network=ib (auto): every host has an active RDMA port (mlx5_0:1, mlx5_1:1)"
+            in result["table"])
+    assert result["resolved"]["nccl_env"] == {"NCCL_IB_DISABLE": "0"}
