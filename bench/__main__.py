@@ -541,6 +541,44 @@ def bench_start_skew(args, tmp):
         labmod.down(LAB_DIR, LAB_TAG)
 
 
+def table_lines(out):
+    """Lines of the debug messages (the plays' own tables), which both callbacks print alike."""
+    count, inside = 0, False
+    for line in out.splitlines():
+        if line.lstrip().startswith("msg: |"):
+            inside, indent = True, len(line) - len(line.lstrip())
+            count += 1
+            continue
+        if inside and (not line.strip() or len(line) - len(line.lstrip()) > indent):
+            count += 1
+            continue
+        inside = False
+    return count
+
+
+def bench_output_lines(args, tmp):
+    """Lines preflight.yml prints with Ansible's default stdout callback and with torchfleet's,
+    on a lab with one node unreachable (a failure to show in full); besides the plays' tables,
+    which both print alike."""
+    out = {}
+    for n in args.output_sizes:
+        the_lab = lab(n)
+        try:
+            the_lab.unreachable(the_lab.nodes[-1].name)
+            row = {"hosts": n}
+            for callback in ("default", "torchfleet"):
+                _, _, rc, text = playbook("preflight.yml", the_lab.inventory, "-e",
+                                          "run_dir=%s/out-%s-%d" % (tmp, callback, n),
+                                          ANSIBLE_STDOUT_CALLBACK=callback)
+                assert rc != 0 and "UNREACHABLE" in text, text[-3000:]
+                lines = len(text.splitlines())
+                row[callback] = {"lines": lines, "besides_tables": lines - table_lines(text)}
+            out["lab%d" % n] = row
+        finally:
+            labmod.down(LAB_DIR, LAB_TAG)
+    return out
+
+
 BENCHES = {
     "preflight_cost": bench_preflight_cost,
     "launch_overhead": bench_launch_overhead,
@@ -552,9 +590,10 @@ BENCHES = {
     "fuzz": bench_fuzz,
     "flood": bench_flood,
     "start_skew": bench_start_skew,
+    "output_lines": bench_output_lines,
 }
 NEEDS_ROOT = {"launch_overhead", "fail_fast", "watch_cpu", "diagnosis", "harness_overhead",
-              "isolate", "flood", "start_skew"}
+              "isolate", "flood", "start_skew", "output_lines"}
 
 
 def machine():
@@ -613,6 +652,13 @@ def markdown(results):
                      "agent) | %.1f s | lease %g s | %s | no false abort |" % (
                          sk["hosts"], forks, r["start_spread_s"], sk.get("lease_s", 30),
                          "ok" if r["ok"] else "failed: %s" % r["phase"]))
+    for r in (results.get("output_lines") or {}).values():
+        lines.append("| preflight.yml output lines on %d lab hosts (one unreachable), besides the "
+                     "plays' tables: torchfleet's stdout callback vs Ansible's default | %d | %d "
+                     "| %.2fx | <= 100 at 128 hosts |" % (
+                         r["hosts"], r["torchfleet"]["besides_tables"],
+                         r["default"]["besides_tables"],
+                         r["torchfleet"]["besides_tables"] / r["default"]["besides_tables"]))
     fz = results.get("fuzz")
     if fz:
         lines.append("| control channel fuzz: inputs fed to the master's end / the agent's end "
@@ -743,6 +789,8 @@ def main():
                         help="the master's lease in start_skew (30 s by default in a run)")
     parser.add_argument("--fuzz-lines", type=int, default=100000,
                         help="frames fed to each end of the control channel by the fuzz bench")
+    parser.add_argument("--output-sizes", type=int, nargs="*", default=[2, 16, 128],
+                        help="lab sizes of output_lines")
     parser.add_argument("--out", type=Path, default=RESULTS)
     # 20 iterations time a 20-400 ms window, shorter than the noise of 2 busy CPUs.
     parser.add_argument("--busbw-iters", type=int, default=100,

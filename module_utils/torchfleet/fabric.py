@@ -84,8 +84,8 @@ def _gid(host, active, gid_index):
             records.append(check("rdma.gid", host, True, "%s GID %d is RoCE v2 %s"
                                  % (name, index, entry["ipv4"])))
             continue
-        what = ("empty" if entry is None else "%s %s" % (entry["type"] or "of unknown type",
-                                                          entry["ipv4"] or entry["gid"]))
+        what = "empty" if entry is None else "%s %s" % (
+            entry["type"] or "of unknown type", entry["ipv4"] or entry["gid"])
         fix = ("set -e nccl_ib_gid_index=%d (RoCE v2, IPv4 %s on %s)"
                % (good[0], next(g["ipv4"] for g in p["gids"] if g["index"] == good[0]), name)
                if good else "give %s's netdev an IPv4 address (no RoCE v2 IPv4 GID on %s)"
@@ -158,4 +158,3 @@ def transport_checks(hosts, per_host, network, expect_gdr):
             continue
         records.append(check("nccl.transport", host, True, nccl_log.describe(seen)))
     return records
-

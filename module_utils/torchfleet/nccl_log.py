@@ -161,7 +161,7 @@ def summarize(procs):
     return {
         "ranks": sorted(p["rank"] for p in procs if p["rank"] is not None),
         "version": next((p["version"] for p in procs if p["version"]), None),
-        "network": ", ".join(n for n, _ in nets.most_common()) or None,
+        "network": ", ".join(n for n, _count in nets.most_common()) or None,
         "devices": devices[:MAX_DEVICES],
         "transports": dict(sorted(transports.items())),
         "gdr": None if not rdma_channels else gdr_channels == rdma_channels,

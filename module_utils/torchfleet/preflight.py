@@ -13,7 +13,7 @@ from ansible.module_utils.torchfleet import fabric, rdma
 from ansible.module_utils.torchfleet.net import is_loopback as is_loopback_addr
 from ansible.module_utils.torchfleet.plan import bad_nproc_per_node
 from ansible.module_utils.torchfleet.records import (  # noqa: F401 (check: for importers)
-    ERROR, INFO, WARNING, check, fmt_hosts, outliers)
+    ERROR, WARNING, check, fmt_hosts, outliers)
 from ansible.module_utils.torchfleet.report import verdict, write_report
 from ansible.module_utils.torchfleet.table import render
 
@@ -408,10 +408,10 @@ def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
     resolved = {"master_addr": master_addr, "backend": backend, "nproc_per_node": nproc,
                 "world_size": nproc * len(hosts), "ephemeral_port": minfo.get("ephemeral_port"),
                 "network": network, "network_why": network_why,
-                "nccl_env": rdma.preset_env(network, settings.get("nccl_ib_hca"),
-                                              settings.get("nccl_ib_gid_index"),
-                                              settings.get("nccl_nsocks_perthread", 4),
-                                              settings.get("nccl_socket_nthreads", 2))}
+                "nccl_env": rdma.preset_env(
+                    network, settings.get("nccl_ib_hca"), settings.get("nccl_ib_gid_index"),
+                    settings.get("nccl_nsocks_perthread", 4),
+                    settings.get("nccl_socket_nthreads", 2))}
     return checks, nodes, resolved
 
 

@@ -142,7 +142,7 @@ def parse_hca_spec(text):
     exclude, exact = text.startswith("^"), text.startswith("=")
     entries = []
     for item in text.lstrip("^=").split(","):
-        name, _, port = item.partition(":")
+        name, _sep, port = item.partition(":")
         entries.append((name, int(port) if port else None))
     return exclude, exact, entries
 
@@ -158,6 +158,7 @@ def selected_ports(devices, hca=""):
     every = [(d, p) for d in devices for p in d["ports"]]
     if not entries:
         return every, []
+
     def hit(d, p, entry):
         return _matches(d["name"], entry[0], exact) and entry[1] in (None, p["port"])
     if exclude:

@@ -4,6 +4,7 @@ the same sources as the repository's tree (nothing to maintain twice).
     library/*.py                  -> plugins/modules/
     action_plugins/*.py           -> plugins/action/
     inventory_plugins/*.py        -> plugins/inventory/ (plugin: torchfleet.fleet.slurm)
+    callback_plugins/*.py         -> plugins/callback/ (stdout_callback torchfleet.fleet.torchfleet)
     module_utils/torchfleet/*.py  -> plugins/module_utils/torchfleet/
     roles/                        -> roles/
     playbooks/*.yml               -> playbooks/   (torchfleet.fleet.preflight, .train, ...)
@@ -80,6 +81,8 @@ def _sanity_ignores(modules: list[str]) -> str:
     lines = ["plugins/modules/%s.py validate-modules:missing-gplv3-license  # Apache-2.0" % m
              for m in modules]
     lines.append("plugins/inventory/slurm.py validate-modules:missing-gplv3-license  # Apache-2.0")
+    lines.append("plugins/callback/torchfleet.py validate-modules:missing-gplv3-license  "
+                 "# Apache-2.0")
     lines.append("plugins/action/_torchfleet.py action-plugin-docs  # the plugins' shared base")
     return "\n".join(lines) + "\n"
 
@@ -91,6 +94,7 @@ def assemble(dest: Path, root: Path | None = None) -> Path:
     modules = sorted(p.stem for p in (root / "library").glob("*.py"))
     for here, there in (("library", "plugins/modules"), ("action_plugins", "plugins/action"),
                         ("inventory_plugins", "plugins/inventory"),
+                        ("callback_plugins", "plugins/callback"),
                         ("module_utils/torchfleet", "plugins/module_utils/torchfleet")):
         for src in sorted((root / here).glob("*.py")):
             _copy_py(src, dest / there / src.name, modules)

@@ -52,7 +52,8 @@ def test_the_archive_holds_one_tree_built_from_the_sources(installed):
     assert {"roles/preflight/meta/argument_specs.yml", "roles/launch/tasks/main.yml",
             "roles/launch/files/workloads/collective.py", "playbooks/train.yml",
             "plugins/action/torchrun_watch.py", "plugins/module_utils/torchfleet/agent.py",
-            "plugins/inventory/slurm.py", "meta/runtime.yml"} <= names
+            "plugins/inventory/slurm.py", "plugins/callback/torchfleet.py",
+            "meta/runtime.yml"} <= names
     # The one change on the way: the shared code's import path.
     assert "ansible_collections.torchfleet.fleet.plugins.module_utils.torchfleet" in watch
     assert "ansible.module_utils.torchfleet" not in watch

@@ -1,0 +1,63 @@
+"""The stdout callback (callback_plugins/torchfleet.py) on a real ansible-playbook run: one line
+per task with counts, every failure in full with the default callback's text, what a task
+shows on purpose (debug) in full, and ANSIBLE_STDOUT_CALLBACK=default gives Ansible's own."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import ROOT
+
+HOSTS = ["h%02d" % i for i in range(12)]
+FAILING = ["h03", "h07"]
+PLAY = [{"name": "A play over many hosts", "hosts": "all", "gather_facts": False, "tasks": [
+    {"name": "Count this host", "ansible.builtin.set_fact": {"tf_seen": True}},
+    {"name": "Fail on two hosts", "ansible.builtin.fail": {"msg": "broken on purpose"},
+     "when": "inventory_hostname in %s" % FAILING},
+    {"name": "Show a table", "ansible.builtin.debug": {"msg": "TABLE-LINE-1\nTABLE-LINE-2"},
+     "run_once": True},
+]}]
+
+
+def run(tmp_path: Path, callback: str | None) -> str:
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(PLAY, sort_keys=False))
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {
+        h: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+        for h in HOSTS}}}))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    env.pop("ANSIBLE_STDOUT_CALLBACK", None)
+    if callback:
+        env["ANSIBLE_STDOUT_CALLBACK"] = callback
+    bin_dir = Path(sys.executable).parent
+    proc = subprocess.run([str(bin_dir / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"),
+                           str(tmp_path / "play.yml")], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2, proc.stdout + proc.stderr  # two hosts failed
+    return proc.stdout
+
+
+def test_one_line_per_task_and_every_failure_in_full(tmp_path):
+    out = run(tmp_path, None)  # the project's ansible.cfg chooses torchfleet
+    lines = out.splitlines()
+    assert "TASK [Count this host] ok 12, failed 0" in lines
+    # No line per host: the one "ok: [h00]" is the debug task's, shown on purpose.
+    assert [line for line in lines if line.startswith("ok: [h")] == ["ok: [h00] => "]
+    for host in FAILING:  # in full, as the default callback words it
+        assert "fatal: [%s]: FAILED! => " % host in out
+    assert "  => ok 0, skipped 10, failed 2" in lines
+    assert "TABLE-LINE-1" in out and "TABLE-LINE-2" in out
+    recap = out.split("PLAY RECAP", 1)[1].splitlines()[1:]
+    assert [line.split()[0] for line in recap if line.startswith("h")] == FAILING
+    assert "10 other host(s) : ok=11 changed=0 unreachable=0 failed=0 skipped=10" in out
+
+
+def test_ansible_stdout_callback_default_gives_ansibles_own(tmp_path):
+    ours, default = run(tmp_path, None), run(tmp_path, "default")
+    assert "ok: [h05]" in default and "ok: [h05]" not in ours
+    assert ours.count("broken on purpose") == default.count("broken on purpose")
+    # The default prints a line per host per task and in the recap; ours does not grow so.
+    assert len(ours.splitlines()) < len(default.splitlines()) - 2 * len(HOSTS)
