@@ -579,6 +579,29 @@ def bench_output_lines(args, tmp):
     return out
 
 
+def bench_report_scale(args, tmp):
+    """The HTML report of a record built from a real 2-host collective run's shape, repeated
+    for 16 / 128 / 512 hosts (tests/api/test_report_scale.py builds it): render time and
+    size, each size against the 16-host page rendered in the same process."""
+    import torchfleet
+    from torchfleet import html_report
+
+    from tests.api.test_report_scale import scaled
+
+    real = torchfleet.collective(runs_root=tmp / "report-runs", master_port=free_port())
+    out = {}
+    for n in args.report_sizes:
+        run_dir = scaled(real.run_dir, tmp / ("report%d" % n), n)
+        times = []
+        for _ in range(args.runs):
+            start = time.perf_counter()
+            page = html_report.write(run_dir)
+            times.append(time.perf_counter() - start)
+        out["hosts%d" % n] = {"hosts": n, "render_s": stats(times),
+                              "bytes": page.stat().st_size}
+    return out
+
+
 BENCHES = {
     "preflight_cost": bench_preflight_cost,
     "launch_overhead": bench_launch_overhead,
@@ -591,6 +614,7 @@ BENCHES = {
     "flood": bench_flood,
     "start_skew": bench_start_skew,
     "output_lines": bench_output_lines,
+    "report_scale": bench_report_scale,
 }
 NEEDS_ROOT = {"launch_overhead", "fail_fast", "watch_cpu", "diagnosis", "harness_overhead",
               "isolate", "flood", "start_skew", "output_lines"}
@@ -659,6 +683,14 @@ def markdown(results):
                          r["hosts"], r["torchfleet"]["besides_tables"],
                          r["default"]["besides_tables"],
                          r["torchfleet"]["besides_tables"] / r["default"]["besides_tables"]))
+    rs = results.get("report_scale") or {}
+    base = rs.get("hosts16")
+    for r in rs.values():
+        lines.append("| HTML report of a %d-host record: render time, size | %s s, %.2f MB | "
+                     "16 hosts: %s s | %.2fx | < 2 s, < 2 MB at 512 |" % (
+                         r["hosts"], rng(r["render_s"]), r["bytes"] / 1e6,
+                         rng(base["render_s"]) if base else "-",
+                         r["render_s"]["median"] / base["render_s"]["median"] if base else 0))
     fz = results.get("fuzz")
     if fz:
         lines.append("| control channel fuzz: inputs fed to the master's end / the agent's end "
@@ -791,6 +823,8 @@ def main():
                         help="frames fed to each end of the control channel by the fuzz bench")
     parser.add_argument("--output-sizes", type=int, nargs="*", default=[2, 16, 128],
                         help="lab sizes of output_lines")
+    parser.add_argument("--report-sizes", type=int, nargs="*", default=[16, 128, 512],
+                        help="hosts of the records report_scale renders")
     parser.add_argument("--out", type=Path, default=RESULTS)
     # 20 iterations time a 20-400 ms window, shorter than the noise of 2 busy CPUs.
     parser.add_argument("--busbw-iters", type=int, default=100,

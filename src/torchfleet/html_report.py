@@ -94,14 +94,36 @@ def chart(op: str, rows: list[BusbwRow]) -> str:
     return "".join(parts)
 
 
+# Above this many rows of a kind, the rows that are fine fold into one row per outcome: at 512
+# hosts a page lists the hosts to go and fix, not 500 green rows.
+FOLD_ABOVE = 16
+
+
+def _names(names: list[str], limit: int = 6) -> str:
+    shown = ", ".join(escape(n) for n in names[:limit])
+    return shown + (" and %d more" % (len(names) - limit) if len(names) > limit else "")
+
+
 def _matrix(result: Result) -> str:
     checks = result.checks
     ids = sorted({c.id for c in checks})
     hosts = list(dict.fromkeys(c.host for c in checks))
     by = {(c.host, c.id): c for c in checks}
     head = "".join('<th title="%s"><span>%s</span></th>' % (escape(i), escape(i)) for i in ids)
+    def warned(host: str) -> tuple[str, ...]:
+        return tuple(i for i in ids if (host, i) in by and not by[(host, i)].ok)
+
+    # The controller's row and every host with a failed check, each on its own row; the others
+    # (passed, or the same warnings) fold into one row per set of warnings.
+    failing = [h for h in hosts if h == "controller" or any(
+        not by[(h, i)].ok and by[(h, i)].severity == "error" for i in ids if (h, i) in by)]
+    passing = [h for h in hosts if h not in failing]
+    folded = len(passing) > FOLD_ABOVE
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for host in passing:
+        groups.setdefault(warned(host), []).append(host)
     rows = []
-    for host in hosts:
+    for host in failing + ([] if folded else passing):
         cells = []
         for cid in ids:
             c = by.get((host, cid))
@@ -111,6 +133,12 @@ def _matrix(result: Result) -> str:
                 cells.append('<td class="cell %s" title="%s">%s</td>' % (
                     "pass" if c.ok else "fail", escape(c.detail), "&#10003;" if c.ok else "&#10007;"))
         rows.append("<tr><th>%s</th>%s</tr>" % (escape(host), "".join(cells)))
+    for warnings, members in sorted(groups.items(), key=lambda kv: len(kv[1])) if folded else ():
+        rows.append('<tr class="folded"><th>%d host%s</th><td class="%s" colspan="%d">%s: %s'
+                    '</td></tr>' % (len(members), "" if len(members) == 1 else "s",
+                                    "fail" if warnings else "pass", len(ids),
+                                    "warning: " + escape(", ".join(warnings)) if warnings
+                                    else "every check passed", _names(members)))
     failures = "".join("<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>" % (
         escape(c.host), escape(c.id), escape(c.detail), escape(c.fix))
         for c in checks if not c.ok)
@@ -127,13 +155,61 @@ def _heat(ratio: float) -> str:
     return "rgb(%d,%d,%d)" % (255 - int(83 * r), 130 + int(108 * r), 130 + int(57 * r))
 
 
+# Above this many hosts the heat map is drawn (SVG, one square per measured pair) instead of a
+# table cell per pair: 512 hosts would be 262,144 cells.
+HEAT_TABLE_MAX = 32
+HEAT_SVG_PX = 768
+
+
+def _pair_title(iso: Isolation, p: Pair) -> str:
+    return "%s &harr; %s: %s" % (escape(p.a), escape(p.b), escape(
+        p.error or "busbw %.3g GB/s, latency %.0f us" % (p.busbw_gbs or 0.0, p.latency_us or 0.0)))
+
+
+def heat_svg(iso: Isolation, order: list[str]) -> str:
+    """The pair matrix as one SVG: a square per measured pair (both halves), coloured against
+    the reference, slow pairs outlined; slow hosts' rows and columns marked in red."""
+    n = len(order)
+    cell = max(1.0, HEAT_SVG_PX / n)
+    at = {h: i for i, h in enumerate(order)}
+    size = cell * n
+    parts = ['<svg class="heat-svg" width="%d" height="%d" viewBox="0 0 %.0f %.0f" '
+             'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="pair busbw">'
+             '<rect width="%.0f" height="%.0f" fill="#eaeef2"/>' % (size, size, size, size,
+                                                                    size, size)]
+    for h in iso.slow_nodes:
+        if h in at:
+            parts.append('<rect class="slow-node" x="0" y="%.1f" width="%.1f" height="%.1f" '
+                         'fill="#cf222e" fill-opacity="0.25"><title>node.slow: %s</title></rect>'
+                         '<rect x="%.1f" y="0" width="%.1f" height="%.1f" fill="#cf222e" '
+                         'fill-opacity="0.25"/>' % (at[h] * cell, size, cell, escape(h),
+                                                    at[h] * cell, cell, size))
+    for p in iso.pairs:
+        if p.a not in at or p.b not in at:
+            continue
+        ratio = (p.busbw_gbs or 0.0) / iso.reference_gbs if iso.reference_gbs else 0.0
+        for x, y in ((at[p.a], at[p.b]), (at[p.b], at[p.a])):
+            parts.append('<rect class="pair%s" x="%.1f" y="%.1f" width="%.1f" height="%.1f" '
+                         'fill="%s"%s><title>%s</title></rect>' % (
+                             " slow" if p.slow else "", x * cell, y * cell, cell, cell,
+                             "#cf222e" if p.error else _heat(ratio),
+                             ' stroke="#cf222e" stroke-width="%.1f"' % max(1.0, cell / 4)
+                             if p.slow else "", _pair_title(iso, p)))
+    parts.append("</svg>")
+    return ('<p>%d hosts in inventory order along both axes (hover a square for the pair)</p>'
+            % n + "".join(parts))
+
+
 def heat_map(iso: Isolation, hosts: list[str]) -> str:
     """Host x host table of the pairs measured: busbw against the reference, slow pairs and
-    slow hosts outlined in red; a pair not measured (ring schedule) is left grey."""
+    slow hosts outlined in red; a pair not measured (ring schedule) is left grey. Above
+    HEAT_TABLE_MAX hosts, the same as one SVG."""
     pairs: dict[tuple[str, str], Pair] = {}
     for measured in iso.pairs:
         pairs[(measured.a, measured.b)] = pairs[(measured.b, measured.a)] = measured
     order = hosts or sorted({h for p in iso.pairs for h in (p.a, p.b)})
+    if len(order) > HEAT_TABLE_MAX:
+        return _heat_caption(iso) + heat_svg(iso, order)
     head = "".join('<th class="%s">%s</th>' % ("slow-node" if h in iso.slow_nodes else "",
                                               escape(h)) for h in order)
     rows = []
@@ -146,14 +222,17 @@ def heat_map(iso: Isolation, hosts: list[str]) -> str:
                 continue
             ratio = (p.busbw_gbs or 0.0) / iso.reference_gbs if iso.reference_gbs else 0.0
             cells.append('<td class="pair%s" data-a="%s" data-b="%s" style="background:%s" '
-                         'title="%s &harr; %s: %s">%s</td>' % (
+                         'title="%s">%s</td>' % (
                              " slow" if p.slow else "", escape(a), escape(b), _heat(ratio),
-                             escape(a), escape(b), escape(p.error or "busbw %.3g GB/s, latency "
-                                                          "%.0f us" % (p.busbw_gbs or 0.0,
-                                                                       p.latency_us or 0.0)),
+                             _pair_title(iso, p),
                              "&#10007;" if p.error else "%.2g" % (p.busbw_gbs or 0.0)))
         rows.append('<tr><th class="%s">%s</th>%s</tr>' % (
             "slow-node" if a in iso.slow_nodes else "", escape(a), "".join(cells)))
+    return (_heat_caption(iso) + '<table class="heat"><tr><th></th>%s</tr>%s</table>'
+            % (head, "".join(rows)))
+
+
+def _heat_caption(iso: Isolation) -> str:
     named = []
     if iso.slow_nodes:
         named.append("node.slow: " + escape(", ".join(iso.slow_nodes)))
@@ -163,27 +242,43 @@ def heat_map(iso: Isolation, hosts: list[str]) -> str:
     verdict = "; ".join(named) or "no slow host or link"
     return ('<p>%s schedule, %d rounds, %.1f s; cell: pair busbw in GB/s, colour against the '
             'reference %s GB/s (the median of each host&rsquo;s best pair); outlined: slow '
-            '(below %.2g &times; reference). <span class="%s">%s</span></p>'
-            '<table class="heat"><tr><th></th>%s</tr>%s</table>' % (
+            '(below %.2g &times; reference). <span class="%s">%s</span></p>' % (
                 escape(iso.schedule), iso.rounds, iso.time_s,
                 "-" if iso.reference_gbs is None else "%.3g" % iso.reference_gbs, iso.threshold,
-                "bad" if iso.slow_nodes or iso.slow_links else "ok", verdict, head,
-                "".join(rows)))
+                "bad" if iso.slow_nodes or iso.slow_links else "ok", verdict))
 
 
 def _ranks(result: Result) -> str:
+    bad = [r for r in result.ranks if not r.ok]
+    good = [r for r in result.ranks if r.ok]
+    listed = bad + ([] if len(good) > FOLD_ABOVE else good)
     rows = "".join(
         '<tr class="rank %s"><td>%s</td><td>%s</td><td>%s</td><td class="%s">%s</td><td>%s</td></tr>'
-        % ("ok" if r.ok else "bad", "?" if r.rank is None else r.rank, escape(r.host),
+        % ("ok" if r.ok else "bad", "-" if r.rank is None else r.rank, escape(r.host),
            r.local_rank, "ok" if r.ok else "bad", escape(r.state),
-           "-" if r.exit_code is None else r.exit_code) for r in result.ranks)
+           "-" if r.exit_code is None else r.exit_code) for r in listed)
+    if len(listed) < len(result.ranks):
+        for state in dict.fromkeys(r.state for r in good):
+            these = [r for r in good if r.state == state]
+            rows += ('<tr class="rank ok folded"><td colspan="3">%d ranks</td><td class="ok">%s'
+                     '</td><td>0</td></tr>' % (len(these), escape(state)))
     nccl = any(h.transport for h in result.hosts)  # NCCL's INFO lines were read
     describe = shared_module("nccl_log").describe
+    worst = [h for h in result.hosts if h.outcome != "succeeded"]
+    fine = [h for h in result.hosts if h.outcome == "succeeded"]
+    shown = worst + ([] if len(fine) > FOLD_ABOVE else fine)
     hosts = "".join("<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td>%s</tr>" % (
         escape(h.host), escape(str(h.outcome)), "-" if h.rc is None else h.rc,
         "-" if h.duration_s is None else "%.1f s" % h.duration_s, table.spread_of(h.busbw_gbs),
         "<td>%s</td>" % escape(describe(h.transport)) if nccl else "")
-        for h in result.hosts)
+        for h in shown)
+    if len(shown) < len(result.hosts):  # one row for the hosts that succeeded
+        durations = [h.duration_s for h in fine if h.duration_s is not None]
+        hosts += ('<tr class="folded"><td>%d hosts: %s</td><td>succeeded</td><td>0</td>'
+                  '<td>%s</td><td colspan="%d"></td></tr>' % (
+                      len(fine), _names([h.host for h in fine], 3),
+                      "%.1f&ndash;%.1f s" % (min(durations), max(durations)) if durations
+                      else "-", 2 if nccl else 1))
     return ('<table class="hosts"><tr><th>host</th><th>outcome</th><th>exit</th>'
             '<th>duration</th><th>busbw GB/s min / median / max (its ranks, all_reduce at the '
             'largest size)</th>%s</tr>%s</table>'
