@@ -42,7 +42,7 @@ def transport_of(via):
         return "P2P/" + parts[1].split()[0], None
     if parts[0] == "SHM" or via.startswith("direct shared memory"):
         return "SHM", None
-    return parts[0].split()[0] if parts[0].split() else "?", None
+    return parts[0].split()[0] if parts[0].split() else "unknown", None
 
 
 def _new(host, pid):

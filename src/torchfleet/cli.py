@@ -98,19 +98,19 @@ def fabric_command(args: argparse.Namespace) -> int:
     try:
         if args.command == "fabric":
             hca = args.hca.strip()
-            if hca:
-                shared_module("rdma").parse_hca_spec(hca)
-            if args.gid_index and not str(args.gid_index).isdigit():
-                raise ValueError("--gid-index %s is not an integer" % args.gid_index)
+            if hca and not shared_module("rdma").HCA_SPEC.match(hca):
+                raise ValueError("--hca %s is not NCCL_IB_HCA's form (names with an optional "
+                                 ":port, comma separated, behind an optional ^ or =)" % hca)
+            if args.gid_index and not (args.gid_index.isdigit() and int(args.gid_index) <= 255):
+                raise ValueError("--gid-index %s is not a GID table index (0-255)"
+                                 % args.gid_index)
             view = fabric_cli.fabric_view(args.sysfs, hca, args.gid_index)
             text = fabric_cli.fabric_text(view)
         else:
             view = fabric_cli.transport_view(args.logs)
             text = fabric_cli.transport_text(view)
     except ValueError as exc:
-        print("torchfleet %s: %s is not NCCL_IB_HCA's form (names with an optional :port, "
-              "comma separated, behind an optional ^ or =), or a bad value" % (args.command, exc),
-              file=sys.stderr)
+        print("torchfleet %s: %s" % (args.command, exc), file=sys.stderr)
         return ERROR
     except OSError as exc:
         print("torchfleet %s: cannot read %s: %s" % (args.command, exc.filename, exc.strerror),

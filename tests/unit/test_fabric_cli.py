@@ -35,7 +35,10 @@ def test_fabric_on_a_host_without_rdma_and_with_a_bad_hca(tmp_path, capsys):
     assert "network=auto would choose ethernet" in capsys.readouterr().out
     assert main(["fabric", "--hca", "mlx5_0;reboot"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("torchfleet fabric: mlx5_0;reboot is not NCCL_IB_HCA's form")
+    assert err.startswith("torchfleet fabric: --hca mlx5_0;reboot is not NCCL_IB_HCA's form")
+    assert main(["fabric", "--gid-index", "three"]) == 2
+    assert capsys.readouterr().err == ("torchfleet fabric: --gid-index three is not a GID table "
+                                       "index (0-255)\n")
 
 
 def test_transport_prints_each_rank_and_the_whole(capsys):
