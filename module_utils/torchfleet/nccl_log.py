@@ -17,6 +17,8 @@ import re
 from collections import Counter
 
 MAX_LINE, MAX_PROCESSES, MAX_DEVICES = 4096, 4096, 64
+# NCCL prints its INIT and NET lines when a communicator starts: the head of a rank's log.
+HEAD_BYTES = 4 << 20
 
 PREFIX = re.compile(r"^(?:\[\d+\]\s*)?(?P<host>[^\s:]*):(?P<pid>\d+):\d+ \[\d+\] NCCL INFO (?P<msg>.*)$")
 VERSION = re.compile(r"NCCL version (\S+)")
@@ -50,6 +52,12 @@ def _new(host, pid):
             "net": None, "plugin": None, "ib_devices": [], "socket_devices": [],
             "ib_missing": False, "gdr_hcas": {}, "channels": {}, "rdma_channels": 0,
             "gdr_channels": 0, "rank_from": None}
+
+
+def read_head(path):
+    """The head of a log file as text; OSError when it cannot be read."""
+    with open(path, "rb") as f:
+        return f.read(HEAD_BYTES).decode("utf-8", "replace")
 
 
 def parse(text):

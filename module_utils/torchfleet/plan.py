@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 from ansible.module_utils.torchfleet.net import master_addr_up_front
-from ansible.module_utils.torchfleet.rdma import HCA_SPEC
+from ansible.module_utils.torchfleet.rdma import HCA_SPEC, is_gid_index
 from ansible.module_utils.torchfleet.rundir import RUN_ID, new_run_id
 
 # The user's values as given (raw): a wrong type is an input.* check naming the variable,
@@ -103,8 +103,7 @@ def input_errors(params):
                              "separated, optionally behind ^ (exclude) or = (exact), e.g. "
                              "mlx5_0,mlx5_1:1 (ls /sys/class/infiniband lists them)"))
     gid = params["nccl_ib_gid_index"]
-    if gid not in (None, "") and not (str(gid).strip().isdigit() and int(str(gid)) <= 255
-                                      and not isinstance(gid, bool)):
+    if gid not in (None, "") and not is_gid_index(gid):
         errors.append(_error("input.nccl_ib_gid_index",
                              "nccl_ib_gid_index=%s is not a GID table index" % (gid,),
                              "give an integer from 0 to 255 (3 is common for RoCE v2 IPv4; "

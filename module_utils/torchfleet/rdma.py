@@ -27,6 +27,12 @@ class Unreadable(Exception):
     """A sysfs file that exists (or should) and could not be read."""
 
 
+def is_gid_index(value):
+    """An integer 0-255, as NCCL_IB_GID_INDEX takes it (a YAML bool is not one)."""
+    text = str(value).strip()
+    return not isinstance(value, bool) and text.isdigit() and int(text) <= 255
+
+
 def _read(path):
     try:
         with open(path, errors="replace") as f:

@@ -123,10 +123,6 @@ def first_failure(record, run_dir, lines):
     return out
 
 
-# NCCL prints its INIT and NET lines when a communicator starts: the head of each rank's log.
-NCCL_HEAD_BYTES = 4 << 20
-
-
 def host_transport(run_dir, host):
     """What NCCL used on a host, from the head of its ranks' gathered logs (None: no NCCL INFO
     line there)."""
@@ -134,11 +130,9 @@ def host_transport(run_dir, host):
     pattern = os.path.join(run_dir, "logs", host, "attempt_*", "*", "std*.log")
     for path in sorted(glob.glob(pattern)):
         try:
-            with open(path, "rb") as f:
-                text = f.read(NCCL_HEAD_BYTES).decode("utf-8", "replace")
+            procs.extend(nccl_log.parse(nccl_log.read_head(path)))
         except OSError:
             continue
-        procs.extend(nccl_log.parse(text))
     return nccl_log.summarize(procs)
 
 

@@ -97,11 +97,11 @@ def checks_text(markdown: bool) -> str:
 def fabric_command(args: argparse.Namespace) -> int:
     try:
         if args.command == "fabric":
-            hca = args.hca.strip()
-            if hca and not shared_module("rdma").HCA_SPEC.match(hca):
+            hca, rdma = args.hca.strip(), shared_module("rdma")
+            if hca and not rdma.HCA_SPEC.match(hca):
                 raise ValueError("--hca %s is not NCCL_IB_HCA's form (names with an optional "
                                  ":port, comma separated, behind an optional ^ or =)" % hca)
-            if args.gid_index and not (args.gid_index.isdigit() and int(args.gid_index) <= 255):
+            if args.gid_index and not rdma.is_gid_index(args.gid_index):
                 raise ValueError("--gid-index %s is not a GID table index (0-255)"
                                  % args.gid_index)
             view = fabric_cli.fabric_view(args.sysfs, hca, args.gid_index)

@@ -9,11 +9,6 @@ from typing import Any
 
 from torchfleet.paths import shared_module
 
-# What `transport` reads of each log: NCCL prints its INIT and NET lines when a communicator
-# starts (the summary reads the same head of each rank's log).
-HEAD_BYTES = 4 << 20
-
-
 def fabric_view(sysfs: str, hca: str = "", gid_index: str = "") -> dict[str, Any]:
     """This host's devices and what `network: auto` would choose here, with the preset's
     variables (fabric.choose_network / preset_env decide; this only asks them)."""
@@ -52,9 +47,7 @@ def transport_view(paths: list[str]) -> dict[str, Any]:
     nccl_log = shared_module("nccl_log")
     procs: list[dict] = []
     for path in paths:
-        with open(path, "rb") as f:
-            text = f.read(HEAD_BYTES).decode("utf-8", "replace")
-        for proc in nccl_log.parse(text):
+        for proc in nccl_log.parse(nccl_log.read_head(path)):
             proc["log"] = str(Path(path))
             procs.append(proc)
     return {"ranks": procs, "summary": nccl_log.summarize(procs)}
