@@ -108,6 +108,11 @@ port_plan:
   returned: always
   type: dict
   sample: {"inline": true, "batched": false, "addr": "10.0.0.1", "ephemeral_port": 55123}
+candidates:
+  description: How many hosts of group nodes the preflight checks (0 when nnodes is refused).
+  returned: always
+  type: int
+  sample: 40
 input_errors:
   description: One record (id, detail, hint) per value refused; empty when all are fine.
   returned: always

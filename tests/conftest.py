@@ -54,7 +54,7 @@ def processes_matching(marker, netns=None):
 # only read, parse or start processes nobody else looks for run beside them, and so does a lab
 # of its own whose hosts keep their runs apart (own namespaces, own remote_runs_root) and whose
 # processes the others' checks do not count (they look in their own network namespaces).
-BESIDE = ("tests/unit/", "tests/lab/test_rank_order_lab.py")
+BESIDE = ("tests/unit/", "tests/lab/test_scale_lab.py")
 SERIAL_UNITS = ("tests/unit/test_listener.py", "tests/unit/test_probe_modules.py")  # listeners
 BESIDE_TESTS = ("::test_ansible_test_sanity_passes_on_the_built_collection",)  # CPU only
 

@@ -127,4 +127,5 @@ def port_plan(params):
 def decide(params):
     run_id = params["run_id"]
     return {"run_id": str(run_id) if run_id is not None else new_run_id(),
-            "port_plan": port_plan(params), "input_errors": input_errors(params)}
+            "port_plan": port_plan(params), "input_errors": input_errors(params),
+            "candidates": max(_int(params["nnodes"]) or 0, 0)}

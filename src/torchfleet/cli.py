@@ -6,6 +6,7 @@ Result (see the README's "Python API and CLI") on stdout and nothing else.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -13,7 +14,7 @@ import yaml
 
 from torchfleet import api, fabric_cli, html_report
 from torchfleet.paths import shared_module
-from torchfleet.progress import HostLines
+from torchfleet.progress import Progress
 from torchfleet.results import Result
 
 OK, FAILED, ERROR = 0, 1, 2
@@ -148,15 +149,17 @@ def main(argv: list[str] | None = None) -> int:
     variables = dict(args.vars)
     if getattr(args, "nnodes", None) is not None:
         variables["nnodes"] = args.nnodes
-    progress = None if args.json else HostLines(sys.stderr)
+    # --json keeps stderr quiet too: what it prints is the whole answer.
+    progress = Progress(sys.stderr) if not args.json else None
     try:
-        if args.command == "stop":
-            result = api.stop(args.run_id, inventory=args.inventory, runs_root=args.runs_root,
-                              **variables)
-        else:
-            call = getattr(api, args.command)
-            result = call(args.inventory, on_event=progress, runs_root=args.runs_root,
-                          run_id=args.run_id, variables=variables)
+        with progress or contextlib.nullcontext():
+            if args.command == "stop":
+                result = api.stop(args.run_id, inventory=args.inventory,
+                                  runs_root=args.runs_root, **variables)
+            else:
+                call = getattr(api, args.command)
+                result = call(args.inventory, on_event=progress, runs_root=args.runs_root,
+                              run_id=args.run_id, variables=variables)
     except (ValueError, TypeError) as exc:
         print("torchfleet %s: %s" % (args.command, exc), file=sys.stderr)
         return ERROR

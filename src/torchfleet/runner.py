@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ class Event:
 
     kind "task": a task ended on a host (status ok / failed / unreachable / skipped);
     kind "check": a check was decided (check is set);
+    kind "plan": the run was planned (summary: candidates, the number of hosts preflight checks);
     kind "run": the controller looked at the run on its master (status is the run's phase,
     summary the run at a glance: ranks alive of all, hosts running, the slowest host, the
     last line, the first failure; the same few fields at any number of hosts).
@@ -44,6 +46,7 @@ class Event:
     kind: str
     host: str | None = None
     task: str | None = None
+    action: str | None = None  # the task's module (kind "task")
     status: str | None = None
     check: Check | None = None
     summary: dict[str, Any] = field(default_factory=dict)
@@ -77,8 +80,12 @@ def translate(event: dict) -> list[Event]:
         return []
     data = event.get("event_data") or {}
     host, res = data.get("host"), data.get("res") or {}
-    out = [Event(kind="task", host=host, task=data.get("task"), status=HOST_EVENTS[name])]
-    if data.get("task_action") in CHECK_ACTIONS and name == "runner_on_ok":
+    action = data.get("task_action")
+    out = [Event(kind="task", host=host, task=data.get("task"), action=action,
+                 status=HOST_EVENTS[name])]
+    if action == "run_plan" and name == "runner_on_ok":
+        out.append(Event(kind="plan", summary={"candidates": res.get("candidates")}))
+    if action in CHECK_ACTIONS and name == "runner_on_ok":
         for raw in res.get("checks", []):
             out.append(Event(kind="check", host=raw["host"], task=data.get("task"),
                              status="ok" if raw["ok"] else "failed",
@@ -136,6 +143,14 @@ def ctrl_c_sets(flag: threading.Event | None):
         signal.signal(signal.SIGINT, previous)
 
 
+def _path() -> str:
+    """PATH with this interpreter's bin directory first: ansible-playbook is installed beside
+    torchfleet, and `.venv/bin/torchfleet` is often run without the venv on PATH."""
+    here = os.path.dirname(sys.executable)
+    return os.pathsep.join([here] + [p for p in os.environ.get("PATH", "").split(os.pathsep)
+                                     if p and p != here])
+
+
 def run_playbook(playbook: str, *, inventory: Path, extravars: dict[str, Any], run_dir: Path,
                  on_event: Callable[[Event], None] | None = None,
                  cancel: Callable[[], bool] | None = None,
@@ -191,7 +206,7 @@ def run_playbook(playbook: str, *, inventory: Path, extravars: dict[str, Any], r
                 inventory=str(inventory), extravars=extravars, quiet=True,
                 suppress_env_files=True, event_handler=handle, cancel_callback=should_cancel,
                 envvars={"ANSIBLE_CONFIG": str(root / "ansible.cfg"),
-                         "ANSIBLE_NOCOLOR": "1", "PYTHONUNBUFFERED": "1"},
+                         "ANSIBLE_NOCOLOR": "1", "PYTHONUNBUFFERED": "1", "PATH": _path()},
                 settings={"suppress_ansible_output": True})
             while thread.is_alive():
                 thread.join(0.25)

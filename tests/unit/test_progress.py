@@ -1,9 +1,12 @@
-"""The CLI's progress display: one line per host, redrawn in place on a terminal."""
+"""The CLI's progress: one line per phase and the failing hosts, never taller than the terminal;
+one summary line every few seconds off a terminal. (A real terminal: tests/lab/test_scale_lab.py.)"""
 from __future__ import annotations
 
 import io
+import re
+import threading
 
-from torchfleet.progress import HostLines
+from torchfleet.progress import Progress
 from torchfleet.results import Check
 from torchfleet.runner import Event, translate
 
@@ -13,36 +16,102 @@ class Terminal(io.StringIO):
         return True
 
 
-def test_one_line_per_host_redrawn_in_place():
+def probe(host, status="ok"):
+    return Event(kind="task", host=host, task="Probe the host", action="node_probe",
+                 status=status)
+
+
+def failing_preflight(progress, hosts=40, failing=(5, 17, 33)):
+    progress(Event(kind="plan", summary={"candidates": hosts}))
+    for i in range(hosts):
+        progress(probe("node%d" % i))
+    for i in failing:
+        progress(Event(kind="check", host="node%d" % i,
+                       check=Check("node%d" % i, "hostname.loopback", False, "127.0.1.1")))
+
+
+def test_one_line_per_phase_then_the_failing_hosts():
+    progress = Progress(Terminal())
+    failing_preflight(progress)
+    progress(Event(kind="task", host="node21", task="Probe", action="node_probe",
+                   status="unreachable"))
+    for i in range(40):
+        progress(Event(kind="task", host="node%d" % i, task="Start", action="torchrun_job",
+                       status="ok"))
+    progress(Event(kind="run", status="running", elapsed_s=4.0, summary={
+        "ranks_alive": 79, "nranks": 80, "slowest": {"host": "node9", "idle_s": 3.0},
+        "failure": {"host": "node12", "reason": "rank.exit"}}))
+    lines = progress.lines()
+    assert lines[0].startswith("preflight") and "41 of 40" not in lines[0]
+    assert "40 of 40 hosts checked · 4 failing" in lines[0]
+    assert lines[1].startswith("launch") and "40 of 40 hosts started" in lines[1]
+    assert lines[2].startswith("run") and "ranks alive 79 of 80" in lines[2]
+    assert "slowest node9" in lines[2] and "first failure: node12 rank.exit" in lines[2]
+    hosts = [line.split()[0] for line in lines[3:]]
+    assert hosts == ["node5", "node17", "node33", "node21", "node12"]
+
+
+def test_the_failing_hosts_are_cut_to_the_terminal_height():
+    progress = Progress(Terminal())
+    failing_preflight(progress, hosts=60, failing=range(50))
+    lines = progress.lines(height=10)
+    assert len(lines) == 9  # one row left for the cursor
+    assert lines[-1] == "  … and 43 more failing host(s)"
+    assert progress.lines(height=2) == [progress.lines()[0]]  # only the phase fits
+
+
+def test_a_terminal_frame_is_redrawn_in_place_and_never_taller_than_the_screen():
     term = Terminal()
-    lines = HostLines(term)
-    lines(Event(kind="task", host="node0", task="Probe the host", status="ok"))
-    lines(Event(kind="task", host="node1", task="Probe the host", status="ok"))
-    lines(Event(kind="check", host="node1", check=Check("node1", "nic.missing", False, "no eth9")))
-    lines(Event(kind="run", status="running", elapsed_s=4.0,
-                summary={"ranks_alive": 2, "nranks": 2, "hosts_running": 2, "nnodes": 2,
-                         "last_line": "step 3/10"}))
-    out = term.getvalue()
-    assert "\x1b[2A" in out  # moved back over the two host lines before redrawing
-    last = out.rsplit("\x1b[2A", 1)[1]
-    assert last.count("\n") == 3
-    assert "node0" in last and "node1" in last and "FAILED nic.missing" in last
-    assert "running" in last and "ranks alive 2 of 2" in last and "step 3/10" in last
+    with Progress(term, height=12) as progress:
+        failing_preflight(progress, hosts=60, failing=range(50))
+    frames = term.getvalue()
+    # rich moves the cursor up over its last frame before each redraw: what ends on the
+    # screen is the last frame, at most height - 1 rows, never a copy per redraw.
+    last = re.split(r"\x1b\[\d*A", frames)[-1]
+    rows = [r for r in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", last).split("\n") if r.strip()]
+    assert 1 < len(rows) <= 11
+    assert "60 of 60 hosts checked · 50 failing" in rows[0]
+    assert rows[-1].strip().startswith("… and")
 
 
-def test_silent_off_a_terminal():
+def test_off_a_terminal_one_summary_line_every_period():
     stream = io.StringIO()
-    HostLines(stream)(Event(kind="task", host="node0", task="Probe", status="ok"))
+    printed = threading.Event()
+
+    class Watched(io.StringIO):
+        def write(self, text):
+            stream.write(text)
+            printed.set()
+            return len(text)
+
+    with Progress(Watched(), every_s=0.05) as progress:
+        failing_preflight(progress, hosts=4, failing=[2])
+        assert printed.wait(30)
+    out = stream.getvalue().splitlines()
+    assert out and all(line.startswith("torchfleet: preflight") for line in out)
+    assert "4 of 4 hosts checked · 1 failing" in out[-1] and "failing: node2" in out[-1]
+    assert "\x1b" not in stream.getvalue()
+
+
+def test_silent_off_a_terminal_before_the_first_period():
+    stream = io.StringIO()
+    with Progress(stream, every_s=3600) as progress:
+        failing_preflight(progress, hosts=2, failing=[1])
     assert stream.getvalue() == ""
 
 
-def test_runner_events_become_task_and_check_events():
+def test_runner_events_become_task_check_and_plan_events():
     event = {"event": "runner_on_ok", "event_data": {
         "host": "localhost", "task": "Decide", "task_action": "preflight_checks",
         "res": {"checks": [{"host": "node1", "id": "port.blocked", "ok": False,
                             "detail": "dropped", "hint": "allow TCP 29500"}]}}}
     task, check = translate(event)
-    assert (task.kind, task.host, task.status) == ("task", "localhost", "ok")
+    assert (task.kind, task.host, task.status, task.action) == (
+        "task", "localhost", "ok", "preflight_checks")
     assert check.kind == "check" and check.check == Check("node1", "port.blocked", False,
                                                            "dropped", "allow TCP 29500")
+    plan = translate({"event": "runner_on_ok", "event_data": {
+        "host": "node0", "task": "Plan", "task_action": "run_plan",
+        "res": {"candidates": 40}}})[1]
+    assert (plan.kind, plan.summary) == ("plan", {"candidates": 40})
     assert translate({"event": "playbook_on_start"}) == []

@@ -1,0 +1,112 @@
+"""A 40-node lab of its own, brought up for this module and removed after it: rank order is
+inventory order on its first 12 nodes, where the string order of the addresses (10.77.3.1,
+.10, .11, .12, .2, ...) is not (c10d's rendezvous would have given the tenth host rank 1); and
+the CLI's progress fits a real 24-row terminal (tmux) while it checks all 40."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import processes_matching
+from tests.integration.playbook import playbook
+from tests.lab.conftest import LAB_DIR, lab_unavailable
+from torchfleet import lab as labmod
+
+pytestmark = pytest.mark.lab
+NODES = 12  # the rank-order run's
+LAB_NODES = 40
+TAG = 4  # tests 1, molecule 2, bench 3
+ROOT_DIR = LAB_DIR.with_name("torchfleet-lab-scale")
+SCRIPT = Path(__file__).resolve().parents[1] / "fixtures" / "scripts" / "rank_identity.py"
+
+
+@pytest.fixture(scope="module")
+def lab12():
+    reason = lab_unavailable()
+    if reason:
+        pytest.skip(reason)
+    the_lab = labmod.Lab.up(LAB_NODES, ROOT_DIR, TAG)
+    yield the_lab
+    labmod.down(ROOT_DIR, TAG)
+    assert labmod.our_namespaces(TAG) == [] and processes_matching(str(ROOT_DIR)) == []
+
+
+def test_twelve_hosts_get_ranks_in_inventory_order_in_fork_batches(lab12, tmp_path):
+    # forks=6: two batches for launch, stop and gather; the watch is one task on the master.
+    # The hosts keep this run under a root of its own: the lab shares this machine's files
+    # with the tests that run beside it (stop.yml on the default stops node0's runs).
+    remote_root = tmp_path / "remote-runs"
+    run = playbook("train.yml", tmp_path, "-f", "6", "-e", "nnodes=%d" % NODES,
+                   "-e", "script=%s" % SCRIPT, "-e", "remote_runs_root=%s" % remote_root,
+                   inventory=lab12.inventory)
+    assert run.rc == 0, run.out[-4000:]
+    report = run.report("train.json")
+    names = ["node%d" % i for i in range(NODES)]
+    assert [(h["host"], h["node_rank"], h["ranks"]) for h in report["hosts"]] == [
+        (n, i, [i]) for i, n in enumerate(names)]
+    assert sorted(lab12.node(n).address for n in names) != [lab12.node(n).address for n in names]
+    remote = remote_root / report["run_id"]
+    seen = [json.loads(p.read_text()) for p in remote.glob("*/results/identity-*.json")]
+    assert sorted((s["rank"], s["node_rank"], s["host"]) for s in seen) == [
+        (i, i, n) for i, n in enumerate(names)]
+    # Every rank saw the same world: rank i is node rank i.
+    assert all(s["world"] == list(range(NODES)) for s in seen)
+    assert processes_matching(report["run_id"]) == []
+
+
+def tmux(*argv: str, socket: str) -> str:
+    return subprocess.run(["tmux", "-L", socket, *argv], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def test_progress_fits_a_24_row_terminal_at_40_hosts_and_names_every_failing_host(lab12,
+                                                                                   tmp_path):
+    if not shutil.which("tmux"):
+        pytest.skip("needs tmux (.ci/run installs it)")
+    failing = ["node5", "node17", "node33"]
+    for name in failing:
+        lab12.hostname_loopback(name)
+    lab12.unreachable("node21")
+    failing.append("node21")
+    socket = "torchfleet-test-%d" % os.getpid()
+    conf = tmp_path / "tmux.conf"
+    conf.write_text("set -g history-limit 50000\n")
+    argv = [str(Path(sys.executable).with_name("torchfleet")), "preflight", "-i", str(lab12.inventory), "--runs-root",
+            str(tmp_path / "runs")]
+    command = "%s; echo TORCHFLEET-DONE rc=$?; sleep 900" % shlex.join(argv)
+    try:
+        tmux("-f", str(conf), "new-session", "-d", "-x", "120", "-y", "24", "-s", "tf",
+             command, socket=socket)
+        end = time.monotonic() + 600
+        while "TORCHFLEET-DONE rc=" not in tmux("capture-pane", "-p", "-t", "tf", socket=socket):
+            assert time.monotonic() < end, "the preflight did not end in 10 minutes"
+            time.sleep(1)
+        # Everything the terminal ever showed: the scrollback, then the screen.
+        screen = tmux("capture-pane", "-p", "-J", "-S", "-", "-E", "-", "-t", "tf",
+                      socket=socket)
+    finally:
+        subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
+        lab12.heal()
+    assert re.search(r"TORCHFLEET-DONE rc=1$", screen, re.M), screen
+    lines = screen.splitlines()
+    # The live block was redrawn in place: its phase line is on the screen once, not once a
+    # redraw, and so is each failing host's line in it.
+    phase = [line for line in lines if line.startswith("preflight ")]
+    assert len(phase) == 1, screen
+    assert "40 of 40 hosts checked" in phase[0]
+    verdict = next(line for line in lines if line.startswith("torchfleet preflight failed"))
+    block = lines[lines.index(phase[0]) + 1:lines.index(verdict)]
+    for name in failing:
+        assert sum(1 for line in block if re.match(r"  %s  " % name, line)) == 1, screen
+    # The final output names every failing host with its check.
+    assert all(re.search(r"\b%s\b" % name, verdict) for name in failing), verdict
+    assert "hostname.loopback" in verdict and "host.unreachable" in verdict
