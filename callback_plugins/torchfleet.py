@@ -61,6 +61,8 @@ class CallbackModule(Default):
             self._print_task_banner(self._open)
 
     def _start(self, task, prefix):
+        if self._open is not None and self._open._uuid == task._uuid:
+            return  # a meta task with a condition starts once per host: still one line
         self._close_task()
         self._open, self._headed, self._prefix = task, False, prefix
         self._counts = {key: 0 for key in COUNTS}

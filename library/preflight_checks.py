@@ -123,6 +123,21 @@ options:
     description: NCCL_SOCKET_NTHREADS of the C(ethernet) preset.
     type: int
     default: 2
+  spares:
+    description: How many of O(hosts) are spares; the run uses the first O(nnodes) healthy ones
+      in this order, and every other candidate gets a C(host.skipped) record. 0 uses O(hosts)
+      as they are.
+    type: int
+    default: 0
+  skipped:
+    description: Records of candidates a first decision left out (its RV(skipped_records)), added
+      when the chosen hosts are decided again after their port test against a new master.
+    type: list
+    elements: dict
+    default: []
+  choice:
+    description: The first decision's RV(choice), kept in the report of the second.
+    type: dict
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -193,6 +208,25 @@ table:
   description: The summary table, with the failed and warning checks, or one row per node when all passed.
   returned: always
   type: str
+retest:
+  description: With spares, when the first host was the broken one, the hosts chosen instead,
+    whose ports must be tested again against the new master before a decision (empty
+    otherwise; the other return values are then empty too).
+  returned: always
+  type: list
+  elements: str
+  sample: ["node1", "node2", "node3", "node4"]
+choice:
+  description: With spares, the candidates, the hosts chosen and each skipped host's failed checks.
+  returned: when spares is above 0
+  type: dict
+  sample: {"candidates": ["node0", "node1", "node2"], "chosen": ["node0", "node2"],
+           "skipped": {"node1": ["port.blocked"]}}
+skipped_records:
+  description: With a retest, the records of the candidates left out, for the second decision.
+  returned: when retest is not empty
+  type: list
+  elements: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -71,6 +71,16 @@ options:
       C(input.nccl_ib_gid_index).
     type: raw
     default: ""
+  spares:
+    description: Extra hosts of group C(nodes) checked beside the first O(nnodes), as asked for;
+      the run uses the first O(nnodes) healthy ones. Anything but a whole number >= 0, or more
+      hosts than the group has, is C(input.spares).
+    type: raw
+    default: 0
+  inventory_size:
+    description: How many hosts group C(nodes) has; 0 when unknown (not compared).
+    type: int
+    default: 0
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -109,10 +119,15 @@ port_plan:
   type: dict
   sample: {"inline": true, "batched": false, "addr": "10.0.0.1", "ephemeral_port": 55123}
 candidates:
-  description: How many hosts of group nodes the preflight checks (0 when nnodes is refused).
+  description: How many hosts of group nodes the preflight checks, nnodes + spares.
   returned: always
   type: int
   sample: 40
+spares:
+  description: How many of the candidates are spares (0 when spares is refused).
+  returned: always
+  type: int
+  sample: 2
 input_errors:
   description: One record (id, detail, hint) per value refused; empty when all are fine.
   returned: always

@@ -94,6 +94,17 @@ REGISTRY = (
          '`nnodes` < 1 or larger than group `nodes` (reported before any host is touched); '
          'GPU counts that differ with `nproc_per_node=auto`',
          'fix `nnodes` / `nproc_per_node`'),
+    Unit(('host.skipped',), PREFLIGHT,
+         'with `spares=K`, a candidate host the run does not use: a warning naming the checks '
+         'it failed (they are warnings too, as the run is whole without it), or a healthy '
+         'spare left over; fewer healthy candidates than `nnodes` is an error on the '
+         'controller naming every failing host',
+         'fix the named host before it is needed; add spares or fix hosts when too few are '
+         'healthy'),
+    Unit(('input.spares',), INPUT,
+         '`spares` that is not a whole number >= 0, or `nnodes + spares` larger than group '
+         '`nodes`; reported before any host is touched',
+         'the value to set'),
     Unit(('input.master_port', 'input.nproc_per_node', 'input.data_paths'), INPUT,
          'a value that makes no sense anywhere (port outside 1–65535, nproc not a positive '
          'number, data_paths not a list or holding a relative path); reported before any '

@@ -25,6 +25,8 @@ ARGUMENT_SPEC = dict(
     collective_isolate_schedule=dict(type="raw", default="ring"),
     nccl_ib_hca=dict(type="raw", default=""),
     nccl_ib_gid_index=dict(type="raw", default=""),
+    spares=dict(type="raw", default=0),
+    inventory_size=dict(type="int", default=0),
 )
 
 SCHEDULES = ("ring", "full")
@@ -108,7 +110,30 @@ def input_errors(params):
                              "nccl_ib_gid_index=%s is not a GID table index" % (gid,),
                              "give an integer from 0 to 255 (3 is common for RoCE v2 IPv4; "
                              "preflight's rdma.gid names the right one), or leave it unset"))
+    errors.extend(spares_errors(params))
     return errors
+
+
+def spares_errors(params):
+    raw = params.get("spares", 0)
+    spares, nnodes, size = _int(raw), _int(params["nnodes"]), params.get("inventory_size", 0)
+    if isinstance(raw, bool) or spares is None or spares < 0:
+        return [_error("input.spares", "spares=%s is not a whole number >= 0" % (raw,),
+                       "set -e spares=K with K >= 0 (0, the default, uses no spare hosts)")]
+    if spares and nnodes is not None and size and nnodes + spares > size:
+        return [_error("input.spares",
+                       "spares=%d with nnodes=%d needs %d hosts, and group `nodes` has %d"
+                       % (spares, nnodes, nnodes + spares, size),
+                       "set -e spares=%d or less, or add hosts to group `nodes`"
+                       % max(size - nnodes, 0))]
+    return []
+
+
+def candidates(params):
+    """(hosts the preflight checks, spares among them): nnodes + spares, 0 when refused."""
+    nnodes = max(_int(params["nnodes"]) or 0, 0)
+    spares = 0 if spares_errors(params) else _int(params.get("spares", 0)) or 0
+    return nnodes + spares, spares
 
 
 def port_plan(params):
@@ -119,13 +144,13 @@ def port_plan(params):
     in its probe and a second round connects to it."""
     addr = master_addr_up_front(params["master_addr"], params["socket_ifname"],
                                 params["master_host"]) or ""
-    nnodes = _int(params["nnodes"]) or 0
-    return {"inline": bool(addr), "batched": nnodes > params["forks"], "addr": addr,
+    return {"inline": bool(addr), "batched": candidates(params)[0] > params["forks"], "addr": addr,
             "ephemeral_port": random.randint(*EPHEMERAL_PORTS)}
 
 
 def decide(params):
     run_id = params["run_id"]
+    hosts, spares = candidates(params)
     return {"run_id": str(run_id) if run_id is not None else new_run_id(),
             "port_plan": port_plan(params), "input_errors": input_errors(params),
-            "candidates": max(_int(params["nnodes"]) or 0, 0)}
+            "candidates": hosts, "spares": spares}

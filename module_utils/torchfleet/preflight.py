@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ansible.module_utils.torchfleet import fabric, rdma
+from ansible.module_utils.torchfleet import fabric, rdma, spares
 from ansible.module_utils.torchfleet.net import is_loopback as is_loopback_addr
 from ansible.module_utils.torchfleet.plan import bad_nproc_per_node
 from ansible.module_utils.torchfleet.records import (  # noqa: F401 (check: for importers)
@@ -444,6 +444,9 @@ ARGUMENT_SPEC = dict(
     nccl_ib_gid_index=dict(type="str", default=""),
     nccl_nsocks_perthread=dict(type="int", default=4),
     nccl_socket_nthreads=dict(type="int", default=2),
+    spares=dict(type="int", default=0),
+    skipped=dict(type="list", elements="dict", default=[]),
+    choice=dict(type="dict"),
 )
 
 
@@ -474,9 +477,31 @@ def decide(params):
                                        "nccl_ib_gid_index", "nccl_nsocks_perthread",
                                        "nccl_socket_nthreads")}
     settings["nproc_per_node"] = nproc
-    checks, nodes, resolved = evaluate(params["hosts"], params["nnodes"],
-                                       params["inventory_size"], params["probes"],
-                                       params["connects"], settings)
+    hosts, nnodes = params["hosts"], params["nnodes"]
+
+    def judge(chosen):
+        return evaluate(chosen, nnodes, params["inventory_size"], params["probes"],
+                        params["connects"], settings)
+
+    checks, nodes, resolved = judge(hosts)
+    choice = None
+    if params["spares"] > 0 and hosts:
+        chosen, skipped, retest = spares.choose(hosts, nnodes, checks)
+        choice = {"candidates": hosts, "chosen": chosen, "skipped": skipped}
+        if len(chosen) < nnodes:
+            checks = checks + [spares.too_few(hosts, nnodes, skipped)]
+        else:
+            others = spares.skipped_records(hosts, checks, chosen, skipped)
+            if retest:
+                # The chosen hosts' ports were tested against the broken master: the playbook
+                # tests them again with the new one and decides then, with these records.
+                return dict(ok=True, retest=chosen, checks=others, skipped_records=others,
+                            choice=choice, nodes=[], resolved={}, failures=[], report="",
+                            table="", verdict="")
+            checks, nodes, resolved = judge(chosen)
+            checks = checks + others
+    checks = checks + params["skipped"]
+    choice = choice or params["choice"]
     bad = failed(checks)
     sentence = verdict("preflight", checks)
     table = summary_table(checks, nodes)
@@ -484,12 +509,22 @@ def decide(params):
         table += "\n\nnetwork=%s%s: %s" % (
             resolved["network"], " (auto)" if params["network"] == "auto" else "",
             resolved["network_why"])
+    if choice and not bad:
+        left = [h for h in choice["candidates"] if h not in choice["chosen"]]
+        table += "\n\nspares: the run uses %s; not used: %s" % (
+            ", ".join(choice["chosen"]), ", ".join(
+                "%s (%s)" % (h, ", ".join(choice["skipped"][h])) if h in choice["skipped"]
+                else "%s (healthy spare)" % h for h in left) or "none")
     result = dict(ok=not bad, checks=checks, nodes=nodes, resolved=resolved, failures=bad,
-                  table=table + "\n\n" + sentence, verdict=sentence, report="")
+                  table=table + "\n\n" + sentence, verdict=sentence, report="", retest=[])
+    if choice:
+        result["choice"] = choice
     if params["run_dir"]:
         report = dict(ok=not bad, kind="preflight", run_id=params["run_id"],
                       nnodes=params["nnodes"], master_port=params["master_port"],
                       hosts=nodes, checks=checks, verdict=sentence, **resolved)
+        if choice:
+            report["spares"] = choice
         result["report"] = write_report(params["run_dir"], "preflight.json", report,
                                         params["runs_root"] or None)
     return result

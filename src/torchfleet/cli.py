@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                        ("train", "preflight, then torchrun with the training script")):
         p = sub.add_parser(name, parents=[common], help=text)
         p.add_argument("--nnodes", type=int, help="use the first N hosts of group nodes")
+        p.add_argument("--spares", type=int, help="also check the K hosts after them; the run "
+                       "uses the first N healthy ones")
         p.add_argument("--run-id", help="name of the run directory (default: time + random)")
     p = sub.add_parser("stop", parents=[common], help="stop a run (or every run) on every host")
     p.add_argument("run_id", nargs="?", help="the run to stop; every torchfleet run if omitted")
@@ -147,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         print(path)
         return OK
     variables = dict(args.vars)
-    if getattr(args, "nnodes", None) is not None:
-        variables["nnodes"] = args.nnodes
+    for name in ("nnodes", "spares"):
+        if getattr(args, name, None) is not None:
+            variables[name] = getattr(args, name)
     # --json keeps stderr quiet too: what it prints is the whole answer.
     progress = Progress(sys.stderr) if not args.json else None
     try:

@@ -404,6 +404,10 @@ class Lab:
         ports = str(port) if last is None else "%d-%d" % (port, last)
         self._drop(self.node(name), "input", "iifname", "eth0", "tcp", "dport", ports)
 
+    def block_egress(self, name: str, port: int) -> None:
+        """Drop TCP the node sends to `port` anywhere, as an egress firewall would."""
+        self._drop(self.node(name), "output", "tcp", "dport", str(port))
+
     def cut_link(self, a: str, b: str) -> None:
         """A dead cable between two nodes only: each drops what it sends to the other; their
         traffic with every other node passes."""

@@ -39,6 +39,18 @@ def test_master_port_out_of_range(tmp_path, value):
     assert_no_host_touched(run)
 
 
+@pytest.mark.parametrize("value,detail", [
+    ("-1", "spares=-1 is not a whole number >= 0"),
+    ("two", "spares=two is not a whole number >= 0"),
+    ("1", "spares=1 with nnodes=2 needs 3 hosts, and group `nodes` has 2")])
+def test_spares_not_a_count_the_inventory_holds(tmp_path, value, detail):
+    run = playbook("train.yml", tmp_path, "-e", "spares=%s" % value)
+    assert run.rc != 0
+    assert run.failing() == [("input.spares", "controller")]
+    assert [c["detail"] for c in run.report("preflight.json")["checks"] if not c["ok"]] == [detail]
+    assert_no_host_touched(run)
+
+
 @pytest.mark.parametrize("value", ["0", "eight"])
 def test_nproc_per_node_not_positive(tmp_path, value):
     run = playbook("train.yml", tmp_path, "-e", "nproc_per_node=%s" % value)

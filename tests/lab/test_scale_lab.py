@@ -30,7 +30,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "fixtures" / "scripts" / "rank_id
 
 
 @pytest.fixture(scope="module")
-def lab12():
+def lab40():
     reason = lab_unavailable()
     if reason:
         pytest.skip(reason)
@@ -40,20 +40,64 @@ def lab12():
     assert labmod.our_namespaces(TAG) == [] and processes_matching(str(ROOT_DIR)) == []
 
 
-def test_twelve_hosts_get_ranks_in_inventory_order_in_fork_batches(lab12, tmp_path):
+def train_with_spares(lab, tmp_path, *args):
+    run = playbook("train.yml", tmp_path, "-e", "nnodes=4", "-e", "spares=2",
+                   "-e", "script=%s" % SCRIPT, "-e", "remote_runs_root=%s" % (tmp_path / "remote"),
+                   *args, inventory=lab.inventory)
+    return run, run.report("preflight.json")
+
+
+def ranks_of(run):
+    return [(h["host"], h["node_rank"]) for h in run.report("train.json")["hosts"]]
+
+
+def test_spares_replace_a_firewalled_worker_in_inventory_order(lab40, tmp_path):
+    lab40.block_egress("node2", 29500)  # node2 cannot reach the master's port
+    try:
+        run, pre = train_with_spares(lab40, tmp_path)
+    finally:
+        lab40.heal()
+    assert run.rc == 0, run.out[-4000:]
+    assert ranks_of(run) == [("node0", 0), ("node1", 1), ("node3", 2), ("node4", 3)]
+    skipped = [(c["host"], c["severity"], c["detail"]) for c in pre["checks"]
+               if c["id"] == "host.skipped" and not c["ok"]]
+    assert skipped == [("node2", "warning", "not used: failed port.blocked; the run uses node0, "
+                                            "node1, node3, node4")]
+    assert pre["spares"]["skipped"] == {"node2": ["port.blocked"]}
+    assert "not used: node2 (port.blocked), node5 (healthy spare)" in run.out
+    assert processes_matching(pre["run_id"]) == []
+
+
+def test_a_broken_first_host_makes_the_second_the_master(lab40, tmp_path):
+    lab40.unreachable("node0")
+    try:
+        run, pre = train_with_spares(lab40, tmp_path)
+    finally:
+        lab40.heal()
+    assert run.rc == 0, run.out[-4000:]
+    assert ranks_of(run) == [("node1", 0), ("node2", 1), ("node3", 2), ("node4", 3)]
+    # The ports were tested again against node1, which the run then used as its master.
+    assert pre["master_addr"] == lab40.node("node1").address
+    assert [c["host"] for c in pre["checks"] if c["id"] == "port.blocked" and c["ok"]] == [
+        "node1", "node2", "node3", "node4"]
+    assert pre["spares"]["skipped"] == {"node0": ["host.unreachable"]}
+    assert processes_matching(pre["run_id"]) == []
+
+
+def test_twelve_hosts_get_ranks_in_inventory_order_in_fork_batches(lab40, tmp_path):
     # forks=6: two batches for launch, stop and gather; the watch is one task on the master.
     # The hosts keep this run under a root of its own: the lab shares this machine's files
     # with the tests that run beside it (stop.yml on the default stops node0's runs).
     remote_root = tmp_path / "remote-runs"
     run = playbook("train.yml", tmp_path, "-f", "6", "-e", "nnodes=%d" % NODES,
                    "-e", "script=%s" % SCRIPT, "-e", "remote_runs_root=%s" % remote_root,
-                   inventory=lab12.inventory)
+                   inventory=lab40.inventory)
     assert run.rc == 0, run.out[-4000:]
     report = run.report("train.json")
     names = ["node%d" % i for i in range(NODES)]
     assert [(h["host"], h["node_rank"], h["ranks"]) for h in report["hosts"]] == [
         (n, i, [i]) for i, n in enumerate(names)]
-    assert sorted(lab12.node(n).address for n in names) != [lab12.node(n).address for n in names]
+    assert sorted(lab40.node(n).address for n in names) != [lab40.node(n).address for n in names]
     remote = remote_root / report["run_id"]
     seen = [json.loads(p.read_text()) for p in remote.glob("*/results/identity-*.json")]
     assert sorted((s["rank"], s["node_rank"], s["host"]) for s in seen) == [
@@ -68,19 +112,19 @@ def tmux(*argv: str, socket: str) -> str:
                           text=True).stdout
 
 
-def test_progress_fits_a_24_row_terminal_at_40_hosts_and_names_every_failing_host(lab12,
+def test_progress_fits_a_24_row_terminal_at_40_hosts_and_names_every_failing_host(lab40,
                                                                                    tmp_path):
     if not shutil.which("tmux"):
         pytest.skip("needs tmux (.ci/run installs it)")
     failing = ["node5", "node17", "node33"]
     for name in failing:
-        lab12.hostname_loopback(name)
-    lab12.unreachable("node21")
+        lab40.hostname_loopback(name)
+    lab40.unreachable("node21")
     failing.append("node21")
     socket = "torchfleet-test-%d" % os.getpid()
     conf = tmp_path / "tmux.conf"
     conf.write_text("set -g history-limit 50000\n")
-    argv = [str(Path(sys.executable).with_name("torchfleet")), "preflight", "-i", str(lab12.inventory), "--runs-root",
+    argv = [str(Path(sys.executable).with_name("torchfleet")), "preflight", "-i", str(lab40.inventory), "--runs-root",
             str(tmp_path / "runs")]
     command = "%s; echo TORCHFLEET-DONE rc=$?; sleep 900" % shlex.join(argv)
     try:
@@ -95,7 +139,7 @@ def test_progress_fits_a_24_row_terminal_at_40_hosts_and_names_every_failing_hos
                       socket=socket)
     finally:
         subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
-        lab12.heal()
+        lab40.heal()
     assert re.search(r"TORCHFLEET-DONE rc=1$", screen, re.M), screen
     lines = screen.splitlines()
     # The live block was redrawn in place: its phase line is on the screen once, not once a
