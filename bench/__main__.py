@@ -602,6 +602,33 @@ def bench_report_scale(args, tmp):
     return out
 
 
+def bench_spares_cost(args, tmp):
+    """preflight.yml with nnodes=8 spares=2 (10 hosts checked) against nnodes=8 alone, side by
+    side on one 10-host lab; and with the first host unreachable, where the chosen hosts' ports
+    are tested again against the new master."""
+    the_lab = lab(10)
+    times = {"nnodes8": [], "spares2": [], "spares2_master_down": []}
+    try:
+        for i in range(args.runs):
+            for name, extra in (("nnodes8", []), ("spares2", ["-e", "spares=2"])):
+                wall, _, rc, out = playbook("preflight.yml", the_lab.inventory, "-e", "nnodes=8",
+                                            *extra, "-e", "run_dir=%s/sp-%s-%d" % (tmp, name, i))
+                assert rc == 0, out[-3000:]
+                times[name].append(wall)
+        the_lab.unreachable("node0")
+        for i in range(args.runs):
+            wall, _, rc, out = playbook("preflight.yml", the_lab.inventory, "-e", "nnodes=8",
+                                        "-e", "spares=2", "-e", "run_dir=%s/sp-down-%d" % (tmp, i))
+            assert rc == 0 and "not used: node0 (host.unreachable)" in out, out[-3000:]
+            times["spares2_master_down"].append(wall)
+    finally:
+        labmod.down(LAB_DIR, LAB_TAG)
+    base = statistics.median(times["nnodes8"])
+    return {name: {"preflight_s": stats(v), "ratio": statistics.median(v) / base,
+                   "ratio_min": min(v) / max(times["nnodes8"]),
+                   "ratio_max": max(v) / min(times["nnodes8"])} for name, v in times.items()}
+
+
 BENCHES = {
     "preflight_cost": bench_preflight_cost,
     "launch_overhead": bench_launch_overhead,
@@ -615,9 +642,10 @@ BENCHES = {
     "start_skew": bench_start_skew,
     "output_lines": bench_output_lines,
     "report_scale": bench_report_scale,
+    "spares_cost": bench_spares_cost,
 }
 NEEDS_ROOT = {"launch_overhead", "fail_fast", "watch_cpu", "diagnosis", "harness_overhead",
-              "isolate", "flood", "start_skew", "output_lines"}
+              "isolate", "flood", "start_skew", "output_lines", "spares_cost"}
 
 
 def machine():
@@ -691,6 +719,15 @@ def markdown(results):
                          r["hosts"], rng(r["render_s"]), r["bytes"] / 1e6,
                          rng(base["render_s"]) if base else "-",
                          r["render_s"]["median"] / base["render_s"]["median"] if base else 0))
+    sp = results.get("spares_cost") or {}
+    for name, text in (("spares2", "healthy"), ("spares2_master_down", "first host unreachable: "
+                                                "ports tested again against the second")):
+        if name in sp:
+            r = sp[name]
+            lines.append("| preflight.yml nnodes=8 spares=2 (10 lab hosts checked), %s, vs "
+                         "nnodes=8 | %s s | %s s | %.2fx [%.2f-%.2f] | ~1.25x (10 / 8 hosts) |"
+                         % (text, rng(r["preflight_s"]), rng(sp["nnodes8"]["preflight_s"]),
+                            r["ratio"], r["ratio_min"], r["ratio_max"]))
     fz = results.get("fuzz")
     if fz:
         lines.append("| control channel fuzz: inputs fed to the master's end / the agent's end "
