@@ -26,6 +26,7 @@ agent of an earlier run is never joined.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import signal
 import subprocess
@@ -393,6 +394,23 @@ def _logger(run_dir):
     return log
 
 
+# The control port is the ephemeral port preflight tested: between that test and this bind an
+# outgoing connection of this host may hold it for a moment (its local port drawn from the same
+# range). A port still taken after this long is a real conflict, named as such.
+BIND_RETRY_S = 10.0
+
+
+def bind_control(addr, port, secret):
+    end = time.monotonic() + BIND_RETRY_S
+    while True:
+        try:
+            return Server(addr, port, secret)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or time.monotonic() >= end:
+                raise
+            time.sleep(0.25)
+
+
 def run(p, command):
     """The whole job of torchrun_job: returns its result dict, or raises ValueError with the
     sentence to fail with. `command` runs short commands (py-spy) for it: command.bounded."""
@@ -425,7 +443,7 @@ def run(p, command):
                 join_timeout_s=p["join_timeout_s"], lost_after_s=p["lost_after_s"],
                 hang_timeout_s=p["hang_timeout_s"], job_timeout_s=p["job_timeout_s"])
             try:
-                server = Server(p["master_addr"], p["control_port"], secret)
+                server = bind_control(p["master_addr"], p["control_port"], secret)
             except OSError as exc:
                 raise ValueError("the master %s cannot listen on its control port %s:%d (%s); "
                                  "free it or set -e control_port=N" % (

@@ -155,9 +155,10 @@ class Server:
     def __init__(self, addr, port, secret):
         self.secret = secret
         raise_fd_limit()
-        self.sel = selectors.DefaultSelector()
+        # The listener first: a port in use raises before anything else is opened.
         self.listener = socket.create_server((addr, port), family=_family(addr), backlog=4096,
                                              reuse_port=False)
+        self.sel = selectors.DefaultSelector()
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, None)
         self.peers = {}    # socket -> _Peer

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 
 import pytest
-from ansible.module_utils.torchfleet import control
+from ansible.module_utils.torchfleet import agent, control
 from ansible.module_utils.torchfleet.control import (
     TO_AGENT, TO_MASTER, Client, Server, seal, unseal)
 
@@ -210,3 +211,23 @@ def test_a_reconnecting_host_replaces_its_old_connection(master):
     assert len([p for p in master.server.peers.values() if p.host == "node1"]) == 1
     first.close()
     second.close()
+
+
+def test_the_master_waits_out_a_control_port_held_for_a_moment(monkeypatch):
+    # Preflight tested the port; an outgoing connection may take it for a while before the run.
+    port = free_port()
+    holder = socket.create_server(("127.0.0.1", port))
+    monkeypatch.setattr(agent, "BIND_RETRY_S", 30.0)
+    threading.Timer(0.5, holder.close).start()
+    server = agent.bind_control("127.0.0.1", port, b"k" * 32)
+    assert server.listener.getsockname()[1] == port
+    server.listener.close()
+
+
+def test_a_control_port_held_for_good_is_named(monkeypatch):
+    port = free_port()
+    monkeypatch.setattr(agent, "BIND_RETRY_S", 0.5)
+    with socket.create_server(("127.0.0.1", port)):
+        with pytest.raises(OSError) as err:
+            agent.bind_control("127.0.0.1", port, b"k" * 32)
+    assert err.value.errno == 98
