@@ -7,6 +7,8 @@ import re
 import shutil
 import tempfile
 
+from ansible.module_utils.torchfleet.records import fmt_hosts
+
 RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
 
 
@@ -26,8 +28,14 @@ def verdict(kind, checks, first_failure=None):
         ids = list(dict.fromkeys(c["id"] for c in failures))
         return "%s failed: %d problem(s) on %s (%s)" % (kind, len(failures), ", ".join(hosts),
                                                         ", ".join(ids))
-    hosts = {c["host"] for c in checks} - {"controller"}
-    return "%s ok: %d check(s) passed on %d host(s)" % (kind, len(checks), len(hosts))
+    # With spares, the candidates the run does not use carry a host.skipped record.
+    unused = list(dict.fromkeys(c["host"] for c in checks if c["id"] == "host.skipped"))
+    used = [c for c in checks if c["host"] not in unused]
+    hosts = {c["host"] for c in used} - {"controller"}
+    text = "%s ok: %d check(s) passed on %d host(s)" % (kind, len(used), len(hosts))
+    if unused:
+        text += ", %d candidate(s) not used (%s)" % (len(unused), fmt_hosts(unused))
+    return text
 
 
 def write_report(run_dir, name, data, runs_root=None):

@@ -47,6 +47,8 @@ def test_a_broken_worker_is_skipped_and_the_next_healthy_host_takes_its_place(ca
     assert row.split()[:3] == ["n2", "host.skipped", "WARN"]
     assert "spares: the run uses n0, n1, n3, n4; not used: n2 (port.blocked, " \
            "port.ephemeral), n5 (healthy spare)" in result["table"]
+    assert result["verdict"].startswith("preflight ok: ")
+    assert result["verdict"].endswith(" on 4 host(s), 2 candidate(s) not used (n2, n5)")
     report = json.loads((tmp_path / "r1" / "preflight.json").read_text())
     assert [h["host"] for h in report["hosts"]] == ["n0", "n1", "n3", "n4"]
     assert report["spares"]["skipped"] == {"n2": ["port.blocked", "port.ephemeral"]}
