@@ -7,8 +7,6 @@ import re
 import shutil
 import tempfile
 
-from ansible.module_utils.torchfleet.records import fmt_hosts
-
 RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
 
 
@@ -34,7 +32,10 @@ def verdict(kind, checks, first_failure=None):
     hosts = {c["host"] for c in used} - {"controller"}
     text = "%s ok: %d check(s) passed on %d host(s)" % (kind, len(used), len(hosts))
     if unused:
-        text += ", %d candidate(s) not used (%s)" % (len(unused), fmt_hosts(unused))
+        # (Loaded on its own by the package too: no import of the other module_utils here.)
+        text += ", %d candidate(s) not used (%s%s)" % (
+            len(unused), ", ".join(unused[:4]),
+            " and %d more" % (len(unused) - 4) if len(unused) > 4 else "")
     return text
 
 
