@@ -136,15 +136,15 @@ def candidates(params):
     return nnodes + spares, spares
 
 
-def port_plan(params):
+def port_plan(params, hosts):
     """One round trip per host when the master's address is known up front: each host's probe
     connects to the master's listener. With every host in one fork batch the master waits for
     the others' connections inside its own probe; with several batches the listener outlives
     the master's probe and a last task removes it. Otherwise the master decides its address
-    in its probe and a second round connects to it."""
+    in its probe and a second round connects to it. `hosts`: how many the preflight checks."""
     addr = master_addr_up_front(params["master_addr"], params["socket_ifname"],
                                 params["master_host"]) or ""
-    return {"inline": bool(addr), "batched": candidates(params)[0] > params["forks"], "addr": addr,
+    return {"inline": bool(addr), "batched": hosts > params["forks"], "addr": addr,
             "ephemeral_port": random.randint(*EPHEMERAL_PORTS)}
 
 
@@ -152,5 +152,5 @@ def decide(params):
     run_id = params["run_id"]
     hosts, spares = candidates(params)
     return {"run_id": str(run_id) if run_id is not None else new_run_id(),
-            "port_plan": port_plan(params), "input_errors": input_errors(params),
+            "port_plan": port_plan(params, hosts), "input_errors": input_errors(params),
             "candidates": hosts, "spares": spares}

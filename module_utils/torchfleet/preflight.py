@@ -13,7 +13,7 @@ from ansible.module_utils.torchfleet import fabric, rdma, spares
 from ansible.module_utils.torchfleet.net import is_loopback as is_loopback_addr
 from ansible.module_utils.torchfleet.plan import bad_nproc_per_node
 from ansible.module_utils.torchfleet.records import (  # noqa: F401 (check: for importers)
-    ERROR, WARNING, check, fmt_hosts, outliers)
+    CONTROLLER, ERROR, WARNING, check, failed, fmt_hosts, outliers)
 from ansible.module_utils.torchfleet.report import verdict, write_report
 from ansible.module_utils.torchfleet.table import render
 
@@ -28,7 +28,6 @@ VERSION_FIX = {
     "driver": "install GPU driver {want} on {host}",
     "rocm": "install ROCm {want} on {host}",
 }
-CONTROLLER = "controller"
 
 
 def world_checks(nnodes, inventory_size, hosts):
@@ -415,10 +414,6 @@ def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
     return checks, nodes, resolved
 
 
-def failed(checks):
-    return [c for c in checks if not c["ok"] and c["severity"] == ERROR]
-
-
 ARGUMENT_SPEC = dict(
     hosts=dict(type="list", elements="str", required=True),
     nnodes=dict(type="int", required=True),
@@ -510,11 +505,7 @@ def decide(params):
             resolved["network"], " (auto)" if params["network"] == "auto" else "",
             resolved["network_why"])
     if choice and not bad:
-        left = [h for h in choice["candidates"] if h not in choice["chosen"]]
-        table += "\n\nspares: the run uses %s; not used: %s" % (
-            ", ".join(choice["chosen"]), ", ".join(
-                "%s (%s)" % (h, ", ".join(choice["skipped"][h])) if h in choice["skipped"]
-                else "%s (healthy spare)" % h for h in left) or "none")
+        table += "\n\n" + spares.summary(choice)
     result = dict(ok=not bad, checks=checks, nodes=nodes, resolved=resolved, failures=bad,
                   table=table + "\n\n" + sentence, verdict=sentence, report="", retest=[])
     if choice:

@@ -8,6 +8,7 @@ from collections import Counter
 from ansible.module_utils.torchfleet.checks import IDS
 
 ERROR, WARNING, INFO = "error", "warning", "info"
+CONTROLLER = "controller"  # the host of checks about the run as a whole
 
 
 def check(cid, host, ok, detail="", hint="", severity=ERROR):
@@ -15,6 +16,11 @@ def check(cid, host, ok, detail="", hint="", severity=ERROR):
         raise ValueError("check id %r is not in module_utils/torchfleet/checks.py" % cid)
     return {"id": cid, "host": host, "ok": bool(ok), "severity": severity if not ok else INFO,
             "detail": detail, "hint": "" if ok else hint}
+
+
+def failed(checks):
+    """The failed checks of severity error: the ones that stop a run."""
+    return [c for c in checks if not c["ok"] and c["severity"] == ERROR]
 
 
 def reference(values, master):

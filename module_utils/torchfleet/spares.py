@@ -10,9 +10,9 @@ port test was made against another master in that case; the playbook tests them 
 """
 from __future__ import annotations
 
-from ansible.module_utils.torchfleet.records import ERROR, WARNING, check, fmt_hosts
+from ansible.module_utils.torchfleet.records import (
+    CONTROLLER, ERROR, WARNING, check, failed, fmt_hosts)
 
-CONTROLLER = "controller"
 # Checks a worker decides against the master it was tested with.
 MASTER_BOUND = ("port.blocked", "port.ephemeral", "nic.route")
 
@@ -20,8 +20,8 @@ MASTER_BOUND = ("port.blocked", "port.ephemeral", "nic.route")
 def failing(checks):
     """{host: [failed error check ids]} in the order the checks came."""
     out = {}
-    for c in checks:
-        if not c["ok"] and c["severity"] == ERROR and c["host"] != CONTROLLER:
+    for c in failed(checks):
+        if c["host"] != CONTROLLER:
             out.setdefault(c["host"], []).append(c["id"])
     return out
 
@@ -87,3 +87,12 @@ def skipped_records(hosts, checks, chosen, skipped):
         else:
             out.append(check("host.skipped", host, True, "a healthy spare, not needed"))
     return out
+
+
+def summary(choice):
+    """The table's last word on the choice: who runs, who does not and why."""
+    left = [h for h in choice["candidates"] if h not in choice["chosen"]]
+    reasons = ["%s (%s)" % (h, ", ".join(choice["skipped"][h])) if h in choice["skipped"]
+               else "%s (healthy spare)" % h for h in left]
+    return "spares: the run uses %s; not used: %s" % (", ".join(choice["chosen"]),
+                                                      ", ".join(reasons) or "none")

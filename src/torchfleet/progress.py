@@ -123,12 +123,16 @@ class Progress:
 
     # -- drawing ----------------------------------------------------------------------------
 
-    def lines(self, height: int | None = None) -> list[str]:
-        """The block as plain lines: the phases, then the failing hosts cut to `height`."""
+    def _snapshot(self) -> tuple[list[str], list[tuple[str, list[str]]]]:
+        """(one line per phase begun, the failing hosts with what failed), taken together."""
         with self._lock:
             now = time.monotonic()
-            out = [self.phases[p].line(self.total, now) for p in PHASES if p in self.phases]
-            failing = list(self.failing.items())
+            return ([self.phases[p].line(self.total, now) for p in PHASES if p in self.phases],
+                    [(host, list(what)) for host, what in self.failing.items()])
+
+    def lines(self, height: int | None = None) -> list[str]:
+        """The block as plain lines: the phases, then the failing hosts cut to `height`."""
+        out, failing = self._snapshot()
         room = len(failing) if height is None else max(height - len(out) - 1, 0)
         if len(failing) > room:
             shown, more = failing[:max(room - 1, 0)], len(failing) - max(room - 1, 0)
@@ -144,10 +148,8 @@ class Progress:
         return Group(*(Text(r, no_wrap=True, overflow="ellipsis") for r in rows))
 
     def summary_line(self) -> str:
-        with self._lock:
-            now = time.monotonic()
-            parts = [self.phases[p].line(self.total, now) for p in PHASES if p in self.phases]
-            failing = sorted(self.failing)
+        parts, failures = self._snapshot()
+        failing = sorted(host for host, _ in failures)
         text = " | ".join(" ".join(p.split()) for p in parts) or "starting"
         if failing:
             text += " | failing: %s" % ", ".join(failing[:10])
