@@ -77,6 +77,15 @@ options:
       hosts than the group has, is C(input.spares).
     type: raw
     default: 0
+  max_restarts:
+    description: Restarts asked for, as given; anything but a whole number from 0 to 5 is
+      C(input.max_restarts).
+    type: raw
+    default: 0
+  restart_on:
+    description: C(host) or C(any), as given; anything else is C(input.restart_on).
+    type: raw
+    default: host
   inventory_size:
     description: How many hosts group C(nodes) has; 0 when unknown (not compared).
     type: int

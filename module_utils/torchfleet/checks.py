@@ -105,6 +105,10 @@ REGISTRY = (
          '`spares` that is not a whole number >= 0, or `nnodes + spares` larger than group '
          '`nodes`; reported before any host is touched',
          'the value to set'),
+    Unit(('input.max_restarts', 'input.restart_on'), INPUT,
+         '`max_restarts` that is not a whole number from 0 to 5, or `restart_on` neither '
+         '`host` nor `any`; reported before any host is touched',
+         'the value to set'),
     Unit(('input.master_port', 'input.nproc_per_node', 'input.data_paths'), INPUT,
          'a value that makes no sense anywhere (port outside 1–65535, nproc not a positive '
          'number, data_paths not a list or holding a relative path); reported before any '
@@ -134,6 +138,11 @@ REGISTRY = (
          'failure, as the master judged it (a cause before the ranks that lost it), names '
          'host, rank, exit code and log tail',
          "read that host's logs"),
+    Unit(('run.restart',), RUN,
+         'with `max_restarts=R`, a host an attempt lost (host.lost, its start failed, '
+         'unreachable) or whose rank died and which then failed its re-check: a warning naming '
+         'the attempt and the host that replaced it (the run went on without it)',
+         'fix the named host before it is needed again'),
     Unit(('host.lost',), RUN,
          "a host's agent sent no heartbeat for `lost_after_s` (network cut, host frozen), "
          "its agent's connection closed without its exit and did not come back in 3 s "

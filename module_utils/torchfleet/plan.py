@@ -7,6 +7,7 @@ import random
 
 from ansible.module_utils.torchfleet.net import master_addr_up_front
 from ansible.module_utils.torchfleet.rdma import HCA_SPEC, is_gid_index
+from ansible.module_utils.torchfleet.restart import MAX_RESTARTS, RESTART_ON
 from ansible.module_utils.torchfleet.rundir import RUN_ID, new_run_id
 
 # The user's values as given (raw): a wrong type is an input.* check naming the variable,
@@ -26,6 +27,8 @@ ARGUMENT_SPEC = dict(
     nccl_ib_hca=dict(type="raw", default=""),
     nccl_ib_gid_index=dict(type="raw", default=""),
     spares=dict(type="raw", default=0),
+    max_restarts=dict(type="raw", default=0),
+    restart_on=dict(type="raw", default="host"),
     inventory_size=dict(type="int", default=0),
 )
 
@@ -111,6 +114,25 @@ def input_errors(params):
                              "give an integer from 0 to 255 (3 is common for RoCE v2 IPv4; "
                              "preflight's rdma.gid names the right one), or leave it unset"))
     errors.extend(spares_errors(params))
+    errors.extend(restart_errors(params))
+    return errors
+
+
+def restart_errors(params):
+    raw, errors = params.get("max_restarts", 0), []
+    restarts = _int(raw)
+    if isinstance(raw, bool) or restarts is None or not 0 <= restarts <= MAX_RESTARTS:
+        errors.append(_error("input.max_restarts",
+                             "max_restarts=%s is not a whole number from 0 to %d"
+                             % (raw, MAX_RESTARTS),
+                             "set -e max_restarts=R with 0 <= R <= %d (0, the default, never "
+                             "restarts; add spares so a restart has a host to take)"
+                             % MAX_RESTARTS))
+    if params.get("restart_on", "host") not in RESTART_ON:
+        errors.append(_error("input.restart_on",
+                             "restart_on=%s is neither host nor any" % (params["restart_on"],),
+                             "set -e restart_on=host (restart a failure a host explains, the "
+                             "default) or any (every failure)"))
     return errors
 
 

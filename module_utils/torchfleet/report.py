@@ -10,10 +10,24 @@ import tempfile
 RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
 
 
-def verdict(kind, checks, first_failure=None):
+def verdict(kind, checks, first_failure=None, restarts=(), not_restarted=""):
     """How a preflight or a run ended, in one sentence, rendered here only: the play's failure
     message, the last line of its table, `verdict` in its JSON, the API's Result.verdict, the
-    CLI and the HTML report all show this sentence."""
+    CLI and the HTML report all show this sentence. restarts: why each restart was made
+    (restart.py's words), in order; not_restarted: why a failed run was not started again."""
+    sentence = _verdict(kind, checks, first_failure)
+    if not_restarted and not sentence.startswith(kind + " ok"):
+        sentence += "; " + not_restarted
+    if not restarts:
+        return sentence
+    after = "after %d restart%s" % (len(restarts), "" if len(restarts) == 1 else "s")
+    if sentence.startswith(kind + " ok"):
+        return "%s ok %s: %s" % (kind, after, "; ".join(restarts))
+    return "%s failed %s (%s)%s" % (kind, after, "; ".join(restarts),
+                                    sentence[len(kind + " failed"):])
+
+
+def _verdict(kind, checks, first_failure):
     failures = [c for c in checks if not c["ok"] and c.get("severity", "error") == "error"]
     if first_failure:  # the master's record judged it (runstate.py); rendered, not re-judged
         host, rank = first_failure.get("host"), first_failure.get("rank")
