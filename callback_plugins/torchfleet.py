@@ -27,6 +27,7 @@ from ansible.plugins.callback.default import CallbackModule as Default
 COUNTS = ("ok", "changed", "skipped", "failed", "unreachable", "ignored")
 # Tasks whose output is their purpose: shown in full, as the default callback shows it.
 SHOWN = frozenset(("debug", "ansible.builtin.debug", "ansible.legacy.debug"))
+META = frozenset(("meta", "ansible.builtin.meta", "ansible.legacy.meta"))
 
 
 class CallbackModule(Default):
@@ -40,11 +41,19 @@ class CallbackModule(Default):
         self._counts = {key: 0 for key in COUNTS}
         self._headed = False
         self._prefix = "TASK"
+        self._play_pending = None
 
     # ---- a task's line -------------------------------------------------------------------
     def _close_task(self):
         if self._open is None:
             return
+        if self._play_pending is not None:
+            if self._open.action in META and not any(self._counts.values()):
+                # A play that ends at its first task (an attempt of train.yml that is not
+                # needed) prints nothing at all.
+                self._open = None
+                return
+            self._flush_play()
         counts = ", ".join("%s %s" % (k, v) for k, v in self._counts.items()
                            if v or k in ("ok", "failed"))
         if self._headed:  # its banner and full output are above
@@ -54,8 +63,14 @@ class CallbackModule(Default):
                                                   counts))
         self._open = None
 
+    def _flush_play(self):
+        play, self._play_pending = self._play_pending, None
+        if play is not None:
+            super().v2_playbook_on_play_start(play)
+
     def _head(self):
         """The default callback's banner, printed once, before the first full output."""
+        self._flush_play()
         if self._open is not None and not self._headed:
             self._headed = True
             self._print_task_banner(self._open)
@@ -79,7 +94,8 @@ class CallbackModule(Default):
 
     def v2_playbook_on_play_start(self, play):
         self._close_task()
-        super().v2_playbook_on_play_start(play)
+        self._play = play
+        self._play_pending = play  # its banner waits for its first task that does something
 
     def v2_playbook_on_stats(self, stats):
         self._close_task()

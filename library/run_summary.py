@@ -51,6 +51,23 @@ options:
     description: The controller's run directory; the report is written there when set.
     type: str
     default: ""
+  attempt_dir:
+    description: Where the last attempt's logs and run_state.json are when the run could
+      restart (O(run_dir)/attempt_<n>); O(run_dir)/logs is then pointed at its logs. Unset,
+      O(run_dir).
+    type: str
+    default: ""
+  attempts:
+    description: Every attempt of a run with max_restarts (attempt, hosts, dir), in order.
+    type: list
+    elements: dict
+    default: []
+  restarts:
+    description: The M(restart_plan) decision after each attempt (attempt, restart, why, hosts,
+      replaced).
+    type: list
+    elements: dict
+    default: []
   runs_root:
     description: When set, runs_root/latest is pointed at O(run_dir).
     type: str
@@ -117,7 +134,7 @@ ok:
   returned: always
   type: bool
 checks:
-  description: run.exit per host, host.lost, run.hang, run.timeout, run.controller_lost,
+  description: run.exit per host, host.lost, run.restart per replaced host, run.hang, run.timeout, run.controller_lost,
     rank.missing, collective.wrong or train.checksum; with the pair rounds, node.slow per
     host and link.slow per slow pair.
   returned: always
@@ -160,6 +177,14 @@ table_collective:
   description: The collective test's busbw tables (and the pair rounds' verdict) as text.
   returned: for kind collective
   type: str
+attempts:
+  description: With max_restarts, every attempt - attempt, hosts, dir, logs, phase, ok,
+    outcomes (host to outcome), first_failure (in words), failure (the record's), restart (why
+    the next attempt was started, else empty), not_restarted (why not) and replaced (host,
+    reason, by).
+  returned: when the run could restart
+  type: list
+  elements: dict
 verdict:
   description: How it ended, in one sentence (also the table's last line and the report's C(verdict)).
   returned: always

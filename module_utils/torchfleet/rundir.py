@@ -13,6 +13,7 @@ modules:
         torchrun.log    torchrun's own output
         logs/<rdzv>/attempt_<n>/<local_rank>/{stdout,stderr}.log   per rank (torchrun --log-dir)
         results/rank-<RANK>.json                                    per rank (the workloads)
+        attempt_<n>/    a restarted run's attempt n >= 1 (max_restarts): the same layout
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ START_FAILED = "start_failed.json"
 AGENT_LOG = "agent.log"
 TORCHRUN_LOG = "torchrun.log"
 LOGS = "logs"
+ATTEMPT_GLOB = "attempt_[0-9]*"
 RESULTS = "results"
 STACK_DUMP = "py-spy-dump.txt"
 

@@ -8,7 +8,7 @@ import re
 import time
 
 from ansible.module_utils.torchfleet.procs import run_processes, stop_run
-from ansible.module_utils.torchfleet.rundir import PIDFILE, RUN_ID, read_json
+from ansible.module_utils.torchfleet.rundir import ATTEMPT_GLOB, PIDFILE, RUN_ID, read_json
 
 # Ansible's job ids: "j" + digits + "." + PID; never a path.
 JID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -64,10 +64,13 @@ def stop_runs(p, check_mode=False):
     """Stop what p (rundir.STOP_SPEC's arguments, checked by argument_error) names; returns
     {"stopped": [one entry per run that had live processes], "async_removed": path or None}.
     In check mode it only lists."""
-    pattern = os.path.join(glob.escape(p["runs_root"]), p["run_id"] or "*",
-                           glob.escape(p["host_dir"]) if p["host_dir"] else "*", PIDFILE)
+    host_dir = os.path.join(glob.escape(p["runs_root"]), p["run_id"] or "*",
+                            glob.escape(p["host_dir"]) if p["host_dir"] else "*")
+    # A restarted run's later attempts keep their directories inside the host's (ATTEMPT_DIR).
+    pidfiles = glob.glob(os.path.join(host_dir, PIDFILE)) + glob.glob(
+        os.path.join(host_dir, ATTEMPT_GLOB, PIDFILE))
     stopped = []
-    for pidfile in sorted(glob.glob(pattern)):
+    for pidfile in sorted(pidfiles):
         record = read_json(pidfile)
         if not record:
             continue

@@ -15,12 +15,13 @@ import statistics
 
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.module_utils.torchfleet import fabric, isolate, nccl_log
-from ansible.module_utils.torchfleet.records import ERROR, check
+from ansible.module_utils.torchfleet.records import ERROR, WARNING, check
 from ansible.module_utils.torchfleet.report import prune_runs, verdict, write_report
 from ansible.module_utils.torchfleet.rundir import (
     STACK_DUMP, TORCHRUN_LOG, failed_ranks, read_json, tail)
 from ansible.module_utils.torchfleet.runstate import (
-    CONTROLLER_LOST, HANG, LOST, STATE_FILE, SUCCEEDED, TIMEOUT, UNKNOWN, host_rows)
+    CONTROLLER_LOST, HANG, LOST, STATE_FILE, SUCCEEDED, TIMEOUT, UNKNOWN, failure_text,
+    host_rows)
 from ansible.module_utils.torchfleet.table import render, spread, spread_of
 
 # Failures of the whole run rather than of a host (a hang is named per host: run.hang).
@@ -38,6 +39,9 @@ ARGUMENT_SPEC = dict(
     world_size=dict(type="int", required=True),
     settings=dict(type="dict", default={}),
     run_dir=dict(type="str", default=""),
+    attempt_dir=dict(type="str", default=""),
+    attempts=dict(type="list", elements="dict", default=[]),
+    restarts=dict(type="list", elements="dict", default=[]),
     runs_root=dict(type="str", default=""),
     keep_runs=dict(type="int", default=20),
     expect_results=dict(type="bool", default=True),
@@ -223,18 +227,66 @@ def _span(ranks):
                                                                                   ranks[-1])
 
 
+def attempts_of(attempts, restarts):
+    """Every attempt of a run with max_restarts, as its own record (run_state.json in its
+    directory) says it ended, with the restart decision that followed it (restart.py's)."""
+    decided = {d.get("attempt"): d for d in restarts}
+    out = []
+    for a in attempts:
+        record = read_json(os.path.join(a["dir"], STATE_FILE)) or {}
+        failure = record.get("failure")
+        decision = decided.get(a["attempt"]) or {}
+        out.append({
+            "attempt": a["attempt"], "hosts": a["hosts"], "dir": a["dir"],
+            "logs": os.path.join(a["dir"], "logs"),
+            "phase": record.get("phase", UNKNOWN), "ok": record.get("phase") == SUCCEEDED,
+            "outcomes": {r["host"]: r["outcome"] for r in host_rows(a["hosts"], dict(
+                record, nproc_per_node=record.get("nproc_per_node") or 0))},
+            "first_failure": failure_text(failure), "failure": failure,
+            "restart": decision.get("why", "") if decision.get("restart") else "",
+            "not_restarted": "" if decision.get("restart") else decision.get("why", ""),
+            "replaced": decision.get("replaced", [])})
+    return out
+
+
+def restart_checks(attempts):
+    """run.restart: each host an attempt left behind, with the host that took its place."""
+    return [check("run.restart", r["host"], False,
+                  "attempt %d: %s, replaced by %s in attempt %d" % (
+                      a["attempt"], r["reason"], r["by"], a["attempt"] + 1),
+                  "fix %s before it is needed again" % r["host"], WARNING)
+            for a in attempts for r in a["replaced"]]
+
+
+def link_logs(run_dir, attempt_dir):
+    """runs/<run_id>/logs -> the last attempt's logs: logs/<host>/ is where every run's logs are
+    (DESIGN.md's Outputs), whichever attempt ended the run."""
+    link = os.path.join(run_dir, "logs")
+    if os.path.exists(link) and not os.path.islink(link):
+        return  # a directory of the user's: left alone
+    tmp = link + ".tmp%d" % os.getpid()
+    try:
+        os.symlink(os.path.relpath(os.path.join(attempt_dir, "logs"), run_dir), tmp)
+        os.replace(tmp, link)
+    except OSError:
+        pass  # the report still names every attempt's logs
+
+
 def decide(params):
     hosts, ranks = params["hosts"], params["ranks"]
     kind, world = params["kind"], params["world_size"]
     nproc = int(params["settings"].get("nproc_per_node") or 0)
     results = sorted((r for h in hosts for r in (ranks.get(h) or {}).get("results", [])),
                      key=lambda r: r.get("rank", 0))
+    # With max_restarts each attempt keeps its logs and record in attempt_<n>/: the report
+    # describes the last one and lists them all.
+    logs_dir = params["attempt_dir"] or params["run_dir"]
     record = params.get("state")
-    if record is None and params["run_dir"]:
-        record = read_json(os.path.join(params["run_dir"], STATE_FILE))
+    if record is None and logs_dir:
+        record = read_json(os.path.join(logs_dir, STATE_FILE))
     record = record or {"phase": UNKNOWN, "failure": None, "failures": [], "hosts": []}
     abort = record.get("failure")
-    failure = first_failure(record, params["run_dir"], params["tail_lines"])
+    failure = first_failure(record, logs_dir, params["tail_lines"])
     own = {}  # each host's own failures, as the record keeps them
     for f in record.get("failures") or []:
         own.setdefault(f.get("host"), []).append(f)
@@ -248,7 +300,7 @@ def decide(params):
         ok = outcome == "succeeded"
         detail = "%s, exit %s after %.1f s" % (outcome, "-" if rec.get("rc") is None
                                                else rec["rc"], rec.get("elapsed_s") or 0.0)
-        hint = "see %s/logs/%s/" % (params["run_dir"], host)
+        hint = "see %s/logs/%s/" % (logs_dir, host)
         if failure and failure["host"] == host:
             detail += "; first failure: %s" % failure["reason"]
         if outcome == LOST:
@@ -268,10 +320,10 @@ def decide(params):
                          "outcome": outcome, "rc": rec.get("rc"),
                          "duration_s": rec.get("elapsed_s"),
                          "reported_ranks": [r["rank"] for r in results if r.get("host") == host],
-                         "logs": os.path.join(params["run_dir"], "logs", host)})
+                         "logs": os.path.join(logs_dir, "logs", host)})
     settings = params["settings"]
-    if boolean(settings.get("transport_check", False), strict=False) and params["run_dir"]:
-        seen = {h: host_transport(params["run_dir"], h) for h in hosts}
+    if boolean(settings.get("transport_check", False), strict=False) and logs_dir:
+        seen = {h: host_transport(logs_dir, h) for h in hosts}
         for row in rows_out:
             row["transport"] = seen.get(row["host"])
         # A host whose ranks ended before NCCL started says nothing; one that ran through
@@ -317,12 +369,19 @@ def decide(params):
                             "parameter checksums differ across ranks: gradients were not "
                             "synchronised", "check that every rank runs the same code"))
     bad = [c for c in checks if not c["ok"] and c["severity"] == ERROR]
-    sentence = verdict(kind, checks, failure)
-    rank_rows = rank_states(rows_out, results, params["run_dir"], nproc)
+    if params["attempts"]:
+        extra["attempts"] = attempts_of(params["attempts"], params["restarts"])
+        checks.extend(restart_checks(extra["attempts"]))
+    tried = extra.get("attempts", [])
+    sentence = verdict(kind, checks, failure, [a["restart"] for a in tried if a["restart"]],
+                       tried[-1]["not_restarted"] if tried else "")
+    rank_rows = rank_states(rows_out, results, logs_dir, nproc)
     report = dict(ok=not bad, kind=kind, run_id=params["run_id"], world_size=world,
                   phase=record.get("phase"), hosts=rows_out, ranks=rank_rows, checks=checks,
                   first_failure=failure, verdict=sentence, settings=params["settings"], **extra)
     path = ""
+    if params["run_dir"] and logs_dir != params["run_dir"]:
+        link_logs(params["run_dir"], logs_dir)
     if params["run_dir"]:
         path = write_report(params["run_dir"], kind + ".json", report,
                             params["runs_root"] or None)

@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--nnodes", type=int, help="use the first N hosts of group nodes")
         p.add_argument("--spares", type=int, help="also check the K hosts after them; the run "
                        "uses the first N healthy ones")
+        if name != "preflight":
+            p.add_argument("--max-restarts", type=int, help="start the run again, at most R "
+                           "times, with a spare in place of a host that failed it")
+            p.add_argument("--restart-on", choices=("host", "any"), help="restart only a "
+                           "failure a host explains (host, the default) or any failure")
         p.add_argument("--run-id", help="name of the run directory (default: time + random)")
     p = sub.add_parser("stop", parents=[common], help="stop a run (or every run) on every host")
     p.add_argument("run_id", nargs="?", help="the run to stop; every torchfleet run if omitted")
@@ -149,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         print(path)
         return OK
     variables = dict(args.vars)
-    for name in ("nnodes", "spares"):
+    for name in ("nnodes", "spares", "max_restarts", "restart_on"):
         if getattr(args, name, None) is not None:
             variables[name] = getattr(args, name)
     # --json keeps stderr quiet too: what it prints is the whole answer.

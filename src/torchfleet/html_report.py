@@ -287,6 +287,17 @@ def _ranks(result: Result) -> str:
                 "<th>NCCL transport</th>" if nccl else "", hosts, rows))
 
 
+def _attempts(result: Result) -> str:
+    """Every attempt of a run with max_restarts, as train.json records it."""
+    rows = "".join(
+        '<tr><td>%d</td><td>%s</td><td class="%s">%s</td><td>%s</td><td>%s</td></tr>' % (
+            a.attempt, escape(_names(a.hosts)), "ok" if a.ok else "bad", escape(a.phase),
+            escape(a.first_failure or "-"), escape(a.restart or a.not_restarted or "-"))
+        for a in result.attempts)
+    return ('<table class="attempts"><tr><th>attempt</th><th>hosts</th><th>phase</th>'
+            '<th>first failure</th><th>then</th></tr>%s</table>' % rows)
+
+
 def render(result: Result) -> str:
     pre = result if result.kind == "preflight" else result.preflight
     body = ['<h1>torchfleet %s <span class="%s">%s</span></h1>' % (
@@ -296,6 +307,8 @@ def render(result: Result) -> str:
                                                    escape(result.verdict)))
     if result.first_failure:
         body.append('<h2>First failure</h2><pre>%s</pre>' % escape(result.first_failure.tail))
+    if result.attempts:
+        body.append("<h2>Attempts</h2>" + _attempts(result))
     if pre is not None:
         body.append("<h2>Preflight</h2>" + _matrix(pre))
     if result.kind in ("train", "collective"):

@@ -129,6 +129,24 @@ class Failure:
     consequence: bool = False
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt of a run with max_restarts, as its own record says it ended: its hosts in
+    rank order, phase (succeeded, lost, failed, ...), each host's outcome, the first failure in
+    words, why the next attempt was started (restart, with the hosts it replaced) or why not."""
+
+    attempt: int
+    hosts: list[str]
+    phase: str
+    ok: bool
+    outcomes: dict[str, str]
+    first_failure: str
+    restart: str
+    not_restarted: str
+    replaced: list[dict[str, Any]]
+    logs: str
+
+
 @dataclass
 class Result:
     """What a torchfleet call returns. ok is False whenever any check failed or the run was
@@ -145,6 +163,7 @@ class Result:
     isolation: Isolation | None = None
     first_failure: Failure | None = None
     preflight: Result | None = None
+    attempts: list[Attempt] = field(default_factory=list)
     cancelled: bool = False
     ansible_status: str = ""
     ansible_rc: int | None = None
@@ -159,7 +178,9 @@ class Result:
         return _verdict(self.kind, [{"host": c.host, "id": c.id, "ok": c.ok,
                                      "severity": c.severity} for c in checks],
                         None if failure is None else {"host": failure.host, "rank": failure.rank,
-                                                      "reason": failure.reason})
+                                                      "reason": failure.reason},
+                        [a.restart for a in self.attempts if a.restart],
+                        self.attempts[-1].not_restarted if self.attempts else "")
 
     @property
     def failures(self) -> list[Check]:
@@ -235,7 +256,14 @@ def from_report(kind: str, data: dict, run_dir: Path) -> Result:
                               reason=failure.get("reason", ""), tail=failure.get("tail", ""),
                               exit_code=failure.get("exit_code"),
                               consequence=bool(failure.get("consequence")))
-        if failure else None)
+        if failure else None,
+        attempts=[Attempt(attempt=a["attempt"], hosts=list(a.get("hosts", [])),
+                          phase=a.get("phase", ""), ok=bool(a.get("ok")),
+                          outcomes=dict(a.get("outcomes") or {}),
+                          first_failure=a.get("first_failure", ""), restart=a.get("restart", ""),
+                          not_restarted=a.get("not_restarted", ""),
+                          replaced=list(a.get("replaced") or []), logs=a.get("logs", ""))
+                  for a in data.get("attempts", [])])
 
 
 read_json = shared_module("rundir").read_json  # the one JSON reader, shared with the modules

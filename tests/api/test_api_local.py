@@ -80,13 +80,23 @@ def test_train_returns_every_ranks_exit_status(runs_root):
     assert ok.ok is True
     assert [(r.rank, r.exit_code, r.state) for r in ok.ranks] == [(0, 0, "succeeded"),
                                                                   (1, 0, "succeeded")]
+    # restart_on=any: a rank's own error is started again once (on the same two hosts).
     failed = torchfleet.train(runs_root=runs_root, master_port=free_port(),
-                              script=str(FIXTURES / "scripts" / "fail_rank1.py"))
+                              script=str(FIXTURES / "scripts" / "fail_rank1.py"),
+                              max_restarts=1, restart_on="any")
     assert failed.ok is False
     by_rank = {r.rank: r for r in failed.ranks if r.rank is not None}
     assert by_rank[1].exit_code == 3 and by_rank[1].state == "failed"
     assert len(failed.ranks) == 2  # the other rank is there too, stopped or killed
     assert failed.first_failure.rank == 1 and "exited with 3" in failed.first_failure.reason
+    assert [(a.attempt, a.hosts, a.phase) for a in failed.attempts] == [
+        (0, ["node0", "node1"], "failed"), (1, ["node0", "node1"], "failed")]
+    assert failed.verdict == (
+        "train failed after 1 restart (node1 run.exit, the same hosts again (restart_on=any)): "
+        "first failure on node1, rank 1: rank 1 exited with 3; not restarted: max_restarts=1 "
+        "used") == failed.to_dict()["verdict"]
+    assert all((failed.run_dir / ("attempt_%d" % a.attempt) / "run_state.json").exists()
+               for a in failed.attempts)
 
 
 def test_cancel_during_train_stops_torchrun_on_every_host(runs_root):

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 CHECK_KEYS = {"host", "id", "ok", "detail", "hint", "severity"}  # preflight.json's own
 RESULT_KEYS = {"kind", "ok", "run_id", "run_dir", "checks", "hosts", "ranks", "busbw",
                "isolation", "first_failure", "preflight", "cancelled", "ansible_status",
-               "ansible_rc", "failures", "verdict"}
+               "ansible_rc", "failures", "verdict", "attempts"}
 
 
 def torchfleet(*args, cwd):

@@ -51,6 +51,18 @@ def test_spares_not_a_count_the_inventory_holds(tmp_path, value, detail):
     assert_no_host_touched(run)
 
 
+@pytest.mark.parametrize("var,value,check_id,detail", [
+    ("max_restarts", "-1", "input.max_restarts", "max_restarts=-1 is not a whole number from 0 to 5"),
+    ("max_restarts", "two", "input.max_restarts", "max_restarts=two is not a whole number from 0 to 5"),
+    ("restart_on", "often", "input.restart_on", "restart_on=often is neither host nor any")])
+def test_restarts_not_a_count_or_a_cause(tmp_path, var, value, check_id, detail):
+    run = playbook("train.yml", tmp_path, "-e", "%s=%s" % (var, value))
+    assert run.rc != 0
+    assert run.failing() == [(check_id, "controller")]
+    assert [c["detail"] for c in run.report("preflight.json")["checks"] if not c["ok"]] == [detail]
+    assert_no_host_touched(run)
+
+
 @pytest.mark.parametrize("value", ["0", "eight"])
 def test_nproc_per_node_not_positive(tmp_path, value):
     run = playbook("train.yml", tmp_path, "-e", "nproc_per_node=%s" % value)

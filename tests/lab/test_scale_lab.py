@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import processes_matching
-from tests.integration.playbook import playbook
+from tests.integration.playbook import BIN, ROOT, Run, playbook
 from tests.lab.conftest import LAB_DIR, lab_unavailable
+from tests.lab.test_reliability_lab import wait_until
 from torchfleet import lab as labmod
 
 pytestmark = pytest.mark.lab
@@ -26,6 +27,8 @@ NODES = 12  # the rank-order run's
 LAB_NODES = 40
 TAG = 4  # tests 1, molecule 2, bench 3
 ROOT_DIR = LAB_DIR.with_name("torchfleet-lab-scale")
+# Attempt 0 has 450 steps to go when its checkpoint of step 50 is seen (~30 steps/s here).
+RESTART_STEPS = 500
 SCRIPT = Path(__file__).resolve().parents[1] / "fixtures" / "scripts" / "rank_identity.py"
 
 
@@ -82,6 +85,57 @@ def test_a_broken_first_host_makes_the_second_the_master(lab40, tmp_path):
         "node1", "node2", "node3", "node4"]
     assert pre["spares"]["skipped"] == {"node0": ["host.unreachable"]}
     assert processes_matching(pre["run_id"]) == []
+
+
+def test_a_worker_cut_off_mid_run_is_replaced_and_the_run_resumes_from_its_checkpoint(
+        lab40, tmp_path):
+    # The built-in DDP workload with a checkpoint every 50 steps on storage every host sees;
+    # lost_after_s=5: the mechanism is the default 30 s's, the test 25 s shorter.
+    ckpt, remote = tmp_path / "ckpt", tmp_path / "remote"
+    proc = subprocess.Popen(
+        [str(BIN / "ansible-playbook"), "train.yml", "-i", str(lab40.inventory),
+         "-e", "nnodes=4", "-e", "spares=2", "-e", "max_restarts=1", "-e", "lost_after_s=5",
+         "-e", "train_steps=%d" % RESTART_STEPS, "-e", "train_checkpoint_dir=%s" % ckpt,
+         "-e", "remote_runs_root=%s" % remote, "-e", "run_dir=%s" % (tmp_path / "run")],
+        cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (ckpt / "ddp_train.pt").exists() and proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (ckpt / "ddp_train.pt").exists(), "attempt 0 never saved a checkpoint"
+        lab40.cut_network("node2")
+        out, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+        lab40.heal()
+    run = Run(proc.returncode, out, tmp_path / "run")
+    assert run.rc == 0, out[-5000:]
+    report = run.report("train.json")
+    assert report["verdict"] == "train ok after 1 restart: node2 host.lost, replaced by node4"
+    first, second = report["attempts"]
+    assert (first["hosts"], first["phase"], first["outcomes"]["node2"]) == (
+        ["node0", "node1", "node2", "node3"], "lost", "lost")
+    assert (second["hosts"], second["ok"]) == (["node0", "node1", "node3", "node4"], True)
+    assert [(h["host"], h["node_rank"]) for h in report["hosts"]] == [
+        ("node0", 0), ("node1", 1), ("node3", 2), ("node4", 3)]
+    assert [(c["host"], c["severity"]) for c in report["checks"] if c["id"] == "run.restart"] \
+        == [("node2", "warning")]
+    # Attempt 1 loaded attempt 0's checkpoint: its ranks know their attempt and where they began.
+    seen = [json.loads(p.read_text()) for p in
+            (remote / report["run_id"]).glob("*/attempt_1/results/rank-*.json")]
+    assert sorted(s["rank"] for s in seen) == [0, 1, 2, 3]
+    assert {s["attempt"] for s in seen} == {1} and min(s["resumed_from_step"] for s in seen) >= 50
+    # Every attempt's logs are kept apart; logs/ is the last attempt's.
+    assert (run.run_dir / "attempt_0" / "logs" / "node2").is_dir() is False
+    assert (run.run_dir / "attempt_0" / "logs" / "node0" / "torchrun.log").exists()
+    assert (run.run_dir / "logs" / "node4" / "torchrun.log").exists()
+    assert os.readlink(run.run_dir / "logs") == "attempt_1/logs"
+    # node2, cut off, stops its own torchrun once it cannot hear the master.
+    assert wait_until(lambda: not processes_matching(report["run_id"]), 60), \
+        processes_matching(report["run_id"])
 
 
 def test_twelve_hosts_get_ranks_in_inventory_order_in_fork_batches(lab40, tmp_path):

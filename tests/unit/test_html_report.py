@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from torchfleet.html_report import chart, render
-from torchfleet.results import BusbwRow, Check, Rank, Result
+from torchfleet.results import Attempt, BusbwRow, Check, Rank, Result
 
 
 def row(size, low, med, high, host="node1"):
@@ -45,3 +45,14 @@ def test_heat_map_outlines_the_slow_host_and_leaves_unmeasured_pairs_grey():
     assert html.count('class="pair slow"') == 4 and html.count('class="pair"') == 2
     assert html.count('class="none"') == 3  # the diagonal
     assert "&lt;timed out&gt;" in html and "node.slow: n2" in html
+
+
+def test_every_attempt_of_a_restarted_run_is_a_row_with_what_followed_it():
+    lost = Attempt(0, ["n0", "n1", "n2", "n3"], "lost", False, {"n2": "lost"},
+                   "n2: no heartbeat for 5 s", "n2 host.lost, replaced by n4", "", [], "/r/a0")
+    ok = Attempt(1, ["n0", "n1", "n3", "n4"], "succeeded", True, {}, "", "", "", [], "/r/a1")
+    page = render(Result(kind="train", ok=True, run_id="r1", run_dir=Path("/r"),
+                         attempts=[lost, ok]))
+    assert "<h2>Attempts</h2>" in page
+    assert "train ok after 1 restart: n2 host.lost, replaced by n4" in page  # the verdict
+    assert page.count("<tr><td>") >= 2 and "n2: no heartbeat for 5 s" in page
