@@ -10,11 +10,14 @@ import tempfile
 RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
 
 
-def verdict(kind, checks, first_failure=None, restarts=(), not_restarted=""):
+def verdict(kind, checks, first_failure=None, attempts=()):
     """How a preflight or a run ended, in one sentence, rendered here only: the play's failure
     message, the last line of its table, `verdict` in its JSON, the API's Result.verdict, the
-    CLI and the HTML report all show this sentence. restarts: why each restart was made
-    (restart.py's words), in order; not_restarted: why a failed run was not started again."""
+    CLI and the HTML report all show this sentence. attempts: with max_restarts, each attempt's
+    `restart` (why the next one was started, restart.py's words) and `not_restarted` (why not),
+    in order."""
+    restarts = [a["restart"] for a in attempts if a["restart"]]
+    not_restarted = attempts[-1]["not_restarted"] if attempts else ""
     sentence = _verdict(kind, checks, first_failure)
     if not_restarted and not sentence.startswith(kind + " ok"):
         sentence += "; " + not_restarted
@@ -78,10 +81,15 @@ def make_run_dir(run_dir, runs_root=None):
     it."""
     os.makedirs(run_dir, mode=RUN_DIR_MODE, exist_ok=True)
     if runs_root:
-        link = os.path.join(runs_root, "latest")
-        tmp_link = link + ".tmp%d" % os.getpid()
-        os.symlink(os.path.relpath(run_dir, runs_root), tmp_link)
-        os.replace(tmp_link, link)
+        point_link(os.path.join(runs_root, "latest"), run_dir)
+
+
+def point_link(link, target):
+    """Point the symlink `link` at `target` (relative, so the tree can move) in one rename: a
+    reader sees the old target or the new one, never none."""
+    tmp_link = link + ".tmp%d" % os.getpid()
+    os.symlink(os.path.relpath(target, os.path.dirname(link)), tmp_link)
+    os.replace(tmp_link, link)
 
 
 def _write_report(run_dir, name, data, runs_root):

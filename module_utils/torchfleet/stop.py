@@ -66,7 +66,7 @@ def stop_runs(p, check_mode=False):
     In check mode it only lists."""
     host_dir = os.path.join(glob.escape(p["runs_root"]), p["run_id"] or "*",
                             glob.escape(p["host_dir"]) if p["host_dir"] else "*")
-    # A restarted run's later attempts keep their directories inside the host's (ATTEMPT_DIR).
+    # A restarted run's later attempts keep their directories inside the host's (ATTEMPT_GLOB).
     pidfiles = glob.glob(os.path.join(host_dir, PIDFILE)) + glob.glob(
         os.path.join(host_dir, ATTEMPT_GLOB, PIDFILE))
     stopped = []

@@ -15,8 +15,8 @@ import statistics
 
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.module_utils.torchfleet import fabric, isolate, nccl_log
-from ansible.module_utils.torchfleet.records import ERROR, WARNING, check
-from ansible.module_utils.torchfleet.report import prune_runs, verdict, write_report
+from ansible.module_utils.torchfleet.records import WARNING, check, failed
+from ansible.module_utils.torchfleet.report import point_link, prune_runs, verdict, write_report
 from ansible.module_utils.torchfleet.rundir import (
     STACK_DUMP, TORCHRUN_LOG, failed_ranks, read_json, tail)
 from ansible.module_utils.torchfleet.runstate import (
@@ -264,10 +264,8 @@ def link_logs(run_dir, attempt_dir):
     link = os.path.join(run_dir, "logs")
     if os.path.exists(link) and not os.path.islink(link):
         return  # a directory of the user's: left alone
-    tmp = link + ".tmp%d" % os.getpid()
     try:
-        os.symlink(os.path.relpath(os.path.join(attempt_dir, "logs"), run_dir), tmp)
-        os.replace(tmp, link)
+        point_link(link, os.path.join(attempt_dir, "logs"))
     except OSError:
         pass  # the report still names every attempt's logs
 
@@ -368,13 +366,11 @@ def decide(params):
                             "parameters identical on %d rank(s)" % len(results) if agree else
                             "parameter checksums differ across ranks: gradients were not "
                             "synchronised", "check that every rank runs the same code"))
-    bad = [c for c in checks if not c["ok"] and c["severity"] == ERROR]
+    bad = failed(checks)
     if params["attempts"]:
         extra["attempts"] = attempts_of(params["attempts"], params["restarts"])
         checks.extend(restart_checks(extra["attempts"]))
-    tried = extra.get("attempts", [])
-    sentence = verdict(kind, checks, failure, [a["restart"] for a in tried if a["restart"]],
-                       tried[-1]["not_restarted"] if tried else "")
+    sentence = verdict(kind, checks, failure, extra.get("attempts", []))
     rank_rows = rank_states(rows_out, results, logs_dir, nproc)
     report = dict(ok=not bad, kind=kind, run_id=params["run_id"], world_size=world,
                   phase=record.get("phase"), hosts=rows_out, ranks=rank_rows, checks=checks,

@@ -179,8 +179,8 @@ class Result:
                                      "severity": c.severity} for c in checks],
                         None if failure is None else {"host": failure.host, "rank": failure.rank,
                                                       "reason": failure.reason},
-                        [a.restart for a in self.attempts if a.restart],
-                        self.attempts[-1].not_restarted if self.attempts else "")
+                        [{"restart": a.restart, "not_restarted": a.not_restarted}
+                         for a in self.attempts])
 
     @property
     def failures(self) -> list[Check]:

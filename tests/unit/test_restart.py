@@ -132,10 +132,14 @@ def test_a_failed_recheck_or_a_broken_next_master_says_why_there_is_no_restart()
 
 
 def test_the_verdict_names_every_restart_and_why_a_failure_was_not_restarted():
-    assert verdict("train", [], None, ["n2 host.lost, replaced by n4"]) == (
+    assert verdict("train", [], None, [
+        {"restart": "n2 host.lost, replaced by n4", "not_restarted": ""},
+        {"restart": "", "not_restarted": ""}]) == (
         "train ok after 1 restart: n2 host.lost, replaced by n4")
     failed = {"host": "n1", "rank": 1, "reason": "rank 1 exited with 3"}
-    assert verdict("train", [], failed, ["a", "b"], "not restarted: max_restarts=2 used") == (
+    attempts = [{"restart": "a", "not_restarted": ""}, {"restart": "b", "not_restarted": ""},
+                {"restart": "", "not_restarted": "not restarted: max_restarts=2 used"}]
+    assert verdict("train", [], failed, attempts) == (
         "train failed after 2 restarts (a; b): first failure on n1, rank 1: rank 1 exited "
         "with 3; not restarted: max_restarts=2 used")
 
