@@ -24,14 +24,22 @@ MAX_RESTARTS = 5
 CAUSE_ID = {LOST: "host.lost", NOT_STARTED: "host.not_started", FAILED: "run.exit"}
 
 
+def _text(failure, key):
+    """A failure's field when it is a string, else None: the record came from the master's host
+    and is read as outside input (its shape is checked, never assumed)."""
+    value = failure.get(key) if isinstance(failure, dict) else None
+    return value if isinstance(value, str) else None
+
+
 def _left_out(record, unreachable):
     """{host: why} of the hosts no later attempt may use: lost or never started (the record's
     own failures of theirs, not consequences), or unreachable when the attempt was stopped and
     gathered."""
     out = {}
-    for f in record.get("failures") or []:
-        if f.get("host") and f.get("reason") in (LOST, NOT_STARTED) and not f.get("consequence"):
-            out.setdefault(f["host"], CAUSE_ID[f["reason"]])
+    for f in record.get("failures") if isinstance(record.get("failures"), list) else []:
+        host, reason = _text(f, "host"), _text(f, "reason")
+        if host and reason in (LOST, NOT_STARTED) and not f.get("consequence"):
+            out.setdefault(host, CAUSE_ID[reason])
     for host in unreachable:
         out.setdefault(host, "host.unreachable")
     return out
@@ -42,10 +50,13 @@ def after_attempt(record, attempt, max_restarts, restart_on, candidates, hosts, 
     """After attempt `attempt` (0 first) ended with `record`: re-check for a restart or not.
 
     candidates: preflight's candidates in inventory order; hosts: the attempt's (as many as the
-    run needs); excluded: hosts earlier attempts left out. Returns recheck (bool), hosts (the candidates to re-check), exclude (every host
-    left out so far), suspect (a host whose rank failed: the re-check decides), cause (the
-    failure answered) and why (a sentence when there is no re-check and restarts were asked)."""
+    run needs); excluded: hosts earlier attempts left out. Returns recheck (bool), hosts (the
+    candidates to re-check), exclude (every host left out so far), suspect (a host whose rank
+    failed: the re-check decides), cause (the failure answered) and why (a sentence when there
+    is no re-check and restarts were asked)."""
+    record = record if isinstance(record, dict) else None
     failure = (record or {}).get("failure")
+    failure = failure if isinstance(failure, dict) else None
     out = {"recheck": False, "hosts": [], "exclude": list(excluded), "left_out": {},
            "suspect": None, "cause": None, "why": ""}
     if not record or record.get("phase") == SUCCEEDED or not failure:
@@ -54,7 +65,7 @@ def after_attempt(record, attempt, max_restarts, restart_on, candidates, hosts, 
         if max_restarts:
             out["why"] = "not restarted: max_restarts=%d used" % max_restarts
         return out
-    host, reason = failure.get("host"), failure.get("reason")
+    host, reason = _text(failure, "host"), _text(failure, "reason")
     out["cause"] = {"host": host, "reason": reason, "id": CAUSE_ID.get(reason, "run." + str(reason))}
     if reason == CONTROLLER_LOST:
         out["why"] = "not restarted: the controller lost the run"

@@ -4,6 +4,8 @@ master's store feeds it); the re-check is preflight_checks' real answer or its s
 from __future__ import annotations
 
 import preflight_checks
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ansible.module_utils.torchfleet import restart
 from ansible.module_utils.torchfleet.plan import decide as plan
@@ -153,3 +155,24 @@ def test_max_restarts_and_restart_on_are_checked_before_any_host():
     errors = plan(plan_params(restart_on="sometimes"))["input_errors"]
     assert [(e["id"], e["detail"]) for e in errors] == [
         ("input.restart_on", "restart_on=sometimes is neither host nor any")]
+
+
+# Any JSON: the record is the master's, read from another host.
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+                    | st.text(max_size=8) | st.sampled_from(SIX + ["lost", "not_started",
+                                                                   "failed", "hung"]),
+                    lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(st.sampled_from(["failure", "failures", "phase", "host",
+                                                       "reason", "consequence", "x"]),
+                                      inner, max_size=5), max_leaves=30)
+
+
+@settings(max_examples=400, deadline=None)
+@given(JSON, st.booleans())
+def test_a_record_of_any_shape_never_raises_and_leaves_out_only_named_hosts(rec, any_):
+    plan_ = first(rec, restart_on="any" if any_ else "host")
+    assert set(plan_) == {"recheck", "hosts", "exclude", "left_out", "suspect", "cause", "why"}
+    assert all(isinstance(h, str) for h in plan_["exclude"])
+    assert set(plan_["hosts"]) <= set(SIX) and not set(plan_["hosts"]) & set(plan_["exclude"])
+    assert restart.after_recheck(plan_, chose(FOUR), FOUR, "any" if any_ else "host")["why"] \
+        is not None
