@@ -34,8 +34,10 @@ LAB_TAG = 3
 LAB_DIR = Path(tempfile.gettempdir()) / "torchfleet-lab-bench"
 RAW_BOUND_S = 120
 
-sys.path.insert(0, str(ROOT / "src"))
-from torchfleet import lab as labmod  # noqa: E402
+from lab import netns as labmod  # noqa: E402  (python -m bench, from the repository root)
+from torchfleet.paths import collection_root  # noqa: E402
+
+WORKLOADS = collection_root() / "roles" / "launch" / "files" / "workloads"
 
 
 def env(**extra):
@@ -174,7 +176,7 @@ def launch_overhead_at(n, args, tmp):
     the_lab = lab(n)
     timings = tmp / "launch-timings.jsonl"
     try:
-        script = ROOT / "src" / "torchfleet" / "workloads" / "collective.py"
+        script = WORKLOADS / "collective.py"
         sargs = ["--sizes", "64K", "--iters", "5"]
         fleet, raw = [], []
         for i in range(args.runs):
@@ -392,7 +394,7 @@ def bench_diagnosis(args, tmp):
                                         "run_dir=%s/dg%d" % (tmp, i))
             assert rc != 0 and "port.blocked" in out, out[-3000:]
             times.append(wall)
-        script = ROOT / "src" / "torchfleet" / "workloads" / "collective.py"
+        script = WORKLOADS / "collective.py"
         wall, rcs = raw_launch(the_lab, 29500, script, ["--sizes", "1K", "--iters", "1"], tmp)
         return {"preflight_names_port_blocked_s": stats(times),
                 "raw_torchrun": ("> %d s (still hanging, stopped by the benchmark)" % RAW_BOUND_S
@@ -406,7 +408,10 @@ def bench_harness_overhead(args, tmp):
     processes (bench/harness_vs_raw.py: alternating rounds) on 2 lab nodes under train.yml."""
     the_lab = lab(2)
     try:
-        script = ROOT / "bench" / "harness_vs_raw.py"
+        # Beside the workloads it measures, as the launch role ships them to a run's hosts.
+        shipped = tmp / "harness"
+        shutil.copytree(WORKLOADS, shipped, dirs_exist_ok=True)
+        script = Path(shutil.copy(ROOT / "bench" / "harness_vs_raw.py", shipped))
         ratios, per_run = {}, {}
         for i in range(args.runs):
             out = tmp / ("ho-%d.json" % i)
@@ -584,12 +589,12 @@ def bench_output_lines(args, tmp):
 
 def bench_report_scale(args, tmp):
     """The HTML report of a record built from a real 2-host collective run's shape, repeated
-    for 16 / 128 / 512 hosts (tests/api/test_report_scale.py builds it): render time and
+    for 16 / 128 / 512 hosts (lab/scaled_record.py builds it): render time and
     size, each size against the 16-host page rendered in the same process."""
     import torchfleet
     from torchfleet import html_report
 
-    from tests.api.test_report_scale import scaled
+    from lab.scaled_record import scaled
 
     real = torchfleet.collective(runs_root=tmp / "report-runs", master_port=free_port())
     out = {}

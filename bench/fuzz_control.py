@@ -21,10 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _control():
-    import ansible.module_utils
-
-    ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
-    from ansible.module_utils.torchfleet import control
+    from ansible_collections.torchfleet.fleet.plugins.module_utils import control
 
     return control
 

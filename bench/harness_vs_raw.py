@@ -3,23 +3,22 @@ the same processes: round after round, the harness's measure() (collective.py: w
 checked run, barrier, timed loop) and the raw loop at the same size, their order alternating,
 so a busy moment of the machine weighs on both. Rank 0 writes every round's ratio.
 
-    torchrun ... bench/harness_vs_raw.py --sizes 1M,16M --iters 100 --rounds 7 --out FILE
+    torchrun ... harness_vs_raw.py --sizes 1M,16M --iters 100 --rounds 7 --out FILE
+
+It runs from a copy beside the workloads (python -m bench harness_overhead makes it), as the
+launch role ships them, and imports them as they import each other.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "src", "torchfleet", "workloads"))
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
-import _rank  # noqa: E402
-import collective  # noqa: E402
+import _rank
+import collective
 
 
 def raw_seconds(size, iters, warmup):

@@ -1,20 +1,17 @@
-"""Make the project's Ansible modules and module_utils importable the way AnsiballZ does."""
+"""What every test shares: the repository's root, the fixtures, /proc readers, and the split of
+the tests between two pytest-xdist workers.
+
+Tests import the collection's code by its one route, ansible_collections.torchfleet.fleet...
+(the editable install puts src/ on the path), as the modules, plugins and package do."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
-
-import ansible.module_utils
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
-
-if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
-if str(ROOT / "library") not in sys.path:
-    sys.path.insert(0, str(ROOT / "library"))
-
+COLLECTION = ROOT / "src" / "ansible_collections" / "torchfleet" / "fleet"
+WORKLOADS = COLLECTION / "roles" / "launch" / "files" / "workloads"
 
 def netns_of(path):
     """The network namespace (its inode) of /proc/<pid>/ns/net or /run/netns/<name>."""

@@ -20,14 +20,15 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from torchfleet.paths import ansible_root, shared_module
+from ansible_collections.torchfleet.fleet.plugins.module_utils import report as _report
+from ansible_collections.torchfleet.fleet.plugins.module_utils import rundir as _rundir
+
+from torchfleet.paths import ansible_root
 from torchfleet.results import Check, Host, Result, load
 from torchfleet.runner import Event, run_playbook
 from torchfleet.variables import typed
 
 # One definition of a run id and how one is made, shared with the modules (run_plan).
-_rundir = shared_module("rundir")
-_report = shared_module("report")
 RUN_ID, new_run_id = _rundir.RUN_ID, _rundir.new_run_id
 VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by the API itself from its own arguments.
@@ -56,7 +57,7 @@ def _inventory(inventory: str | Path | None) -> Path:
 
 
 def _make_run_dir(run_dir: Path, runs_root: Path | None = None) -> None:
-    """The playbooks' run directory contract (module_utils/torchfleet/report.py): its mode, and
+    """The playbooks' run directory contract (plugins/module_utils/report.py): its mode, and
     runs_root/latest pointed at it."""
     try:
         _report.make_run_dir(str(run_dir), str(runs_root) if runs_root else None)

@@ -12,8 +12,10 @@ import sys
 
 import yaml
 
+from ansible_collections.torchfleet.fleet.plugins.module_utils import checks as registry
+from ansible_collections.torchfleet.fleet.plugins.module_utils import rdma
+
 from torchfleet import api, fabric_cli, html_report
-from torchfleet.paths import shared_module
 from torchfleet.progress import Progress
 from torchfleet.results import Result
 
@@ -94,8 +96,7 @@ def summary(result: Result) -> str:
 
 
 def checks_text(markdown: bool) -> str:
-    """Every check of the registry (module_utils/torchfleet/checks.py)."""
-    registry = shared_module("checks")
+    """Every check of the registry (plugins/module_utils/checks.py)."""
     if markdown:
         return "\n\n".join(registry.markdown(phases) for phases in registry.TABLES)
     return "\n".join("%s  [%s]\n    catches: %s\n    fix: %s" % (
@@ -105,7 +106,7 @@ def checks_text(markdown: bool) -> str:
 def fabric_command(args: argparse.Namespace) -> int:
     try:
         if args.command == "fabric":
-            hca, rdma = args.hca.strip(), shared_module("rdma")
+            hca = args.hca.strip()
             if hca and not rdma.HCA_SPEC.match(hca):
                 raise ValueError("--hca %s is not NCCL_IB_HCA's form (names with an optional "
                                  ":port, comma separated, behind an optional ^ or =)" % hca)

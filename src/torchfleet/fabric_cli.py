@@ -1,18 +1,17 @@
 """`torchfleet fabric` and `torchfleet transport`: what torchfleet sees of this host's RDMA
 devices, and what NCCL used according to its logs, for people debugging by hand. Both read the
-same files the playbooks use (module_utils/torchfleet/rdma.py, nccl_log.py)."""
+same files the playbooks use (plugins/module_utils/rdma.py, nccl_log.py)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
 
-from torchfleet.paths import shared_module
+from ansible_collections.torchfleet.fleet.plugins.module_utils import nccl_log, rdma
 
 def fabric_view(sysfs: str, hca: str = "", gid_index: str = "") -> dict[str, Any]:
     """This host's devices and what `network: auto` would choose here, with the preset's
     variables (fabric.choose_network / preset_env decide; this only asks them)."""
-    rdma = shared_module("rdma")
     facts = rdma.read_devices(sysfs)
     network, why = rdma.choose_network("auto", {"this host": rdma.host_view(facts, hca)})
     env = rdma.preset_env(network, hca, gid_index)
@@ -44,7 +43,6 @@ def fabric_text(view: dict[str, Any]) -> str:
 
 def transport_view(paths: list[str]) -> dict[str, Any]:
     """Per process found in the logs, what NCCL used; and the whole as one summary."""
-    nccl_log = shared_module("nccl_log")
     procs: list[dict] = []
     for path in paths:
         for proc in nccl_log.parse(nccl_log.read_head(path)):
@@ -54,7 +52,6 @@ def transport_view(paths: list[str]) -> dict[str, Any]:
 
 
 def transport_text(view: dict[str, Any]) -> str:
-    nccl_log = shared_module("nccl_log")
     if not view["ranks"]:
         return "no NCCL INFO lines found: run the ranks with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET"
     lines = []

@@ -12,10 +12,9 @@ from __future__ import annotations
 import os
 import signal
 
-from torchfleet.paths import shared_module
+from ansible_collections.torchfleet.fleet.plugins.module_utils import procs  # the one /proc reader, shared with the hosts' modules
 
 
-procs = shared_module("procs")  # the one /proc reader, shared with the hosts' modules
 
 
 def _with_start(table: dict[int, list[str]], pids) -> list[tuple[int, str]]:

@@ -7,10 +7,11 @@ import math
 from html import escape
 from pathlib import Path
 
-from torchfleet.paths import shared_module
+from ansible_collections.torchfleet.fleet.plugins.module_utils import table  # the tables' rendering of a min / median / max spread
+from ansible_collections.torchfleet.fleet.plugins.module_utils.nccl_log import describe
+
 from torchfleet.results import BusbwRow, Isolation, Pair, Result, load
 
-table = shared_module("table")  # the tables' rendering of a min / median / max spread
 
 CSS = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #1b1f24; }
@@ -263,7 +264,6 @@ def _ranks(result: Result) -> str:
             rows += ('<tr class="rank ok folded"><td colspan="3">%d ranks</td><td class="ok">%s'
                      '</td><td>0</td></tr>' % (len(these), escape(state)))
     nccl = any(h.transport for h in result.hosts)  # NCCL's INFO lines were read
-    describe = shared_module("nccl_log").describe
     worst = [h for h in result.hosts if h.outcome != "succeeded"]
     fine = [h for h in result.hosts if h.outcome == "succeeded"]
     shown = worst + ([] if len(fine) > FOLD_ABOVE else fine)

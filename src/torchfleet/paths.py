@@ -1,13 +1,16 @@
-"""Where the Ansible tree (ansible.cfg, playbooks, roles, library) lives.
+"""Where the Ansible side lives.
 
-In a clone it is the repository root; in an installed wheel it is torchfleet/ansible/.
+The collection torchfleet.fleet (plugins, roles, playbooks) is the Python package
+`ansible_collections.torchfleet.fleet`, imported by one route everywhere: installed beside
+`torchfleet` by the wheel, and under src/ in a clone (an editable install puts src/ on the path).
+The entry tree (ansible.cfg, the root playbooks, the default inventory) is the repository root
+in a clone and torchfleet/ansible/ in an installed wheel.
 """
 from __future__ import annotations
 
-import functools
-import importlib.util
 from pathlib import Path
-from types import ModuleType
+
+import ansible_collections.torchfleet.fleet as _collection
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -23,16 +26,11 @@ def ansible_root() -> Path:
         "torchfleet's Ansible tree is missing from %s; reinstall the package" % _PACKAGE)
 
 
-@functools.cache
-def shared_module(name: str, folder: str = "module_utils/torchfleet") -> ModuleType:
-    """<folder>/<name>.py of the Ansible tree, loaded by path: the package reads the same file
-    the modules and plugins do (module_utils files that import nothing of Ansible's: checks.py,
-    procs.py; or a plugin, such as inventory_plugins/slurm.py)."""
-    path = ansible_root() / folder / (name + ".py")
-    spec = importlib.util.spec_from_file_location(
-        "torchfleet_shared_%s_%s" % (folder.replace("/", "_"), name), path)
-    if spec is None or spec.loader is None:
-        raise ImportError("cannot load %s: the Ansible tree is incomplete" % path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def collection_root() -> Path:
+    """The collection's folder: .../ansible_collections/torchfleet/fleet."""
+    return Path(next(iter(_collection.__path__))).resolve()
+
+
+def collections_path() -> Path:
+    """The folder that holds ansible_collections/, for ANSIBLE_COLLECTIONS_PATH."""
+    return collection_root().parents[2]

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchfleet.paths import shared_module
+from ansible_collections.torchfleet.fleet.plugins.module_utils.report import verdict as _verdict  # the one renderer of how a run ended
+from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import read_json  # the one JSON reader, shared with the modules
 
-_verdict = shared_module("report").verdict  # the one renderer of how a run ended
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Host:
     # ({op, size_bytes, min, median, max}).
     busbw_gbs: dict[str, Any] | None = None
     # With NCCL's INFO lines (nccl.transport): what this host's ranks used ({network, devices,
-    # transports, gdr, ...}; module_utils/torchfleet/nccl_log.py).
+    # transports, gdr, ...}; plugins/module_utils/nccl_log.py).
     transport: dict[str, Any] | None = None
 
 
@@ -171,7 +171,7 @@ class Result:
     @property
     def verdict(self) -> str:
         """How it ended, in one sentence: the sentence of the play and of the JSON report,
-        rendered by the same function (module_utils/torchfleet/report.py)."""
+        rendered by the same function (plugins/module_utils/report.py)."""
         checks = [c for c in self.preflight.checks if not c.ok] if self.preflight else []
         checks += self.checks
         failure = self.first_failure
@@ -266,7 +266,6 @@ def from_report(kind: str, data: dict, run_dir: Path) -> Result:
                   for a in data.get("attempts", [])])
 
 
-read_json = shared_module("rundir").read_json  # the one JSON reader, shared with the modules
 
 
 def load(run_dir: Path | str, kind: str | None = None) -> Result | None:

@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from torchfleet import forks
-from torchfleet.paths import ansible_root
+from torchfleet.paths import ansible_root, collections_path
 from torchfleet.results import Check
 
 # Actions whose results carry check records (preflight.json / <kind>.json rows).
+COLLECTION_PREFIX = "torchfleet.fleet."  # the plays name every module by its FQCN
 CHECK_ACTIONS = {"preflight_checks", "run_summary"}
 HOST_EVENTS = {"runner_on_ok": "ok", "runner_on_failed": "failed",
                "runner_on_unreachable": "unreachable", "runner_on_skipped": "skipped"}
@@ -73,6 +74,11 @@ def first_error(log: str) -> str:
     return found.group(1).strip() if found else ""
 
 
+def module_name(task_action: str | None) -> str:
+    """A task's module as the API names it: torchfleet.fleet.node_probe -> node_probe."""
+    return (task_action or "").removeprefix(COLLECTION_PREFIX)
+
+
 def translate(event: dict) -> list[Event]:
     """Events for one ansible-runner job event (an empty list for most of them)."""
     name = event.get("event")
@@ -80,7 +86,7 @@ def translate(event: dict) -> list[Event]:
         return []
     data = event.get("event_data") or {}
     host, res = data.get("host"), data.get("res") or {}
-    action = data.get("task_action")
+    action = module_name(data.get("task_action"))
     out = [Event(kind="task", host=host, task=data.get("task"), action=action,
                  status=HOST_EVENTS[name])]
     if action == "run_plan" and name == "runner_on_ok":
@@ -179,7 +185,7 @@ def run_playbook(playbook: str, *, inventory: Path, extravars: dict[str, Any], r
     def handle(event: dict) -> bool:
         data = event.get("event_data") or {}
         if on_module_result and event.get("event") == "runner_on_ok":
-            on_module_result(data.get("task_action") or "", data.get("host") or "",
+            on_module_result(module_name(data.get("task_action")), data.get("host") or "",
                              data.get("res") or {})
         for e in translate(event):
             deliver(e)
@@ -205,7 +211,10 @@ def run_playbook(playbook: str, *, inventory: Path, extravars: dict[str, Any], r
                 private_data_dir=str(private), project_dir=str(root), playbook=playbook,
                 inventory=str(inventory), extravars=extravars, quiet=True,
                 suppress_env_files=True, event_handler=handle, cancel_callback=should_cancel,
+                # The collection this package imports, whatever ansible.cfg's relative
+                # collections_path finds beside an installed copy of it.
                 envvars={"ANSIBLE_CONFIG": str(root / "ansible.cfg"),
+                         "ANSIBLE_COLLECTIONS_PATH": str(collections_path()),
                          "ANSIBLE_NOCOLOR": "1", "PYTHONUNBUFFERED": "1", "PATH": _path()},
                 settings={"suppress_ansible_output": True})
             while thread.is_alive():

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from torchfleet.paths import ansible_root
+from torchfleet.paths import collection_root
 
 # Options the playbooks set themselves (the workload, the report's kind), and run_dir and
 # runs_root, which the API sets from runs_root= and run_id=.
@@ -27,7 +27,7 @@ PY_TYPES = {"int": int, "str": str, "bool": bool, "float": float, "list": list, 
 def public_spec() -> dict[str, dict]:
     """{variable: its argument spec} over every role's entry points, first definition kept."""
     spec: dict[str, dict] = {}
-    for path in sorted(Path(ansible_root(), "roles").glob("*/meta/argument_specs.yml")):
+    for path in sorted(Path(collection_root(), "roles").glob("*/meta/argument_specs.yml")):
         entries = (yaml.safe_load(path.read_text()) or {}).get("argument_specs", {})
         for entry in entries.values():
             for name, option in (entry.get("options") or {}).items():

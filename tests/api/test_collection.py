@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from tests.api.conftest import free_port
-from tests.conftest import ROOT, processes_matching
+from tests.conftest import COLLECTION, ROOT, processes_matching
 
 pytestmark = pytest.mark.integration
 BIN = Path(sys.executable).parent
-MODULES = sorted(p.stem for p in (ROOT / "library").glob("*.py"))
+MODULES = sorted(p.stem for p in (COLLECTION / "plugins" / "modules").glob("*.py"))
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +30,10 @@ def installed(tmp_path_factory):
     assert proc.returncode == 0, proc.stderr[-3000:]
     archive = Path(proc.stdout.strip())
     assert archive.name == "torchfleet-fleet-0.1.0.tar.gz" and archive.parent == base / "dist"
+    # Only the installed copy: not the clone's, which the editable install puts on sys.path.
     env = dict(os.environ, PATH="%s:%s" % (BIN, os.environ.get("PATH", "")),
-               ANSIBLE_COLLECTIONS_PATH=str(base / "collections"), ANSIBLE_NOCOLOR="1")
+               ANSIBLE_COLLECTIONS_PATH=str(base / "collections"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="false")
     env.pop("ANSIBLE_CONFIG", None)
     install = subprocess.run([str(BIN / "ansible-galaxy"), "collection", "install", str(archive),
                               "-p", str(base / "collections")], cwd=base, env=env,
@@ -43,20 +45,20 @@ def installed(tmp_path_factory):
     return archive, work, env
 
 
-def test_the_archive_holds_one_tree_built_from_the_sources(installed):
+def test_the_archive_is_the_repositorys_collection_tree_unchanged(installed):
     archive, _, _ = installed
     with tarfile.open(archive) as tar:
-        names = set(tar.getnames())
-        watch = tar.extractfile("plugins/modules/torchrun_watch.py").read().decode()
-    assert {"plugins/modules/%s.py" % m for m in MODULES} <= names
-    assert {"roles/preflight/meta/argument_specs.yml", "roles/launch/tasks/main.yml",
-            "roles/launch/files/workloads/collective.py", "playbooks/train.yml",
-            "plugins/action/torchrun_watch.py", "plugins/module_utils/torchfleet/agent.py",
-            "plugins/inventory/slurm.py", "plugins/callback/torchfleet.py",
-            "meta/runtime.yml"} <= names
-    # The one change on the way: the shared code's import path.
-    assert "ansible_collections.torchfleet.fleet.plugins.module_utils.torchfleet" in watch
-    assert "ansible.module_utils.torchfleet" not in watch
+        names = {m.name for m in tar.getmembers() if m.isfile()}
+        assert {"plugins/modules/%s.py" % m for m in MODULES} <= names
+        assert {"roles/preflight/meta/argument_specs.yml", "roles/launch/tasks/main.yml",
+                "roles/launch/files/workloads/collective.py", "playbooks/train.yml",
+                "plugins/action/torchrun_watch.py", "plugins/module_utils/agent.py",
+                "plugins/plugin_utils/in_process.py", "plugins/inventory/slurm.py",
+                "plugins/callback/torchfleet.py", "meta/runtime.yml"} <= names
+        # Nothing is rewritten on the way: every file is the clone's, byte for byte.
+        changed = [n for n in names if n not in ("MANIFEST.json", "FILES.json")
+                   and tar.extractfile(n).read() != (COLLECTION / n).read_bytes()]
+    assert changed == []
 
 
 def test_ansible_doc_renders_every_module_by_its_fqcn(installed):

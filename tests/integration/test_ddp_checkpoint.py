@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import WORKLOADS
 from tests.unit.test_listener import free_port
 
 pytestmark = pytest.mark.integration
-WORKLOAD = Path(__file__).resolve().parents[2] / "src" / "torchfleet" / "workloads" / "ddp_train.py"
+WORKLOAD = WORKLOADS / "ddp_train.py"
 
 
 def train(out: Path, *args: str) -> dict:

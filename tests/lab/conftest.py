@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from tests.conftest import netns_of, processes_matching
-from torchfleet import lab as labmod
+from lab import netns as labmod
 
 LAB_DIR = labmod.DEFAULT_DIR.with_name("torchfleet-lab-tests")
 LAB_TAG = 1  # molecule's lab scenario uses 2, a lab made by hand 0

@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import processes_matching
+from tests.conftest import WORKLOADS, processes_matching
 from tests.integration.playbook import BIN, ROOT, Run, playbook
 from tests.unit.test_listener import free_port
-from torchfleet.paths import shared_module
+from ansible_collections.torchfleet.fleet.plugins.module_utils import procs
 
-procs = shared_module("procs")
 
 pytestmark = pytest.mark.lab
 REMOTE_RUNS = Path.home() / ".torchfleet" / "runs"
@@ -100,7 +99,7 @@ def test_a_stale_torchrun_on_the_port_is_named_and_train_refuses(healthy_lab, tm
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", "%s:29500" % node0.address,
         "--rdzv-id", "stale-run", "--local-addr", node0.address,
-        str(ROOT / "src" / "torchfleet" / "workloads" / "collective.py")])
+        str(WORKLOADS / "collective.py")])
     stale = subprocess.Popen(
         ["ssh", "-i", str(healthy_lab.root / "keys" / "id_lab"), "-o", "IdentitiesOnly=yes",
          "-o", "UserKnownHostsFile=%s" % (healthy_lab.root / "known_hosts"),

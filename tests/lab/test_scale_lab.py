@@ -20,7 +20,7 @@ from tests.conftest import processes_matching
 from tests.integration.playbook import BIN, ROOT, Run, playbook
 from tests.lab.conftest import LAB_DIR, lab_unavailable
 from tests.lab.test_reliability_lab import wait_until
-from torchfleet import lab as labmod
+from lab import netns as labmod
 
 pytestmark = pytest.mark.lab
 NODES = 12  # the rank-order run's

@@ -1,5 +1,5 @@
 """A Slurm allocation is the inventory: a real slurmctld and a slurmd in each of 3 lab nodes
-(torchfleet/lab_slurm.py), jobs made with salloc and sbatch, preflight and train run on them
+(lab/slurm.py), jobs made with salloc and sbatch, preflight and train run on them
 over SSH. node0 is held by another job, so the allocation is node1, node2: order and
 membership come from Slurm, not from the first N lab nodes. A lab of its own for this module."""
 from __future__ import annotations
@@ -17,8 +17,8 @@ import yaml
 import torchfleet
 from tests.conftest import processes_matching
 from tests.lab.conftest import LAB_DIR, lab_unavailable
-from torchfleet import lab as labmod
-from torchfleet.lab_slurm import TOOLS, SlurmLab
+from lab import netns as labmod
+from lab.slurm import TOOLS, SlurmLab
 from torchfleet.paths import ansible_root
 
 pytestmark = pytest.mark.lab

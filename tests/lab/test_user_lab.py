@@ -12,11 +12,10 @@ import pytest
 from tests.conftest import FIXTURES
 from tests.integration.playbook import playbook
 from tests.lab.test_reliability_lab import processes_of, start_long_train, wait_until
-from torchfleet import lab as labmod
-from torchfleet.paths import shared_module
+from lab import netns as labmod
+from ansible_collections.torchfleet.fleet.plugins.module_utils import stacks
 
 pytestmark = pytest.mark.lab
-stacks = shared_module("stacks")
 
 
 def user_runs(lab):

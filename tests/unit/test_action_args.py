@@ -16,7 +16,7 @@ BIN = Path(sys.executable).parent
 
 def adhoc(module, args):
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    proc = subprocess.run([str(BIN / "ansible"), "localhost", "-m", module, "-a", args],
+    proc = subprocess.run([str(BIN / "ansible"), "localhost", "-m", "torchfleet.fleet." + module, "-a", args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     return proc.returncode, proc.stdout + proc.stderr
 

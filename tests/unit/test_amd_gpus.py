@@ -6,10 +6,10 @@ from __future__ import annotations
 import shutil
 import sys
 
-import node_probe
+from ansible_collections.torchfleet.fleet.plugins.modules import node_probe
 import pytest
-from ansible.module_utils.torchfleet import gpu
-from ansible.module_utils.torchfleet.preflight import evaluate
+from ansible_collections.torchfleet.fleet.plugins.module_utils import gpu
+from ansible_collections.torchfleet.fleet.plugins.module_utils.preflight import evaluate
 
 from tests.conftest import FIXTURES
 from tests.unit.modules import run_module

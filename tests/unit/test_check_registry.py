@@ -1,4 +1,4 @@
-"""One unit per check: the registry (module_utils/torchfleet/checks.py) is what the README's
+"""One unit per check: the registry (plugins/module_utils/checks.py) is what the README's
 tables show, holds every id DESIGN.md and the rules use, and check() refuses any other id."""
 from __future__ import annotations
 
@@ -6,14 +6,13 @@ import re
 
 import pytest
 
-from ansible.module_utils.torchfleet import checks
-from ansible.module_utils.torchfleet.preflight import check
-from tests.conftest import ROOT
+from ansible_collections.torchfleet.fleet.plugins.module_utils import checks
+from ansible_collections.torchfleet.fleet.plugins.module_utils.preflight import check
+from tests.conftest import COLLECTION, ROOT
 from torchfleet.cli import checks_text, main
 
 DESIGN = ROOT.parent / "shared" / "DESIGN.md"
-CODE = [p for d in ("module_utils", "library", "action_plugins", "roles", "src")
-        for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".yml")
+CODE = [p for p in (ROOT / "src").rglob("*") if p.suffix in (".py", ".yml")
         and p.name != "checks.py"]
 ID = re.compile(r"`([a-z_]+\.[a-z_<>]+)`")
 # DESIGN.md ids whose checks are not built yet, with the open issue that builds them. Each must
@@ -44,7 +43,7 @@ def test_every_design_id_is_registered():
 
 
 def test_every_input_id_the_run_plan_names_is_registered():
-    text = (ROOT / "module_utils" / "torchfleet" / "plan.py").read_text()
+    text = (COLLECTION / "plugins" / "module_utils" / "plan.py").read_text()
     named = set(re.findall(r'"(input\.[a-z_]+)"', text))
     assert len(named) >= 6 and named <= checks.IDS, named - checks.IDS
 
@@ -60,7 +59,7 @@ def test_every_registered_id_is_used_by_some_rule():
 
 def test_check_refuses_an_unregistered_id():
     assert check("port.blocked", "node0", True)["id"] == "port.blocked"
-    with pytest.raises(ValueError, match="not in module_utils/torchfleet/checks.py"):
+    with pytest.raises(ValueError, match="not in plugins/module_utils/checks.py"):
         check("port.blokced", "node0", False, "typo")
 
 

@@ -7,8 +7,8 @@ import threading
 import time
 
 import pytest
-from ansible.module_utils.torchfleet import agent, control
-from ansible.module_utils.torchfleet.control import (
+from ansible_collections.torchfleet.fleet.plugins.module_utils import agent, control
+from ansible_collections.torchfleet.fleet.plugins.module_utils.control import (
     TO_AGENT, TO_MASTER, Client, Server, seal, unseal)
 
 from tests.unit.test_listener import free_port

@@ -2,9 +2,9 @@
 documented layout (no HCA on these machines), each test breaking one thing on one host."""
 from __future__ import annotations
 
-import preflight_checks
+from ansible_collections.torchfleet.fleet.plugins.modules import preflight_checks
 import pytest
-from ansible.module_utils.torchfleet import plan, rdma
+from ansible_collections.torchfleet.fleet.plugins.module_utils import plan, rdma
 from hypothesis import given
 from hypothesis import strategies as st
 

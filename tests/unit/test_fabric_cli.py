@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-import node_probe
+from ansible_collections.torchfleet.fleet.plugins.modules import node_probe
 
 from tests import sysfs_tree as t
 from tests.conftest import FIXTURES

@@ -14,9 +14,9 @@ import subprocess
 import sys
 
 import pytest
-from ansible.module_utils.torchfleet import gpu, pystack
+from ansible_collections.torchfleet.fleet.plugins.module_utils import gpu, pystack
 
-from tests.conftest import FIXTURES, ROOT
+from tests.conftest import FIXTURES
 from tests.unit.modules import command_runner
 
 
@@ -67,16 +67,14 @@ def test_the_python_probe_on_a_recorded_gpu_host_names_torch_cuda_and_nccl():
 # leave torch unimported.
 PROBE_SELF = """
 import json, sys
-import ansible.module_utils
-ansible.module_utils.__path__.append(sys.argv[1])
-from ansible.module_utils.torchfleet import pystack
+from ansible_collections.torchfleet.fleet.plugins.module_utils import pystack
 stack = pystack.probe_python(sys.executable, None)  # in-process: runs no command
 print(json.dumps([stack, "torch" in sys.modules]))
 """
 
 
 def test_probe_python_reads_torch_without_importing_it():
-    out = subprocess.run([sys.executable, "-c", PROBE_SELF, str(ROOT / "module_utils")],
+    out = subprocess.run([sys.executable, "-c", PROBE_SELF],
                          capture_output=True, text=True, check=True).stdout
     stack, imported = json.loads(out)
     assert imported is False

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from ansible.module_utils.torchfleet.isolate import pair_figures, text, verdict
-from torchfleet.workloads import _pairs
+from ansible_collections.torchfleet.fleet.plugins.module_utils.isolate import pair_figures, text, verdict
+from ansible_collections.torchfleet.fleet.roles.launch.files.workloads import _pairs
 
 
 def covered(rounds):

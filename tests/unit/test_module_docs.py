@@ -48,7 +48,7 @@ def texts(node):
 def test_every_description_is_text(name):
     import importlib
 
-    module = importlib.import_module(name)
+    module = importlib.import_module("ansible_collections.torchfleet.fleet.plugins.modules." + name)
     for part in ("DOCUMENTATION", "RETURN"):
         doc = yaml.safe_load(getattr(module, part))
         bad = [t for t in texts(doc) if not isinstance(t, str)]
@@ -58,9 +58,9 @@ def test_every_description_is_text(name):
 
 def test_the_slurm_inventory_plugin_renders_in_ansible_doc():
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    proc = subprocess.run([str(BIN / "ansible-doc"), "-t", "inventory", "--json", "slurm"],
+    proc = subprocess.run([str(BIN / "ansible-doc"), "-t", "inventory", "--json", "torchfleet.fleet.slurm"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "WARNING" not in proc.stderr, proc.stderr[-3000:]
-    doc = json.loads(proc.stdout)["slurm"]
+    doc = json.loads(proc.stdout)["torchfleet.fleet.slurm"]
     assert set(doc["doc"]["options"]) == {"plugin", "job_id", "scontrol", "ssh_retries"}
     assert doc["examples"].strip()

@@ -6,9 +6,9 @@ import json
 import shutil
 
 import pytest
-import run_summary
-from ansible.module_utils.torchfleet import fabric, nccl_log
-from ansible.module_utils.torchfleet.runstate import RunState
+from ansible_collections.torchfleet.fleet.plugins.modules import run_summary
+from ansible_collections.torchfleet.fleet.plugins.module_utils import fabric, nccl_log
+from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import RunState
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -7,9 +7,9 @@ import shutil
 import subprocess
 import sys
 
-import port_guard
+from ansible_collections.torchfleet.fleet.plugins.modules import port_guard
 import pytest
-from ansible.module_utils.torchfleet import guard
+from ansible_collections.torchfleet.fleet.plugins.module_utils import guard
 
 from tests.unit.modules import run_module
 
@@ -50,18 +50,14 @@ def test_present_then_absent_in_a_namespace_of_its_own(tmp_path):
     ns = "tfunitguard%d" % os.getpid()
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
-        script = ("import json, sys\nsys.path.insert(0, %r)\n" % os.path.dirname(
-            port_guard.__file__))
         # The module runs inside the namespace, as it runs on the master over SSH.
         boot = tmp_path / "boot.py"
-        boot.write_text(script + (
-            "import ansible.module_utils\n"
-            "ansible.module_utils.__path__.append(%r)\n"
+        boot.write_text(
+            "import json, sys\n"
             "from ansible.module_utils.testing import patch_module_args\n"
-            "import port_guard\n"
+            "from ansible_collections.torchfleet.fleet.plugins.modules import port_guard\n"
             "with patch_module_args(json.loads(sys.argv[1])):\n"
-            "    port_guard.main()\n") % os.path.join(os.path.dirname(os.path.dirname(
-                port_guard.__file__)), "module_utils"))
+            "    port_guard.main()\n")
 
         def module(args):
             out = _in_netns(ns, [sys.executable, str(boot), __import__("json").dumps(args)])

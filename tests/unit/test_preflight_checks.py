@@ -8,10 +8,10 @@ from __future__ import annotations
 import copy
 import json
 
-import preflight_checks
+from ansible_collections.torchfleet.fleet.plugins.modules import preflight_checks
 import pytest
-from ansible.module_utils.torchfleet.gpu import parse_gpu_csv
-from ansible.module_utils.torchfleet.preflight import evaluate
+from ansible_collections.torchfleet.fleet.plugins.module_utils.gpu import parse_gpu_csv
+from ansible_collections.torchfleet.fleet.plugins.module_utils.preflight import evaluate
 
 from tests.conftest import FIXTURES
 from tests.unit.modules import run_module

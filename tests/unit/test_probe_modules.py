@@ -5,8 +5,8 @@ import shutil
 import socket
 import sys
 
-import node_probe
-import port_probe
+from ansible_collections.torchfleet.fleet.plugins.modules import node_probe
+from ansible_collections.torchfleet.fleet.plugins.modules import port_probe
 
 from tests.unit.modules import run_module
 from tests.unit.test_listener import free_port, wait_gone
@@ -104,7 +104,7 @@ def test_one_round_master_waits_for_the_workers_connections_then_removes_its_lis
     listener, counts the connections and removes it before returning."""
     import threading
 
-    from ansible.module_utils.torchfleet.connect import Connector
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.connect import Connector
 
     port, ephemeral = free_port(), free_port()
     worker = {}

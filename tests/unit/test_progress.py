@@ -102,7 +102,7 @@ def test_silent_off_a_terminal_before_the_first_period():
 
 def test_runner_events_become_task_check_and_plan_events():
     event = {"event": "runner_on_ok", "event_data": {
-        "host": "localhost", "task": "Decide", "task_action": "preflight_checks",
+        "host": "localhost", "task": "Decide", "task_action": "torchfleet.fleet.preflight_checks",
         "res": {"checks": [{"host": "node1", "id": "port.blocked", "ok": False,
                             "detail": "dropped", "hint": "allow TCP 29500"}]}}}
     task, check = translate(event)
@@ -111,7 +111,7 @@ def test_runner_events_become_task_check_and_plan_events():
     assert check.kind == "check" and check.check == Check("node1", "port.blocked", False,
                                                            "dropped", "allow TCP 29500")
     plan = translate({"event": "runner_on_ok", "event_data": {
-        "host": "node0", "task": "Plan", "task_action": "run_plan",
+        "host": "node0", "task": "Plan", "task_action": "torchfleet.fleet.run_plan",
         "res": {"candidates": 40}}})[1]
     assert (plan.kind, plan.summary) == ("plan", {"candidates": 40})
     assert translate({"event": "playbook_on_start"}) == []

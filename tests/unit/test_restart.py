@@ -3,14 +3,14 @@ not otherwise. The attempts' records come from the real judge (runstate.RunState
 master's store feeds it); the re-check is preflight_checks' real answer or its shape."""
 from __future__ import annotations
 
-import preflight_checks
+from ansible_collections.torchfleet.fleet.plugins.modules import preflight_checks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible.module_utils.torchfleet import restart
-from ansible.module_utils.torchfleet.plan import decide as plan
-from ansible.module_utils.torchfleet.report import verdict
-from ansible.module_utils.torchfleet.runstate import RunState
+from ansible_collections.torchfleet.fleet.plugins.module_utils import restart
+from ansible_collections.torchfleet.fleet.plugins.module_utils.plan import decide as plan
+from ansible_collections.torchfleet.fleet.plugins.module_utils.report import verdict
+from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import RunState
 from tests.unit.modules import run_module
 from tests.unit.test_preflight_checks import connect, probe
 from tests.unit.test_spares import SIX, plan_params

@@ -21,12 +21,11 @@ import time
 from pathlib import Path
 
 import pytest
-import rank_results
-import run_summary
-import torchrun_stop
-import torchrun_watch
+from ansible_collections.torchfleet.fleet.plugins.modules import rank_results
+from ansible_collections.torchfleet.fleet.plugins.modules import run_summary
+from ansible_collections.torchfleet.fleet.plugins.modules import torchrun_stop
+from ansible_collections.torchfleet.fleet.plugins.modules import torchrun_watch
 
-from tests.conftest import ROOT
 from tests.unit.modules import run_module
 from tests.unit.test_listener import free_port
 
@@ -48,13 +47,10 @@ print("rank", os.environ["RANK"], "done", flush=True)
 
 # Runs a module's main() in this child process, as AnsiballZ would on the host.
 BOOT = """
-import json, sys
-import ansible.module_utils
+import importlib, json, sys
 from ansible.module_utils.testing import patch_module_args
-ansible.module_utils.__path__.append(sys.argv[1])
-sys.path.insert(0, sys.argv[2])
-module = __import__(sys.argv[3])
-with patch_module_args(json.loads(sys.argv[4])):
+module = importlib.import_module("ansible_collections.torchfleet.fleet.plugins.modules." + sys.argv[1])
+with patch_module_args(json.loads(sys.argv[2])):
     module.main()
 """
 
@@ -76,8 +72,7 @@ def agent_args(tmp_path, run_id, host="node0", node_rank=0, nnodes=1, ports=None
 def start_agent(args):
     """torchrun_job in a child process, as under Ansible's async wrapper."""
     return subprocess.Popen(
-        [sys.executable, "-c", BOOT, str(ROOT / "module_utils"), str(ROOT / "library"),
-         "torchrun_job", json.dumps(args)], stdout=subprocess.PIPE, text=True)
+        [sys.executable, "-c", BOOT, "torchrun_job", json.dumps(args)], stdout=subprocess.PIPE, text=True)
 
 
 class Run:
@@ -155,7 +150,7 @@ def test_watch_sees_the_run_start_then_waits_on_the_host_until_it_exits(run, cap
 
 
 def test_job_refuses_a_missing_script_and_a_file_name_that_climbs(tmp_path, capsys):
-    import torchrun_job
+    from ansible_collections.torchfleet.fleet.plugins.modules import torchrun_job
 
     base = agent_args(tmp_path, "r1")
     missing = run_module(torchrun_job, dict(base, script="/nonexistent/train.py"), capsys)
@@ -167,7 +162,7 @@ def test_job_refuses_a_missing_script_and_a_file_name_that_climbs(tmp_path, caps
 
 
 def test_a_control_port_in_use_is_named_before_torchrun_starts(tmp_path, capsys):
-    import torchrun_job
+    from ansible_collections.torchfleet.fleet.plugins.modules import torchrun_job
 
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
@@ -261,7 +256,7 @@ def test_rank_results_packs_results_and_logs_and_truncates_long_logs(run, capsys
 
 
 def test_run_summary_names_the_failed_host_and_the_missing_rank(tmp_path, capsys):
-    from ansible.module_utils.torchfleet.runstate import RunState
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import RunState
 
     state = RunState("r1", ["node0", "node1"], 1, now=100.0)
     state.beat("node0", 101.0)
@@ -301,19 +296,10 @@ def test_a_report_that_cannot_be_written_is_one_sentence_naming_its_directory(tm
                                      "-e run_dir= a directory you can write" % run_dir)
 
 
-def test_the_watchers_plain_script_look_answers_what_the_module_answers(run, capsys,
-                                                                       monkeypatch):
+def test_the_watchers_plain_script_look_answers_what_the_module_answers(run, capsys):
     """The action plugin pipes look_script() to the host's Python for each look."""
-    import importlib.util
+    from ansible_collections.torchfleet.fleet.plugins.action.torchrun_watch import look_script
 
-    # The plugin puts action_plugins/ first on sys.path (to import _torchfleet): undone after
-    # this test, or a later `import preflight_checks` finds the plugin, not the module.
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    spec = importlib.util.spec_from_file_location(
-        "torchrun_watch_action", ROOT / "action_plugins" / "torchrun_watch.py")
-    action = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(action)
-    look_script = action.look_script
     module_look = run.wait_running(capsys)
     args = {"run_dir": str(run.dir), "run_id": run.run_id, "wait_s": 0.0}
     proc = subprocess.run([sys.executable, "-"], input=look_script(args), capture_output=True,
@@ -347,7 +333,7 @@ def _record(args):
 
 
 def _gone_within(pid, timeout_s):
-    from ansible.module_utils.torchfleet.procs import alive
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.procs import alive
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and alive(pid):
@@ -427,6 +413,6 @@ def test_an_agent_that_loses_the_master_stops_its_torchrun_by_itself(tmp_path):
         for j in jobs:
             j.kill()
         if pid0:
-            from ansible.module_utils.torchfleet.procs import stop_run
+            from ansible_collections.torchfleet.fleet.plugins.module_utils.procs import stop_run
 
             stop_run(run_id, pid0, grace_s=1, host="node0")

@@ -4,9 +4,9 @@ tests/integration/test_bad_input.py)."""
 from __future__ import annotations
 
 import pytest
-import run_plan
-from ansible.module_utils.torchfleet.net import choose_master_addr, master_addr_up_front
-from ansible.module_utils.torchfleet.rundir import RUN_ID
+from ansible_collections.torchfleet.fleet.plugins.modules import run_plan
+from ansible_collections.torchfleet.fleet.plugins.module_utils.net import choose_master_addr, master_addr_up_front
+from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import RUN_ID
 
 from tests.unit.modules import run_module
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from torchfleet.lab_slurm import slurm_inventory
+from ansible_collections.torchfleet.fleet.plugins.inventory import slurm as slurm_inventory
 from torchfleet.paths import ansible_root
 from torchfleet.runner import first_error
 
 ROOT = ansible_root()
-slurm = slurm_inventory()
+slurm = slurm_inventory
 
 # Recorded from the lab's slurmctld 22.05 (`scontrol -o show job` of `salloc -N2 --gres=gpu:2`),
 # cut to the fields around the ones read.
@@ -65,17 +65,17 @@ def inventory(tmp_path, text, **env):
 
 
 def test_no_job_names_slurm_job_id(tmp_path):
-    rc, out = inventory(tmp_path, "plugin: slurm\n")
+    rc, out = inventory(tmp_path, "plugin: torchfleet.fleet.slurm\n")
     assert rc != 0
     assert "SLURM_JOB_ID is not set and the file has no job_id" in first_error(out)
 
 
 def test_missing_scontrol_and_a_bad_job_id_are_named(tmp_path):
-    rc, out = inventory(tmp_path, "plugin: slurm\nscontrol: /nonexistent/scontrol\n",
+    rc, out = inventory(tmp_path, "plugin: torchfleet.fleet.slurm\nscontrol: /nonexistent/scontrol\n",
                         SLURM_JOB_ID="1234")
     assert rc != 0
     assert first_error(out).startswith("/nonexistent/scontrol not found on this controller, "
                                        "needed to read Slurm job 1234")
     # Never handed to scontrol: an option-like id would be read as one.
-    rc, out = inventory(tmp_path, "plugin: slurm\njob_id: '--help'\n")
+    rc, out = inventory(tmp_path, "plugin: torchfleet.fleet.slurm\njob_id: '--help'\n")
     assert rc != 0 and "is not a job id" in first_error(out)

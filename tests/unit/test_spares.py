@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-import preflight_checks
+from ansible_collections.torchfleet.fleet.plugins.modules import preflight_checks
 
-from ansible.module_utils.torchfleet.plan import decide as plan
+from ansible_collections.torchfleet.fleet.plugins.module_utils.plan import decide as plan
 from tests.unit.modules import run_module
 from tests.unit.test_preflight_checks import ADDR, HOSTS, connect, probe
 

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from ansible.module_utils.torchfleet import stacks
+from ansible_collections.torchfleet.fleet.plugins.module_utils import stacks
 
 # `setcap cap_sys_ptrace+ep` writes this xattr (VFS_CAP_REVISION_2, bit 19 permitted).
 CAP_SYS_PTRACE_EP = struct.pack("<5I", 0x02000001, 1 << 19, 0, 0, 0)

@@ -1,4 +1,4 @@
-"""The stdout callback (callback_plugins/torchfleet.py) on a real ansible-playbook run: one line
+"""The stdout callback (plugins/callback/torchfleet.py) on a real ansible-playbook run: one line
 per task with counts, every failure in full with the default callback's text, what a task
 shows on purpose (debug) in full, and ANSIBLE_STDOUT_CALLBACK=default gives Ansible's own."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ansible.module_utils.torchfleet.table import render
+from ansible_collections.torchfleet.fleet.plugins.module_utils.table import render
 
 
 def test_columns_align_and_long_cells_wrap_between_words():

@@ -1,1 +1,0 @@
-"""Code shared by torchfleet's modules; shipped to hosts inside each module's AnsiballZ."""

@@ -1,0 +1,201 @@
+"""Follow a run to its end by looking at its master only.
+
+The hosts stop each other (the agents' control channel, plugins/module_utils/agent.py);
+the controller's part is one look at one host every poll_s at most, whatever the number of
+hosts: it renews the master's lease, prints progress at least every progress_every_s, appends
+the summary to progress_file, and at the end writes the whole record to state_file
+(run_state.json), which the summary, the API and the report read.
+
+A look is the torchrun_watch module's code run as a plain script by the master's `python`
+when one is given (see look_script). The hosts whose start task failed (`starts`: each host's
+registered start result) go to the master's store with the first look, which names them as
+the run's failures. A look that fails is tried again until lost_after_s has passed since the
+last good one; only then is the master lost: the other agents stop by themselves within
+lost_after_s, and the play's stop tasks follow.
+
+How the run ended is never decided here: the master's record (runstate.py) decides it; when
+the master kept none the controller can read (its own start failed, or it was lost), runstate
+builds the record from what is known.
+
+Returns: outcome (runstate.PHASE_OUTCOME of the record's phase), failure (the record's first
+failure) and summary (the last look's).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shlex
+import time
+
+from ansible.errors import AnsibleConnectionFailure, AnsibleError
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils import rundir, runstate, watch
+from ansible_collections.torchfleet.fleet.plugins.module_utils.watch import ACTION_SPEC
+
+display = Display()
+
+MODULE_ARGS = ("run_dir", "run_id", "async_jid", "async_dir")
+
+
+def start_failures(starts):
+    """{host: Ansible's reason} of the hosts whose registered start result failed."""
+    failed = {}
+    for host, res in (starts or {}).items():
+        res = res if isinstance(res, dict) else {}
+        if not res or res.get("failed") or res.get("unreachable"):
+            failed[host] = str(res.get("msg") or ("unreachable" if res.get("unreachable")
+                                                  else "the start task did not run"))[:1000]
+    return failed
+
+
+@functools.lru_cache(maxsize=1)
+def _loader():
+    """The part of every look's program that loads rundir, runstate and watch under their one
+    module name (ansible_collections.torchfleet.fleet.plugins.module_utils.X), as AnsiballZ
+    would, from their source read and quoted once per worker, not at every look. This is the
+    project's one import bootstrap: a look is a bare interpreter start on the master, ten
+    times cheaper than an AnsiballZ module's, and the host has no collection installed."""
+    sources = {}
+    for module in (rundir, runstate, watch):
+        with open(module.__file__) as f:
+            sources[module.__name__] = f.read()
+    return "\n".join([
+        "import json, sys, types",
+        "for name, source in %r.items():" % sources,
+        "    parts = name.split('.')",
+        "    for i in range(1, len(parts)):",
+        "        sys.modules.setdefault('.'.join(parts[:i]), types.ModuleType('.'.join(parts[:i])))"
+        ".__path__ = []",
+        "    module = sys.modules[name] = types.ModuleType(name)",
+        "    exec(compile(source, name, 'exec'), module.__dict__)",
+    ]) + "\n"
+
+
+def look_script(args):
+    """A plain Python program that makes one look (plugins/module_utils/watch.py) with these
+    arguments and prints its JSON answer. The arguments travel as a JSON literal inside the
+    program, on stdin, never through a shell."""
+    return _loader() + "print(json.dumps(sys.modules[%r].look(json.loads(%r))))\n" % (
+        watch.__name__, json.dumps(args))
+
+
+def append_progress(path, line):
+    """One short JSON line per look (O_APPEND: a reader never sees half a line)."""
+    if not path:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    try:
+        os.write(fd, (json.dumps(line) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def write_state(path, record):
+    if not path:
+        return
+    # An attempt's directory (max_restarts) is made by the first thing written into it.
+    os.makedirs(os.path.dirname(path) or ".", mode=0o750, exist_ok=True)
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, path)
+
+
+def progress_text(s):
+    slow = s.get("slowest") or {}
+    failure = s.get("failure") or {}
+    text = "  %7.1f s  %s  ranks alive %d of %d  hosts running %d of %d" % (
+        s["elapsed_s"], s["phase"], s["ranks_alive"], s["nranks"], s["hosts_running"],
+        s["nnodes"])
+    if slow.get("host") and slow.get("idle_s") is not None:
+        text += "  slowest %s (quiet %.0f s)" % (slow["host"], slow["idle_s"])
+    if failure:
+        text += "  first failure: %s" % runstate.failure_text(failure)[:200]
+    return text + "  | %s" % (s.get("last_line") or "")[-100:]
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _supports_check_mode = False  # it renews the master's lease and writes on the controller
+
+    def _look(self, task_vars, **extra):
+        # As given, not as validated: a path such as ~/... is the master's, expanded there.
+        args = {k: v for k, v in self._task.args.items() if k in MODULE_ARGS and v is not None}
+        args.update(extra)
+        python = self.params["python"]
+        if not python:
+            return self._execute_module(module_name="torchrun_watch", module_args=args,
+                                        task_vars=task_vars)
+        res = self._low_level_execute_command(shlex.join([python, "-"]),
+                                              in_data=look_script(args).encode(), sudoable=True)
+        if res["rc"] == 255:  # ssh's own failure: the host is not reachable
+            raise AnsibleConnectionFailure(res["stderr"][-500:] or "ssh exited with 255")
+        try:
+            return json.loads(res["stdout"].strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            return {"failed": True, "msg": "the look at the run failed on the master (rc %s): %s"
+                                           % (res["rc"], (res["stderr"] or res["stdout"])[-500:])}
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        checked, self.params = self.validate_argument_spec(argument_spec=ACTION_SPEC)
+        a = self.params
+        master = self._task.delegate_to or task_vars["inventory_hostname"]
+        poll_s, every_s, settle_s = a["poll_s"], a["progress_every_s"], a["settle_s"]
+        hosts = list(a["starts"]) or [master]
+        failed_starts = start_failures(a["starts"])
+        begin = good = time.monotonic()
+        shown, decided_at, look, failure, record = 0.0, None, {}, None, None
+        if master in failed_starts:  # no store on the master: nothing to look at
+            failure = {"host": master, "reason": runstate.NOT_STARTED,
+                       "detail": "its start failed: %s" % failed_starts[master]}
+        while failure is None:
+            try:
+                look = self._look(task_vars, wait_s=poll_s, start_failed=failed_starts)
+            except (AnsibleConnectionFailure, AnsibleError) as exc:
+                look = {"failed": True, "unreachable": True, "msg": str(exc)}
+            now = time.monotonic()
+            elapsed = now - begin
+            if look.get("failed"):
+                if now - good <= a["lost_after_s"]:
+                    time.sleep(min(poll_s, 1.0))  # a passing fault: look again
+                    continue
+                failure = {"host": master, "reason": runstate.LOST,
+                           "detail": "the controller could not reach the master for %.0f s: "
+                                     "%s" % (now - good, look.get("msg", "")[:300])}
+                break
+            good = now
+            if look["state"] == "start_failed":
+                failure = {"host": master, "reason": runstate.NOT_STARTED,
+                           "detail": look["msg"]}
+                break
+            summary = look.get("summary")
+            if summary:
+                append_progress(a.get("progress_file"), dict(summary, watched_s=round(elapsed, 3)))
+                if elapsed - shown >= every_s or summary["phase"] != "running":
+                    shown = elapsed
+                    display.display(progress_text(summary))
+                if summary["phase"] != "running":
+                    decided_at = decided_at or time.monotonic()
+                    if summary["final"] or time.monotonic() - decided_at > settle_s:
+                        record = look.get("record") or self._look(task_vars, full=True)["record"]
+                        failure = record["failure"]
+                        break
+        if record is None:
+            # The master's store kept no record the controller can read: what is known.
+            record = runstate.controller_record(a["run_id"], hosts, a["nproc_per_node"],
+                                                failure)
+            failure = record["failure"]
+        write_state(a.get("state_file"), record)
+        # master_lost: the controller could not reach the master (the play then does not try
+        # it again); a run whose phase is 'lost' because of another host still gathers there.
+        result.update(outcome=runstate.PHASE_OUTCOME.get(record["phase"], runstate.FAILED),
+                      failure=failure,
+                      master_lost=bool(look.get("failed")),
+                      summary=look.get("summary"), changed=False,
+                      watched_s=round(time.monotonic() - begin, 3))
+        return result

@@ -1,0 +1,476 @@
+"""One run on one host: the host's agent, and on the master also the run's store.
+
+Every host runs this as the async torchrun_job task, one loop owning the fate of its torchrun
+(the shape of torch elastic's agent loop):
+
+- HostAgent starts torchrun, sends a heartbeat each second (ranks alive, how long ago its ranks
+  last wrote to their logs, measured on this host) and its exit, and obeys the master: an
+  abort stops its torchrun (SIGTERM to torchrun and every rank at once, SIGKILL after
+  abort_grace_s; a torchrun already ending by itself after a rank's death is given a moment
+  to end and say which rank it was). It stops by itself when the master is silent for
+  lost_after_s, or never reached within join_timeout_s. torchrun dies with its agent
+  (PR_SET_PDEATHSIG): a killed agent leaves nothing running.
+- MasterStore (node_rank 0 only) serves the control channel and owns the run's record
+  (runstate.RunState, the one judge): it feeds it every verified message, asks it what time
+  decides (a silent host, a hang, the job's limit, the controller's lease), tells every host
+  to stop at the first failure, writes the record for the controller, and stays until every
+  host reported or the settle time is over.
+
+The master's loop steps both; another host's steps its agent only. Every timing is derived in
+Timings from the module's arguments.
+
+torchrun uses the static rendezvous (--node-rank = the host's position in the inventory), so
+rank order is inventory order at any N; its store lives under the run id's prefix, so a stale
+agent of an earlier run is never joined.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import signal
+import subprocess
+import time
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils import procs, runstate, stacks
+from ansible_collections.torchfleet.fleet.plugins.module_utils.control import Client, Server
+from ansible_collections.torchfleet.fleet.plugins.module_utils.procs import HOST_ENV, RUN_ID_ENV, run_processes, stop_run
+from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import (
+    AGENT_LOG, CONTROL, EXITCODE, LEASE, LOGS, PIDFILE, RESULTS, STACK_DUMP, START_FAILED, TORCHRUN_LOG,
+    peer_loss, rank_dirs, read_json, root_cause, tail, write_json)
+
+
+class Timings:
+    """Every timing of the control plane, in one place, from the module's arguments."""
+
+    LOOK_S = 0.1     # how often a loop looks at torchrun and the channel
+    BEAT_S = 1.0     # how often a host reports; lost_after_s is many beats
+    TEARDOWN_S = 2.0  # an aborted torchrun already ending after a rank's death: time to end
+    DUMP_S = 70.0    # the stacks' dump on a hang (py-spy, 60 s at most per call)
+
+    def __init__(self, p):
+        self.lost_after_s = float(p["lost_after_s"])
+        self.join_timeout_s = float(p["join_timeout_s"])
+        self.abort_grace_s = float(p["abort_grace_s"])
+        self.lease_s = float(p["lease_s"])
+        # The lease counts from the controller's first look: the starts of every fork batch
+        # come before it, and the join timeout already covers them (it grows by batch).
+        self.start_bound_s = self.join_timeout_s + self.lease_s if self.lease_s else None
+        self.settle_s = self.abort_grace_s + self.TEARDOWN_S + 5.0
+
+
+def torchrun_argv(p, script):
+    """torchrun with the static rendezvous: the node rank is the host's place in the inventory."""
+    return [
+        p["python"], "-m", "torch.distributed.run",
+        "--nnodes", str(p["nnodes"]),
+        "--nproc-per-node", str(p["nproc_per_node"]),
+        "--node-rank", str(p["node_rank"]),
+        "--rdzv-backend", "static",
+        "--rdzv-endpoint", "%s:%d" % (p["master_addr"], p["master_port"]),
+        "--rdzv-id", p["run_id"],
+        "--rdzv-conf", "timeout=%d" % p["join_timeout_s"],
+        "--local-addr", p["local_addr"],
+        "--max-restarts", str(p["max_restarts"]),
+        "--log-dir", os.path.join(p["run_dir"], LOGS),
+        "--redirects", "3",
+        script, *p["script_args"],
+    ]
+
+
+def worker_pids(run_id, torchrun_pid):
+    """{local_rank: (pid, global rank)} of the live workers this host's torchrun started."""
+    workers = {}
+    for pid in run_processes(run_id, torchrun_pid, orphans=False):
+        if pid == torchrun_pid:
+            continue
+        env = procs.environ(pid)
+        if b"LOCAL_RANK" in env and env.get(b"TORCHELASTIC_RUN_ID") is not None:
+            workers.setdefault(int(env[b"LOCAL_RANK"]), (pid, int(env.get(b"RANK", b"-1"))))
+    return workers
+
+
+def live_children(pid):
+    """torchrun's workers still running (a dead one not yet reaped is not)."""
+    return [c for c in procs.children(pid) if procs.alive(c)]
+
+
+def local_status(run_dir, pid, now=None):
+    """What a beat reports: ranks alive, seconds since any rank last wrote to its logs (on this
+    host's clock, so the master never compares two hosts' clocks), local rank 0's last line."""
+    newest, last = None, ""
+    for local_rank, rdir in rank_dirs(run_dir).items():
+        for name in ("stdout.log", "stderr.log"):
+            try:
+                mtime = os.stat(os.path.join(rdir, name)).st_mtime
+            except OSError:
+                continue
+            newest = mtime if newest is None else max(newest, mtime)
+        if local_rank == 0:
+            last = tail(os.path.join(rdir, "stdout.log"), 1) or tail(os.path.join(rdir,
+                                                                                  "stderr.log"), 1)
+    now = time.time() if now is None else now
+    return {"alive": len(live_children(pid)),
+            "idle_s": None if newest is None else max(0.0, round(now - newest, 3)),
+            "last_line": last[-runstate.LINE_MAX:], "pid": pid}
+
+
+def failure_evidence(run_dir):
+    """(root cause, consequence) from this host's torchrun log and the failing rank's stderr:
+    consequence when that rank died because its connection to another rank broke."""
+    cause = root_cause(tail(os.path.join(run_dir, TORCHRUN_LOG), 200, 1 << 20))
+    if cause is None:
+        return None, False
+    rdir = rank_dirs(run_dir).get(cause["local_rank"])
+    text = tail(os.path.join(rdir, "stderr.log"), 40, 1 << 16) if rdir else ""
+    return cause, peer_loss(text)
+
+
+class HostAgent:
+    """This host's part: its torchrun, its reports, obeying the master."""
+
+    def __init__(self, p, proc, command, timings, send):
+        self.p, self.proc, self.command, self.t = p, proc, command, timings
+        self.send = send            # a report to the master: True once it is on its way
+        self.host = p["host"]
+        self.started_m = time.monotonic()
+        self.next_beat = 0.0
+        self.stopping = None        # the abort this agent obeyed, if any
+        self.stop_at = None         # an obeyed abort's deadline for a torchrun already ending
+        self.reason = "exited"      # exited | aborted | master_lost
+        self.stopped = False        # this agent signalled torchrun
+        self.ended_m = None         # when torchrun's exit was seen
+        self.exit_sent = False
+        self.exit_acked = False
+        self.most_workers = 0
+        self.stack_facts = stacks.attach_facts(p["python"], os.geteuid())
+
+    def step(self, now_m):
+        """Look at torchrun once: beat, report its end, carry out a pending stop."""
+        rc = self.proc.poll()
+        if rc is None and now_m >= self.next_beat:
+            self.next_beat = now_m + self.t.BEAT_S
+            status = local_status(self.p["run_dir"], self.proc.pid)
+            self.most_workers = max(self.most_workers, status["alive"])
+            self.send(dict(status, t=runstate.BEAT))
+        if rc is None and self.stop_at is not None and now_m >= self.stop_at:
+            self._stop()
+            rc = self.proc.poll()
+        if rc is not None:
+            self.ended_m = self.ended_m or now_m
+            if not self.exit_sent:
+                self.exit_sent = self.send(self.exit_body(rc, now_m))
+        return rc
+
+    def obey(self, message):
+        kind = message.get("t")
+        if kind in (runstate.ACK, runstate.ABORT) and self.exit_sent:
+            self.exit_acked = True  # the master has heard how this host's torchrun ended
+        # A torchrun that already ended is not stopped: its own exit stands.
+        if kind != runstate.ABORT or self.stopping is not None or self.proc.poll() is not None:
+            return
+        self.stopping, self.reason = message, "aborted"
+        if message.get("dump"):  # every live rank's stack, before anything is stopped
+            stacks.dump(self.command, self.stack_facts, self.p["stack_dump"],
+                        worker_pids(self.p["run_id"], self.proc.pid),
+                        rank_dirs(self.p["run_dir"]), STACK_DUMP)
+        workers = len(live_children(self.proc.pid))
+        if self.most_workers and workers < self.most_workers:
+            # A rank here died already and torchrun is ending by itself: let it say which
+            # rank it was (its log's root cause) before it is stopped.
+            self.stop_at = time.monotonic() + self.t.TEARDOWN_S
+        else:
+            self._stop()
+
+    def stop_alone(self, reason):
+        """The master is gone: stop without being told."""
+        if self.stopping is None:
+            self.stopping, self.reason = {"t": runstate.ABORT, "failure": None}, reason
+            self._stop()
+
+    def _stop(self):
+        self.stop_at = None
+        if self.proc.poll() is None:
+            self.stopped = True
+            stop_run(self.p["run_id"], self.proc.pid, grace_s=self.t.abort_grace_s,
+                     host=self.host, all_at_once=True)
+
+    def exit_body(self, rc, now_m):
+        cause, consequence = failure_evidence(self.p["run_dir"]) if rc else (None, False)
+        status = local_status(self.p["run_dir"], self.proc.pid)
+        return {"t": runstate.EXIT, "rc": rc, "stopped": self.stopped, "root_cause": cause,
+                "consequence": consequence, "age_s": round(now_m - self.ended_m, 3),
+                "last_line": status["last_line"]}
+
+
+class MasterStore:
+    """The master's part: the channel's server and the run's record, lease and settle."""
+
+    def __init__(self, p, timings, server, state, log):
+        self.p, self.t, self.server, self.state, self.log = p, timings, server, state, log
+        self.agents = []            # this host's agent, obeying like any other host's
+        self.settle_until = None
+        self.last_write = 0.0
+        self.next_file_look = 0.0
+        self.refused_said = {}
+
+    def handle(self, host, body):
+        """One verified message from a host; returns the reply."""
+        if self.state.report(host, time.time(), body) is not None:
+            self.abort_everyone()
+        if self.state.failure is not None and host != self.p["host"]:
+            return self.abort_message()
+        return {"t": runstate.ACK, "phase": self.state.phase}
+
+    def closed(self, host):
+        self.state.closed(host, time.time())
+
+    def abort_message(self):
+        return {"t": runstate.ABORT, "failure": self.state.failure,
+                "dump": self.state.phase == runstate.HANG}
+
+    def abort_everyone(self):
+        failure = self.state.failure
+        self.log("run failed: %s" % runstate.failure_text(failure))
+        message = self.abort_message()
+        self.server.broadcast(message)
+        for agent in self.agents:
+            agent.obey(message)
+
+    def step(self, now_m):
+        self.server.step(self.t.LOOK_S, self.handle, self.closed)
+        now = time.time()
+        if now_m >= self.next_file_look:
+            self.next_file_look = now_m + self.t.BEAT_S
+            self._read_start_failures(now)
+            self._count_refusals()
+        if self.state.tick(now, self.lease_age(), self.t.lease_s,
+                           self.t.start_bound_s) is not None:
+            self.abort_everyone()
+        self.write_state()
+
+    def _read_start_failures(self, now):
+        """Hosts whose start task failed, as the controller's watch wrote them here (the
+        master's own directory: only the run's user can write it)."""
+        failed = read_json(os.path.join(self.p["run_dir"], START_FAILED))
+        if not isinstance(failed, dict):
+            return
+        for host, why in sorted(failed.items(), key=lambda kv: self.state.order.index(kv[0])
+                                if kv[0] in self.state.order else 0):
+            if isinstance(why, str) and self.state.not_started(
+                    host, now, "its start failed: %s" % why) is not None:
+                self.abort_everyone()
+
+    def _count_refusals(self):
+        refused = {k: v for k, v in self.server.refused.items() if v}
+        if refused != self.refused_said:
+            self.refused_said = dict(refused)
+            self.state.refused = dict(refused)
+            self.log("control port: refused %s" % ", ".join(
+                "%d %s" % (n, why) for why, n in sorted(refused.items())))
+
+    def lease_age(self):
+        """Seconds since the controller's last look; None before its first."""
+        try:
+            return time.time() - os.stat(os.path.join(self.p["run_dir"], LEASE)).st_mtime
+        except OSError:
+            return None
+
+    def done(self, now_m):
+        """The master stays while any host may still report, within a bound."""
+        state = self.state
+        if state.phase == runstate.RUNNING:
+            return False
+        if state.all_done():
+            return True
+        if self.settle_until is None:
+            dump_s = self.t.DUMP_S if state.phase == runstate.HANG else 0
+            self.settle_until = now_m + self.t.settle_s + dump_s
+        return now_m > self.settle_until
+
+    def write_state(self, force=False):
+        now_m = time.monotonic()
+        if force or now_m - self.last_write >= self.t.BEAT_S:
+            self.last_write = now_m
+            write_json(os.path.join(self.p["run_dir"], CONTROL),
+                       self.state.record())
+
+    def finish(self):
+        self.state.final = True
+        self.write_state(force=True)
+        self.server.close()
+
+
+def serve(agent, store, client, t):
+    """The loop: the master's steps its agent and the store; another host's its agent and
+    its connection. Returns (rc, reason)."""
+    while True:
+        now_m = time.monotonic()
+        rc = agent.step(now_m)
+        if store is not None:
+            store.step(now_m)
+            if rc is not None and store.done(now_m):
+                store.finish()
+                return rc, agent.reason
+            continue
+        for message in client.step(t.LOOK_S):
+            agent.obey(message)
+        if not client.connected:
+            agent.exit_sent = False  # said again once reconnected
+        heard = client.last_heard
+        silent = now_m - (heard if heard is not None else agent.started_m)
+        if silent > (t.lost_after_s if heard is not None else t.join_timeout_s):
+            agent.stop_alone("master_lost")
+            if agent.proc.poll() is not None:
+                client.close()
+                return agent.proc.wait(), agent.reason
+        if rc is not None and (agent.exit_acked or agent.stopping is not None
+                               and agent.exit_sent):
+            client.close()
+            return rc, agent.reason
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_agent(agent_pid):
+    """In torchrun's process before exec: SIGTERM when the agent dies (torchrun then stops its
+    workers), so a killed agent leaves nothing running. Linux only; elsewhere a no-op."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != agent_pid:  # the agent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def start_torchrun(p, argv):
+    env = dict(os.environ)
+    env.update({k: str(v) for k, v in p["env"].items()})
+    env.update({RUN_ID_ENV: p["run_id"], HOST_ENV: p["host"],
+                "TORCHFLEET_OUT_DIR": os.path.join(p["run_dir"], RESULTS),
+                "PYTHONUNBUFFERED": "1"})
+    stacks.install_hook(p["run_dir"], env)  # a hang's stacks where py-spy cannot attach
+    agent_pid = os.getpid()
+    with open(os.path.join(p["run_dir"], TORCHRUN_LOG), "ab") as log:
+        # Own session: Ansible's async timeout kills the wrapper's process group, not the run;
+        # the run is stopped by its agent, or by its recorded PID (torchrun_stop).
+        return subprocess.Popen(argv, cwd=p["chdir"] or p["run_dir"], env=env,
+                                stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=lambda: _die_with_agent(agent_pid))
+
+
+def report_not_started(p, secret, detail):
+    """An agent that cannot start torchrun tells the master at once (bounded wait), so the run
+    fails in seconds naming this host instead of after join_timeout_s."""
+    if p["node_rank"] == 0:
+        return
+    client = Client(p["master_addr"], p["control_port"], secret, p["host"], 1.0)
+    deadline = time.monotonic() + min(10.0, p["join_timeout_s"])
+    sent = False
+    while time.monotonic() < deadline:
+        for message in client.step(Timings.LOOK_S):
+            if sent and message.get("t") in (runstate.ACK, runstate.ABORT):
+                client.close()
+                return
+        if client.connected and not sent:
+            sent = client.send({"t": runstate.NOT_STARTED_MSG, "detail": detail})
+    client.close()
+
+
+def _logger(run_dir):
+    path = os.path.join(run_dir, AGENT_LOG)
+
+    def log(line):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                os.write(fd, ("%s %s\n" % (time.strftime("%H:%M:%S"), line)).encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+    return log
+
+
+# The control port is the ephemeral port preflight tested: between that test and this bind an
+# outgoing connection of this host may hold it for a moment (its local port drawn from the same
+# range). A port still taken after this long is a real conflict, named as such.
+BIND_RETRY_S = 10.0
+
+
+def bind_control(addr, port, secret):
+    end = time.monotonic() + BIND_RETRY_S
+    while True:
+        try:
+            return Server(addr, port, secret)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or time.monotonic() >= end:
+                raise
+            time.sleep(0.25)
+
+
+def run(p, command):
+    """The whole job of torchrun_job: returns its result dict, or raises ValueError with the
+    sentence to fail with. `command` runs short commands (py-spy) for it: command.bounded."""
+    secret = p["secret"].encode()
+    run_dir = p["run_dir"]
+    t = Timings(p)
+    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    # This host's part and the run's directory above it (named by the run id, so ours) are
+    # private to the run's user: the ranks' logs may hold what a script printed.
+    for path in (run_dir, os.path.dirname(run_dir)):
+        os.chmod(path, 0o700)
+    try:
+        for name, content in p["files"].items():
+            if os.sep in name or name.startswith("."):
+                raise ValueError("file name %r must be a plain name" % name)
+            fd = os.open(os.path.join(run_dir, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                         0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(content)
+        script = p["script"]
+        if not os.path.isabs(script):
+            script = os.path.join(run_dir, script)
+        if not os.path.isfile(script):
+            raise ValueError("script %s does not exist on %s; copy it there or fix `script`"
+                             % (script, p["host"]))
+        server = state = client = None
+        if p["node_rank"] == 0:
+            state = runstate.RunState(
+                p["run_id"], p["hosts"] or [p["host"]], p["nproc_per_node"],
+                join_timeout_s=p["join_timeout_s"], lost_after_s=p["lost_after_s"],
+                hang_timeout_s=p["hang_timeout_s"], job_timeout_s=p["job_timeout_s"])
+            try:
+                server = bind_control(p["master_addr"], p["control_port"], secret)
+            except OSError as exc:
+                raise ValueError("the master %s cannot listen on its control port %s:%d (%s); "
+                                 "free it or set -e control_port=N" % (
+                                     p["host"], p["master_addr"], p["control_port"],
+                                     exc.strerror or exc)) from None
+        else:
+            client = Client(p["master_addr"], p["control_port"], secret, p["host"])
+    except ValueError as exc:
+        report_not_started(p, secret, str(exc))
+        raise
+    argv = torchrun_argv(p, script)
+    started = time.time()
+    proc = start_torchrun(p, argv)
+    write_json(os.path.join(run_dir, PIDFILE), {"pid": proc.pid, "run_id": p["run_id"],
+                                                "host": p["host"], "argv": argv,
+                                                "started": started})
+    store = None
+    if server is not None:
+        store = MasterStore(p, t, server, state, _logger(run_dir))
+        agent = HostAgent(p, proc, command, t,
+                          lambda body: store.handle(p["host"], body) is not None)
+        store.agents.append(agent)
+        state.beat(p["host"], time.time(), pid=proc.pid)
+    else:
+        agent = HostAgent(p, proc, command, t, client.send)
+    rc, reason = serve(agent, store, client, t)
+    ended = time.time()
+    write_json(os.path.join(run_dir, EXITCODE), {"rc": rc, "reason": reason, "ended": ended})
+    return dict(changed=True, rc=rc, pid=proc.pid, reason=reason,
+                duration_s=round(ended - started, 3), argv=argv)

@@ -1,0 +1,87 @@
+"""TCP reachability from one host to the master: the `nc -zv MASTER PORT` of the guides.
+
+Shared by node_probe (the one-round preflight, where every host connects while the master's
+own probe is starting its listener) and port_probe (the separate second round).
+"""
+from __future__ import annotations
+
+import errno
+import socket
+import threading
+import time
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils.net import nic_holding, parse_ip_addr, parse_ip_route_get
+
+RETRY_INTERVAL_S = 0.05
+
+
+def connect(addr, port, timeout_s, retry_s=None):
+    """{port, ok, error, elapsed_s}: a TCP handshake with addr:port within timeout_s.
+
+    "Connection refused" is retried for retry_s (default timeout_s), because the master's
+    listener may start a while after this host begins; a firewall that drops shows as
+    "timed out" after timeout_s.
+    """
+    start = time.monotonic()
+    window = timeout_s if retry_s is None else max(timeout_s, retry_s)
+    error = None
+    while True:
+        left = window - (time.monotonic() - start)
+        if left <= 0:
+            error = error or "timed out"
+            break
+        try:
+            with socket.create_connection((addr, port), timeout=min(left, timeout_s)):
+                error = None
+                break
+        except socket.timeout:
+            error = "timed out"
+            break
+        except OSError as exc:
+            error = "refused" if exc.errno == errno.ECONNREFUSED else (exc.strerror or str(exc))
+            if exc.errno != errno.ECONNREFUSED:
+                break
+            time.sleep(min(RETRY_INTERVAL_S, max(0.0, left)))
+    return {"port": port, "ok": error is None, "error": error,
+            "elapsed_s": round(time.monotonic() - start, 3)}
+
+
+class Connector:
+    """Connect to every port at once in the background; results() waits for them."""
+
+    def __init__(self, addr, ports, timeout_s, retry_s=None):
+        self._ports = list(ports)
+        self._found = {}
+        self._threads = [threading.Thread(target=self._one, args=(addr, port, timeout_s, retry_s),
+                                          daemon=True) for port in self._ports]
+        for thread in self._threads:
+            thread.start()
+
+    def _one(self, addr, port, timeout_s, retry_s):
+        self._found[port] = connect(addr, port, timeout_s, retry_s)
+
+    def results(self):
+        """One entry per port, in order."""
+        for thread in self._threads:
+            thread.join()
+        return [self._found[p] for p in self._ports]
+
+
+def connect_all(addr, ports, timeout_s):
+    return Connector(addr, ports, timeout_s).results()
+
+
+def route_to(addr, run, nics=None):
+    """(route, error): how traffic to addr leaves this host, naming the NIC that holds it when
+    addr is local (from `nics`, parse_ip_addr's list, when the caller already has it). `run` is
+    the module's command runner (command.bounded)."""
+    out, err = run(["ip", "-j", "route", "get", addr])
+    route = parse_ip_route_get(out) if out is not None else None
+    if route is None:
+        return None, err or "no route"
+    route["nic"] = route["dev"]
+    if route["local"]:
+        if nics is None:
+            nics = parse_ip_addr(run(["ip", "-j", "addr"])[0])
+        route["nic"] = nic_holding(nics, addr) or route["dev"]
+    return route, None

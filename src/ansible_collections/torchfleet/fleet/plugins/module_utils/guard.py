@@ -1,0 +1,62 @@
+"""The guard of a run's ports on its master (guard_ports): one nftables table per run that lets
+TCP to the run's ports (torchrun's store on master_port, the control port) in only from the
+run's hosts and loopback, and resets every other connection to them.
+
+torchrun's store listens on every interface without authentication for the run's lifetime;
+the guard closes it to everyone but the run. The table's name carries the run id
+(`torchfleet_guard_<run id>`), so a run only ever removes its own, and another tool's tables
+are never touched. The ruleset goes to `nft -f -` on stdin: values are checked here and never
+pass through a shell.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import RUN_ID
+
+PREFIX = "torchfleet_guard_"
+
+
+def table_name(run_id):
+    if not RUN_ID.match(run_id or ""):
+        raise ValueError("run_id %r cannot name a guard table" % (run_id,))
+    return PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", run_id)
+
+
+def ruleset(run_id, ports, allow):
+    """The nft script of a run's guard; ValueError naming a value that makes no sense."""
+    for port in ports:
+        if not isinstance(port, int) or not 0 < port < 65536:
+            raise ValueError("port %r is not a TCP port" % (port,))
+    v4, v6 = ["127.0.0.0/8"], ["::1"]
+    for addr in allow:
+        try:
+            ip = ipaddress.ip_address(str(addr))
+        except ValueError:
+            raise ValueError("%r is not an IP address of a host of the run" % (addr,)) from None
+        (v4 if ip.version == 4 else v6).append(str(ip))
+    name, dports = table_name(run_id), ", ".join(str(p) for p in sorted(set(ports)))
+    return "\n".join([
+        "table inet %s {" % name,
+        "  set run_hosts_v4 { type ipv4_addr; flags interval; elements = { %s } }"
+        % ", ".join(sorted(set(v4))),
+        "  set run_hosts_v6 { type ipv6_addr; flags interval; elements = { %s } }"
+        % ", ".join(sorted(set(v6))),
+        "  chain input {",
+        "    type filter hook input priority -10; policy accept;",
+        "    tcp dport { %s } ip saddr @run_hosts_v4 accept" % dports,
+        "    tcp dport { %s } ip6 saddr @run_hosts_v6 accept" % dports,
+        "    tcp dport { %s } reject with tcp reset" % dports,
+        "  }",
+        "}",
+    ]) + "\n"
+
+
+def ours(tables_text, run_id=None):
+    """Names of the guard tables in `nft list tables` output: the run's, or every run's."""
+    names = re.findall(r"^table inet (%s\w+)$" % PREFIX, tables_text, re.M)
+    if run_id is None:
+        return names
+    want = table_name(run_id)
+    return [n for n in names if n == want]

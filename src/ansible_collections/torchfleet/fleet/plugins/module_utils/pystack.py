@@ -1,0 +1,74 @@
+"""Versions of the Python stack that torchrun will use, read without importing torch.
+
+The snippet reads package metadata and torch/version.py of the host's `python`. It runs in
+the module's own process when `python` is the interpreter running the module (the usual case:
+one Python start less per host), else under `python`, printing one JSON object. Importing torch
+would take seconds and, on GPU hosts, could initialise CUDA.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils.command import missing
+
+# Leaves its answer in `out`.
+SNIPPET = r"""
+import importlib.metadata as md, importlib.util, json, os, re, sys
+out = {"executable": sys.executable, "python_version": "%d.%d.%d" % sys.version_info[:3],
+       "torch_version": None, "torch_cuda": None, "torch_hip": None, "nccl_version": None,
+       "torch_path": None}
+try:
+    out["torch_version"] = md.version("torch")
+except md.PackageNotFoundError:
+    pass
+spec = importlib.util.find_spec("torch") if out["torch_version"] else None
+if spec and spec.submodule_search_locations:
+    out["torch_path"] = list(spec.submodule_search_locations)[0]
+    try:
+        with open(os.path.join(out["torch_path"], "version.py")) as f:
+            text = f.read()
+        for key in ("cuda", "hip"):  # a build for one has None for the other
+            m = re.search(r"^%s\s*(?::[^=]*)?=\s*'([^']+)'" % key, text, re.M)
+            out["torch_" + key] = m.group(1) if m else None
+    except OSError:
+        pass
+for dist in ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"):
+    try:
+        out["nccl_version"] = md.version(dist)
+        break
+    except md.PackageNotFoundError:
+        pass
+"""
+
+NCCL_HEADER = "/usr/include/nccl.h"
+
+
+def probe_python(python, run, timeout_s=20):
+    """SNIPPET's answer for `python`, or {"error": "..."} when it cannot run; `run` is the
+    module's command runner (command.bounded)."""
+    # Not resolved through symlinks: a venv's python links to the base interpreter but sees
+    # other packages.
+    if os.path.abspath(python) == os.path.abspath(sys.executable):
+        scope: dict = {}
+        exec(SNIPPET, scope)  # noqa: S102 (our own constant)
+        return scope["out"]
+    out, err = run([python, "-c", SNIPPET + "print(json.dumps(out))"], timeout_s=timeout_s)
+    if out is None:
+        return {"error": "%s: no such interpreter" % python if missing(err)
+                else "%s failed: %s" % (python, err)}
+    return json.loads(out)
+
+
+def parse_nccl_header(text):
+    """NCCL version 'major.minor.patch' from nccl.h, or None."""
+    parts = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 3 and fields[0] == "#define" and fields[1] in (
+                "NCCL_MAJOR", "NCCL_MINOR", "NCCL_PATCH"):
+            parts[fields[1]] = fields[2]
+    if len(parts) != 3:
+        return None
+    return "%s.%s.%s" % (parts["NCCL_MAJOR"], parts["NCCL_MINOR"], parts["NCCL_PATCH"])

@@ -1,0 +1,153 @@
+"""Whether a failed attempt is started again (`max_restarts`), on which hosts, and why: the
+one place that decides it. How the attempt ended is not decided here: the master's record
+(runstate.py) judged that; this reads its first failure and the re-check's choice.
+
+A restart answers a failure a host explains: a host lost during the run or whose start failed
+(left out of every later attempt), or a rank's death on a host that then fails its re-check.
+A failure no host explains (a rank's error on a host that passes its re-check, a hang, the
+job's time limit) is not retried unless restart_on=any. Two steps, with the playbook's re-check
+(preflight's probe and port test of the remaining candidates) between them:
+
+    after_attempt(...)   -> {"recheck", "hosts", "exclude", "suspect", "cause", "why"}
+    after_recheck(...)   -> {"restart", "hosts", "replaced", "why"}
+"""
+from __future__ import annotations
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import read_json
+from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import (
+    CONTROLLER_LOST, FAILED, LOST, NOT_STARTED, SUCCEEDED)
+
+RESTART_ON = ("host", "any")
+# playbooks/attempt.yml is imported once per attempt: this many restarts at most.
+MAX_RESTARTS = 5
+# The words a failure's reason has in the verdict ("node2 host.lost, replaced by node4").
+CAUSE_ID = {LOST: "host.lost", NOT_STARTED: "host.not_started", FAILED: "run.exit"}
+
+
+def _text(failure, key):
+    """A failure's field when it is a string, else None: the record came from the master's host
+    and is read as outside input (its shape is checked, never assumed)."""
+    value = failure.get(key) if isinstance(failure, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _left_out(record, unreachable):
+    """{host: why} of the hosts no later attempt may use: lost or never started (the record's
+    own failures of theirs, not consequences), or unreachable when the attempt was stopped and
+    gathered."""
+    out = {}
+    for f in record.get("failures") if isinstance(record.get("failures"), list) else []:
+        host, reason = _text(f, "host"), _text(f, "reason")
+        if host and reason in (LOST, NOT_STARTED) and not f.get("consequence"):
+            out.setdefault(host, CAUSE_ID[reason])
+    for host in unreachable:
+        out.setdefault(host, "host.unreachable")
+    return out
+
+
+def after_attempt(record, attempt, max_restarts, restart_on, candidates, hosts, excluded=(),
+                  unreachable=()):
+    """After attempt `attempt` (0 first) ended with `record`: re-check for a restart or not.
+
+    candidates: preflight's candidates in inventory order; hosts: the attempt's (as many as the
+    run needs); excluded: hosts earlier attempts left out. Returns recheck (bool), hosts (the
+    candidates to re-check), exclude (every host left out so far), suspect (a host whose rank
+    failed: the re-check decides), cause (the failure answered) and why (a sentence when there
+    is no re-check and restarts were asked)."""
+    record = record if isinstance(record, dict) else None
+    failure = (record or {}).get("failure")
+    failure = failure if isinstance(failure, dict) else None
+    out = {"recheck": False, "hosts": [], "exclude": list(excluded), "left_out": {},
+           "suspect": None, "cause": None, "why": ""}
+    if not record or record.get("phase") == SUCCEEDED or not failure:
+        return out
+    if attempt >= max_restarts:
+        if max_restarts:
+            out["why"] = "not restarted: max_restarts=%d used" % max_restarts
+        return out
+    host, reason = _text(failure, "host"), _text(failure, "reason")
+    out["cause"] = {"host": host, "reason": reason, "id": CAUSE_ID.get(reason, "run." + str(reason))}
+    if reason == CONTROLLER_LOST:
+        out["why"] = "not restarted: the controller lost the run"
+        return out
+    if host is None and restart_on != "any":
+        out["why"] = ("not restarted: no host explains a run that ended %s (restart_on=any "
+                      "restarts it)" % reason)
+        return out
+    left_out = _left_out(record, unreachable)
+    exclude = list(dict.fromkeys(list(excluded) + list(left_out)))
+    if reason == FAILED and host not in exclude:
+        out["suspect"] = host
+    remaining = [h for h in candidates if h not in exclude]
+    out.update(exclude=exclude, left_out=left_out)
+    if len(remaining) < len(hosts):
+        out["why"] = ("not restarted: %d candidate(s) remain without %s and the run needs %d "
+                      "(add spares: -e spares=K)"
+                      % (len(remaining), ", ".join(exclude), len(hosts)))
+        return out
+    out.update(recheck=True, hosts=remaining)
+    return out
+
+
+def after_recheck(plan, recheck, hosts, restart_on):
+    """The decision once the re-check of plan["hosts"] is in (preflight_checks' answer):
+    restart on the hosts it chose, or not, and why. hosts: the attempt's hosts in rank order."""
+    cause = plan.get("cause") or {}
+    no = {"restart": False, "hosts": [], "replaced": [], "why": ""}
+    if not plan.get("recheck"):
+        return dict(no, why=plan.get("why", ""))
+    skipped = (recheck.get("choice") or {}).get("skipped") or {}
+    if recheck.get("retest"):
+        first = plan["hosts"][0] if plan["hosts"] else "?"
+        why = "not restarted: the re-check found %s, the next master, failing %s" % (
+            first, ", ".join(skipped.get(first, [])) or "a check")
+        return dict(no, why=why)
+    if not recheck.get("ok"):
+        why = "not restarted: the re-check failed (%s)" % (
+            recheck.get("verdict") or "see its preflight.json")
+        return dict(no, why=why)
+    chosen = [n["host"] for n in recheck.get("nodes") or []]
+    suspect = plan.get("suspect")
+    if suspect and suspect in chosen and restart_on != "any":
+        why = ("not restarted: %s passed its re-check, so no host explains the failure "
+               "(restart_on=any restarts it)" % suspect)
+        return dict(no, why=why)
+    gone = [h for h in hosts if h not in chosen]
+    new = [h for h in chosen if h not in hosts]
+    left_out = plan.get("left_out") or {}
+    replaced = [{"host": old, "by": by, "reason": left_out.get(old) or "failed its re-check (%s)"
+                 % ", ".join(skipped.get(old) or ["a check"])}
+                for old, by in zip(gone, new, strict=True)]
+    words = ["%s %s, replaced by %s" % (r["host"], r["reason"], r["by"]) for r in replaced]
+    if not words:  # restart_on=any: the same hosts again
+        words = ["%s %s, the same hosts again (restart_on=any)"
+                 % (cause.get("host") or "the run", cause.get("id", "failed"))]
+    return {"restart": True, "hosts": chosen, "replaced": replaced, "why": "; ".join(words)}
+
+
+ARGUMENT_SPEC = dict(
+    attempt=dict(type="int", required=True),
+    max_restarts=dict(type="int", default=0),
+    restart_on=dict(type="str", default="host", choices=list(RESTART_ON)),
+    state_file=dict(type="str", default=""),
+    candidates=dict(type="list", elements="str", default=[]),
+    excluded=dict(type="list", elements="str", default=[]),
+    gathered=dict(type="dict", default={}),
+    hosts=dict(type="list", elements="str", default=[]),
+    plan=dict(type="dict"),
+    recheck=dict(type="dict"),
+)
+
+
+def decide(params):
+    """The restart_plan module: after_attempt, or with plan and recheck given after_recheck."""
+    if params["plan"] is not None:
+        return after_recheck(params["plan"], params["recheck"] or {}, params["hosts"],
+                             params["restart_on"])
+    record = read_json(params["state_file"]) if params["state_file"] else None
+    # A host the stop-and-gather could not reach (a network cut) is out of later attempts.
+    unreachable = [h for h, res in sorted(params["gathered"].items())
+                   if isinstance(res, dict) and res.get("unreachable")]
+    return after_attempt(record, params["attempt"], params["max_restarts"],
+                         params["restart_on"], params["candidates"], params["hosts"],
+                         params["excluded"], [h for h in params["hosts"] if h in unreachable])

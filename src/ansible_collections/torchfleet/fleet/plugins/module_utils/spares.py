@@ -1,0 +1,98 @@
+"""Which candidates a run uses when preflight checked spares (`spares=K`): the first nnodes
+healthy hosts in inventory order, every other candidate named with why.
+
+A host is healthy when it has no failed error check of its own. What a worker found about the
+master's ports and route says nothing about the worker when the master is the broken one: the
+master is held to blame when it failed a check itself or when most workers could not reach its
+ports, and then the workers' master-bound results do not count against them. The chosen hosts'
+port test was made against another master in that case; the playbook tests them again
+(`retest`) before the run starts.
+"""
+from __future__ import annotations
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils.records import (
+    CONTROLLER, ERROR, WARNING, check, failed, fmt_hosts)
+
+# Checks a worker decides against the master it was tested with.
+MASTER_BOUND = ("port.blocked", "port.ephemeral", "nic.route")
+
+
+def failing(checks):
+    """{host: [failed error check ids]} in the order the checks came."""
+    out = {}
+    for c in failed(checks):
+        if c["host"] != CONTROLLER:
+            out.setdefault(c["host"], []).append(c["id"])
+    return out
+
+
+def master_to_blame(hosts, bad):
+    """True when the tested master is the broken one: its own failure, or most of the workers
+    (more than half) failing a check bound to it."""
+    master, workers = hosts[0], hosts[1:]
+    if master in bad:
+        return True
+    bound = [h for h in workers if any(cid in MASTER_BOUND for cid in bad.get(h, []))]
+    return bool(workers) and len(bound) * 2 > len(workers)
+
+
+def choose(hosts, nnodes, checks):
+    """(chosen hosts, {skipped host: failed ids}, retest): the first nnodes healthy candidates;
+    retest when the master changed because the tested one was to blame."""
+    bad = failing(checks)
+    blamed = master_to_blame(hosts, bad)
+    if blamed:
+        # No failure of its own: most workers could not reach its ports.
+        bad.setdefault(hosts[0], ["port.blocked (from the workers)"])
+        for host in hosts[1:]:
+            own = [cid for cid in bad.get(host, []) if cid not in MASTER_BOUND]
+            if own:
+                bad[host] = own
+            else:
+                bad.pop(host, None)
+    chosen = [h for h in hosts if h not in bad][:nnodes]
+    return chosen, {h: bad[h] for h in hosts if h in bad}, blamed and bool(chosen)
+
+
+def too_few(hosts, nnodes, skipped):
+    """The controller's error when fewer than nnodes candidates are healthy: the counts and
+    every failing host (their own checks stay errors)."""
+    text = ", ".join("%s (%s)" % (h, ", ".join(ids)) for h, ids in skipped.items())
+    return check("host.skipped", CONTROLLER, False,
+                 "%d of %d candidate host(s) are healthy and nnodes=%d needs %d; failing: %s"
+                 % (len(hosts) - len(skipped), len(hosts), nnodes, nnodes, text or "none"),
+                 "fix the hosts named, or add spares (-e spares=K checks K more hosts of group "
+                 "`nodes`)")
+
+
+def skipped_records(hosts, checks, chosen, skipped):
+    """The records of the candidates the run does not use: each skipped host's failed checks
+    become warnings (the run is whole without it) with one host.skipped warning naming them;
+    a healthy spare left over gets a passed host.skipped."""
+    out = []
+    for c in checks:
+        if c["host"] in chosen or c["host"] == CONTROLLER:
+            continue
+        if c["host"] in skipped and not c["ok"] and c["severity"] == ERROR:
+            c = dict(c, severity=WARNING, detail="(not used) " + c["detail"])
+        out.append(c)
+    for host in hosts:
+        if host in chosen:
+            continue
+        if host in skipped:
+            out.append(check("host.skipped", host, False,
+                             "not used: failed %s; the run uses %s"
+                             % (", ".join(skipped[host]), fmt_hosts(chosen)),
+                             "fix %s (its checks above) before it is needed" % host, WARNING))
+        else:
+            out.append(check("host.skipped", host, True, "a healthy spare, not needed"))
+    return out
+
+
+def summary(choice):
+    """The table's last word on the choice: who runs, who does not and why."""
+    left = [h for h in choice["candidates"] if h not in choice["chosen"]]
+    reasons = ["%s (%s)" % (h, ", ".join(choice["skipped"][h])) if h in choice["skipped"]
+               else "%s (healthy spare)" % h for h in left]
+    return "spares: the run uses %s; not used: %s" % (", ".join(choice["chosen"]),
+                                                      ", ".join(reasons) or "none")

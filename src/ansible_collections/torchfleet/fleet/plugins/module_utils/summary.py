@@ -1,0 +1,404 @@
+"""The end of a launched run, decided on the controller: per host and rank what happened,
+the first failure with its log tail, and for the collective test the busbw table.
+
+Input is the run's state record (run_state.json, runstate.py: what the master's agent decided)
+and what rank_results brought back per host; output is train.json / collective.json (same
+shape as preflight.json: ok, run_id, hosts, checks) and the tables printed at the end of the
+play.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import statistics
+
+from ansible.module_utils.parsing.convert_bool import boolean
+from ansible_collections.torchfleet.fleet.plugins.module_utils import fabric, isolate, nccl_log
+from ansible_collections.torchfleet.fleet.plugins.module_utils.records import WARNING, check, failed
+from ansible_collections.torchfleet.fleet.plugins.module_utils.report import point_link, prune_runs, verdict, write_report
+from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import (
+    STACK_DUMP, TORCHRUN_LOG, failed_ranks, read_json, tail)
+from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import (
+    CONTROLLER_LOST, HANG, LOST, STATE_FILE, SUCCEEDED, TIMEOUT, UNKNOWN, failure_text,
+    host_rows)
+from ansible_collections.torchfleet.fleet.plugins.module_utils.table import render, spread, spread_of
+
+# Failures of the whole run rather than of a host (a hang is named per host: run.hang).
+RUN_WIDE = {
+    TIMEOUT: "raise job_timeout_s if the run needs longer",
+    CONTROLLER_LOST: "the play was interrupted or the controller lost the master; run again",
+}
+
+ARGUMENT_SPEC = dict(
+    kind=dict(type="str", required=True, choices=["train", "collective"]),
+    run_id=dict(type="str", required=True),
+    hosts=dict(type="list", elements="str", required=True),
+    state=dict(type="dict"),
+    ranks=dict(type="dict", default={}),
+    world_size=dict(type="int", required=True),
+    settings=dict(type="dict", default={}),
+    run_dir=dict(type="str", default=""),
+    attempt_dir=dict(type="str", default=""),
+    attempts=dict(type="list", elements="dict", default=[]),
+    restarts=dict(type="list", elements="dict", default=[]),
+    runs_root=dict(type="str", default=""),
+    keep_runs=dict(type="int", default=20),
+    expect_results=dict(type="bool", default=True),
+    tail_lines=dict(type="int", default=15),
+    isolate=dict(type="dict", default={}, options=dict(
+        threshold=dict(type="float", default=0.5),
+        floor_gbs=dict(type="float", default=0.0),
+        nics=dict(type="dict", default={}),
+    )),
+)
+
+
+def _tail(path, lines):
+    return tail(path, lines, max_bytes=1 << 20)  # torchrun's failure summary ends its log
+
+
+def _rank_log(run_dir, host, local_rank, lines):
+    """Last lines of a rank's stderr (else stdout) from the logs gathered on the controller."""
+    base = os.path.join(run_dir, "logs", host)
+    attempts = sorted((d for d in os.listdir(base) if d.startswith("attempt_")),
+                      key=lambda d: int(d.split("_")[1])) if os.path.isdir(base) else []
+    for name in ("stderr.log", "stdout.log"):
+        for attempt in reversed(attempts):
+            text = _tail(os.path.join(base, attempt, str(local_rank), name), lines)
+            if text.strip():
+                return text
+    return _tail(os.path.join(base, "torchrun.log"), lines)
+
+
+# A frame as faulthandler prints it (py-spy's are indented by four: "    func (file:line)").
+FAULTHANDLER_FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (.+)$')
+
+
+def frames_of(dump_lines):
+    """The frames of a stack dump, innermost first, as 'func (file:line)': py-spy's or
+    faulthandler's."""
+    found = []
+    for line in dump_lines:
+        m = FAULTHANDLER_FRAME.match(line)
+        if m:
+            found.append("%s (%s:%s)" % (m.group(3), os.path.basename(m.group(1)), m.group(2)))
+        elif line.startswith("    "):
+            found.append(line.strip())
+    return found
+
+
+def stacks(run_dir, hosts, frames=4):
+    """Where each hung rank is: its dump's innermost frames, from the gathered logs; a dump
+    that could not be taken says why."""
+    lines = []
+    for host in hosts:
+        for path in sorted(glob.glob(os.path.join(run_dir, "logs", host, "attempt_*", "*",
+                                                  STACK_DUMP))):
+            text = _tail(path, 200).splitlines()
+            who = text[0].lstrip("# ") if text and text[0].startswith("#") else (
+                "local rank " + os.path.basename(os.path.dirname(path)))
+            where = frames_of(text)[:frames]
+            lines.append("%s %s: %s" % (host, who, " <- ".join(where) or " ".join(text[1:])[:200]))
+    return "\n".join(lines)
+
+
+def first_failure(record, run_dir, lines):
+    """The run's first failure as the master's record judged it (runstate.py decides; this only
+    adds what a person reads next): the tail of that rank's log, or on a hang where every rank
+    was stuck. None when the run did not fail."""
+    failure = record.get("failure")
+    if not failure:
+        return None
+    host, local_rank = failure.get("host"), failure.get("local_rank")
+    out = {"host": host, "node_rank": failure.get("node_rank"), "rank": failure.get("rank"),
+           "local_rank": local_rank, "exit_code": failure.get("exitcode"),
+           "consequence": bool(failure.get("consequence")), "failure": failure["reason"],
+           "reason": failure.get("detail") or failure["reason"]}
+    if failure["reason"] == HANG:
+        out.update(reason=out["reason"] + "; stacks:",
+                   tail=stacks(run_dir, [h["host"] for h in record.get("hosts") or []]))
+    elif host and local_rank is not None:
+        out["tail"] = _rank_log(run_dir, host, local_rank, lines)
+    elif host:
+        out["tail"] = _tail(os.path.join(run_dir, "logs", host, TORCHRUN_LOG), lines)
+    else:
+        out["tail"] = ""
+    return out
+
+
+def host_transport(run_dir, host):
+    """What NCCL used on a host, from the head of its ranks' gathered logs (None: no NCCL INFO
+    line there)."""
+    procs = []
+    pattern = os.path.join(run_dir, "logs", host, "attempt_*", "*", "std*.log")
+    for path in sorted(glob.glob(pattern)):
+        try:
+            procs.extend(nccl_log.parse(nccl_log.read_head(path)))
+        except OSError:
+            continue
+    return nccl_log.summarize(procs)
+
+
+def busbw_table(results, world_size):
+    """Per op and size across ranks: busbw min / median / max, slowest rank, wrong elements."""
+    rows = {}
+    for r in results:
+        for item in r.get("results", []):
+            key = (item["op"], item["size_bytes"])
+            rows.setdefault(key, []).append((r, item))
+    table = []
+    for (op, size), entries in rows.items():  # the workload's order: op by op, sizes rising
+        busbw = [item["busbw_gbs"] for _rank, item in entries]
+        slow_rank, slow = max(entries, key=lambda e: e[1]["time_us"])
+        table.append({
+            "op": op, "size_bytes": size, "count": entries[0][1]["count"],
+            "ranks": len(entries), "time_us_max": slow["time_us"],
+            "algbw_gbs_min": min(item["algbw_gbs"] for _rank, item in entries),
+            "busbw_gbs_min": min(busbw), "busbw_gbs_median": statistics.median(busbw),
+            "busbw_gbs_max": max(busbw), "wrong": sum(item["wrong"] for _rank, item in entries),
+            "slowest_rank": slow_rank["rank"], "slowest_host": slow_rank.get("host"),
+            "missing_ranks": world_size - len(entries)})
+    return table
+
+
+def host_busbw(results, op="all_reduce"):
+    """Each host's ranks' busbw at the op's largest size: {host: {op, size_bytes, min, median,
+    max}}. An outlier host shows here in every run, not only with the pair rounds."""
+    sizes = [i["size_bytes"] for r in results for i in r.get("results", []) if i["op"] == op]
+    if not sizes:
+        return {}
+    largest = max(sizes)
+    per_host = {}
+    for r in results:
+        for item in r.get("results", []):
+            if item["op"] == op and item["size_bytes"] == largest:
+                per_host.setdefault(r.get("host"), []).append(item["busbw_gbs"])
+    return {host: {"op": op, "size_bytes": largest, "min": min(bw),
+                   "median": statistics.median(bw), "max": max(bw)}
+            for host, bw in per_host.items()}
+
+
+def collective_text(table):
+    blocks = []
+    for op in dict.fromkeys(row["op"] for row in table):
+        rows = [(r["size_bytes"], r["count"], "%.1f" % r["time_us_max"],
+                 "%.4g" % r["algbw_gbs_min"],
+                 spread(r["busbw_gbs_min"], r["busbw_gbs_median"], r["busbw_gbs_max"]),
+                 r["wrong"], "%s (rank %s)" % (r["slowest_host"], r["slowest_rank"]))
+                for r in table if r["op"] == op]
+        blocks.append(op + "\n" + render(
+            ("size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s) min/med/max",
+             "#wrong", "slowest"), rows))
+    return "\n\n".join(blocks)
+
+
+def rank_states(hosts_out, results, run_dir, nproc):
+    """Every rank's end: [{rank, host, local_rank, ok, exit_code, state}].
+
+    A rank's exit code comes from torchrun's failure summary on its host (negative: a signal)
+    or is 0 when its host's torchrun succeeded. state: succeeded | failed | killed (by a signal)
+    | stopped (ended by torchfleet after another rank failed, no code recorded).
+    """
+    rows = {}
+    for h in hosts_out:
+        mine = [r for r in results if r.get("host") == h["host"]]
+        for r in mine:
+            done = h["outcome"] == "succeeded"
+            rows[(h["host"], r.get("local_rank"))] = {
+                "rank": r.get("rank"), "host": h["host"], "local_rank": r.get("local_rank"),
+                "ok": bool(r.get("ok")) and done, "exit_code": 0 if done else None,
+                "state": "succeeded" if done else "stopped"}
+        text = _tail(os.path.join(run_dir, "logs", h["host"], TORCHRUN_LOG), 400) if run_dir else ""
+        for f in failed_ranks(text):
+            rows[(h["host"], f["local_rank"])] = {
+                "rank": f["rank"], "host": h["host"], "local_rank": f["local_rank"], "ok": False,
+                "exit_code": f["exitcode"], "state": "failed" if f["exitcode"] > 0 else "killed"}
+        for local_rank in range(nproc):
+            rows.setdefault((h["host"], local_rank), {
+                "rank": h["node_rank"] * nproc + local_rank, "host": h["host"], "local_rank": local_rank, "ok": False,
+                "exit_code": None, "state": "stopped"})
+    return sorted(rows.values(), key=lambda r: (r["rank"] is None, r["rank"] or 0, r["host"],
+                                                r["local_rank"]))
+
+
+def _span(ranks):
+    return "-" if not ranks else str(ranks[0]) if len(ranks) == 1 else "%d-%d" % (ranks[0],
+                                                                                  ranks[-1])
+
+
+def attempts_of(attempts, restarts):
+    """Every attempt of a run with max_restarts, as its own record (run_state.json in its
+    directory) says it ended, with the restart decision that followed it (restart.py's)."""
+    decided = {d.get("attempt"): d for d in restarts}
+    out = []
+    for a in attempts:
+        record = read_json(os.path.join(a["dir"], STATE_FILE)) or {}
+        failure = record.get("failure")
+        decision = decided.get(a["attempt"]) or {}
+        out.append({
+            "attempt": a["attempt"], "hosts": a["hosts"], "dir": a["dir"],
+            "logs": os.path.join(a["dir"], "logs"),
+            "phase": record.get("phase", UNKNOWN), "ok": record.get("phase") == SUCCEEDED,
+            "outcomes": {r["host"]: r["outcome"] for r in host_rows(a["hosts"], dict(
+                record, nproc_per_node=record.get("nproc_per_node") or 0))},
+            "first_failure": failure_text(failure), "failure": failure,
+            "restart": decision.get("why", "") if decision.get("restart") else "",
+            "not_restarted": "" if decision.get("restart") else decision.get("why", ""),
+            "replaced": decision.get("replaced", [])})
+    return out
+
+
+def restart_checks(attempts):
+    """run.restart: each host an attempt left behind, with the host that took its place."""
+    return [check("run.restart", r["host"], False,
+                  "attempt %d: %s, replaced by %s in attempt %d" % (
+                      a["attempt"], r["reason"], r["by"], a["attempt"] + 1),
+                  "fix %s before it is needed again" % r["host"], WARNING)
+            for a in attempts for r in a["replaced"]]
+
+
+def link_logs(run_dir, attempt_dir):
+    """runs/<run_id>/logs -> the last attempt's logs: logs/<host>/ is where every run's logs are
+    (DESIGN.md's Outputs), whichever attempt ended the run."""
+    link = os.path.join(run_dir, "logs")
+    if os.path.exists(link) and not os.path.islink(link):
+        return  # a directory of the user's: left alone
+    try:
+        point_link(link, os.path.join(attempt_dir, "logs"))
+    except OSError:
+        pass  # the report still names every attempt's logs
+
+
+def decide(params):
+    hosts, ranks = params["hosts"], params["ranks"]
+    kind, world = params["kind"], params["world_size"]
+    nproc = int(params["settings"].get("nproc_per_node") or 0)
+    results = sorted((r for h in hosts for r in (ranks.get(h) or {}).get("results", [])),
+                     key=lambda r: r.get("rank", 0))
+    # With max_restarts each attempt keeps its logs and record in attempt_<n>/: the report
+    # describes the last one and lists them all.
+    logs_dir = params["attempt_dir"] or params["run_dir"]
+    record = params.get("state")
+    if record is None and logs_dir:
+        record = read_json(os.path.join(logs_dir, STATE_FILE))
+    record = record or {"phase": UNKNOWN, "failure": None, "failures": [], "hosts": []}
+    abort = record.get("failure")
+    failure = first_failure(record, logs_dir, params["tail_lines"])
+    own = {}  # each host's own failures, as the record keeps them
+    for f in record.get("failures") or []:
+        own.setdefault(f.get("host"), []).append(f)
+    checks, rows_out = [], []
+    if abort and abort.get("host") is None and abort.get("reason") in RUN_WIDE:
+        checks.append(check("run." + abort["reason"], "controller", False,
+                            abort.get("detail", ""), RUN_WIDE[abort["reason"]]))
+    for rec in host_rows(hosts, dict(record, nproc_per_node=record.get("nproc_per_node")
+                                     or nproc)):
+        host, outcome = rec["host"], rec["outcome"]
+        ok = outcome == "succeeded"
+        detail = "%s, exit %s after %.1f s" % (outcome, "-" if rec.get("rc") is None
+                                               else rec["rc"], rec.get("elapsed_s") or 0.0)
+        hint = "see %s/logs/%s/" % (logs_dir, host)
+        if failure and failure["host"] == host:
+            detail += "; first failure: %s" % failure["reason"]
+        if outcome == LOST:
+            lost = [f for f in own.get(host, []) if f["reason"] == LOST]
+            checks.append(check("host.lost", host, False, lost[0]["detail"] if lost else
+                                "the host stopped answering during the run",
+                                "check the host and its network (ssh %s); the others were "
+                                "stopped" % host))
+        checks.append(check("run.exit", host, ok, detail, hint))
+        if outcome == HANG:
+            checks.append(check("run.hang", host, False,
+                                "no progress for %s; stacks in py-spy-dump.txt"
+                                % (abort or {}).get("detail", "hang_timeout_s"), hint))
+        node_rank = rec.get("node_rank", hosts.index(host))
+        rows_out.append({"host": host, "node_rank": node_rank,
+                         "ranks": list(range(node_rank * nproc, node_rank * nproc + nproc)),
+                         "outcome": outcome, "rc": rec.get("rc"),
+                         "duration_s": rec.get("elapsed_s"),
+                         "reported_ranks": [r["rank"] for r in results if r.get("host") == host],
+                         "logs": os.path.join(logs_dir, "logs", host)})
+    settings = params["settings"]
+    if boolean(settings.get("transport_check", False), strict=False) and logs_dir:
+        seen = {h: host_transport(logs_dir, h) for h in hosts}
+        for row in rows_out:
+            row["transport"] = seen.get(row["host"])
+        # A host whose ranks ended before NCCL started says nothing; one that ran through
+        # without a word from NCCL is unknown.
+        checked = [r["host"] for r in rows_out
+                   if seen.get(r["host"]) is not None or r["outcome"] == SUCCEEDED]
+        checks.extend(fabric.transport_checks(
+            checked, seen, settings.get("network"),
+            boolean(settings.get("expect_gdr", True), strict=False)))
+    present = {r.get("rank") for r in results}
+    missing = [r for r in range(world) if r not in present]
+    # A user's script need not write rank results; when some rank did, all must have.
+    if params["expect_results"] or results:
+        checks.append(check("rank.missing", "controller", not missing,
+                            "%d of %d ranks reported" % (len(present), world) if not missing
+                            else "no result from rank(s) %s" % ", ".join(map(str, missing[:20])),
+                            "read the missing ranks' logs under logs/<host>/"))
+    extra = {}
+    if kind == "collective":
+        table = busbw_table(results, world)
+        wrong = [r for r in results if not r.get("ok")]
+        checks.append(check("collective.wrong", "controller", results and not wrong,
+                            "every op and size exact on %d rank(s)" % len(results) if not wrong
+                            else "wrong results on rank(s) %s" % ", ".join(
+                                str(r["rank"]) for r in wrong),
+                            "check the NIC, driver and NCCL versions of those hosts"))
+        extra.update(busbw=table, table_collective=collective_text(table))
+        per_host = host_busbw(results)
+        for row in rows_out:
+            row["busbw_gbs"] = per_host.get(row["host"])
+        opts = params.get("isolate") or {}
+        pairs = isolate.verdict(results, hosts, threshold=opts.get("threshold", 0.5),
+                                floor_gbs=opts.get("floor_gbs", 0.0), nics=opts.get("nics"))
+        if pairs:
+            checks.extend(pairs.pop("checks"))
+            extra.update(isolate=pairs, table_collective=extra["table_collective"] + "\n\n"
+                         + isolate.text(pairs))
+    elif any("checksum" in r for r in results):  # the built-in training workload
+        agree = (len({r.get("checksum") for r in results}) == 1
+                 and all(r.get("checksums_agree") for r in results))
+        checks.append(check("train.checksum", "controller", agree,
+                            "parameters identical on %d rank(s)" % len(results) if agree else
+                            "parameter checksums differ across ranks: gradients were not "
+                            "synchronised", "check that every rank runs the same code"))
+    bad = failed(checks)
+    if params["attempts"]:
+        extra["attempts"] = attempts_of(params["attempts"], params["restarts"])
+        checks.extend(restart_checks(extra["attempts"]))
+    sentence = verdict(kind, checks, failure, extra.get("attempts", []))
+    rank_rows = rank_states(rows_out, results, logs_dir, nproc)
+    report = dict(ok=not bad, kind=kind, run_id=params["run_id"], world_size=world,
+                  phase=record.get("phase"), hosts=rows_out, ranks=rank_rows, checks=checks,
+                  first_failure=failure, verdict=sentence, settings=params["settings"], **extra)
+    path = ""
+    if params["run_dir"] and logs_dir != params["run_dir"]:
+        link_logs(params["run_dir"], logs_dir)
+    if params["run_dir"]:
+        path = write_report(params["run_dir"], kind + ".json", report,
+                            params["runs_root"] or None)
+        if params["runs_root"]:
+            prune_runs(params["runs_root"], params["keep_runs"])
+    rows = [(h["host"], h["node_rank"], _span(h["ranks"]), h["outcome"],
+             "-" if h["rc"] is None else h["rc"],
+             "-" if h["duration_s"] is None else "%.1f s" % h["duration_s"], h["logs"])
+            for h in rows_out]
+    head = ("HOST", "NODE_RANK", "RANKS", "OUTCOME", "EXIT", "DURATION", "LOGS")
+    if kind == "collective":  # each host's ranks at the largest all_reduce: outliers show
+        head = head[:6] + ("BUSBW GB/s min/med/max",) + head[6:]
+        rows = [r[:6] + (spread_of(h.get("busbw_gbs")),) + r[6:]
+                for r, h in zip(rows, rows_out, strict=True)]
+    if any("transport" in h for h in rows_out):  # what NCCL used, before the logs' path
+        head = head[:-1] + ("NCCL TRANSPORT",) + head[-1:]
+        rows = [r[:-1] + (nccl_log.describe(h.get("transport")),) + r[-1:]
+                for r, h in zip(rows, rows_out, strict=True)]
+    text = render(head, rows)
+    if extra.get("table_collective"):
+        text = extra["table_collective"] + "\n\n" + text
+    text += "\n\n" + sentence + ("\n" + failure["tail"] if failure else "")
+    return dict(ok=not bad, checks=checks, failures=bad, first_failure=failure, report=path,
+                verdict=sentence, table=text, hosts=rows_out, ranks=rank_rows, **extra)

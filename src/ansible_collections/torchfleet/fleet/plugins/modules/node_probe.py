@@ -1,0 +1,502 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: node_probe
+short_description: Gather everything torchfleet's preflight needs from one host in one call
+description:
+  - Returns the host's NICs and addresses, hostname resolution, GPUs (from C(nvidia-smi)),
+    NVIDIA driver, the CUDA build and NCCL version of torch, torch and Python versions,
+    C(/dev/shm) size, NCCL_/GLOO_/TORCH_ environment, a fingerprint of O(code_dir) and the
+    state of O(data_paths).
+  - Torch is never imported; versions come from package metadata and C(torch/version.py).
+  - A host without C(nvidia-smi) is looked at for AMD GPUs (C(amd-smi), C(rocm-smi), the kernel's
+    KFD topology); one without any is reported with no GPUs, not as an error.
+  - On the master (when O(master_port) is given) it also names the processes already listening
+    on that port, picks a free port in the ephemeral range for the reachability test, and
+    decides the address the workers will dial.
+  - With O(connect_addr) the port test happens in the same call (one round trip per host);
+    every host opens TCP connections to the master while the master's own call holds the
+    listener, waits for them and removes it. Without it, M(torchfleet.fleet.port_probe) does that in a second
+    round.
+  - Reads only; changes nothing on the host (the listener it may start ends before it returns,
+    or is stopped by M(torchfleet.fleet.port_probe)).
+version_added: "0.1.0"
+author: torchfleet developers (@torchfleet)
+options:
+  python:
+    description: Interpreter that has torch. Defaults to the interpreter running this module.
+    type: str
+  code_dir:
+    description: Directory whose files must be identical on every host. Not fingerprinted when unset.
+    type: path
+  data_paths:
+    description: Paths that must exist on every host.
+    type: list
+    elements: str
+    default: []
+  script:
+    description: The training script; reported as present or missing.
+    type: str
+  run_dir:
+    description: This host's directory for the coming run; reported as free or already there
+      (a run_id used before).
+    type: path
+  master_port:
+    description: Set on the master only; reports what already listens there.
+    type: int
+  master_addr:
+    description: The user's master_addr, if any; returned as is.
+    type: str
+  socket_ifname:
+    description: The user's socket_ifname, if any; the master address is taken from it.
+    type: str
+  address_hint:
+    description: The address the controller uses for this host (ansible_host); preferred as master address when it is local.
+    type: str
+  listen:
+    description:
+      - On the master, bind O(master_port) (when free) and the chosen ephemeral port and leave a
+        detached listener accepting connections, so M(torchfleet.fleet.port_probe) on every host can test them.
+      - The listener ends by itself after O(expect_peers) connections per port, or when
+        O(listen_idle_s) pass without a connection; M(torchfleet.fleet.port_probe) given its PID (its
+        C(listener_pid) option) stops it sooner.
+    type: bool
+    default: false
+  expect_peers:
+    description: Connections per port after which the listener ends.
+    type: int
+    default: 1
+  keep_listener:
+    description: On the master with O(connect_addr), return without waiting for the other hosts'
+      connections and leave the listener up (the hosts come in later fork batches); a later
+      M(torchfleet.fleet.port_probe) given its PID (its C(listener_pid) option) removes it.
+    type: bool
+    default: false
+  listen_idle_s:
+    description: The listener ends when no connection arrived for this long (from its start,
+      then from the last connection).
+    type: float
+    default: 60
+    aliases: [listen_max_s]
+  ephemeral_port:
+    description:
+      - The port of the ephemeral-port test, chosen by the controller so that every host knows
+        it before the master answers. The master listens there unless a process already does
+        (the connection then reaches that process, which tests the firewall just as well).
+      - Unset on the master means it picks a free one itself (two-round test).
+    type: int
+  connect_addr:
+    description: Open TCP connections from this host to this address, at O(connect_ports), in
+      the background while the facts are gathered.
+    type: str
+  connect_ports:
+    description: Ports to connect to at O(connect_addr).
+    type: list
+    elements: int
+    default: []
+  connect_timeout_s:
+    description: Time allowed for each connection attempt; a dropped port times out after it.
+    type: float
+    default: 3
+  connect_retry_s:
+    description: How long "connection refused" is retried, since the master's listener may
+      start after this host's probe (hosts start one after the other). Defaults to
+      O(connect_timeout_s).
+    type: float
+  listener_wait_s:
+    description: With O(listen) and O(connect_addr), how long the master waits for every
+      host's connections before it stops the listener and returns.
+    type: float
+    default: 5
+  env_prefixes:
+    description: Environment variables with these prefixes are returned for comparison across hosts.
+    type: list
+    elements: str
+    default: [NCCL_, GLOO_, TORCH_]
+  max_code_files:
+    description: Stop hashing O(code_dir) after this many files (reported as truncated).
+    type: int
+    default: 20000
+  rdma_sysfs:
+    description: Where the kernel lists RDMA devices; another directory of the same layout is read
+      instead (tests, or a container that mounts the host's sysfs elsewhere).
+    type: path
+    default: /sys/class/infiniband
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reads only; the port test's listener on the master (a process, no file) runs in
+      check mode too and is gone when preflight ends.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+"""
+
+EXAMPLES = r"""
+- name: Probe every node
+  node_probe:
+    python: /opt/venv/bin/python
+    code_dir: /srv/train
+    data_paths: [/data/shards]
+  register: probe
+
+- name: Probe the master too for its port
+  node_probe:
+    master_port: 29500
+  when: inventory_hostname == groups['nodes'][0]
+"""
+
+RETURN = r"""
+hostname:
+  description: The host's name and the addresses it resolves to.
+  returned: always
+  type: dict
+  sample: {"name": "node0", "addresses": ["10.0.0.1"], "loopback": false}
+nics:
+  description: One entry per interface.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"name": "eth0", "up": true, "loopback": false, "ipv4": ["10.0.0.1"], "ipv6": []}]
+default_dev:
+  description: Interface of the default route, or null.
+  returned: always
+  type: str
+gpus:
+  description: GPUs from nvidia-smi, else AMD GPUs from amd-smi, rocm-smi or /sys/class/kfd;
+    empty when none of them finds one.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"index": 0, "name": "NVIDIA H200", "uuid": "GPU-...", "driver_version": "580.159.03",
+            "memory_total_mib": 143771, "pci_bus_id": "00000000:18:00.0"}]
+nvidia_smi:
+  description: Whether nvidia-smi was found, and its error if it failed.
+  returned: always
+  type: dict
+gpu_tool:
+  description: What listed the GPUs (nvidia-smi; where it is absent, amd-smi, rocm-smi or the
+    kernel's KFD topology), whether one was found, and its error if it failed.
+  returned: always
+  type: dict
+  sample: {"tool": "amd-smi", "found": true, "error": null}
+versions:
+  description: python, torch, cuda (torch's CUDA build), hip (torch's HIP build), nccl (NCCL, or
+    RCCL on ROCm), driver, rocm (/opt/rocm/.info/version); null when absent.
+  returned: always
+  type: dict
+  sample: {"python": "3.11.7", "torch": "2.13.0", "cuda": null, "hip": null, "nccl": null,
+           "driver": null, "rocm": null}
+python:
+  description: The interpreter examined and its error when it could not run.
+  returned: always
+  type: dict
+  sample: {"executable": "/usr/bin/python3", "error": null}
+shm:
+  description: Size of /dev/shm.
+  returned: always
+  type: dict
+  sample: {"total_bytes": 67108864, "free_bytes": 67108864}
+env:
+  description: Environment variables with the requested prefixes.
+  returned: always
+  type: dict
+code:
+  description: Fingerprint of code_dir (null when code_dir is unset).
+  returned: always
+  type: dict
+  sample: {"exists": true, "git_commit": "3f2a...", "git_dirty": false, "files": {"train.py": "ab12..."}, "truncated": false}
+script:
+  description: The training script and whether it exists (null when O(script) is unset).
+  returned: always
+  type: dict
+  sample: {"path": "/srv/code/train.py", "exists": true}
+run_dir:
+  description: This host's directory for the coming run and whether it already exists (null
+    when O(run_dir) is unset).
+  returned: always
+  type: dict
+  sample: {"path": "/home/u/.torchfleet/runs/20261122-0301-ab12/node0", "exists": false}
+rdma:
+  description: RDMA devices from sysfs (no ibstat needed) - each device's netdevs and ports with
+    state, phys_state, rate, link_layer and GIDs (index, gid, ipv4, type, netdev); a file that
+    could not be read is an error beside its device or port, never a value.
+  returned: always
+  type: dict
+  sample: {"root": "/sys/class/infiniband", "present": true, "error": null,
+           "devices": [{"name": "mlx5_0", "netdevs": ["ib0"], "error": null,
+                        "ports": [{"port": 1, "state": "ACTIVE", "phys_state": "LinkUp",
+                                   "rate": "200 Gb/sec (4X HDR)", "rate_gbps": 200.0,
+                                   "link_layer": "InfiniBand", "gids": [], "error": null}]}]}
+euid:
+  description: The effective user id the probe ran as (binding a port below 1024 needs 0).
+  returned: always
+  type: int
+stacks:
+  description: Whether py-spy can attach to the ranks here to dump a hang's stacks (py_spy
+    path, Yama's ptrace_scope, CAP_SYS_PTRACE on py-spy, can_attach, why not); where it
+    cannot, the ranks' own faulthandler is used.
+  returned: always
+  type: dict
+  sample: {"py_spy": "/opt/venv/bin/py-spy", "ptrace_scope": 1, "cap_sys_ptrace": false,
+           "can_attach": false, "why": "kernel.yama.ptrace_scope=1 and the run's user is not
+           root and /opt/venv/bin/py-spy has no CAP_SYS_PTRACE"}
+data:
+  description: One entry per data path.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"path": "/data", "exists": true, "kind": "dir"}]
+connect:
+  description: Only with O(connect_addr); shaped like M(torchfleet.fleet.port_probe)'s result (route, route_error,
+    ports, and on the master what became of the listener).
+  returned: when connect_addr is set
+  type: dict
+  sample: {"route": {"dev": "eth0", "src": "10.0.0.2", "local": false, "nic": "eth0"},
+           "route_error": null, "listener": "exited",
+           "ports": [{"port": 29500, "ok": true, "error": null, "elapsed_s": 0.01}]}
+master:
+  description: Only on the master; the port's holders, a free ephemeral port and the address workers dial.
+  returned: when master_port is set
+  type: dict
+  sample: {"port": 29500, "holders": [{"pid": 4242, "cmdline": "torchrun ..."}], "in_use": true,
+           "ephemeral_port": 51234, "ephemeral_range": [32768, 60999], "addr": "10.0.0.1",
+           "listener": {"pid": 4321, "ports": [{"port": 51234, "bound": true, "error": null}]}}
+"""
+
+import os
+import random
+import socket
+import sys
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.torchfleet.fleet.plugins.module_utils.command import bounded, missing
+from ansible_collections.torchfleet.fleet.plugins.module_utils.connect import Connector, route_to
+from ansible_collections.torchfleet.fleet.plugins.module_utils.fingerprint import fingerprint
+from ansible_collections.torchfleet.fleet.plugins.module_utils.gpu import (
+    AMD_SMI_ARGV, NVIDIA_SMI_ARGV, RCCL_HEADERS, ROCM_SMI_ARGV, ROCM_VERSION_FILE, kfd_gpus,
+    parse_amd_smi_static, parse_gpu_csv, parse_rocm_smi_json)
+from ansible_collections.torchfleet.fleet.plugins.module_utils.listener import start_listener, stop_listener
+from ansible_collections.torchfleet.fleet.plugins.module_utils.net import (
+    choose_master_addr, is_loopback, listening_ports, parse_default_route_dev, parse_ip_addr,
+    parse_proc_net_tcp, processes_holding)
+from ansible_collections.torchfleet.fleet.plugins.module_utils.pystack import NCCL_HEADER, parse_nccl_header, probe_python
+from ansible_collections.torchfleet.fleet.plugins.module_utils.rdma import read_devices
+from ansible_collections.torchfleet.fleet.plugins.module_utils.stacks import attach_facts
+
+PROC_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
+
+
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def hostname_facts():
+    name = socket.gethostname()
+    try:
+        addresses = sorted({info[4][0] for info in socket.getaddrinfo(name, None)})
+    except socket.gaierror:
+        addresses = []
+    return {"name": name, "addresses": addresses,
+            "loopback": any(is_loopback(a) for a in addresses)}
+
+
+def listdir(path):
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def gpu_facts(run):
+    """(gpus, nvidia-smi's facts, the GPU tool's facts): NVIDIA's GPUs from nvidia-smi; where
+    it is absent, AMD's from amd-smi, rocm-smi or the KFD topology. A tool that exists and
+    fails is a problem to name, not a host without GPUs."""
+    out, err = run(NVIDIA_SMI_ARGV)
+    if out is not None:
+        facts = {"found": True, "error": None, "tool": "nvidia-smi"}
+        return parse_gpu_csv(out), facts, facts
+    if not missing(err):
+        facts = {"found": True, "error": err, "tool": "nvidia-smi"}
+        return [], facts, facts
+    smi = {"found": False, "error": None}
+    for argv, parse in ((AMD_SMI_ARGV, parse_amd_smi_static), (ROCM_SMI_ARGV, parse_rocm_smi_json)):
+        out, err = run(argv)
+        if out is None and missing(err):
+            continue
+        tool = {"found": True, "error": err, "tool": argv[0]}
+        if out is None:
+            return [], smi, tool
+        try:
+            return parse(out), smi, tool
+        except (ValueError, TypeError, AttributeError) as exc:
+            return [], smi, dict(tool, error="its JSON could not be read (%s)" % exc)
+    gpus = kfd_gpus(read, listdir)
+    return gpus, smi, {"found": bool(gpus), "error": None, "tool": "kfd" if gpus else None}
+
+
+def first_line(path):
+    return (read(path).splitlines() or [""])[0].strip() or None
+
+
+def shm_facts():
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return {"total_bytes": 0, "free_bytes": 0}
+    return {"total_bytes": st.f_blocks * st.f_frsize, "free_bytes": st.f_bavail * st.f_frsize}
+
+
+def data_facts(paths):
+    facts = []
+    for path in paths:
+        kind = "dir" if os.path.isdir(path) else "file" if os.path.exists(path) else None
+        facts.append({"path": path, "exists": kind is not None, "kind": kind})
+    return facts
+
+
+def master_facts(port, nics, default_dev, params):
+    tables = [read(p) for p in PROC_TCP]
+    inodes = [i for text in tables for i in parse_proc_net_tcp(text, port)]
+    low, high = (int(v) for v in (read("/proc/sys/net/ipv4/ip_local_port_range").split()
+                                  or ["32768", "60999"]))
+    listening = set().union(*(listening_ports(text) for text in tables))
+    busy = listening | {port}
+    if params["ephemeral_port"]:
+        ephemeral = params["ephemeral_port"]
+    else:
+        # Upper half of the range: what an ephemeral bind most likely gets, least likely taken.
+        free = [p for p in range((low + high) // 2, high + 1) if p not in busy]
+        ephemeral = random.choice(free) if free else None
+    facts = {
+        "port": port,
+        "in_use": bool(inodes),
+        "holders": processes_holding(inodes),
+        "ephemeral_port": ephemeral,
+        "ephemeral_range": [low, high],
+        "addr": choose_master_addr(nics, default_dev, params["master_addr"],
+                                   params["socket_ifname"], params["address_hint"]),
+        "listener": None,
+    }
+    if params["listen"]:
+        # A port some process already listens on is not bound again: connections reach it.
+        ports = [p for p in (port, facts["ephemeral_port"]) if p and p not in listening]
+        facts["listener"] = start_listener(ports, params["expect_peers"], params["listen_idle_s"])
+    return facts
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            python=dict(type="str"),
+            code_dir=dict(type="path"),
+            data_paths=dict(type="list", elements="str", default=[]),
+            script=dict(type="str"),
+            run_dir=dict(type="path"),
+            master_port=dict(type="int"),
+            master_addr=dict(type="str"),
+            socket_ifname=dict(type="str"),
+            address_hint=dict(type="str"),
+            listen=dict(type="bool", default=False),
+            expect_peers=dict(type="int", default=1),
+            listen_idle_s=dict(type="float", default=60, aliases=["listen_max_s"]),
+            env_prefixes=dict(type="list", elements="str", default=["NCCL_", "GLOO_", "TORCH_"]),
+            max_code_files=dict(type="int", default=20000),
+            rdma_sysfs=dict(type="path", default="/sys/class/infiniband"),
+            ephemeral_port=dict(type="int"),
+            connect_addr=dict(type="str"),
+            connect_ports=dict(type="list", elements="int", default=[]),
+            connect_timeout_s=dict(type="float", default=3),
+            connect_retry_s=dict(type="float"),
+            listener_wait_s=dict(type="float", default=5),
+            keep_listener=dict(type="bool", default=False),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    run = bounded(module)
+    connector = None
+    if params["connect_addr"] and params["master_port"] is None:
+        # Workers dial at once: the master's listener may be up before their facts are.
+        connector = start_connector(params)
+    addr_out, addr_err = run(["ip", "-j", "addr"])
+    if addr_out is None:
+        module.fail_json(msg="cannot list network interfaces with `ip -j addr` (%s); install "
+                             "iproute2 on this host" % addr_err)
+    nics = parse_ip_addr(addr_out)
+    default_dev = parse_default_route_dev(run(["ip", "-j", "route", "show", "default"])[0])
+    master = None
+    if params["master_port"] is not None:
+        # First thing on the master: the workers are already dialling.
+        master = master_facts(params["master_port"], nics, default_dev, params)
+        if params["connect_addr"]:
+            connector = start_connector(params)
+
+    python = params["python"] or sys.executable
+    stack = probe_python(python, run)
+    gpus, smi, tool = gpu_facts(run)
+    # RCCL (ROCm) keeps NCCL's version macros in its own header.
+    nccl = stack.get("nccl_version") or next(
+        (v for v in (parse_nccl_header(read(h)) for h in (NCCL_HEADER,) + RCCL_HEADERS) if v), None)
+    result = dict(
+        changed=False,
+        hostname=hostname_facts(),
+        nics=nics,
+        default_dev=default_dev,
+        gpus=gpus,
+        nvidia_smi=smi,
+        gpu_tool=tool,
+        python={"executable": stack.get("executable", python), "error": stack.get("error"),
+                "torch_path": stack.get("torch_path")},
+        versions={
+            "python": stack.get("python_version"),
+            "torch": stack.get("torch_version"),
+            "cuda": stack.get("torch_cuda"),
+            "nccl": nccl if stack.get("torch_version") else None,
+            "driver": gpus[0]["driver_version"] if gpus else None,
+            "hip": stack.get("torch_hip"),
+            "rocm": first_line(ROCM_VERSION_FILE),
+        },
+        shm=shm_facts(),
+        env={k: v for k, v in sorted(os.environ.items())
+             if k.startswith(tuple(params["env_prefixes"]))},
+        code=fingerprint(params["code_dir"], run, params["max_code_files"])
+        if params["code_dir"] else None,
+        data=data_facts(params["data_paths"]),
+        script={"path": params["script"], "exists": os.path.isfile(params["script"])}
+        if params["script"] else None,
+        run_dir={"path": params["run_dir"], "exists": os.path.exists(params["run_dir"])}
+        if params["run_dir"] else None,
+        rdma=read_devices(params["rdma_sysfs"]),
+        euid=os.geteuid(),
+        stacks=attach_facts(stack.get("executable", python), os.geteuid()),
+    )
+    if master is not None:
+        result["master"] = master
+    if connector is not None:
+        route, route_error = route_to(params["connect_addr"], run, nics)
+        result["connect"] = dict(route=route, route_error=route_error, ports=connector.results())
+        if master is not None and master["listener"] and not params["keep_listener"]:
+            result["connect"]["listener"] = stop_listener(master["listener"]["pid"],
+                                                          params["listener_wait_s"])
+    module.exit_json(**result)
+
+
+def start_connector(params):
+    ports = params["connect_ports"] + ([params["ephemeral_port"]] if params["ephemeral_port"] else [])
+    return Connector(params["connect_addr"], ports, params["connect_timeout_s"],
+                     params["connect_retry_s"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: torchrun_watch
+short_description: Look at a run on its master; the action plugin follows it to its end
+description:
+  - Runs on the run's master only. Reads the run's state record that the master's agent
+    (M(torchfleet.fleet.torchrun_job)) keeps in O(run_dir)/control.json and answers its summary, the same few
+    fields at any number of hosts; the hosts themselves stop each other on the first failure.
+  - Touches the master's lease (the first look makes it), which keeps the dead-man switch of
+    M(torchfleet.fleet.torchrun_job) from firing; when the controller stops looking, the run is stopped on every
+    host.
+  - The action plugin of the same name calls it in a loop (one look on one host every
+    O(poll_s) at most, whatever the number of hosts), prints the run's progress, appends it to
+    O(progress_file), and at the end copies the whole record to O(state_file).
+version_added: "0.1.0"
+author: torchfleet developers (@torchfleet)
+options:
+  run_dir:
+    description: The master's directory for the run.
+    type: path
+    required: true
+  run_id:
+    description: The run's id.
+    type: str
+    required: true
+  async_jid:
+    description: Job id of the master's async M(torchfleet.fleet.torchrun_job); an agent that failed before it
+      kept any state (a missing script, a control port in use) is reported at once as state
+      C(start_failed) with its message.
+    type: str
+  async_dir:
+    description: Directory of Ansible's async job files on the host.
+    type: path
+    default: ~/.ansible_async
+  wait_s:
+    description: Wait on the host up to this many seconds for the run's phase to change, looking
+      every 0.2 s, and answer as soon as it does; 0 answers at once.
+    type: float
+    default: 0
+  touch_lease:
+    description: Renew the master's lease.
+    type: bool
+    default: true
+  full:
+    description: Answer the whole state record (every host), not only the summary.
+    type: bool
+    default: false
+  start_failed:
+    description: Hosts whose start task failed, each with Ansible's reason; written once into
+      O(run_dir)/start_failed.json, where the master's store reads them and names them as the
+      run's failures.
+    type: dict
+    default: {}
+  starts:
+    description: Action plugin only. Each host of the run (in rank order) with its registered
+      start result; the hosts whose start failed or were unreachable go to the master as
+      O(start_failed). When the master's own start failed, the run's record is made on the
+      controller naming it.
+    type: dict
+    default: {}
+  nproc_per_node:
+    description: Action plugin only. Processes per host (the record made on the controller).
+    type: int
+    default: 1
+  lost_after_s:
+    description: Action plugin only. A look that fails is tried again until this long has passed
+      since the last good one; only then is the master lost.
+    type: float
+    default: 30
+  python:
+    description: Action plugin only. Python on the master for the looks; each look is then this
+      module's code run as a plain script (a bare interpreter start instead of an AnsiballZ
+      module's).
+    type: str
+  poll_s:
+    description: Action plugin only. Longest wait of one look (O(wait_s)).
+    type: float
+    default: 5
+  progress_every_s:
+    description: Action plugin only. Longest time between two progress lines.
+    type: float
+    default: 10
+  settle_s:
+    description: Action plugin only. After the run's phase is decided, how long to wait for the
+      master's agent to close the record before taking it as it is.
+    type: float
+    default: 120
+  progress_file:
+    description: Action plugin only. Controller file to which every look appends one JSON line
+      (the run's summary), for callers that follow a run live (the torchfleet Python API).
+    type: path
+  state_file:
+    description: Action plugin only. Controller file the final record is written to
+      (run_state.json), which the summary, the Python API and the report read.
+    type: path
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: none
+    details: Each look renews the run's lease on the master, and the action plugin writes
+      progress and state files on the controller; a --check run starts no run to watch.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+"""
+
+EXAMPLES = r"""
+- name: Look at the run once, on its master
+  torchrun_watch:
+    run_dir: ~/.torchfleet/runs/20261122-0301-ab12/node0
+    run_id: 20261122-0301-ab12
+  register: look
+"""
+
+RETURN = r"""
+state:
+  description: pending (no record yet), start_failed (the master's agent failed), a phase of the
+    run (running, succeeded, failed, not_started, lost, hung, timeout, controller_lost), or
+    final once the master's agent closed the record.
+  returned: always
+  type: str
+msg:
+  description: Why the master's agent failed, with state start_failed.
+  returned: always
+  type: str
+summary:
+  description: The run at a glance; null before the master's agent kept any state.
+  returned: always
+  type: dict
+  sample: {"phase": "running", "final": false, "failure": null, "elapsed_s": 12.4, "nranks": 16,
+           "ranks_alive": 16, "hosts_running": 16, "nnodes": 16, "hosts_done": 0,
+           "slowest": {"host": "node7", "idle_s": 0.8}, "last_line": "step 40/300 loss 0.21"}
+record:
+  description: The whole state record (plugins/module_utils/runstate.py), with O(full) or
+    once the record is final.
+  returned: always
+  type: dict
+outcome:
+  description: Action plugin only. How the run ended (succeeded, failed, hung, lost, timeout,
+    aborted), read from the master's record.
+  returned: from the action plugin
+  type: str
+master_lost:
+  description: Action plugin only. True when the controller could not reach the master.
+  returned: from the action plugin
+  type: bool
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.torchfleet.fleet.plugins.module_utils.watch import ACTION_SPEC, look
+
+
+def main():
+    # The controller-side options (python, poll_s, ...) are accepted and unused on a host: one
+    # spec for what is documented.
+    module = AnsibleModule(argument_spec=ACTION_SPEC, supports_check_mode=False)
+    module.exit_json(**look(module.params))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,1 +1,0 @@
-"""Workloads that run under torchrun on every rank; the launch role ships these files."""
