@@ -15,10 +15,10 @@ import yaml
 
 from torchfleet.paths import collection_root
 
-# Options the playbooks set themselves (the workload, the report's kind), and run_dir and
-# runs_root, which the API sets from runs_root= and run_id=.
-INTERNAL = {"results_kind", "workload", "launch_workload", "launch_script", "run_dir",
-            "runs_root"}
+# Options the playbooks set themselves (the workload), and run_dir and runs_root, which the API
+# sets from runs_root= and run_id=. A role's own parameters (the hand-offs between roles, named
+# <role>_*) are not public either.
+INTERNAL = {"workload", "run_dir", "runs_root"}
 PY_TYPES = {"int": int, "str": str, "bool": bool, "float": float, "list": list, "dict": dict,
             "path": str, "raw": Any}
 
@@ -28,10 +28,11 @@ def public_spec() -> dict[str, dict]:
     """{variable: its argument spec} over every role's entry points, first definition kept."""
     spec: dict[str, dict] = {}
     for path in sorted(Path(collection_root(), "roles").glob("*/meta/argument_specs.yml")):
+        role = path.parents[1].name
         entries = (yaml.safe_load(path.read_text()) or {}).get("argument_specs", {})
         for entry in entries.values():
             for name, option in (entry.get("options") or {}).items():
-                if name not in INTERNAL:
+                if name not in INTERNAL and not name.startswith(role + "_"):
                     spec.setdefault(name, option)
     return spec
 

@@ -1,0 +1,47 @@
+"""The house rules of the tree (docs/architecture.md), checked on every file: one import route,
+nothing edits sys.path or a package's __path__, no role reads another role's facts through
+hostvars, plays name torchfleet's modules and roles by FQCN."""
+from __future__ import annotations
+
+import re
+
+from tests.conftest import COLLECTION, ROOT
+
+PY = [p for d in ("src", "lab", "bench", "tests") for p in (ROOT / d).rglob("*.py")
+      if "fixtures" not in p.parts and p != ROOT / "tests" / "unit" / "test_house.py"]
+YML = [p for p in COLLECTION.rglob("*.yml")] + list((ROOT / "molecule").rglob("*.yml"))
+ROLES = sorted(p.name for p in (COLLECTION / "roles").iterdir())
+MODULES = sorted(p.stem for p in (COLLECTION / "plugins" / "modules").glob("*.py"))
+
+
+def test_nothing_edits_sys_path_or_a_packages_path():
+    edits = re.compile(r"sys\.path\.(insert|append)|__path__\.(append|insert|extend)"
+                       r"|spec_from_file_location")
+    assert [str(p.relative_to(ROOT)) for p in PY if edits.search(p.read_text())] == []
+
+
+def test_the_shared_code_has_one_import_route():
+    # The old routes: ansible.module_utils.torchfleet (ansible.cfg's module_utils path), a
+    # loader by file path, bare imports of a module or module_utils file by its file name.
+    old = re.compile(r"ansible\.module_utils\.torchfleet|shared_module\(|^\s*import (%s)$"
+                     % "|".join(MODULES), re.M)
+    assert [str(p.relative_to(ROOT)) for p in PY if old.search(p.read_text())] == []
+    cfg = (ROOT / "ansible.cfg").read_text()
+    assert not re.search(r"^(library|module_utils|action_plugins|roles_path)\s*=", cfg, re.M)
+
+
+def test_no_role_reads_another_roles_facts_through_hostvars():
+    read = re.compile(r"hostvars\[[^\]]+\]\s*(?:\[\s*'|\.)(%s)_" % "|".join(ROLES))
+    crossing = []
+    for role in ROLES:
+        for path in (COLLECTION / "roles" / role).rglob("*.yml"):
+            for other in read.findall(path.read_text()):
+                if other != role:
+                    crossing.append("%s reads %s_*" % (path.relative_to(COLLECTION), other))
+    assert crossing == []
+
+
+def test_plays_name_torchfleets_modules_and_roles_by_fqcn():
+    short = re.compile(r"^\s*(?:- )?(%s):|^\s*name: (%s)$" % ("|".join(MODULES), "|".join(ROLES)),
+                       re.M)
+    assert [str(p.relative_to(ROOT)) for p in YML if short.search(p.read_text())] == []
