@@ -45,3 +45,19 @@ def test_plays_name_torchfleets_modules_and_roles_by_fqcn():
     short = re.compile(r"^\s*(?:- )?(%s):|^\s*name: (%s)$" % ("|".join(MODULES), "|".join(ROLES)),
                        re.M)
     assert [str(p.relative_to(ROOT)) for p in YML if short.search(p.read_text())] == []
+
+
+def test_bench_and_the_product_import_nothing_from_tests_and_the_wheel_no_lab():
+    outside = [p for p in PY if p.parts[len(ROOT.parts)] in ("bench", "src", "lab")]
+    from_tests = re.compile(r"^\s*(from|import) tests\b", re.M)
+    assert [str(p.relative_to(ROOT)) for p in outside if from_tests.search(p.read_text())] == []
+    product = [p for p in PY if p.parts[len(ROOT.parts)] == "src"]
+    from_lab = re.compile(r"^\s*(from|import) lab\b", re.M)
+    assert [str(p.relative_to(ROOT)) for p in product if from_lab.search(p.read_text())] == []
+
+
+def test_one_file_per_benchmark_beside_a_shared_harness():
+    from bench.__main__ import BENCHES
+
+    for name, run in BENCHES.items():
+        assert run.__module__ == "bench." + name and (ROOT / "bench" / (name + ".py")).is_file()

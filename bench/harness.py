@@ -1,0 +1,365 @@
+"""What every benchmark shares: running ansible-playbook and a lab, timing, the statistics of
+the runs, and the results page (bench/results/results.{json,md}). Every figure is a ratio (or
+difference) to a baseline measured in the same process, min / median / max over the runs."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from lab import netns as labmod  # python -m bench runs from the repository root
+from torchfleet.paths import collection_root
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+RESULTS = ROOT / "bench" / "results"
+LAB_TAG = 3
+LAB_DIR = Path(tempfile.gettempdir()) / "torchfleet-lab-bench"
+RAW_BOUND_S = 120
+
+WORKLOADS = collection_root() / "roles" / "launch" / "files" / "workloads"
+
+
+def env(**extra):
+    e = dict(os.environ, PATH="%s:%s" % (BIN, os.environ.get("PATH", "")), ANSIBLE_NOCOLOR="1")
+    e.update(extra)
+    return e
+
+
+def timed(argv, timeout_s=600, **extra):
+    """(wall seconds, controller CPU seconds of the children, rc, output)."""
+    before = os.times()
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(argv, cwd=ROOT, env=env(**extra), capture_output=True, text=True,
+                              timeout=timeout_s, stdin=subprocess.DEVNULL)
+        rc, out = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        rc, out = None, str(exc.stdout or "")
+    wall = time.monotonic() - start
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + (after.children_system
+                                                          - before.children_system)
+    return wall, cpu, rc, out
+
+
+def stats(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "runs": len(values)}
+
+
+# Per-task wall times (bench/callback_plugins/bench_timer.py) into $BENCH_TIMINGS.
+
+
+TIMER_ENV = {"ANSIBLE_CALLBACKS_ENABLED": "bench_timer",
+             "ANSIBLE_CALLBACK_PLUGINS": str(ROOT / "bench" / "callback_plugins")}
+
+
+def playbook(name, inventory, *extra, **envs):
+    return timed([str(BIN / "ansible-playbook"), "-i", str(inventory), name, *extra], **envs)
+
+
+def ping(inventory):
+    return timed([str(BIN / "ansible"), "-i", str(inventory), "nodes", "-m", "ping"])
+
+
+def lab(nodes):
+    return labmod.Lab.up(nodes, LAB_DIR, LAB_TAG)
+
+
+def lab_down():
+    labmod.down(LAB_DIR, LAB_TAG)
+
+
+def raw_launch_argv(the_lab, node, port, run_id, script, script_args, out_dir):
+    """The guides' way: ssh to every node and start the same torchrun by hand."""
+    master = the_lab.nodes[0].address
+    remote = " ".join(shlex.quote(a) for a in [
+        "env", "GLOO_SOCKET_IFNAME=eth0", "NCCL_SOCKET_IFNAME=eth0", "TORCHFLEET_OUT_DIR=" + out_dir,
+        "TORCHFLEET_BACKEND=gloo", "TORCHFLEET_HOST=" + node.name,
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(the_lab.nodes)),
+        "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+        "%s:%d" % (master, port), "--rdzv-id", run_id, "--local-addr", node.address,
+        str(script), *script_args])
+    keys = the_lab.root / "keys"
+    return ["ssh", "-i", str(keys / "id_lab"), "-o", "UserKnownHostsFile=%s"
+            % (the_lab.root / "known_hosts"), "-o", "IdentitiesOnly=yes",
+            "root@" + node.address, remote]
+
+
+def raw_launch(the_lab, port, script, script_args, tmp, timeout_s=RAW_BOUND_S):
+    """Start torchrun on every node over plain ssh at once; (wall s, rcs, None if it ran out)."""
+    run_id = "raw%d" % time.time_ns()
+    start = time.monotonic()
+    procs = [subprocess.Popen(raw_launch_argv(the_lab, node, port, run_id, script, script_args,
+                                              str(tmp / "raw")),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True) for node in the_lab.nodes]
+    rcs = []
+    try:
+        for proc in procs:
+            left = timeout_s - (time.monotonic() - start)
+            rcs.append(proc.wait(timeout=max(left, 0.1)))
+    except subprocess.TimeoutExpired:
+        rcs = None
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        for node in the_lab.nodes:  # whatever the raw launch left inside the nodes
+            labmod.kill_namespace_processes(node.ns, keep=the_lab.sshd_pid(node))
+        # Without a tty nothing signals the remote torchrun when its ssh dies, and while its
+        # sshd session lingers it still descends from the kept sshd: end it by its script.
+        kill_in_lab(the_lab, str(script))
+    return time.monotonic() - start, rcs
+
+
+def kill_in_lab(the_lab, marker, wait_s=10.0):
+    """SIGKILL every process inside the lab's nodes whose command line holds marker, until
+    none is left."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and any([
+            labmod.kill_namespace_processes(node.ns, matching=marker) for node in the_lab.nodes]):
+        time.sleep(0.1)
+
+
+def pids_running(marker):
+    """PIDs of live processes with marker as one of their arguments: torchrun and its workers,
+    not ansible-playbook's `-e script=...` (the lab's nodes share this machine's PID space:
+    only the network is namespaced)."""
+    found = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                line = f.read()
+            with open("/proc/%s/stat" % pid) as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if marker.encode() in line.split(b"\0") and state not in ("Z", "X"):
+            found.append(int(pid))
+    return found
+
+
+class GoneWatcher(threading.Thread):
+    """Records when the last process holding marker is gone, once the stamp exists."""
+
+    def __init__(self, marker, stamp):
+        super().__init__(daemon=True)
+        self.marker, self.stamp, self.gone_at, self.done = marker, stamp, None, threading.Event()
+
+    def run(self):
+        while not self.done.is_set():
+            if self.stamp.exists():
+                if not pids_running(self.marker):
+                    self.gone_at = time.time()
+                    return
+            time.sleep(0.02)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def machine():
+    def read(cmd):
+        return subprocess.run(cmd, capture_output=True, text=True).stdout.strip()
+
+    import torch
+
+    return {"cpus": os.cpu_count(), "memory": read(["free", "-h"]).splitlines()[1].split()[1],
+            "kernel": platform.release(), "python": platform.python_version(),
+            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def markdown(results):
+    m = results["machine"]
+    lines = ["# torchfleet benchmark results", "",
+             "Machine: %(cpus)s CPUs, %(memory)s memory, kernel %(kernel)s, Python %(python)s, "
+             "torch %(torch)s; %(date)s. Median of the runs [min-max]." % m, "",
+             "| measure | torchfleet | baseline | ratio / difference | target |",
+             "| --- | --- | --- | --- | --- |"]
+
+    def rng(s):
+        return "%.2f [%.2f-%.2f]" % (s["median"], s["min"], s["max"])
+
+    pc = results.get("preflight_cost", {})
+    for name, r in pc.items():
+        lines.append("| preflight.yml vs `ansible nodes -m ping`, %s (%d hosts) | %s s | %s s | "
+                     "%.2fx [%.2f-%.2f] | <= 1.5x |" % (name, r["hosts"], rng(r["preflight_s"]),
+                                                      rng(r["ping_s"]), r["ratio"],
+                                                      r["ratio_min"], r["ratio_max"]))
+    if "lab16" in pc and "lab2" in pc:
+        lines.append("| preflight scale: 16 hosts / 2 hosts | %.2f s | %.2f s | %.2fx | <= 3.0x |"
+                     % (pc["lab16"]["preflight_s"]["median"], pc["lab2"]["preflight_s"]["median"],
+                        pc["lab16"]["preflight_s"]["median"] / pc["lab2"]["preflight_s"]["median"]))
+    for name, r in pc.items():
+        lines.append("| controller CPU per host, %s | %s s | | | |"
+                     % (name, rng(r["controller_cpu_s_per_host"])))
+    lo = results.get("launch_overhead")
+    if lo:
+        for r in (lo.get("sizes") or {"lab2": dict(lo, hosts=2)}).values():
+            lines.append("| collective.yml vs raw ssh+torchrun, %d lab nodes | %s s | %s s | "
+                         "+%.2f s%s | %s |" % (
+                             r["hosts"], rng(r["collective_yml_s"]), rng(r["raw_ssh_torchrun_s"]),
+                             r["overhead_s"], " (%.2fx)" % r["ratio"] if "ratio" in r else "",
+                             "<= 3 s" if r["hosts"] <= 2 else "<= 1.25x"))
+    fl = results.get("flood")
+    if fl:
+        lines.append("| train.yml on %d lab hosts, control port flooded (%d garbage "
+                     "connections/s + 300 idle) vs not | %s s | %s s | %.2fx [%.2f-%.2f] | "
+                     "<= 1.1x |" % (fl["hosts"], fl["rate_hz"], rng(fl["flooded_s"]),
+                                    rng(fl["clean_s"]), fl["ratio"], fl["ratio_min"],
+                                    fl["ratio_max"]))
+    sk = results.get("start_skew")
+    for forks, r in ((sk or {}).get("forks") or {}).items():
+        lines.append("| train.yml on %d lab hosts with forks %s: start spread (first to last "
+                     "agent) | %.1f s | lease %g s | %s | no false abort |" % (
+                         sk["hosts"], forks, r["start_spread_s"], sk.get("lease_s", 30),
+                         "ok" if r["ok"] else "failed: %s" % r["phase"]))
+    for r in (results.get("output_lines") or {}).values():
+        lines.append("| preflight.yml output lines on %d lab hosts (one unreachable), besides the "
+                     "plays' tables: torchfleet's stdout callback vs Ansible's default | %d | %d "
+                     "| %.2fx | <= 100 at 128 hosts |" % (
+                         r["hosts"], r["torchfleet"]["besides_tables"],
+                         r["default"]["besides_tables"],
+                         r["torchfleet"]["besides_tables"] / r["default"]["besides_tables"]))
+    rs = results.get("report_scale") or {}
+    base = rs.get("hosts16")
+    for r in rs.values():
+        lines.append("| HTML report of a %d-host record: render time, size | %s s, %.2f MB | "
+                     "16 hosts: %s s | %.2fx | < 2 s, < 2 MB at 512 |" % (
+                         r["hosts"], rng(r["render_s"]), r["bytes"] / 1e6,
+                         rng(base["render_s"]) if base else "-",
+                         r["render_s"]["median"] / base["render_s"]["median"] if base else 0))
+    sp = results.get("spares_cost") or {}
+    for name, text in (("spares2", "healthy"), ("spares2_master_down", "first host unreachable: "
+                                                "ports tested again against the second")):
+        if name in sp:
+            r = sp[name]
+            lines.append("| preflight.yml nnodes=8 spares=2 (10 lab hosts checked), %s, vs "
+                         "nnodes=8 | %s s | %s s | %.2fx [%.2f-%.2f] | ~1.25x (10 / 8 hosts) |"
+                         % (text, rng(r["preflight_s"]), rng(sp["nnodes8"]["preflight_s"]),
+                            r["ratio"], r["ratio_min"], r["ratio_max"]))
+    rc = results.get("restart_cost")
+    if rc:
+        lines.append("| a worker's network cut to every rank of the restarted attempt running "
+                     "(nnodes=6 spares=2 max_restarts=1, %d lab hosts, lost_after_s=5) vs a fresh "
+                     "train.yml of the same 6 hosts by hand to every rank running | %s s | %s s | "
+                     "%.2fx [%.2f-%.2f] | <= 1.2x |" % (
+                         rc["hosts"], rng(rc["restart_s"]), rng(rc["fresh_s"]), rc["ratio"],
+                         rc["ratio_min"], rc["ratio_max"]))
+    fz = results.get("fuzz")
+    if fz:
+        lines.append("| control channel fuzz: inputs fed to the master's end / the agent's end "
+                     "(frames, and byte streams over real connections) | %d / %d | | crashes "
+                     "%d / %d, outsiders' messages taken %d | 0 |" % (
+                         fz["inputs_master"], fz["inputs_agent"], fz["crashes_master"],
+                         fz["crashes_agent"], fz["verified_from_outsiders"]))
+    ff = results.get("fail_fast")
+    for r in ((ff or {}).get("sizes") or {}).values():
+        lines.append("| rank 1 exits 1 on %d hosts: every rank on every host gone | %s s | | | "
+                     "<= 3 s |" % (r["hosts"], rng(r["failure_to_every_rank_gone_s"])))
+        lines.append("| rank 1 exits 1 on %d hosts: play exit | %s s | | | |"
+                     % (r["hosts"], rng(r["failure_to_play_exit_s"])))
+    wc = results.get("watch_cpu")
+    if wc:
+        base = wc["sizes"].get("lab2")
+        for r in wc["sizes"].values():
+            ratio = (r["cpu_s_per_minute"]["median"] / base["cpu_s_per_minute"]["median"]
+                     if base and base["cpu_s_per_minute"]["median"] > 0 else float("nan"))
+            lines.append("| controller CPU-s per minute of watch, %d hosts | %s | 2 hosts | "
+                         "%.2fx | 16 hosts <= 1.2x |" % (r["hosts"], rng(r["cpu_s_per_minute"]),
+                                                         ratio))
+    if ff and ff.get("raw_torchrun_failure_to_all_exited_s"):
+        raw = ff["raw_torchrun_failure_to_all_exited_s"]
+        plain = ("%s s" % rng(raw) if raw["max"] != float("inf") else
+                 "> %d s (the other node's rank still running, stopped by the benchmark)"
+                 % RAW_BOUND_S if raw["min"] == float("inf") else
+                 "%s s, some runs > %d s" % (rng(raw), RAW_BOUND_S))
+        lines.append("| rank 1 exits 1, plain torchrun (no torchfleet) | | %s | | |" % plain)
+    dg = results.get("diagnosis")
+    if dg:
+        lines.append("| firewall drops the master port: time to name it | %s s | plain torchrun: "
+                     "%s | | <= 10 s |" % (rng(dg["preflight_names_port_blocked_s"]),
+                                           dg["raw_torchrun"]))
+    ho = results.get("harness_overhead")
+    if ho:
+        for size, s in ho["busbw_ratio_collective_over_raw"].items():
+            lines.append("| all_reduce busbw, collective test / raw loop in the same processes "
+                         "(alternating rounds), %s B, %s timed iterations, %d rounds | | | %s | "
+                         ">= 0.95 |" % (size, ho.get("iters", 20), s["runs"], rng(s)))
+    iso = results.get("isolate")
+    if iso:
+        lines.append("| rate-limited NIC (%s) on %d lab hosts: collective.yml with the pair rounds "
+                     "(%s, %d rounds) until node.slow names it | %s s (rounds %s s) | the same "
+                     "run on the clean lab: %s s | named the host alone in %d of %d | <= 60 s |"
+                     % (iso["rate"], iso["hosts"], iso["schedule"], iso["rounds"],
+                        rng(iso["slow_collective_yml_s"]), rng(iso["pair_rounds_s"]),
+                        rng(iso["clean_collective_yml_s"]), iso["named_only_the_slow_host"],
+                        iso["slow_runs"]))
+        lines.append("| false positives (node.slow / link.slow) on the clean lab, %d hosts | %d "
+                     "in %d runs | | | 0 |" % (iso["hosts"], iso["false_positives"],
+                                               iso["clean_runs"]))
+    carried = results.get("carried") or {}
+    if carried:
+        lines += ["", "Not re-run this time, carried from the earlier run: %s." % ", ".join(
+            "%s (%s)" % (name, when) for name, when in carried.items())]
+    before = (results.get("before") or {}).get("preflight_cost")
+    if pc and before:
+        lines += ["", "Preflight before / after this change (%s / %s):" % (
+            before["taken"], carried.get("preflight_cost", m["date"])), ""]
+        for name, r in pc.items():
+            if name in before:
+                lines.append("- %s: %.2fx (%.2f s) -> %.2fx (%.2f s)" % (
+                    name, before[name]["ratio"], before[name]["preflight_s"]["median"],
+                    r["ratio"], r["preflight_s"]["median"]))
+    before_lo = (results.get("before") or {}).get("launch_overhead")
+    if lo and before_lo:
+        lines += ["", "Launch overhead before / after this change (%s / %s): +%.2f s -> +%.2f s"
+                  % (before_lo["taken"], carried.get("launch_overhead", m["date"]),
+                     before_lo["overhead_s"], lo["overhead_s"])]
+    if lo and lo.get("tasks_last_run"):
+        lines += ["", "collective.yml tasks of 0.3 s or more (last run): " + "; ".join(
+            "%s %.2f s" % (t["task"], t["seconds"]) for t in lo["tasks_last_run"])]
+    if pc:
+        lines += ["", "Slowest preflight tasks (last run of each size):", ""]
+        for name, r in pc.items():
+            lines.append("- %s: %s" % (name, "; ".join("%s %.2f s" % (t["task"], t["seconds"])
+                                                        for t in r["slowest_tasks"])))
+    return "\n".join(lines) + "\n"
+
+
+def merge(old, new, names):
+    """Keep the measures not re-run from the previous results (with the date they were taken)
+    and record the previous value of each re-run one under "before"."""
+    if not old:
+        return new
+    when = old.get("machine", {}).get("date", "an earlier run")
+    merged = dict(new, before=dict(old.get("before", {})), carried={})
+    for name in names:
+        if name in new and name in old:  # a carried measure dates from when it was taken
+            merged["before"][name] = dict(old[name],
+                                          taken=old.get("carried", {}).get(name, when))
+        elif name in old:
+            merged[name] = old[name]
+            merged["carried"][name] = old.get("carried", {}).get(name, when)
+    return merged
+
+
+def write(out, results):
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "results.md").write_text(markdown(results))
