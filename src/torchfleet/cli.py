@@ -1,7 +1,7 @@
-"""torchfleet preflight|collective|train|stop|report|checks|fabric|transport|collection.
+"""torchfleet preflight|collective|train|stop|report|checks|variables|fabric|transport|collection.
 
 Exit status: 0 ok, 1 a check or the run failed, 2 usage or internal error. --json prints the
-Result (see the README's "Python API and CLI") on stdout and nothing else.
+Result (see docs/api.md) on stdout and nothing else.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils import checks as 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import rdma
 
 from torchfleet import api, fabric_cli, html_report
+from torchfleet import variables as public_variables
 from torchfleet.progress import Progress
 from torchfleet.results import Result
 
@@ -62,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", help="a run directory (runs/<run_id>)")
     p.add_argument("-o", "--output", help="HTML file (default RUN_DIR/report.html)")
     p = sub.add_parser("checks", help="list every check id: what it catches, the fix it names")
-    p.add_argument("--markdown", action="store_true", help="as the README's tables")
+    p.add_argument("--markdown", action="store_true", help="as docs/checks.md's tables")
+    p = sub.add_parser("variables", help="list every public variable: type, default, meaning")
+    p.add_argument("--markdown", action="store_true", help="as docs/variables.md's table")
     p = sub.add_parser("fabric", help="this host's RDMA devices as torchfleet sees them, and "
                        "what network=auto would choose here")
     p.add_argument("--sysfs", default="/sys/class/infiniband",
@@ -134,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "checks":
         print(checks_text(args.markdown))
+        return OK
+    if args.command == "variables":
+        print(public_variables.markdown() if args.markdown else public_variables.docs())
         return OK
     if args.command in ("fabric", "transport"):
         return fabric_command(args)

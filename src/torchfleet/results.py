@@ -1,6 +1,6 @@
 """Typed results of torchfleet runs, read from the JSON files the playbooks write.
 
-preflight.json, collective.json and train.json are the contract (see the README's Outputs);
+preflight.json, collective.json and train.json are the contract (see docs/outputs.md);
 these classes only give them names and types, so callers never parse Ansible's stdout.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ class Check:
 
     @property
     def fix(self) -> str:
-        """The fix sentence (the JSON's hint), under the name the README's tables use."""
+        """The fix sentence (the JSON's hint), under the name docs/checks.md's tables use."""
         return self.hint
 
     @classmethod
@@ -195,7 +195,7 @@ class Result:
         return table
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready; the schema of `torchfleet ... --json` (see the README)."""
+        """JSON-ready; the schema of `torchfleet ... --json` (see docs/outputs.md)."""
         from dataclasses import asdict
 
         data = asdict(self)

@@ -1,5 +1,6 @@
-"""The playbooks' public variables as the Python API's keyword arguments, from one definition:
-the roles' meta/argument_specs.yml (the same file Ansible checks `-e` values against).
+"""The playbooks' public variables as the Python API's keyword arguments, from their one home:
+the collection's plugins/module_utils/defaults.py (the roles' argument_specs, which Ansible
+checks `-e` values against, are kept equal to it by tests/unit/test_defaults.py).
 
 Gives each API function a signature that lists them (help(torchfleet.train) shows names,
 types and defaults) and checks the values a caller passes before anything runs.
@@ -8,33 +9,48 @@ from __future__ import annotations
 
 import functools
 import inspect
-from pathlib import Path
+import re
 from typing import Any
 
-import yaml
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
-from torchfleet.paths import collection_root
-
-# Options the playbooks set themselves (the workload), and run_dir and runs_root, which the API
-# sets from runs_root= and run_id=. A role's own parameters (the hand-offs between roles, named
-# <role>_*) are not public either.
-INTERNAL = {"workload", "run_dir", "runs_root"}
+# Options the playbooks set themselves (the workload), and run_id, run_dir and runs_root, which
+# the API sets from its own run_id= and runs_root=.
+INTERNAL = {"workload", "run_id", "run_dir", "runs_root"}
 PY_TYPES = {"int": int, "str": str, "bool": bool, "float": float, "list": list, "dict": dict,
             "path": str, "raw": Any}
 
 
 @functools.lru_cache(maxsize=1)
 def public_spec() -> dict[str, dict]:
-    """{variable: its argument spec} over every role's entry points, first definition kept."""
+    """{variable: its spec (type, elements, choices, default, description)}."""
     spec: dict[str, dict] = {}
-    for path in sorted(Path(collection_root(), "roles").glob("*/meta/argument_specs.yml")):
-        role = path.parents[1].name
-        entries = (yaml.safe_load(path.read_text()) or {}).get("argument_specs", {})
-        for entry in entries.values():
-            for name, option in (entry.get("options") or {}).items():
-                if name not in INTERNAL and not name.startswith(role + "_"):
-                    spec.setdefault(name, option)
+    for o in defaults.OPTIONS:
+        if o.name in INTERNAL:
+            continue
+        entry: dict[str, Any] = {"type": o.type, "description": o.description}
+        if o.elements:
+            entry["elements"] = o.elements
+        if o.choices:
+            entry["choices"] = list(o.choices)
+        if o.default not in (None, "", [], {}):
+            entry["default"] = o.default
+        spec[o.name] = entry
     return spec
+
+
+def markdown() -> str:
+    """The docs' table of the public variables (docs/variables.md holds it; a test keeps them
+    equal): `torchfleet variables --markdown`."""
+    rows = ["| variable | type | default | what it sets |", "| --- | --- | --- | --- |"]
+    for o in defaults.OPTIONS:
+        text = re.sub(r"[CO]\(([^)]*)\)", r"`\1`", o.description)  # Ansible's markup
+        if o.choices:
+            text += " One of: %s." % ", ".join(o.choices)
+        shown = "" if o.default in (None, "", [], {}) else "`%s`" % (
+            str(o.default).lower() if isinstance(o.default, bool) else o.default)
+        rows.append("| `%s` | %s | %s | %s |" % (o.name, o.type, shown, text))
+    return "\n".join(rows)
 
 
 def _ansible_spec(spec: dict[str, dict]) -> dict[str, dict]:

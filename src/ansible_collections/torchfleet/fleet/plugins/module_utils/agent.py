@@ -33,6 +33,7 @@ import subprocess
 import time
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import procs, runstate, stacks
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.control import Client, Server
 from ansible_collections.torchfleet.fleet.plugins.module_utils.procs import HOST_ENV, RUN_ID_ENV, run_processes, stop_run
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import (
@@ -41,12 +42,12 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import (
 
 
 class Timings:
-    """Every timing of the control plane, in one place, from the module's arguments."""
+    """The timings an agent runs by: the module's arguments, and the constants of
+    plugins/module_utils/defaults.py (where every timing is written, the rules beside it)."""
 
-    LOOK_S = 0.1     # how often a loop looks at torchrun and the channel
-    BEAT_S = 1.0     # how often a host reports; lost_after_s is many beats
-    TEARDOWN_S = 2.0  # an aborted torchrun already ending after a rank's death: time to end
-    DUMP_S = 70.0    # the stacks' dump on a hang (py-spy, 60 s at most per call)
+    LOOK_S = defaults.LOOK_S
+    BEAT_S = defaults.BEAT_S
+    TEARDOWN_S = defaults.TEARDOWN_S
 
     def __init__(self, p):
         self.lost_after_s = float(p["lost_after_s"])
@@ -56,7 +57,6 @@ class Timings:
         # The lease counts from the controller's first look: the starts of every fork batch
         # come before it, and the join timeout already covers them (it grows by batch).
         self.start_bound_s = self.join_timeout_s + self.lease_s if self.lease_s else None
-        self.settle_s = self.abort_grace_s + self.TEARDOWN_S + 5.0
 
 
 def torchrun_argv(p, script):
@@ -284,8 +284,8 @@ class MasterStore:
         if state.all_done():
             return True
         if self.settle_until is None:
-            dump_s = self.t.DUMP_S if state.phase == runstate.HANG else 0
-            self.settle_until = now_m + self.t.settle_s + dump_s
+            self.settle_until = now_m + defaults.master_settle_s(
+                self.t.abort_grace_s, hang=state.phase == runstate.HANG)
         return now_m > self.settle_until
 
     def write_state(self, force=False):

@@ -1,5 +1,5 @@
 """Every check id torchfleet reports, one unit each: the id(s), what it catches and the fix it
-names. The README's check tables are rendered from this list (`torchfleet checks --markdown`,
+names. docs/checks.md's tables are rendered from this list (`torchfleet checks --markdown`,
 tested equal), and check() refuses an id that is not here, so an undocumented id cannot reach
 a report. How each check decides lives with its rule (preflight.py, summary.py, isolate.py,
 the preflight role's input checks); adding a check is one Unit here, its rule and its test.
@@ -202,13 +202,13 @@ REGISTRY = (
          "as the detail says; ansible.log in the run's directory has the rest"),
 )
 
-# The README's tables: what preflight reports, what a run adds, what only the API adds.
+# docs/checks.md's tables: what preflight reports, what a run adds, what only the API adds.
 TABLES = ((PREFLIGHT, INPUT), (RUN,), (API,))
 IDS = frozenset(cid for unit in REGISTRY for cid in unit.ids)
 
 
 def markdown(phases):
-    """The README table of the units decided in `phases`."""
+    """docs/checks.md's table of the units decided in `phases`."""
     lines = ["| id | what it catches | the fix it names |", "| --- | --- | --- |"]
     for unit in REGISTRY:
         if unit.phase in phases:

@@ -3,6 +3,8 @@ module's own run_command, bounded by coreutils' `timeout`: a hung nvidia-smi, gi
 must fail its check, not hang the play, and run_command has no time limit of its own."""
 from __future__ import annotations
 
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+
 # timeout(1)'s exit statuses: it killed the command (124, or 137 after --kill-after), it
 # could not run it (126), the command does not exist (127).
 TIMED_OUT = (124, 137)
@@ -15,7 +17,7 @@ class Missing(str):
     its words (a command that ran and failed may print "not found" too)."""
 
 
-def bounded(module, timeout_s=20):
+def bounded(module, timeout_s=defaults.COMMAND_TIMEOUT_S):
     """run(argv, timeout_s=timeout_s) -> (stdout, None) when argv exits 0, else (None, why)."""
     # Fails the module, naming `timeout`, on a host without coreutils.
     timeout = module.get_bin_path("timeout", required=True)

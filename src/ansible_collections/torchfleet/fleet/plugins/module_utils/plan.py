@@ -9,6 +9,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.net import master
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rdma import HCA_SPEC, is_gid_index
 from ansible_collections.torchfleet.fleet.plugins.module_utils.restart import MAX_RESTARTS, RESTART_ON
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import RUN_ID, new_run_id
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
 # The user's values as given (raw): a wrong type is an input.* check naming the variable,
 # not a conversion that hides it (a string data_paths would become a list of one).
@@ -16,19 +17,19 @@ ARGUMENT_SPEC = dict(
     nnodes=dict(type="raw", required=True),
     forks=dict(type="int", required=True),
     run_id=dict(type="raw"),
-    master_port=dict(type="raw", default=29500),
-    master_addr=dict(type="str", default=""),
-    socket_ifname=dict(type="str", default=""),
+    master_port=dict(type="raw", default=defaults.default("master_port")),
+    master_addr=dict(type="str", default=defaults.default("master_addr")),
+    socket_ifname=dict(type="str", default=defaults.default("socket_ifname")),
     master_host=dict(type="str", default=""),
-    nproc_per_node=dict(type="raw", default="auto"),
-    data_paths=dict(type="raw", default=[]),
-    collective_isolate=dict(type="bool", default=False),
-    collective_isolate_schedule=dict(type="raw", default="ring"),
-    nccl_ib_hca=dict(type="raw", default=""),
-    nccl_ib_gid_index=dict(type="raw", default=""),
-    spares=dict(type="raw", default=0),
-    max_restarts=dict(type="raw", default=0),
-    restart_on=dict(type="raw", default="host"),
+    nproc_per_node=dict(type="raw", default=defaults.default("nproc_per_node")),
+    data_paths=dict(type="raw", default=defaults.default("data_paths")),
+    collective_isolate=dict(type="bool", default=defaults.default("collective_isolate")),
+    collective_isolate_schedule=dict(type="raw", default=defaults.default("collective_isolate_schedule")),
+    nccl_ib_hca=dict(type="raw", default=defaults.default("nccl_ib_hca")),
+    nccl_ib_gid_index=dict(type="raw", default=defaults.default("nccl_ib_gid_index")),
+    spares=dict(type="raw", default=defaults.default("spares")),
+    max_restarts=dict(type="raw", default=defaults.default("max_restarts")),
+    restart_on=dict(type="raw", default=defaults.default("restart_on")),
     inventory_size=dict(type="int", default=0),
 )
 

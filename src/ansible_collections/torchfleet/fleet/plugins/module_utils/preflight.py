@@ -16,6 +16,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.records import ( 
     CONTROLLER, ERROR, WARNING, check, failed, fmt_hosts, outliers)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.report import verdict, write_report
 from ansible_collections.torchfleet.fleet.plugins.module_utils.table import render
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
 VERSION_NAMES = ("python", "torch", "cuda", "hip", "nccl", "driver", "rocm")
 VERSION_FIX = {
@@ -420,26 +421,26 @@ ARGUMENT_SPEC = dict(
     inventory_size=dict(type="int", required=True),
     probes=dict(type="dict", default={}),
     connects=dict(type="dict", default={}),
-    master_port=dict(type="int", default=29500),
-    master_addr=dict(type="str", default=""),
-    socket_ifname=dict(type="str", default=""),
-    backend=dict(type="str", default="auto", choices=["auto", "nccl", "gloo"]),
-    nproc_per_node=dict(type="str", default="auto"),
-    code_dir=dict(type="str", default=""),
-    data_paths=dict(type="list", elements="str", default=[]),
+    master_port=dict(type="int", default=defaults.default("master_port")),
+    master_addr=dict(type="str", default=defaults.default("master_addr")),
+    socket_ifname=dict(type="str", default=defaults.default("socket_ifname")),
+    backend=dict(type="str", default=defaults.default("backend"), choices=["auto", "nccl", "gloo"]),
+    nproc_per_node=dict(type="str", default=defaults.default("nproc_per_node")),
+    code_dir=dict(type="str", default=defaults.default("code_dir")),
+    data_paths=dict(type="list", elements="str", default=defaults.default("data_paths")),
     shm_min_bytes=dict(type="int", default=1 << 30),
-    script=dict(type="str", default=""),
+    script=dict(type="str", default=defaults.default("script")),
     input_errors=dict(type="list", elements="dict", default=[]),
     listener=dict(type="dict"),
-    run_id=dict(type="str", default=""),
-    run_dir=dict(type="str", default=""),
+    run_id=dict(type="str", default=defaults.default("run_id")),
+    run_dir=dict(type="str", default=defaults.default("run_dir")),
     runs_root=dict(type="str", default=""),
-    network=dict(type="str", default="none", choices=["none", "ethernet", "ib", "auto"]),
-    nccl_ib_hca=dict(type="str", default=""),
-    nccl_ib_gid_index=dict(type="str", default=""),
-    nccl_nsocks_perthread=dict(type="int", default=4),
-    nccl_socket_nthreads=dict(type="int", default=2),
-    spares=dict(type="int", default=0),
+    network=dict(type="str", default=defaults.default("network"), choices=["none", "ethernet", "ib", "auto"]),
+    nccl_ib_hca=dict(type="str", default=defaults.default("nccl_ib_hca")),
+    nccl_ib_gid_index=dict(type="str", default=defaults.default("nccl_ib_gid_index")),
+    nccl_nsocks_perthread=dict(type="int", default=defaults.default("nccl_nsocks_perthread")),
+    nccl_socket_nthreads=dict(type="int", default=defaults.default("nccl_socket_nthreads")),
+    spares=dict(type="int", default=defaults.default("spares")),
     skipped=dict(type="list", elements="dict", default=[]),
     choice=dict(type="dict"),
 )

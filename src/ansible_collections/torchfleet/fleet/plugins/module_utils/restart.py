@@ -16,6 +16,7 @@ from __future__ import annotations
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import read_json
 from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import (
     CONTROLLER_LOST, FAILED, LOST, NOT_STARTED, SUCCEEDED)
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
 RESTART_ON = ("host", "any")
 # playbooks/attempt.yml is imported once per attempt: this many restarts at most.
@@ -127,8 +128,8 @@ def after_recheck(plan, recheck, hosts, restart_on):
 
 ARGUMENT_SPEC = dict(
     attempt=dict(type="int", required=True),
-    max_restarts=dict(type="int", default=0),
-    restart_on=dict(type="str", default="host", choices=list(RESTART_ON)),
+    max_restarts=dict(type="int", default=defaults.default("max_restarts")),
+    restart_on=dict(type="str", default=defaults.default("restart_on"), choices=list(RESTART_ON)),
     state_file=dict(type="str", default=""),
     candidates=dict(type="list", elements="str", default=[]),
     excluded=dict(type="list", elements="str", default=[]),

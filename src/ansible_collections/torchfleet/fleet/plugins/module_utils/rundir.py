@@ -23,6 +23,7 @@ import os
 import random
 import re
 import time
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
 # A run id names a directory on every host: no separators, no glob characters, no dot first.
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -51,7 +52,7 @@ STOP_SPEC = dict(
     runs_root=dict(type="path", required=True),
     run_id=dict(type="str"),
     host_dir=dict(type="str"),
-    grace_s=dict(type="float", default=10),
+    grace_s=dict(type="float", default=defaults.STOP_GRACE_S),
     async_jid=dict(type="str"),
     async_dir=dict(type="path", default="~/.ansible_async"),
 )

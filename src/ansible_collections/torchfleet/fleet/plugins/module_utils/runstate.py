@@ -29,11 +29,14 @@ collective.json), the Python API, the CLI and the HTML report read that copy:
     FAILURE = {"host", "node_rank", "reason", "detail", "rc", "rank", "local_rank",
                "exitcode", "root_cause", "consequence", "last_line", "at_s", "detected_s"}
 
-Only the standard library: it runs inside the agent on every host, and in the watch's look.
+Only the standard library and defaults.py: it runs inside the agent on every host, and in
+the watch's look.
 """
 from __future__ import annotations
 
 import time
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
 # The controller's copy of the master's record (the host's files: rundir.py).
 STATE_FILE = "run_state.json"
@@ -74,7 +77,6 @@ ACK, ABORT = "ack", "abort"                                                  # m
 
 LINE_MAX = 300
 DETAIL_MAX = 1000
-CLOSED_LOST_S = 3.0  # an agent's connection closed without its exit, not back within this: lost
 
 
 def _text(value, limit):
@@ -171,8 +173,11 @@ def controller_record(run_id, hosts, nproc_per_node, failure):
 
 
 class RunState:
-    def __init__(self, run_id, hosts, nproc_per_node, *, now=None, join_timeout_s=60.0,
-                 lost_after_s=30.0, hang_timeout_s=300.0, job_timeout_s=86400.0):
+    def __init__(self, run_id, hosts, nproc_per_node, *, now=None,
+                 join_timeout_s=defaults.JOIN_BASE_S,
+                 lost_after_s=defaults.default("lost_after_s"),
+                 hang_timeout_s=defaults.default("hang_timeout_s"),
+                 job_timeout_s=defaults.default("job_timeout_s")):
         self.run_id, self.nproc = run_id, int(nproc_per_node)
         self.started = time.time() if now is None else now
         self.updated = self.started
@@ -259,7 +264,7 @@ class RunState:
 
     def closed(self, host, now):
         """A host's connection to the master ended. Not a failure yet: an agent reconnects
-        after a broken connection; one that does not within CLOSED_LOST_S was killed (or its
+        after a broken connection; one that does not within defaults.CLOSED_LOST_S was killed (or its
         host went down), and is lost as of now."""
         rec = self.hosts.get(host)
         if rec is not None and rec["state"] not in DONE:
@@ -290,12 +295,12 @@ class RunState:
                     host, NOT_STARTED, now, "its agent never reached the master's control "
                     "port within join_timeout_s=%.0f" % self.join_timeout_s)
             elif rec["state"] == STARTED and host in self.closed_at \
-                    and now - self.closed_at[host] > CLOSED_LOST_S:
+                    and now - self.closed_at[host] > defaults.CLOSED_LOST_S:
                 rec["state"] = HOST_LOST
                 first = first or self.fail(
                     host, LOST, now, "its agent's connection to the master closed without an "
                     "exit report and did not come back in %.0f s: the agent was killed or the "
-                    "host went down" % CLOSED_LOST_S, at=self.closed_at.pop(host))
+                    "host went down" % defaults.CLOSED_LOST_S, at=self.closed_at.pop(host))
             elif rec["state"] == STARTED and silence_counts \
                     and now - rec["last_seen"] > self.lost_after_s:
                 rec["state"] = HOST_LOST

@@ -21,6 +21,8 @@ import signal
 import struct
 import time
 
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+
 PTRACE_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
 CAP_SYS_PTRACE = 19
 HOOK_DIR = "_stack_hook"
@@ -155,7 +157,7 @@ def dump(run, facts, method, workers, dirs, out_name):
     for local_rank, (pid, rank) in sorted(workers.items()):
         text = "# rank %s (local rank %s, pid %s)\n" % (rank, local_rank, pid)
         if use_py_spy and facts["py_spy"]:
-            out, err = run([facts["py_spy"], "dump", "--pid", str(pid)], timeout_s=60)
+            out, err = run([facts["py_spy"], "dump", "--pid", str(pid)], timeout_s=defaults.PYSPY_TIMEOUT_S)
             text += out if out is not None else "py-spy failed: %s\n" % err
         else:
             why = facts["why"] or "stack_dump=%s" % method

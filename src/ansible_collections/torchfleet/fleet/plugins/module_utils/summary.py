@@ -23,6 +23,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import (
     CONTROLLER_LOST, HANG, LOST, STATE_FILE, SUCCEEDED, TIMEOUT, UNKNOWN, failure_text,
     host_rows)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.table import render, spread, spread_of
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
 # Failures of the whole run rather than of a host (a hang is named per host: run.hang).
 RUN_WIDE = {
@@ -38,12 +39,12 @@ ARGUMENT_SPEC = dict(
     ranks=dict(type="dict", default={}),
     world_size=dict(type="int", required=True),
     settings=dict(type="dict", default={}),
-    run_dir=dict(type="str", default=""),
+    run_dir=dict(type="str", default=defaults.default("run_dir")),
     attempt_dir=dict(type="str", default=""),
     attempts=dict(type="list", elements="dict", default=[]),
     restarts=dict(type="list", elements="dict", default=[]),
     runs_root=dict(type="str", default=""),
-    keep_runs=dict(type="int", default=20),
+    keep_runs=dict(type="int", default=defaults.default("keep_runs")),
     expect_results=dict(type="bool", default=True),
     tail_lines=dict(type="int", default=15),
     isolate=dict(type="dict", default={}, options=dict(

@@ -19,6 +19,7 @@ import time
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import (
     CONTROL, LEASE, START_FAILED, read_json, write_json)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import summary
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
 POLL_S = 0.2
 
@@ -41,10 +42,10 @@ ACTION_SPEC = dict(
     python=dict(type="str"),
     starts=dict(type="dict", default={}),
     nproc_per_node=dict(type="int", default=1),
-    lost_after_s=dict(type="float", default=30),
-    poll_s=dict(type="float", default=5),
-    progress_every_s=dict(type="float", default=10),
-    settle_s=dict(type="float", default=120),
+    lost_after_s=dict(type="float", default=defaults.default("lost_after_s")),
+    poll_s=dict(type="float", default=defaults.POLL_S),
+    progress_every_s=dict(type="float", default=defaults.PROGRESS_EVERY_S),
+    settle_s=dict(type="float", default=defaults.WATCH_SETTLE_S),
     progress_file=dict(type="path"),
     state_file=dict(type="path"),
 )

@@ -289,6 +289,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.net import (
 from ansible_collections.torchfleet.fleet.plugins.module_utils.pystack import NCCL_HEADER, parse_nccl_header, probe_python
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rdma import read_devices
 from ansible_collections.torchfleet.fleet.plugins.module_utils.stacks import attach_facts
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
 PROC_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
 
@@ -400,7 +401,7 @@ def main():
         argument_spec=dict(
             python=dict(type="str"),
             code_dir=dict(type="path"),
-            data_paths=dict(type="list", elements="str", default=[]),
+            data_paths=dict(type="list", elements="str", default=defaults.default("data_paths")),
             script=dict(type="str"),
             run_dir=dict(type="path"),
             master_port=dict(type="int"),
@@ -412,7 +413,7 @@ def main():
             listen_idle_s=dict(type="float", default=60, aliases=["listen_max_s"]),
             env_prefixes=dict(type="list", elements="str", default=["NCCL_", "GLOO_", "TORCH_"]),
             max_code_files=dict(type="int", default=20000),
-            rdma_sysfs=dict(type="path", default="/sys/class/infiniband"),
+            rdma_sysfs=dict(type="path", default=defaults.default("rdma_sysfs")),
             ephemeral_port=dict(type="int"),
             connect_addr=dict(type="str"),
             connect_ports=dict(type="list", elements="int", default=[]),

@@ -216,6 +216,7 @@ argv:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.torchfleet.fleet.plugins.module_utils.agent import run
 from ansible_collections.torchfleet.fleet.plugins.module_utils.command import bounded
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
 ARGUMENT_SPEC = dict(
     run_dir=dict(type="path", required=True),
@@ -225,7 +226,7 @@ ARGUMENT_SPEC = dict(
     hosts=dict(type="list", elements="str", default=[]),
     python=dict(type="str", required=True),
     script=dict(type="str", required=True),
-    script_args=dict(type="list", elements="str", default=[]),
+    script_args=dict(type="list", elements="str", default=defaults.default("script_args")),
     files=dict(type="dict", default={}),
     chdir=dict(type="path"),
     nnodes=dict(type="int", required=True),
@@ -235,15 +236,15 @@ ARGUMENT_SPEC = dict(
     control_port=dict(type="int", required=True),
     secret=dict(type="str", required=True, no_log=True),
     local_addr=dict(type="str", required=True),
-    join_timeout_s=dict(type="int", default=60),
-    lost_after_s=dict(type="float", default=30),
-    hang_timeout_s=dict(type="float", default=300),
-    job_timeout_s=dict(type="float", default=86400),
-    abort_grace_s=dict(type="float", default=0.5),
-    max_restarts=dict(type="int", default=0),
-    env=dict(type="dict", default={}),
-    lease_s=dict(type="float", default=30),
-    stack_dump=dict(type="str", choices=["auto", "py-spy", "faulthandler"], default="auto"),
+    join_timeout_s=dict(type="int", default=int(defaults.JOIN_BASE_S)),
+    lost_after_s=dict(type="float", default=defaults.default("lost_after_s")),
+    hang_timeout_s=dict(type="float", default=defaults.default("hang_timeout_s")),
+    job_timeout_s=dict(type="float", default=defaults.default("job_timeout_s")),
+    abort_grace_s=dict(type="float", default=defaults.ABORT_GRACE_S),
+    max_restarts=dict(type="int", default=defaults.default("torchrun_max_restarts")),
+    env=dict(type="dict", default=defaults.default("env")),
+    lease_s=dict(type="float", default=defaults.LEASE_S),
+    stack_dump=dict(type="str", choices=["auto", "py-spy", "faulthandler"], default=defaults.default("stack_dump")),
 )
 
 

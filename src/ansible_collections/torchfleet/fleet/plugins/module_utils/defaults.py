@@ -1,0 +1,198 @@
+"""The one home of every public variable's default and of every timing of the control plane.
+
+Everything else reads these: the modules' argument specs (defaults.default(name)), the plays
+(the lookup torchfleet.fleet.default: the variable when set, else its default here), the
+Python API's signatures and the docs' variables table (torchfleet.variables). The roles'
+meta/argument_specs.yml and the modules' DOCUMENTATION state the same defaults for Ansible to
+show; tests/unit/test_defaults.py keeps them equal to these, and tests/unit/test_timings.py
+states in words the rules that tie the timings together.
+
+A default of None is computed where the variable is used (said in its description): nnodes,
+join_timeout_s, control_port, the collective test's sizes and iterations.
+"""
+from __future__ import annotations
+
+from collections import namedtuple
+
+Option = namedtuple("Option", "name type default description choices elements")
+
+
+def _option(name, type, default=None, description="", choices=None, elements=None):
+    return Option(name, type, default, description, choices, elements)
+
+
+# The public variables (DESIGN.md), in the order the docs list them.
+OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
+    (("nnodes", "int"), dict(description="Number of hosts of group C(nodes) to use, from the "
+                             "first. All of them when unset.")),
+    (("nproc_per_node", "str", "auto"), dict(description="Processes per node, or C(auto) (the "
+                                             "host's GPUs, 1 without GPUs).")),
+    (("spares", "raw", 0), dict(description="Extra hosts of group C(nodes) checked after the "
+                                "first O(nnodes); the run uses the first O(nnodes) healthy ones "
+                                "in inventory order and names every other.")),
+    (("master_port", "int", 29500), dict(description="Rendezvous port on the master.")),
+    (("master_addr", "str", ""), dict(description="Address the workers dial; decided on the "
+                                      "master when unset.")),
+    (("socket_ifname", "str", ""), dict(description="NIC exported as NCCL_SOCKET_IFNAME / "
+                                        "GLOO_SOCKET_IFNAME; auto-detected when unset.")),
+    (("backend", "str", "auto"), dict(choices=("auto", "nccl", "gloo"), description=(
+        "Process group backend; C(auto) is nccl when every host has GPUs, else gloo."))),
+    (("code_dir", "str", ""), dict(description="Directory whose files must be identical on "
+                                   "every host; the ranks start there.")),
+    (("data_paths", "list", []), dict(elements="str", description="Paths that must exist on "
+                                      "every host.")),
+    (("python", "str", ""), dict(description="Interpreter with torch on the hosts; the first "
+                                 "python3 with torch when unset.")),
+    (("script", "str", ""), dict(description="The training script train.yml starts; must exist "
+                                 "on every host. The built-in workload when unset.")),
+    (("script_args", "list", []), dict(elements="str", description="Arguments for the script, "
+                                       "passed verbatim.")),
+    (("workload", "str", "train"), dict(choices=("train", "collective"), description=(
+        "Built-in workload run when C(script) is unset."))),
+    (("env", "dict", {}), dict(description="Extra environment for every rank; wins over the "
+                               "NCCL presets.")),
+    (("run_id", "str", ""), dict(description="Name of the run directory; the time and a random "
+                                 "suffix when unset.")),
+    (("run_dir", "str", ""), dict(description="Controller directory for this run's outputs; "
+                                  "runs_root/<run_id> when unset.")),
+    (("runs_root", "str"), dict(description="Controller directory of run directories "
+                                "(runs_root/<run_id>, runs_root/latest); runs/ when unset.")),
+    (("remote_runs_root", "str", "~/.torchfleet/runs"), dict(description=(
+        "Where each host keeps its run directories."))),
+    (("keep_runs", "int", 20), dict(description="How many run directories the controller "
+                                    "keeps.")),
+    (("network", "str", "none"), dict(choices=("ib", "ethernet", "none", "auto"), description=(
+        "NCCL preset; with ib the rdma.* checks run on every host, auto chooses ib when every "
+        "host has an active RDMA port NCCL would use (else ethernet)."))),
+    (("nccl_ib_hca", "str", ""), dict(description="NCCL_IB_HCA (mlx5_0,mlx5_1:1, ^mlx5_2, "
+                                      "=mlx5_0); the HCAs rdma.down checks.")),
+    (("nccl_ib_gid_index", "str", ""), dict(description="NCCL_IB_GID_INDEX; rdma.gid checks "
+                                            "that it is RoCE v2 IPv4 on every port.")),
+    (("nccl_nsocks_perthread", "int", 4), dict(description="NCCL_NSOCKS_PERTHREAD of the "
+                                               "ethernet preset.")),
+    (("nccl_socket_nthreads", "int", 2), dict(description="NCCL_SOCKET_NTHREADS of the "
+                                              "ethernet preset.")),
+    (("nccl_transport_check", "bool", False), dict(description=(
+        "Run the ranks with NCCL's INFO lines for INIT,NET and report the transport each used "
+        "(always for the collective test with NCCL)."))),
+    (("nccl_expect_gdr", "bool", True), dict(description="With IB, nccl.transport warns when "
+                                             "a rank ran without GPUDirect RDMA.")),
+    (("rdma_sysfs", "str", "/sys/class/infiniband"), dict(description=(
+        "Where a host's RDMA devices are listed (sysfs layout)."))),
+    (("hang_timeout_s", "int", 300), dict(description=(
+        "A run whose ranks all stay silent this long is a hang: stacks are dumped, then it is "
+        "stopped."))),
+    (("stack_dump", "str", "auto"), dict(choices=("auto", "py-spy", "faulthandler"), description=(
+        "How a hang's stacks are taken: py-spy where it can attach, else the ranks' own "
+        "faulthandler."))),
+    (("job_timeout_s", "int", 86400), dict(description="The longest a run may take.")),
+    (("lost_after_s", "int", 30), dict(description=(
+        "A host whose agent is silent this long is host.lost; a host that cannot hear the "
+        "master this long stops by itself."))),
+    (("join_timeout_s", "int"), dict(description=(
+        "How long the rendezvous waits for every node; 60 s, plus 10 s for each fork batch "
+        "past the first, when unset."))),
+    (("control_port", "int"), dict(description=(
+        "Port of the run's control channel on the master; the ephemeral port preflight found "
+        "free and reachable when unset."))),
+    (("guard_ports", "bool", False), dict(description=(
+        "nftables on the master: the run's ports only from the run's hosts, for the run's "
+        "lifetime (needs root or sudo)."))),
+    (("max_restarts", "raw", 0), dict(description=(
+        "Start a run that failed because of a host again, at most this many times (0-5), on "
+        "the first nnodes healthy candidates."))),
+    (("restart_on", "raw", "host"), dict(description=(
+        "host restarts only a failure a host explains (lost, never started, or failing its "
+        "re-check); any restarts every failure."))),
+    (("torchrun_max_restarts", "int", 0), dict(description=(
+        "torchrun's own --max-restarts (every local rank restarted on the same host)."))),
+    (("collective_timeout_s", "int", 60), dict(description=(
+        "init_process_group and collective timeout in the built-in workloads."))),
+    (("collective_sizes", "str", ""), dict(description=(
+        "Message sizes of the collective test (1K,64K,1M with gloo, 1M,16M,128M with nccl "
+        "when unset)."))),
+    (("collective_iters", "int"), dict(description=(
+        "Timed iterations per size (20 with gloo, 50 with nccl when unset)."))),
+    (("collective_isolate", "bool", False), dict(description=(
+        "After the sweep, pair rounds between hosts that name a slow host (node.slow) or link "
+        "(link.slow)."))),
+    (("collective_isolate_schedule", "str", "ring"), dict(choices=("ring", "full"), description=(
+        "Which pairs the rounds measure: ring (each host with two others) or full (every "
+        "pair)."))),
+    (("collective_pair_size", "str", ""), dict(description=(
+        "Message of each pair's busbw (4M with gloo, 1G with nccl when unset)."))),
+    (("collective_pair_iters", "int"), dict(description=(
+        "Timed exchanges of each pair (10 when unset)."))),
+    (("collective_isolate_threshold", "float", 0.5), dict(description=(
+        "With collective_isolate, a pair is slow below this fraction of the median of each "
+        "host's best pair."))),
+    (("collective_isolate_floor_gbs", "float", 0.0), dict(description=(
+        "With collective_isolate, an absolute busbw floor in GB/s (0 for none)."))),
+    (("train_steps", "int", 300), dict(description="Steps of the built-in training workload.")),
+    (("train_checkpoint_dir", "str", ""), dict(description=(
+        "Where the built-in training workload saves a checkpoint every 50 steps and resumes "
+        "from when started again (storage every host sees; rank 0 writes). No checkpoint when "
+        "unset."))),
+))
+BY_NAME = {o.name: o for o in OPTIONS}
+
+
+def default(name):
+    """The default of public variable `name` (KeyError for a name that is not one)."""
+    return BY_NAME[name].default
+
+
+def spec(*names, **overrides):
+    """An AnsibleModule argument spec of these public variables, with their defaults; each
+    override (name=dict(...)) replaces what the module's own parameter needs instead."""
+    out = {}
+    for name in names:
+        o = BY_NAME[name]
+        entry = {"type": o.type}
+        if o.default is not None:
+            entry["default"] = o.default
+        if o.choices:
+            entry["choices"] = list(o.choices)
+        if o.elements:
+            entry["elements"] = o.elements
+        out[name] = entry
+    for name, entry in overrides.items():
+        out[name] = entry
+    return out
+
+
+# ---- Timings (seconds). Each is written here once; tests/unit/test_timings.py states the rules
+# that tie them together (and to lost_after_s, hang_timeout_s and ansible.cfg's SSH settings).
+LOOK_S = 0.1            # how often an agent's loop looks at torchrun and the channel
+BEAT_S = 1.0            # how often a host reports to the master; lost_after_s is many beats
+TEARDOWN_S = 2.0        # an aborted torchrun already ending after a rank's death: time to end
+ABORT_GRACE_S = 0.5     # after the first failure, before an agent stops its own torchrun
+SETTLE_SLACK_S = 5.0    # the master waits this much past the stops for the last reports
+CLOSED_LOST_S = 3.0     # an agent's connection closed without its exit, not back within: lost
+PYSPY_TIMEOUT_S = 60.0  # one py-spy dump of one rank's stack
+DUMP_S = PYSPY_TIMEOUT_S + 10.0  # the master waits this long for a hang's stacks
+COMMAND_TIMEOUT_S = 20.0  # any other short command a module runs (ip, nvidia-smi, git, python)
+POLL_S = 5.0            # the longest wait of one look of the controller at the master
+PROGRESS_EVERY_S = 10.0  # the controller prints progress at least this often
+LEASE_S = 30.0          # no look for this long: the master stops the run (the controller is gone)
+STOP_GRACE_S = 10.0     # SIGTERM to SIGKILL of a stopped run's process group
+ASYNC_SLACK_S = 600.0   # Ansible's async job outlives job_timeout_s by this much
+JOIN_BASE_S = 60.0      # join_timeout_s when unset: this, plus JOIN_PER_BATCH_S for each fork
+JOIN_PER_BATCH_S = 10.0  # batch past the first (the agents start batch after batch)
+CONNECT_TIMEOUT_S = 3.0  # preflight's TCP connection to the master's ports
+LISTEN_SLACK_S = 1.5    # preflight's listener waits this much past the last expected connection
+LISTENER_IDLE_S = 60.0  # a port-test listener nobody reaches ends after this
+
+
+def master_settle_s(abort_grace_s=ABORT_GRACE_S, hang=False):
+    """How long the master keeps its store open after the run's fate is decided: the agents
+    stop their torchrun and report, and on a hang every rank's stacks are dumped first."""
+    return abort_grace_s + TEARDOWN_S + SETTLE_SLACK_S + (DUMP_S if hang else 0.0)
+
+
+# The controller waits this long past the decision for the master's record to turn final;
+# covers master_settle_s of a hang, with room for the master's own slowness.
+WATCH_SETTLE_S = 120.0
+
+TIMINGS = {name.lower(): value for name, value in dict(globals()).items()
+           if name.endswith("_S") and isinstance(value, float)}
