@@ -51,7 +51,8 @@ def processes_matching(marker, netns=None):
 # only read, parse or start processes nobody else looks for run beside them, and so does a lab
 # of its own whose hosts keep their runs apart (own namespaces, own remote_runs_root) and whose
 # processes the others' checks do not count (they look in their own network namespaces).
-BESIDE = ("tests/unit/", "tests/lab/test_scale_lab.py")
+BESIDE_LABS = ("tests/lab/test_scale_lab.py", "tests/lab/test_isolate_lab.py")  # a lab each
+BESIDE = ("tests/unit/",) + BESIDE_LABS
 SERIAL_UNITS = ("tests/unit/test_listener.py", "tests/unit/test_probe_modules.py")  # listeners
 BESIDE_TESTS = ("::test_ansible_test_sanity_passes_on_the_built_collection",)  # CPU only
 
@@ -68,6 +69,8 @@ def pytest_xdist_make_scheduler(config, log):
 
     class HostsInOneWorker(LoadScopeScheduling):
         def _split_scope(self, nodeid):
+            if nodeid.startswith(BESIDE_LABS):  # a lab of its own is made once, in one worker
+                return nodeid.split("::", 1)[0]
             return nodeid if runs_beside(nodeid) else "hosts"
 
     return HostsInOneWorker(config, log)

@@ -38,6 +38,10 @@ def installed(tmp_path_factory):
     py = base / "venv" / "bin" / "python"
     with zipfile.ZipFile(wheel) as zf:
         meta = next(zf.read(n).decode() for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        tops = {n.split("/", 1)[0] for n in zf.namelist()}
+    # The product: the package and the collection; the lab, bench and tests stay in the clone.
+    assert tops - {n for n in tops if n.endswith(".dist-info")} == {"torchfleet",
+                                                                    "ansible_collections"}
     requires = [r for r in re.findall(r"^Requires-Dist: (.+)$", meta, re.M)
                 if "extra ==" not in r and not re.match(r"(torch|py-spy)\b", r)]
     assert any(r.startswith("ansible-core") for r in requires), requires

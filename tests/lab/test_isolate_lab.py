@@ -1,27 +1,52 @@
 """The pair rounds on 4 lab nodes with real tc faults: a rate-limited NIC (tbf, both ways) is
 named node.slow and nothing else is; a rate-limited pair of nodes (htb by destination) is
 named link.slow and nothing else is; a clean lab names nothing. The report's heat map is
-rendered by headless chromium."""
+rendered by headless chromium.
+
+A 4-node lab of its own (tag 5), with its own remote_runs_root: these tests run beside the
+serial worker's (tests/conftest.py), and nothing of theirs is seen by the other lab's checks."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from tests.api.test_report_browser import chromium
+from lab import netns as labmod
 from tests.conftest import ROOT, processes_matching
 from tests.integration.playbook import BIN, playbook
+from tests.lab.conftest import LAB_DIR, lab_unavailable
 from tests.lab.test_reliability_lab import wait_until
 from torchfleet import html_report
 
 pytestmark = pytest.mark.lab
-REMOTE_RUNS = Path.home() / ".torchfleet" / "runs"
+TAG = 5  # tests 1, molecule 2, bench 3, the scale lab 4
+ROOT_DIR = LAB_DIR.with_name("torchfleet-lab-pairs")
+REMOTE_RUNS = ROOT_DIR.with_name("torchfleet-lab-pairs-runs")
 # A small world sweep: the pair rounds are what these tests look at.
 ISOLATE = ("-e", "collective_isolate=true", "-e", "collective_sizes=64K", "-e",
-           "collective_iters=3")
+           "collective_iters=3", "-e", "remote_runs_root=%s" % REMOTE_RUNS)
+
+
+@pytest.fixture(scope="module")
+def pairs_lab():
+    reason = lab_unavailable()
+    if reason:
+        pytest.skip(reason)
+    the_lab = labmod.Lab.up(4, ROOT_DIR, TAG)
+    yield the_lab
+    labmod.down(ROOT_DIR, TAG)
+    shutil.rmtree(REMOTE_RUNS, ignore_errors=True)
+    assert labmod.our_namespaces(TAG) == [] and processes_matching(str(ROOT_DIR)) == []
+
+
+@pytest.fixture
+def healthy_lab(pairs_lab):
+    yield pairs_lab
+    pairs_lab.heal()
 
 
 def failed(report, *ids):
