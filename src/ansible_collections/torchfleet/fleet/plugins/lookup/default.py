@@ -11,6 +11,7 @@ description:
     C(plugins/module_utils/defaults.py).
   - For a timing of the control plane (lease_s, poll_s, stop_grace_s, ...), its value there.
   - Roles read every default through this lookup instead of writing it again.
+author: torchfleet developers (@torchfleet)
 options:
   _terms:
     description: One variable or timing name.
