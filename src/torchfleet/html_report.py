@@ -7,7 +7,8 @@ import math
 from html import escape
 from pathlib import Path
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import table  # the tables' rendering of a min / median / max spread
+# The tables' rendering of a min / median / max spread, shared with the plays' summaries.
+from ansible_collections.torchfleet.fleet.plugins.module_utils import table
 from ansible_collections.torchfleet.fleet.plugins.module_utils.nccl_log import describe
 
 from torchfleet.results import BusbwRow, Isolation, Pair, Result, load

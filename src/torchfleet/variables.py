@@ -33,8 +33,8 @@ def public_spec() -> dict[str, dict]:
             entry["elements"] = o.elements
         if o.choices:
             entry["choices"] = list(o.choices)
-        if o.default not in (None, "", [], {}):
-            entry["default"] = o.default
+        if defaults.stated(o) is not None:
+            entry["default"] = defaults.stated(o)
         spec[o.name] = entry
     return spec
 
@@ -47,8 +47,9 @@ def markdown() -> str:
         text = re.sub(r"[CO]\(([^)]*)\)", r"`\1`", o.description)  # Ansible's markup
         if o.choices:
             text += " One of: %s." % ", ".join(o.choices)
-        shown = "" if o.default in (None, "", [], {}) else "`%s`" % (
-            str(o.default).lower() if isinstance(o.default, bool) else o.default)
+        shown = defaults.stated(o)
+        shown = "" if shown is None else "`%s`" % (str(shown).lower() if isinstance(shown, bool)
+                                                   else shown)
         rows.append("| `%s` | %s | %s | %s |" % (o.name, o.type, shown, text))
     return "\n".join(rows)
 

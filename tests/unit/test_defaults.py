@@ -13,7 +13,6 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from tests.conftest import COLLECTION, ROOT
 from torchfleet import variables
 
-EMPTY = (None, "", [], {})
 ROLE_SPECS = sorted((COLLECTION / "roles").glob("*/meta/argument_specs.yml"))
 MODULES = sorted(p.stem for p in (COLLECTION / "plugins" / "modules").glob("*.py"))
 
@@ -35,7 +34,7 @@ def test_each_roles_argument_spec_states_the_homes_default_and_type(where, name,
     assert option.get("type", "str") == home.type, where
     assert option.get("elements") == home.elements, where
     assert tuple(option.get("choices") or ()) == tuple(home.choices or ()), where
-    if home.default in EMPTY:
+    if defaults.stated(home) is None:
         assert "default" not in option, "%s: states a default the home does not have" % where
     else:
         assert option.get("default") == home.default, where

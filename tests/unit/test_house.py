@@ -61,3 +61,16 @@ def test_one_file_per_benchmark_beside_a_shared_harness():
 
     for name, run in BENCHES.items():
         assert run.__module__ == "bench." + name and (ROOT / "bench" / (name + ".py")).is_file()
+
+
+def test_the_collection_is_the_packages_version_and_its_readme_names_every_module():
+    import yaml
+
+    import torchfleet
+    from torchfleet import collection
+
+    assert collection.version() == torchfleet.__version__
+    assert yaml.safe_load((COLLECTION / "galaxy.yml").read_text())["version"] == \
+        re.search(r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    readme = (COLLECTION / "README.md").read_text()
+    assert [m for m in MODULES if m not in readme] == []

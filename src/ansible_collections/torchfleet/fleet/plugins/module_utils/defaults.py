@@ -142,6 +142,12 @@ def default(name):
     return BY_NAME[name].default
 
 
+def stated(option):
+    """The default as argument_specs, DOCUMENTATION and the docs' table state it: none for an
+    empty one ('', [], {} or None), which means the variable is simply not given."""
+    return None if option.default in (None, "", [], {}) else option.default
+
+
 def spec(*names, **overrides):
     """An AnsibleModule argument spec of these public variables, with their defaults; each
     override (name=dict(...)) replaces what the module's own parameter needs instead."""
