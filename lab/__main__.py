@@ -32,12 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     fault.add_argument("kind", choices=["block_port", "occupy_port", "rename_nic", "desync_code",
                                         "remove_data", "hostname_loopback", "unreachable",
                                         "cut_network", "set_env", "slow_nic", "slow_link",
-                                        "cut_link"])
+                                        "cut_link", "limit_cpu"])
     fault.add_argument("node")
     fault.add_argument("--port", type=int, default=29500)
     fault.add_argument("--env", default="NCCL_IB_DISABLE=1", help="NAME=VALUE for set_env")
     fault.add_argument("--peer", help="the other node of slow_link / cut_link")
     fault.add_argument("--rate", default=netns.SLOW_RATE, help="tc rate of slow_nic / slow_link")
+    fault.add_argument("--pct", type=int, default=netns.SLOW_CPU_PCT,
+                       help="limit_cpu: percent of one CPU the node may use")
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
@@ -68,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
                 getattr(lab, args.kind)(args.node, args.port)
             elif args.kind == "set_env":
                 lab.set_env(args.node, args.env)
+            elif args.kind == "limit_cpu":
+                lab.limit_cpu(args.node, args.pct)
             elif args.kind == "slow_nic":
                 lab.slow_nic(args.node, args.rate)
             elif args.kind in ("slow_link", "cut_link"):

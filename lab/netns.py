@@ -26,6 +26,7 @@ Needs root, iproute2, nftables and openssh-server.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -42,6 +43,7 @@ import yaml
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import procs  # the one /proc reader
 
+SLOW_CPU_PCT = 25  # a throttled node in the lab: a quarter of one CPU
 SLOW_RATE = "400mbit"  # a slowed NIC or link in the lab: ~10x below what a lab pair carries
 PREFIX = "tflab"  # every lab: tflab<N>-node0 (netns), tflab<N>-v0 (veth), tflab<N>-br
 MAX_LABS = 10  # lab N uses 10.77.N.0/24, so several labs (tests, molecule) can coexist
@@ -503,9 +505,29 @@ class Lab:
             sh(*tc, "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio",
                "1", "u32", "match", "ip", "dst", dst.address + "/32", "flowid", "1:20")
 
+    def limit_cpu(self, name: str, pct: int = SLOW_CPU_PCT) -> None:
+        """A host whose CPU is throttled (a noisy neighbour, a wrong quota): the node's sshd and
+        every session it serves go into a cgroup of their own capped at pct % of one CPU."""
+        node = self.node(name)
+        close_control_masters(self.root)  # new sessions fork from sshd, inside the cgroup
+        root, version = cpu_cgroup_root()
+        group = root / ("%s%s-cpu" % (lab_prefix(self.tag), node.name))
+        group.mkdir(exist_ok=True)
+        period = 100000
+        if version == 1:
+            (group / "cpu.cfs_period_us").write_text(str(period))
+            (group / "cpu.cfs_quota_us").write_text(str(period * pct // 100))
+        else:
+            (group / "cpu.max").write_text("%d %d" % (period * pct // 100, period))
+        pid = self.sshd_pid(node)
+        for member in sorted({pid} | procs.descendants(procs.table(), [pid])) if pid else []:
+            with contextlib.suppress(OSError):  # a session that ended meanwhile
+                (group / "cgroup.procs").write_text(str(member))
+
     def heal(self) -> None:
         """Undo every fault above on every node, so one lab serves many tests."""
         close_control_masters(self.root)
+        release_cpu_groups(self.tag)
         for node in self.nodes:
             # No qdisc of ours left: deleting the root one restores the kernel's default.
             sh("tc", "-n", node.ns, "qdisc", "del", "dev", "eth0", "root", check=False)
@@ -530,6 +552,38 @@ class Lab:
             if not (pid and procs.alive(pid)):
                 self._start_sshd(node)
         self.wait_for_ssh()
+
+
+def cpu_cgroup_root() -> tuple[Path, int]:
+    """(directory, version) of the cgroup hierarchy with the cpu controller: v1's own mount,
+    or v2's unified one where cpu is enabled for children."""
+    v1 = Path("/sys/fs/cgroup/cpu")
+    if (v1 / "cpu.cfs_quota_us").exists():
+        return v1, 1
+    v2 = Path("/sys/fs/cgroup")
+    with contextlib.suppress(OSError):
+        if "cpu" in (v2 / "cgroup.subtree_control").read_text().split():
+            return v2, 2
+    raise LabError("no cgroup cpu controller to limit a node's CPU (neither "
+                   "/sys/fs/cgroup/cpu nor cpu in /sys/fs/cgroup/cgroup.subtree_control)")
+
+
+def release_cpu_groups(tag: int | None) -> list[str]:
+    """Move the processes of lab `tag`'s CPU cgroups back to the root and remove the groups."""
+    try:
+        root, _ = cpu_cgroup_root()
+    except LabError:
+        return []
+    removed = []
+    for group in root.glob(lab_prefix(tag) + "*-cpu"):
+        with contextlib.suppress(OSError):
+            for pid in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    (root / "cgroup.procs").write_text(pid)
+        with contextlib.suppress(OSError):
+            group.rmdir()
+            removed.append("cgroup " + str(group))
+    return removed
 
 
 def close_control_masters(root: Path) -> None:
@@ -588,6 +642,7 @@ def down(root: Path = DEFAULT_DIR, tag: int | None = None) -> list[str]:
         kill_namespace_processes(ns)
         sh("ip", "netns", "del", ns, check=False)
         removed.append("netns " + ns)
+    removed += release_cpu_groups(tag)
     for link in our_links(tag):
         sh("ip", "link", "del", link, check=False)
         removed.append("link " + link)

@@ -1,4 +1,4 @@
-"""torchfleet preflight|collective|train|stop|report|checks|variables|fabric|transport|collection.
+"""torchfleet preflight|collective|train|stop|report|checks|variables|fabric|transport|health|collection.
 
 Exit status: 0 ok, 1 a check or the run failed, 2 usage or internal error. --json prints the
 Result (see docs/api.md) on stdout and nothing else.
@@ -15,7 +15,7 @@ import yaml
 from ansible_collections.torchfleet.fleet.plugins.module_utils import checks as registry
 from ansible_collections.torchfleet.fleet.plugins.module_utils import rdma
 
-from torchfleet import api, fabric_cli, html_report
+from torchfleet import api, fabric_cli, health_cli, html_report
 from torchfleet import variables as public_variables
 from torchfleet.progress import Progress
 from torchfleet.results import Result
@@ -76,6 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("transport", help="what NCCL used, per rank, from NCCL_DEBUG=INFO logs")
     p.add_argument("logs", nargs="+", metavar="LOG", help="rank logs (stdout/stderr)")
     p.add_argument("--json", action="store_true", help="print it as JSON")
+    p = sub.add_parser("health", help="node health verdicts of one host's saved outputs "
+                       "(nvidia-smi -q, dmesg, amd-smi ...), as preflight decides them",
+                       epilog=health_cli.USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--from", dest="source", required=True, metavar="DIR",
+                   help="a directory of saved outputs (file names below)")
+    p.add_argument("--host", default="", help="the host's name in the verdicts (default: DIR's name)")
+    p.add_argument("--xid-window-s", type=int, default=None,
+                   help="Xids of the log's last this many seconds (default 7200)")
+    p.add_argument("--json", action="store_true", help="check records as in preflight.json")
     p = sub.add_parser("collection", help="the Ansible collection torchfleet.fleet")
     verb = p.add_subparsers(dest="verb", required=True)
     b = verb.add_parser("build", help="write DIR/torchfleet-fleet-<version>.tar.gz")
@@ -132,6 +141,20 @@ def fabric_command(args: argparse.Namespace) -> int:
     return OK
 
 
+def health_command(args: argparse.Namespace) -> int:
+    if args.xid_window_s is not None and args.xid_window_s < 0:
+        print("torchfleet health: --xid-window-s %d is negative; give seconds >= 0"
+              % args.xid_window_s, file=sys.stderr)
+        return ERROR
+    try:
+        view = health_cli.health_view(args.source, args.host, args.xid_window_s)
+    except ValueError as exc:
+        print("torchfleet health: %s" % exc, file=sys.stderr)
+        return ERROR
+    print(health_cli.as_json(view) if args.json else health_cli.health_text(view))
+    return OK if view["ok"] else FAILED
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -143,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         return OK
     if args.command in ("fabric", "transport"):
         return fabric_command(args)
+    if args.command == "health":
+        return health_command(args)
     if args.command == "collection":
         from torchfleet import collection
 

@@ -131,6 +131,59 @@ REGISTRY = (
          'faulthandler (SIGUSR1, Python frames only)',
          'pip install py-spy; `sudo setcap cap_sys_ptrace+ep <py-spy>`, or '
          '`sysctl kernel.yama.ptrace_scope=0`, or run as root'),
+    Unit(('gpu.smi',), PREFLIGHT,
+         'health: nvidia-smi fails or hangs (bounded), with what its exit status means (9 '
+         'driver not loaded, 12 NVML missing, 14 InfoROM corrupted, 15 a GPU fell off the bus)',
+         'reload the driver or reset/replace the GPU; drain the host until nvidia-smi answers'),
+    Unit(('gpu.ecc',), PREFLIGHT,
+         'health: a GPU with uncorrected (volatile) or deferred ECC errors; corrected ones over '
+         '`health_ecc_corrected_max` warn (nvidia-smi -q, amd-smi metric)',
+         'drain the host and reset the GPU; replace it if they return'),
+    Unit(('gpu.remap', 'gpu.retired_pages'), PREFLIGHT,
+         'health: row remapping pending or failed (A100 and later); pages pending retirement '
+         '(older NVIDIA GPUs, AMD bad pages)',
+         'reset the GPU (or reboot) so the remap or retirement takes effect; replace it when '
+         'remapping failed'),
+    Unit(('gpu.xid',), PREFLIGHT,
+         'health: Xid events in the kernel log of the last `health_xid_window_s` (2 h): codes '
+         'that drain a node (48, 56-58, 62-65, 69, 73, 74, 79-81, 92, 94, 95, 119, 120) fail, '
+         'application-level ones (13, 31, 43, 45, 68, 109) and unknown ones warn; a kernel log '
+         'the user may not read warns',
+         "drain the host and reset or replace the GPU NVIDIA's Xid catalog names"),
+    Unit(('gpu.pcie', 'gpu.nvlink', 'gpu.xgmi'), PREFLIGHT,
+         'health: a GPU whose PCIe link is narrower than its maximum ("GPU 3 at PCIe x8, '
+         'capable of x16"); an inactive NVLink; AMD XGMI errors',
+         'reseat the GPU or riser, reset the GPU; a link that stays down is hardware'),
+    Unit(('gpu.throttle', 'gpu.persistence'), PREFLIGHT,
+         'health warnings: active clock-event reasons other than idle and the software power '
+         'cap, by name; persistence mode off',
+         'cooling and power (HW/thermal slowdown); `nvidia-smi -pm 1`'),
+    Unit(('gpu.busy',), PREFLIGHT,
+         'health: a process that is not the run holds a GPU (compute context), named with '
+         'pid, user and MiB',
+         'stop it (stop.yml for an earlier run) or use other hosts'),
+    Unit(('gpu.fabric', 'gpu.peermem'), PREFLIGHT,
+         'health: on NVSwitch systems a fabric state other than Completed / Success, or '
+         'nvidia-fabricmanager not active (CUDA error 802); with RDMA devices and NVIDIA GPUs, '
+         'nvidia_peermem not loaded (a warning: no GPUDirect RDMA)',
+         'systemctl enable --now nvidia-fabricmanager; modprobe nvidia_peermem'),
+    Unit(('host.memlock', 'host.disk', 'host.clock'), PREFLIGHT,
+         'health: `ulimit -l` not unlimited on a host with RDMA devices; less than '
+         '`health_disk_min_gb` free where the run writes (remote_runs_root, '
+         'train_checkpoint_dir); a clock further than `health_clock_max_s` from the fleet\'s '
+         '(measured by the port test against the master\'s clock)',
+         'memlock unlimited (limits.conf, docker --ulimit memlock=-1); free space; sync the '
+         'clock (chrony, systemd-timesyncd)'),
+    Unit(('gpu.perf', 'cpu.perf'), PREFLIGHT,
+         'with `health=full`: a GPU (or, without GPUs, a CPU thread) whose matmul or memory '
+         'copy is more than `health_slow_pct` below the median of its model across the fleet, '
+         'or below a floor of `health_floors`; a measurement that failed',
+         "cooling, power cap and clocks of that host, or what else runs there; drain it"),
+    Unit(('input.health',), INPUT,
+         '`health` other than off / basic / full, or a `health_*` threshold that is not a '
+         'number (floors not a mapping of model to numbers); reported before any host is '
+         'touched',
+         'the value to set'),
     Unit(('run.exit',), RUN,
          'per host, how its torchrun ended: succeeded, failed (its rank exited non-zero by '
          'itself, or its start failed: Ansible\'s reason), hung, lost, timeout, aborted '

@@ -17,6 +17,18 @@ class Missing(str):
     its words (a command that ran and failed may print "not found" too)."""
 
 
+class Failed(str):
+    """run()'s `why` when the command ran and exited non-zero (`rc`: nvidia-smi's own codes
+    name the fault), or did not answer in time (`rc` None)."""
+
+    rc = None
+
+    def __new__(cls, text, rc=None):
+        self = super().__new__(cls, text)
+        self.rc = rc
+        return self
+
+
 def bounded(module, timeout_s=defaults.COMMAND_TIMEOUT_S):
     """run(argv, timeout_s=timeout_s) -> (stdout, None) when argv exits 0, else (None, why)."""
     # Fails the module, naming `timeout`, on a host without coreutils.
@@ -26,13 +38,14 @@ def bounded(module, timeout_s=defaults.COMMAND_TIMEOUT_S):
         rc, out, err = module.run_command(
             [timeout, "--kill-after=2", "%g" % timeout_s] + [str(a) for a in argv])
         if rc in TIMED_OUT:
-            return None, "%s did not answer within %g s" % (argv[0], timeout_s)
+            return None, Failed("%s did not answer within %g s" % (argv[0], timeout_s))
         if rc == NOT_FOUND:
             return None, Missing("%s: not found" % argv[0])
         if rc == NOT_RUNNABLE:
             return None, "%s: cannot be run (%s)" % (argv[0], err.strip()[-200:])
         if rc != 0:
-            return None, (err or out).strip()[-300:] or "%s exited with %d" % (argv[0], rc)
+            return None, Failed((err or out).strip()[-300:] or "%s exited with %d" % (argv[0], rc),
+                                rc)
         return out, None
     return run
 

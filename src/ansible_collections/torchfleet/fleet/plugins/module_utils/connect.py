@@ -15,8 +15,43 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.net import nic_ho
 RETRY_INTERVAL_S = 0.05
 
 
+CLOCK_PREFIX = b"TFCLK "
+CLOCK_LINE_MAX = 64
+CLOCK_WAIT_S = 1.0
+
+
+def read_clock(sock, wall0, mono0, wait_s=CLOCK_WAIT_S):
+    """{offset_s, uncertainty_s}: the peer's clock minus ours, from the one line the master's
+    listener sends on accept, or None (another program on the port, nothing sent, garbage).
+    The peer stamped its time between our connect and our read: the midpoint is our best
+    guess of when, and half the round trip bounds the error."""
+    data = b""
+    sock.settimeout(wait_s)
+    try:
+        while b"\n" not in data and len(data) < CLOCK_LINE_MAX:
+            chunk = sock.recv(CLOCK_LINE_MAX - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        return None
+    mono1 = time.monotonic()
+    line = data.split(b"\n")[0]
+    if not line.startswith(CLOCK_PREFIX):
+        return None
+    try:
+        theirs = float(line[len(CLOCK_PREFIX):].decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if theirs != theirs or abs(theirs) > 1e11:  # NaN, or no clock at all
+        return None
+    half = (mono1 - mono0) / 2
+    return {"offset_s": round(theirs - (wall0 + half), 4), "uncertainty_s": round(half, 4)}
+
+
 def connect(addr, port, timeout_s, retry_s=None):
-    """{port, ok, error, elapsed_s}: a TCP handshake with addr:port within timeout_s.
+    """{port, ok, error, elapsed_s, clock}: a TCP handshake with addr:port within timeout_s,
+    and the master listener's clock line when it sends one (read_clock).
 
     "Connection refused" is retried for retry_s (default timeout_s), because the master's
     listener may start a while after this host begins; a firewall that drops shows as
@@ -24,15 +59,17 @@ def connect(addr, port, timeout_s, retry_s=None):
     """
     start = time.monotonic()
     window = timeout_s if retry_s is None else max(timeout_s, retry_s)
-    error = None
+    error, clock = None, None
     while True:
         left = window - (time.monotonic() - start)
         if left <= 0:
             error = error or "timed out"
             break
         try:
-            with socket.create_connection((addr, port), timeout=min(left, timeout_s)):
+            wall0, mono0 = time.time(), time.monotonic()
+            with socket.create_connection((addr, port), timeout=min(left, timeout_s)) as sock:
                 error = None
+                clock = read_clock(sock, wall0, mono0)
                 break
         except socket.timeout:
             error = "timed out"
@@ -43,7 +80,7 @@ def connect(addr, port, timeout_s, retry_s=None):
                 break
             time.sleep(min(RETRY_INTERVAL_S, max(0.0, left)))
     return {"port": port, "ok": error is None, "error": error,
-            "elapsed_s": round(time.monotonic() - start, 3)}
+            "elapsed_s": round(time.monotonic() - start, 3), "clock": clock}
 
 
 class Connector:

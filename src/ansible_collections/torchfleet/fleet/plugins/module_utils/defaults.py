@@ -133,6 +133,28 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
         "Where the built-in training workload saves a checkpoint every 50 steps and resumes "
         "from when started again (storage every host sees; rank 0 writes). No checkpoint when "
         "unset."))),
+    (("health", "str", "basic"), dict(choices=("off", "basic", "full"), description=(
+        "Node health checks in preflight: C(basic) reads every GPU's state (ECC, remapped "
+        "rows, Xids, PCIe, NVLink, clocks, processes, fabric) and the host's (memlock, disk, "
+        "clock); C(full) also measures every GPU's matmul and memory copy (the CPU's without "
+        "GPUs) and names any slower than its peers; C(off) skips both."))),
+    (("health_slow_pct", "float", 10.0), dict(description=(
+        "With health=full, a device this many percent below the fleet's median of its model "
+        "fails gpu.perf / cpu.perf (3 devices of a model or more)."))),
+    (("health_floors", "dict", {}), dict(description=(
+        "With health=full, absolute floors per GPU model (a part of its name): "
+        "C({\"H100\": {\"tflops\": 600, \"gbps\": 2000}}) (bf16 TFLOPS, copy GB/s)."))),
+    (("health_ecc_corrected_max", "int", 10000), dict(description=(
+        "Corrected (volatile) ECC errors of one GPU above which gpu.ecc warns."))),
+    (("health_xid_window_s", "int", 7200), dict(description=(
+        "gpu.xid reads the kernel log's Xids of the last this many seconds (since boot if "
+        "shorter)."))),
+    (("health_disk_min_gb", "float", 10.0), dict(description=(
+        "Free GiB host.disk asks for where the run writes (remote_runs_root, "
+        "train_checkpoint_dir)."))),
+    (("health_clock_max_s", "float", 2.0), dict(description=(
+        "A host whose clock is further than this from the fleet's (measured by the port test, "
+        "no NTP server needed) fails host.clock: leases and ages compare clocks."))),
 ))
 BY_NAME = {o.name: o for o in OPTIONS}
 
@@ -188,6 +210,9 @@ JOIN_PER_BATCH_S = 10.0  # batch past the first (the agents start batch after ba
 CONNECT_TIMEOUT_S = 3.0  # preflight's TCP connection to the master's ports
 LISTEN_SLACK_S = 1.5    # preflight's listener waits this much past the last expected connection
 LISTENER_IDLE_S = 60.0  # a port-test listener nobody reaches ends after this
+PERF_START_S = 15.0     # health=full: the measurements start this long after the task does
+#                         (SSH, module transfer and torch's import on every host of a batch)
+PERF_TIMEOUT_S = 120.0  # health=full: the longest one device's measurement may take
 
 
 def master_settle_s(abort_grace_s=ABORT_GRACE_S, hang=False):

@@ -2,7 +2,9 @@
 
 The module binds the ports itself (so "address in use" is reported at once), then hands the
 sockets to a detached child that accepts connections until each port has seen `expect`
-peers, or until `idle_s` pass without a new connection, and exits. Its life is counted from
+peers, or until `idle_s` pass without a new connection, and exits. Each connection gets one line,
+the master's wall clock (`TFCLK <epoch seconds>`), from which a worker measures its clock's
+offset (host.clock) with no NTP server. Its life is counted from
 the last connection, not from its start, so however many fork batches the hosts come in, a
 listener that keeps being reached stays up. The master's port_probe stops it as soon as the
 workers are done (stop_listener), so it never outlives the preflight and never holds the port
@@ -31,6 +33,10 @@ while socks and time.monotonic() < end:
     ready, _, _ = select.select(list(socks), [], [], max(0.0, end - time.monotonic()))
     for s in ready:
         conn, _ = s.accept()
+        try:  # the master's clock, for the workers' host.clock (connect.read_clock)
+            conn.sendall(b"TFCLK %.6f\n" % time.time())
+        except OSError:
+            pass
         conn.close()
         end = time.monotonic() + idle_s
         socks[s] += 1

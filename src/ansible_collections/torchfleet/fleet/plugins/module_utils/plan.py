@@ -31,7 +31,16 @@ ARGUMENT_SPEC = dict(
     max_restarts=dict(type="raw", default=defaults.default("max_restarts")),
     restart_on=dict(type="raw", default=defaults.default("restart_on")),
     inventory_size=dict(type="int", default=0),
+    health=dict(type="raw", default=defaults.default("health")),
+    **{name: dict(type="raw", default=defaults.default(name)) for name in (
+        "health_slow_pct", "health_floors", "health_ecc_corrected_max", "health_xid_window_s",
+        "health_disk_min_gb", "health_clock_max_s")}
 )
+HEALTH_LEVELS = defaults.BY_NAME["health"].choices
+# The health thresholds and what each must be: a number >= 0 (whole where it counts things).
+HEALTH_NUMBERS = (("health_slow_pct", float), ("health_ecc_corrected_max", int),
+                  ("health_xid_window_s", int), ("health_disk_min_gb", float),
+                  ("health_clock_max_s", float))
 
 SCHEDULES = ("ring", "full")
 # High in Linux's default ephemeral range, where few processes listen.
@@ -116,6 +125,44 @@ def input_errors(params):
                              "preflight's rdma.gid names the right one), or leave it unset"))
     errors.extend(spares_errors(params))
     errors.extend(restart_errors(params))
+    errors.extend(health_errors(params))
+    return errors
+
+
+def _number(value, kind):
+    if isinstance(value, bool):
+        return None
+    try:
+        number = kind(str(value).strip()) if kind is int else float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number == number and 0 <= number < float("inf") else None
+
+
+def health_errors(params):
+    """input.health: the level and every threshold, before any host is touched."""
+    errors = []
+    level = params.get("health", "basic")
+    if level not in HEALTH_LEVELS:
+        errors.append(_error("input.health", "health=%s is not a level" % (level,),
+                             "set -e health=basic (the default), full (also measures every "
+                             "GPU's speed) or off"))
+    for name, kind in HEALTH_NUMBERS:
+        value = params.get(name, defaults.default(name))
+        if _number(value, kind) is None:
+            errors.append(_error("input.health", "%s=%s is not a %s >= 0" % (
+                name, value, "whole number" if kind is int else "number"),
+                "set -e %s=N (default %s)" % (name, defaults.default(name))))
+    floors = params.get("health_floors") or {}
+    good = isinstance(floors, dict) and all(
+        isinstance(v, dict) and set(v) <= {"tflops", "gbps"}
+        and all(_number(x, float) is not None for x in v.values()) for v in floors.values())
+    if not good:
+        errors.append(_error("input.health",
+                             "health_floors=%s is not a mapping of GPU model to "
+                             "{tflops, gbps} numbers" % (floors,),
+                             'set -e \'{"health_floors": {"H100": {"tflops": 600, "gbps": '
+                             '2000}}}\' or leave it unset'))
     return errors
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import fabric, rdma, spares
+from ansible_collections.torchfleet.fleet.plugins.module_utils import fabric, health, perf, rdma, spares
 from ansible_collections.torchfleet.fleet.plugins.module_utils.net import is_loopback as is_loopback_addr
 from ansible_collections.torchfleet.fleet.plugins.module_utils.plan import bad_nproc_per_node
 from ansible_collections.torchfleet.fleet.plugins.module_utils.records import (  # noqa: F401 (check: for importers)
@@ -240,6 +240,41 @@ def port_checks(host, connect, master_addr, master, master_port):
     return records
 
 
+def _clock(connect):
+    """The port test's best clock reading of one host (the smallest uncertainty), or None."""
+    readings = [p["clock"] for p in (connect or {}).get("ports", []) if p.get("clock")]
+    return min(readings, key=lambda c: c["uncertainty_s"]) if readings else None
+
+
+def health_records(reachable, connects, master, settings):
+    """Every health check (health.py, perf.py) of the reachable hosts, unless health=off."""
+    level = settings.get("health", "basic")
+    if level == "off":
+        return []
+    def limit(name, kind=float):
+        return kind(settings.get(name, defaults.default(name)))
+    limits = {"health_ecc_corrected_max": limit("health_ecc_corrected_max", int),
+              "health_disk_min_gb": limit("health_disk_min_gb")}
+    records = []
+    for host, probe in reachable.items():
+        if probe.get("health"):
+            records.extend(health.checks(host, probe["health"], limits))
+    offsets = {h: _clock(p.get("connect") or connects.get(h)) for h, p in reachable.items()}
+    records.extend(health.clock_checks(offsets, master, limit("health_clock_max_s")))
+    if level == "full":
+        results = {}
+        for host, probe in reachable.items():
+            got = (settings.get("perf") or {}).get(host) or {}
+            if got.get("skipped") or not probe["versions"].get("torch"):
+                continue  # no torch there: python.torch says so
+            results[host] = {"devices": got.get("devices") or [], "gpus": len(probe["gpus"]),
+                             "error": got.get("error") or (got.get("msg") if got.get("failed")
+                                                           else None)}
+        records.extend(perf.compare(results, limit("health_slow_pct"),
+                                    settings.get("health_floors") or {}))
+    return records
+
+
 def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
     """All check records plus the per-node plan: (checks, nodes, resolved settings)."""
     checks = world_checks(nnodes, inventory_size, hosts)
@@ -403,6 +438,7 @@ def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
         checks.extend(compare_code(reachable, master, settings["code_dir"]))
     fabric_records, network, network_why = fabric.rdma_checks(reachable, master, settings)
     checks.extend(fabric_records)
+    checks.extend(health_records(reachable, connects, master, settings))
     order = {h: i for i, h in enumerate([CONTROLLER] + hosts)}
     checks.sort(key=lambda c: (order.get(c["host"], len(order)), c["id"]))
     resolved = {"master_addr": master_addr, "backend": backend, "nproc_per_node": nproc,
@@ -441,6 +477,13 @@ ARGUMENT_SPEC = dict(
     nccl_nsocks_perthread=dict(type="int", default=defaults.default("nccl_nsocks_perthread")),
     nccl_socket_nthreads=dict(type="int", default=defaults.default("nccl_socket_nthreads")),
     spares=dict(type="int", default=defaults.default("spares")),
+    perf=dict(type="dict", default={}),
+    health=dict(type="str", default=defaults.default("health")),
+    # raw: a bad value is input.health (plan.py), reported before any host is probed; with
+    # hosts to judge they are numbers.
+    **{name: dict(type="raw", default=defaults.default(name)) for name in (
+        "health_slow_pct", "health_floors", "health_ecc_corrected_max", "health_disk_min_gb",
+        "health_clock_max_s")},
     skipped=dict(type="list", elements="dict", default=[]),
     choice=dict(type="dict"),
 )
@@ -471,7 +514,10 @@ def decide(params):
                                        "code_dir", "data_paths", "shm_min_bytes", "script",
                                        "input_errors", "listener", "network", "nccl_ib_hca",
                                        "nccl_ib_gid_index", "nccl_nsocks_perthread",
-                                       "nccl_socket_nthreads")}
+                                       "nccl_socket_nthreads", "perf", "health",
+                                       "health_slow_pct", "health_floors",
+                                       "health_ecc_corrected_max", "health_disk_min_gb",
+                                       "health_clock_max_s")}
     settings["nproc_per_node"] = nproc
     hosts, nnodes = params["hosts"], params["nnodes"]
 

@@ -120,6 +120,23 @@ options:
     description: Stop hashing O(code_dir) after this many files (reported as truncated).
     type: int
     default: 20000
+  health:
+    description: Node health level; C(basic) and C(full) gather the GPUs' and the host's health
+      (C(nvidia-smi -q), C(nvidia-smi nvlink -s), the kernel log's Xids, C(amd-smi), memlock,
+      free space); C(off) gathers none.
+    type: str
+    choices: ["off", basic, full]
+    default: basic
+  health_xid_window_s:
+    description: Xids of the kernel log's last this many seconds are returned.
+    type: int
+    default: 7200
+  disk_paths:
+    description: Where the run writes (its run directory root, the checkpoint directory); their
+      free space is returned.
+    type: list
+    elements: str
+    default: []
   rdma_sysfs:
     description: Where the kernel lists RDMA devices; another directory of the same layout is read
       instead (tests, or a container that mounts the host's sysfs elsewhere).
@@ -153,6 +170,21 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+health:
+  description: >-
+    The host's health facts (module_utils/health.py's facts), null with O(health=off):
+    vendor, per-GPU state (ECC, remapped rows, retired pages, PCIe width, clock-event reasons,
+    persistence, fabric, NVLinks, processes with their users), the Xids of the window, whether
+    the kernel log could be read, memlock, RDMA, nvidia_peermem, fabric manager, free space.
+  returned: always
+  type: dict
+  sample: {"vendor": "nvidia", "smi_failed": null, "kernel_log": "read", "xids": [],
+           "xid_window_s": 7200, "memlock_kib": -1, "rdma": true, "peermem": true,
+           "fabricmanager": "active", "process_pids": [],
+           "disk": [{"path": "~/.torchfleet/runs", "free_bytes": 81604378624, "mount": "/home"}],
+           "gpus": [{"index": 0, "bus_id": "00000000:53:00.0", "name": "NVIDIA H100 80GB HBM3",
+                     "ecc_uncorrected": 0, "remap_pending": false, "pcie_width": 16,
+                     "pcie_width_max": 16, "clock_events": ["Idle"], "processes": []}]}
 hostname:
   description: The host's name and the addresses it resolves to.
   returned: always
@@ -274,6 +306,7 @@ import os
 import random
 import socket
 import sys
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.torchfleet.fleet.plugins.module_utils.command import bounded, missing
@@ -289,7 +322,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.net import (
 from ansible_collections.torchfleet.fleet.plugins.module_utils.pystack import NCCL_HEADER, parse_nccl_header, probe_python
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rdma import read_devices
 from ansible_collections.torchfleet.fleet.plugins.module_utils.stacks import attach_facts
-from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, health
 
 PROC_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
 
@@ -414,6 +447,10 @@ def main():
             env_prefixes=dict(type="list", elements="str", default=["NCCL_", "GLOO_", "TORCH_"]),
             max_code_files=dict(type="int", default=20000),
             rdma_sysfs=dict(type="path", default=defaults.default("rdma_sysfs")),
+            health=dict(type="str", default=defaults.default("health"),
+                        choices=list(defaults.BY_NAME["health"].choices)),
+            health_xid_window_s=dict(type="int", default=defaults.default("health_xid_window_s")),
+            disk_paths=dict(type="list", elements="str", default=[]),
             ephemeral_port=dict(type="int"),
             connect_addr=dict(type="str"),
             connect_ports=dict(type="list", elements="int", default=[]),
@@ -449,8 +486,17 @@ def main():
     # RCCL (ROCm) keeps NCCL's version macros in its own header.
     nccl = stack.get("nccl_version") or next(
         (v for v in (parse_nccl_header(read(h)) for h in (NCCL_HEADER,) + RCCL_HEADERS) if v), None)
+    rdma = read_devices(params["rdma_sysfs"])
+    node_health = None
+    if params["health"] != "off":
+        files = health.collect(run, params["disk_paths"], tool.get("tool"),
+                               tool.get("error") if tool.get("tool") == "nvidia-smi" else None,
+                               [d["name"] for d in rdma["devices"]])
+        node_health = health.facts(files, params["health_xid_window_s"], time.time(),
+                                   health.process_users)
     result = dict(
         changed=False,
+        health=node_health,
         hostname=hostname_facts(),
         nics=nics,
         default_dev=default_dev,
@@ -478,7 +524,7 @@ def main():
         if params["script"] else None,
         run_dir={"path": params["run_dir"], "exists": os.path.exists(params["run_dir"])}
         if params["run_dir"] else None,
-        rdma=read_devices(params["rdma_sysfs"]),
+        rdma=rdma,
         euid=os.geteuid(),
         stacks=attach_facts(stack.get("executable", python), os.geteuid()),
     )

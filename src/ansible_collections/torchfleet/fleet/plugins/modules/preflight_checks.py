@@ -129,6 +129,35 @@ options:
       as they are.
     type: int
     default: 0
+  perf:
+    description: M(torchfleet.fleet.health_perf) results per host, with O(health=full).
+    type: dict
+    default: {}
+  health:
+    description: Node health level; C(off) decides no gpu.* / host.* health check.
+    type: str
+    default: basic
+  health_slow_pct:
+    description: With O(health=full), a device this many percent below its model's fleet
+      median fails.
+    type: raw
+    default: 10.0
+  health_floors:
+    description: With O(health=full), absolute floors per GPU model (C(tflops), C(gbps)).
+    type: raw
+    default: {}
+  health_ecc_corrected_max:
+    description: Corrected ECC errors of one GPU above which gpu.ecc warns.
+    type: raw
+    default: 10000
+  health_disk_min_gb:
+    description: Free GiB asked for where the run writes.
+    type: raw
+    default: 10.0
+  health_clock_max_s:
+    description: Largest clock offset from the fleet's accepted.
+    type: raw
+    default: 2.0
   skipped:
     description: Records of candidates a first decision left out (its RV(skipped_records)), added
       when the chosen hosts are decided again after their port test against a new master.

@@ -90,6 +90,36 @@ options:
     description: How many hosts group C(nodes) has; 0 when unknown (not compared).
     type: int
     default: 0
+  health:
+    description: Health level asked for (C(off), C(basic) or C(full)); anything else is
+      C(input.health).
+    type: raw
+    default: basic
+  health_slow_pct:
+    description: As asked for; anything but a number >= 0 is C(input.health).
+    type: raw
+    default: 10.0
+  health_floors:
+    description: As asked for; anything but a mapping of GPU model to C(tflops) / C(gbps)
+      numbers is C(input.health).
+    type: raw
+    default: {}
+  health_ecc_corrected_max:
+    description: As asked for; anything but a whole number >= 0 is C(input.health).
+    type: raw
+    default: 10000
+  health_xid_window_s:
+    description: As asked for; anything but a whole number >= 0 is C(input.health).
+    type: raw
+    default: 7200
+  health_disk_min_gb:
+    description: As asked for; anything but a number >= 0 is C(input.health).
+    type: raw
+    default: 10.0
+  health_clock_max_s:
+    description: As asked for; anything but a number >= 0 is C(input.health).
+    type: raw
+    default: 2.0
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:

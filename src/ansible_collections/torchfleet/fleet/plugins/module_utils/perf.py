@@ -1,0 +1,155 @@
+"""`health=full`: is every GPU as fast as its peers? (dcgmi diag's levels, compared across hosts)
+
+Every host runs MEASURE in its torch interpreter at once: a matmul (TFLOPS: bf16 on a GPU,
+fp32 on one CPU thread) and a device-memory copy (GB/s, bytes read plus written), on every GPU
+in parallel, or on the CPU where there is none, so the lab can test it. Each measurement waits
+for a wall-clock instant the controller chose, so the hosts run side by side (on a machine that
+hosts several lab nodes they share its cores evenly), then counts the work done in a fixed
+window. `compare` names every device more than `slow_pct` below the median of its model across
+the fleet, and any below an absolute floor given for its model.
+"""
+from __future__ import annotations
+
+import json
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils.records import check
+
+MATMUL_S = 2.0
+COPY_S = 1.0
+
+# argv: [start_at (epoch s), device ("cpu" or a CUDA index)]; prints one JSON line.
+MEASURE = r"""
+import json, sys, time
+import torch
+start_at, device = float(sys.argv[1]), sys.argv[2]
+matmul_s, copy_s = float(sys.argv[3]), float(sys.argv[4])
+if device == "cpu":
+    # One thread on the host's first CPU: a per-core figure, and hosts that share a machine
+    # (the lab) share one run queue, which the kernel divides evenly; spread over several
+    # CPUs, the one that got a CPU to itself would look faster.
+    import os
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    torch.set_num_threads(1)
+    dev, dtype, n, nbytes = torch.device("cpu"), torch.float32, 256, 32 << 20
+    name = "CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), name)
+    except OSError:
+        pass
+    sync = lambda: None
+else:
+    dev, dtype, n, nbytes = torch.device("cuda", int(device)), torch.bfloat16, 8192, 1 << 30
+    name = torch.cuda.get_device_name(dev)
+    sync = lambda: torch.cuda.synchronize(dev)
+a = torch.randn(n, n, device=dev, dtype=dtype)
+b = torch.randn(n, n, device=dev, dtype=dtype)
+src = torch.empty(nbytes // 4, device=dev, dtype=torch.float32)
+dst = torch.empty_like(src)
+torch.mm(a, b); dst.copy_(src); sync()  # warm: kernels chosen, pages touched
+late = time.time() - start_at
+if late < 0:
+    time.sleep(-late)
+
+def rate(step, seconds, work):
+    done, t0 = 0, time.perf_counter()
+    while True:
+        for _ in range(4):
+            step()
+        sync()
+        done += 4
+        elapsed = time.perf_counter() - t0
+        if elapsed >= seconds:
+            return done * work / elapsed
+
+tflops = rate(lambda: torch.mm(a, b), matmul_s, 2.0 * n ** 3) / 1e12
+gbps = rate(lambda: dst.copy_(src), copy_s, 2.0 * nbytes) / 1e9
+print(json.dumps({"device": device, "name": name, "tflops": tflops, "gbps": gbps,
+                  "late_s": max(late, 0.0), "dtype": str(dtype).replace("torch.", "")}))
+"""
+
+
+def parse_line(text):
+    """The measurement's JSON line, checked: a dict with finite numbers, or None."""
+    for line in reversed(str(text)[-65536:].splitlines()):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(data, dict):
+            return None
+        try:
+            out = {"device": str(data["device"])[:16], "name": str(data["name"])[:120],
+                   "tflops": float(data["tflops"]), "gbps": float(data["gbps"]),
+                   "late_s": float(data.get("late_s", 0.0)), "dtype": str(data.get("dtype", ""))[:16]}
+        except (KeyError, TypeError, ValueError):
+            return None
+        if not all(0 <= out[k] < 1e7 for k in ("tflops", "gbps")):
+            return None
+        return out
+    return None
+
+
+def _label(device):
+    return "CPU" if device["device"] == "cpu" else "GPU %s" % device["device"]
+
+
+def _unit(device):
+    # A CPU thread does GFLOPS; TFLOPS would print 0.05.
+    if device["device"] == "cpu":
+        return device["tflops"] * 1e3, "GFLOPS %s" % device["dtype"]
+    return device["tflops"], "TFLOPS %s" % device["dtype"]
+
+
+def _median(values):
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def compare(results, slow_pct, floors=None):
+    """gpu.perf / cpu.perf records: `results` {host: {"devices": [...], "error": str|None}}."""
+    floors = floors or {}
+    records, by_model = [], {}
+    for host, result in results.items():
+        if result.get("error"):
+            cid = "gpu.perf" if result.get("gpus") else "cpu.perf"
+            records.append(check(cid, host, False, "the measurement failed: %s"
+                                 % str(result["error"])[:300],
+                                 "run the matmul on %s by hand (python -c 'import torch; ...') "
+                                 "and fix what it says" % host))
+            continue
+        for device in result.get("devices") or []:
+            by_model.setdefault(device["name"], []).append((host, device))
+    for model, entries in by_model.items():
+        medians = {k: _median([d[k] for _, d in entries]) for k in ("tflops", "gbps")}
+        floor = next((v for key, v in floors.items() if key.lower() in model.lower()), {})
+        for host, device in entries:
+            cid = "cpu.perf" if device["device"] == "cpu" else "gpu.perf"
+            problems = []
+            for key in ("tflops", "gbps"):
+                value, median = device[key], medians[key]
+                shown = _unit(device) if key == "tflops" else (value, "GB/s copy")
+                ref = _unit(dict(device, tflops=median))[0] if key == "tflops" else median
+                if len(entries) > 2 and median > 0 and value < median * (1 - slow_pct / 100.0):
+                    problems.append("%.3g %s, %.0f %% below the fleet median %.3g" % (
+                        shown[0], shown[1], 100 * (1 - value / median), ref))
+                if key in floor and value < float(floor[key]):
+                    problems.append("%.3g %s, below the floor %g for %s" % (
+                        shown[0], shown[1], float(floor[key]), model))
+            label = _label(device)
+            record = check(cid, host, not problems,
+                           "%s: %s" % (label, "; ".join(problems)) if problems else
+                           "%s: %.3g %s, %.3g GB/s copy (fleet median %.3g, %.3g)" % (
+                               label, _unit(device)[0], _unit(device)[1], device["gbps"],
+                               _unit(dict(device, tflops=medians["tflops"]))[0],
+                               medians["gbps"]),
+                           "check %s's cooling, power cap and clocks (nvidia-smi -q -d "
+                           "PERFORMANCE), or what else runs there; drain it if it stays slow"
+                           % host if device["device"] != "cpu" else
+                           "check what else runs on %s and its CPU limits (cgroup quota, "
+                           "frequency governor)" % host)
+            if device["device"] != "cpu":
+                record["gpu"] = int(device["device"])
+            records.append(record)
+    return records

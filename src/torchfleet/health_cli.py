@@ -1,0 +1,66 @@
+"""`torchfleet health --from DIR`: the node health verdicts of one host's saved outputs, the
+same parsers and rules preflight runs on a live host (plugins/module_utils/health.py)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, health
+from ansible_collections.torchfleet.fleet.plugins.module_utils.records import ERROR as SEVERE
+from ansible_collections.torchfleet.fleet.plugins.module_utils.table import render
+
+USAGE = ("Files read from DIR (each optional; what is absent is not checked):\n"
+         + health.bundle_help())
+
+
+def read_bundle(directory: str) -> dict[str, str]:
+    """{bundle name: text} of the files DIR holds; ValueError when DIR has none of them."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise ValueError("%s is not a directory" % directory)
+    files = {}
+    for name in health.FILES:
+        path = root / name
+        if path.is_file():
+            with open(path, "rb") as f:
+                files[name] = f.read(health.MAX_FILE).decode("utf-8", errors="replace")
+    if not files:
+        raise ValueError("%s holds none of the files torchfleet reads (%s)"
+                         % (directory, ", ".join(health.FILES)))
+    return files
+
+
+def health_view(directory: str, host: str = "", window_s: int | None = None,
+                limits: dict[str, Any] | None = None) -> dict[str, Any]:
+    files = read_bundle(directory)
+    if window_s is None:
+        window_s = defaults.default("health_xid_window_s")
+    limits = dict({name: defaults.default(name) for name in
+                   ("health_ecc_corrected_max", "health_disk_min_gb")}, **(limits or {}))
+    name = host or Path(directory).resolve().name
+    # A saved log has no "now": the window ends at the log's own last line.
+    facts = health.facts(files, window_s)
+    records = health.checks(name, facts, limits)
+    return {"host": name, "dir": str(directory), "files": sorted(files), "facts": facts,
+            "checks": records, "ok": not any(not c["ok"] and c["severity"] == SEVERE
+                                             for c in records)}
+
+
+def health_text(view: dict[str, Any]) -> str:
+    rows = [(c["host"], c["id"], "ok" if c["ok"] else "FAIL" if c["severity"] == SEVERE
+             else "WARN", c["detail"], c["hint"]) for c in view["checks"]]
+    lines = ["%s: read %s" % (view["dir"], ", ".join(view["files"]))]
+    if rows:
+        lines.append(render(("HOST", "CHECK", "VERDICT", "DETAIL", "FIX"), rows, max_width=60))
+    else:
+        lines.append("no GPU and no host fact to check in these files")
+    failed = [c for c in view["checks"] if not c["ok"] and c["severity"] == SEVERE]
+    lines.append("health %s: %s" % ("failed" if failed else "ok",
+                                    "; ".join("%s %s" % (c["id"], c["detail"]) for c in failed[:3])
+                                    if failed else "nothing that would break a run"))
+    return "\n".join(lines)
+
+
+def as_json(view: dict[str, Any]) -> str:
+    return json.dumps({k: view[k] for k in ("host", "dir", "files", "ok", "checks")}, indent=2)
