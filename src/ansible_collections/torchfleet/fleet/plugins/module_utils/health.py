@@ -142,7 +142,7 @@ def process_users(pids):
     users = {}
     for pid in pids:
         status = _read("/proc/%d/status" % pid, 1 << 16) or ""
-        match = re.search(r"^Uid:\s+(\d+)", status, re.M)
+        match = re.search(r"^Uid:\s+([0-9]+)", status, re.M)
         try:
             users[pid] = pwd.getpwuid(int(match.group(1))).pw_name if match else "?"
         except KeyError:
@@ -157,7 +157,7 @@ def parse_df(text):
     found = []
     for line in str(text)[:MAX_FILE].splitlines():
         fields = line.split()
-        if len(fields) >= 6 and fields[3].isdigit():
+        if len(fields) >= 6 and re.fullmatch("[0-9]{1,18}", fields[3]):
             found.append({"path": fields[0], "free_bytes": int(fields[3]) * 1024,
                           "mount": fields[-1]})
     return found
@@ -168,7 +168,7 @@ def parse_memlock(text):
     value = str(text or "").strip().split("\n")[0].strip()
     if value == "unlimited":
         return -1
-    return int(value) if value.isdigit() else None
+    return int(value) if re.fullmatch("[0-9]{1,18}", value) else None
 
 
 def _uptime(text):
@@ -206,7 +206,7 @@ def facts(files, window_s, now_wall=None, users=None):
     return {
         "vendor": vendor,
         "smi_failed": None if not rc_text else {
-            "rc": int(rc_text) if rc_text.isdigit() else None,
+            "rc": int(rc_text) if re.fullmatch("[0-9]{1,18}", rc_text) else None,
             "error": files.get("nvidia-smi-error", "").strip()[:300] or None},
         "gpus": gpus,
         "process_pids": pids,

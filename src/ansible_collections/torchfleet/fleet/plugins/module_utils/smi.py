@@ -88,7 +88,7 @@ def _tree(text):
 def _int(value):
     if value is None:
         return None
-    match = re.match(r"\s*(\d+)", str(value))
+    match = re.match(r"\s*([0-9]{1,18})(?![0-9])", str(value))
     return int(match.group(1)) if match else None
 
 
@@ -180,12 +180,12 @@ def parse_nvlink_status(text):
     """{gpu index: {link: "25 GB/s" | "<inactive>"}} of `nvidia-smi nvlink -s`."""
     links, gpu = {}, None
     for line in str(text)[:MAX_TEXT].splitlines():
-        head = re.match(r"^GPU (\d+):", line)
+        head = re.match(r"^GPU ([0-9]{1,6}):", line)
         if head:
             gpu = int(head.group(1))
             links.setdefault(gpu, {})
             continue
-        link = re.match(r"^\s+Link (\d+): (.*)$", line)
+        link = re.match(r"^\s+Link ([0-9]{1,6}): (.*)$", line)
         if link and gpu is not None:
             links[gpu][int(link.group(1))] = link.group(2).strip()
     return links
@@ -208,6 +208,10 @@ def _gpu_list(text):
     return [g for g in data if isinstance(g, dict)] if isinstance(data, list) else []
 
 
+def _list(value):
+    return value if isinstance(value, list) else []
+
+
 def _number(value):
     if isinstance(value, dict):
         value = value.get("value")
@@ -215,7 +219,7 @@ def _number(value):
         return None
     if isinstance(value, (int, float)):
         return value
-    return _int(value) if isinstance(value, str) and value.strip().isdigit() else None
+    return _int(value) if isinstance(value, str) and re.fullmatch("[0-9]{1,18}", value.strip()) else None
 
 
 def _gpu_id(item, n):
@@ -261,7 +265,7 @@ def parse_amd_process(text):
     found = {}
     for n, item in enumerate(_gpu_list(text)):
         procs = []
-        for entry in item.get("process_list") or []:
+        for entry in _list(item.get("process_list")):
             info = entry.get("process_info") if isinstance(entry, dict) else None
             if not isinstance(info, dict) or _number(info.get("pid")) is None:
                 continue  # "No running processes detected"
@@ -277,7 +281,7 @@ def parse_amd_bad_pages(text):
     """{gpu: pages pending retirement} of `amd-smi bad-pages --json` (status "PENDING")."""
     found = {}
     for n, item in enumerate(_gpu_list(text)):
-        pages = item.get("retired") or item.get("bad_pages") or []
+        pages = _list(item.get("retired")) or _list(item.get("bad_pages"))
         pending = [p for p in pages if isinstance(p, dict)
                    and "PENDING" in str(p.get("status", "")).upper()]
         found[_gpu_id(item, n)] = len(pending)

@@ -49,11 +49,11 @@ SOURCES = "azurehpc-health-checks, Meta GCM, AWS EKS node monitoring agent; NVID
 MAX_LOG = 16 << 20  # the kernel ring buffer is at most a few MiB
 
 _XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})[^)]*\): "
-                  r"(\d+),\s*(.*)$")
-_RAW = re.compile(r"^\[\s*(\d+\.\d+)\]")
-_CTIME = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]")
-_ISO = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)[,.]?(\d*)([+-]\d\d:?\d\d)?")
-_KMSG = re.compile(r"^\d+,\d+,(\d+),[^;]*;")
+                  r"([0-9]+),\s*(.*)$")
+_RAW = re.compile(r"^\[\s*([0-9]+\.[0-9]+)\]")
+_CTIME = re.compile(r"^\[(\w{3} \w{3} +[0-9]+ [0-9][0-9]:[0-9][0-9]:[0-9][0-9] [0-9]{4})\]")
+_ISO = re.compile(r"([0-9]{4}-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9])[,.]?([0-9]*)([+-][0-9][0-9]:?[0-9][0-9])?")
+_KMSG = re.compile(r"^[0-9]{1,20},[0-9]{1,20},([0-9]{1,20}),[^;]*;")
 
 
 def _stamp(line):
