@@ -43,7 +43,7 @@ import yaml
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import procs  # the one /proc reader
 
-SLOW_CPU_PCT = 25  # a throttled node in the lab: a quarter of one CPU
+SLOW_CPU_PCT = 10  # a throttled node in the lab: a tenth of one CPU (below its share of one)
 SLOW_RATE = "400mbit"  # a slowed NIC or link in the lab: ~10x below what a lab pair carries
 PREFIX = "tflab"  # every lab: tflab<N>-node0 (netns), tflab<N>-v0 (veth), tflab<N>-br
 MAX_LABS = 10  # lab N uses 10.77.N.0/24, so several labs (tests, molecule) can coexist

@@ -178,3 +178,15 @@ def test_an_hca_or_gid_index_that_is_not_a_name_or_integer(tmp_path, var, value,
     assert run.failing() == [(cid, "controller")]
     assert "%s=%s is not" % (var, value) in run.out
     assert_no_host_touched(run)
+
+
+@pytest.mark.parametrize("var,value,detail", [
+    ("health", "deep", "health=deep is not a level"),
+    ("health_slow_pct", "fast", "health_slow_pct=fast is not a number >= 0"),
+    ("health_xid_window_s", "-5", "health_xid_window_s=-5 is not a whole number >= 0")])
+def test_a_health_level_or_threshold_that_makes_no_sense(tmp_path, var, value, detail):
+    run = playbook("preflight.yml", tmp_path, "-e", "%s=%s" % (var, value))
+    assert run.rc != 0
+    assert run.failing() == [("input.health", "controller")]
+    assert [c["detail"] for c in run.report("preflight.json")["checks"] if not c["ok"]] == [detail]
+    assert_no_host_touched(run)

@@ -29,7 +29,7 @@ def test_healthy_lab_passes(healthy_lab, tmp_path, nnodes):
     passed = {(c["id"], c["host"]) for c in report["checks"] if c["ok"]}
     for i in range(nnodes):
         for cid in ("code.sync", "data.missing", "port.blocked", "port.ephemeral",
-                    "hostname.loopback", "nic.route"):
+                    "hostname.loopback", "nic.route", "host.clock", "host.disk"):
             assert (cid, "node%d" % i) in passed
 
 
@@ -135,3 +135,31 @@ def test_one_nodes_rdma_port_down_is_rdma_down_there_and_only_there(healthy_lab,
     assert run.rc == 0, run.out
     report = run.report()
     assert report["network"] == "ethernet" and "node2" in report["network_why"]
+
+
+def perf_records(report):
+    return {c["host"]: c for c in report["checks"] if c["id"] == "cpu.perf"}
+
+
+def test_health_full_names_the_host_whose_cpu_is_limited_and_spares_skip_it(healthy_lab,
+                                                                            tmp_path):
+    """The lab's nodes have no GPU: health=full measures each one's CPU (one thread) at the
+    same instant. Three clean runs name nobody; a node capped at a quarter of a CPU (a real
+    cgroup quota on its sshd and sessions) is named, and with a spare the run goes without it."""
+    for attempt in range(3):
+        run = preflight(healthy_lab, tmp_path / str(attempt), "-e", "health=full")
+        assert run.rc == 0, run.out
+        records = perf_records(run.report())
+        assert sorted(records) == ["node0", "node1", "node2", "node3"]
+        assert all(c["ok"] for c in records.values()), records
+    healthy_lab.limit_cpu("node2")
+    run = preflight(healthy_lab, tmp_path / "limited", "-e", "health=full")
+    assert run.rc != 0
+    assert run.failing() == [("cpu.perf", "node2")]
+    assert "below the fleet median" in perf_records(run.report())["node2"]["detail"]
+    run = preflight(healthy_lab, tmp_path / "spares", "-e", "health=full", "-e", "nnodes=3",
+                    "-e", "spares=1")
+    assert run.rc == 0, run.out
+    report = run.report()
+    assert report["spares"]["chosen"] == ["node0", "node1", "node3"]
+    assert report["spares"]["skipped"] == {"node2": ["cpu.perf"]}
