@@ -23,6 +23,7 @@ th, td { border: 1px solid #d0d7de; padding: 3px 8px; text-align: left; vertical
 td.cell { width: 18px; text-align: center; }
 table.matrix th span { writing-mode: vertical-rl; transform: rotate(180deg); white-space: nowrap; }
 td.pass { background: #aceebb; } td.fail { background: #ff8182; } td.none { background: #eaeef2; }
+td.warn { background: #fff1b8; } table.health td { padding: 2px 8px; } tr.gpu td { font-size: 90%; }
 .charts { display: flex; flex-wrap: wrap; gap: 16px; }
 figure { margin: 0; } figcaption { font-weight: 600; }
 svg text { font: 11px system-ui, sans-serif; fill: #57606a; }
@@ -299,6 +300,31 @@ def _attempts(result: Result) -> str:
             '<th>first failure</th><th>then</th></tr>%s</table>' % rows)
 
 
+HEALTH = ("gpu.", "cpu.perf", "host.memlock", "host.disk", "host.clock")
+
+
+def _health(result: Result) -> str:
+    """A row per host with its node health verdict, and a row per GPU (or host fact) that
+    failed or warned, with the detail and the fix."""
+    checks = [c for c in result.checks if c.id.startswith(HEALTH) and c.id != "gpu.count"]
+    rows = []
+    for host in dict.fromkeys(c.host for c in checks):
+        mine = [c for c in checks if c.host == host]
+        errors = sorted({c.id for c in mine if not c.ok and c.severity == "error"})
+        warnings = sorted({c.id for c in mine if not c.ok and c.severity != "error"})
+        verdict = ("FAIL: " + ", ".join(errors) if errors else
+                   "warning: " + ", ".join(warnings) if warnings else
+                   "healthy (%d checks)" % len(mine))
+        rows.append('<tr><th>%s</th><td class="%s" colspan="3">%s</td></tr>' % (
+            escape(host), "fail" if errors else "warn" if warnings else "pass", escape(verdict)))
+        for c in mine:
+            if not c.ok:
+                rows.append('<tr class="gpu"><td></td><td>%s%s</td><td>%s</td><td>%s</td></tr>' % (
+                    escape(c.id), " &middot; GPU %d" % c.gpu if c.gpu is not None else "",
+                    escape(c.detail), escape(c.fix)))
+    return '<table class="health">%s</table>' % "".join(rows) if rows else ""
+
+
 def render(result: Result) -> str:
     pre = result if result.kind == "preflight" else result.preflight
     body = ['<h1>torchfleet %s <span class="%s">%s</span></h1>' % (
@@ -312,6 +338,8 @@ def render(result: Result) -> str:
         body.append("<h2>Attempts</h2>" + _attempts(result))
     if pre is not None:
         body.append("<h2>Preflight</h2>" + _matrix(pre))
+        if _health(pre):
+            body.append("<h2>Node health</h2>" + _health(pre))
     if result.kind in ("train", "collective"):
         body.append("<h2>Ranks</h2>" + _ranks(result))
         body.append('<h2>Run checks</h2>' + _matrix(result))

@@ -25,6 +25,7 @@ class Check:
     detail: str
     hint: str = ""
     severity: str = "error"
+    gpu: int | None = None  # the GPU a health check is about (gpu.*), where it is one
 
     @property
     def fix(self) -> str:
@@ -35,7 +36,8 @@ class Check:
     def from_json(cls, raw: dict) -> "Check":
         return cls(host=raw["host"], id=raw["id"], ok=bool(raw["ok"]),
                    detail=raw.get("detail", ""), hint=raw.get("hint", ""),
-                   severity=raw.get("severity", "error"))
+                   severity=raw.get("severity", "error"),
+                   gpu=raw["gpu"] if isinstance(raw.get("gpu"), int) else None)
 
 
 @dataclass(frozen=True)

@@ -56,3 +56,23 @@ def test_every_attempt_of_a_restarted_run_is_a_row_with_what_followed_it():
     assert "<h2>Attempts</h2>" in page
     assert "train ok after 1 restart: n2 host.lost, replaced by n4" in page  # the verdict
     assert page.count("<tr><td>") >= 2 and "n2: no heartbeat for 5 s" in page
+
+
+def test_node_health_is_a_row_per_host_and_one_per_failed_gpu():
+    raw = [{"id": "gpu.remap", "host": "cqnode5", "ok": False, "severity": "error",
+            "detail": "GPU 3 (00000000:9B:00.0): row remapping pending (4 uncorrectable)",
+            "hint": "reset GPU 3", "gpu": 3},
+           {"id": "gpu.throttle", "host": "cqnode6", "ok": False, "severity": "warning",
+            "detail": "GPU 1: clocks held down by HW Slowdown", "hint": "cooling", "gpu": 1},
+           {"id": "host.disk", "host": "cqnode7", "ok": True, "severity": "info",
+            "detail": "80 GiB free", "hint": ""},
+           {"id": "port.blocked", "host": "cqnode7", "ok": True, "severity": "info",
+            "detail": "open", "hint": ""}]
+    result = Result(kind="preflight", ok=False, run_id="r1", run_dir=Path("/tmp/r1"),
+                    checks=[Check.from_json(c) for c in raw])
+    assert result.checks[0].gpu == 3 and result.checks[3].gpu is None
+    page = render(result)
+    health = page[page.index("<h2>Node health</h2>"):]
+    assert "FAIL: gpu.remap" in health and "gpu.remap &middot; GPU 3" in health
+    assert "warning: gpu.throttle" in health and "healthy (1 checks)" in health
+    assert "port.blocked" not in health
