@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, health
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, health, health_checks
 from ansible_collections.torchfleet.fleet.plugins.module_utils.records import ERROR as SEVERE
 from ansible_collections.torchfleet.fleet.plugins.module_utils.table import render
 
@@ -41,7 +41,7 @@ def health_view(directory: str, host: str = "", window_s: int | None = None,
     name = host or Path(directory).resolve().name
     # A saved log has no "now": the window ends at the log's own last line.
     facts = health.facts(files, window_s)
-    records = health.checks(name, facts, limits)
+    records = health_checks.checks(name, facts, limits)
     return {"host": name, "dir": str(directory), "files": sorted(files), "facts": facts,
             "checks": records, "ok": not any(not c["ok"] and c["severity"] == SEVERE
                                              for c in records)}

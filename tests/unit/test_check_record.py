@@ -11,7 +11,7 @@ from torchfleet.results import Check, Result
 
 def test_the_api_check_has_the_json_fields_and_round_trips():
     raw = check("port.blocked", "node1", False, "dropped", "allow TCP 29500")
-    assert {f.name for f in fields(Check)} == set(raw)  # id, host, ok, severity, detail, hint
+    assert {f.name for f in fields(Check)} == set(raw)  # id, host, ok, severity, detail, hint, gpu
     c = Check.from_json(raw)
     assert asdict(c) == raw and c.fix == raw["hint"]
     data = Result(kind="preflight", ok=False, run_id="r", run_dir=Path("/tmp/r"),

@@ -17,7 +17,8 @@ import threading
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import health, perf, plan, smi, xid
+from ansible_collections.torchfleet.fleet.plugins.module_utils import (
+    health, health_checks, perf, plan, smi, xid)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.connect import connect
 from ansible_collections.torchfleet.fleet.plugins.module_utils.listener import start_listener, stop_listener
 from ansible_collections.torchfleet.fleet.plugins.module_utils.records import ERROR, WARNING
@@ -32,7 +33,7 @@ def text(name):
 
 
 def verdicts(files, window_s=7200, host="gpu7"):
-    return health.checks(host, health.facts(files, window_s), LIMITS)
+    return health_checks.checks(host, health.facts(files, window_s), LIMITS)
 
 
 def bad(records):
@@ -73,7 +74,7 @@ def test_a_recorded_pending_row_remap_fails_naming_the_gpu():
 def test_recorded_processes_holding_gpus_fail_gpu_busy_with_pid_user_and_mib():
     facts = health.facts({"nvidia-smi-q.txt": text("nvidia-smi-q.rtx4090x8-process.txt")}, 7200,
                          users=lambda pids: {pid: "alice" for pid in pids})
-    busy = [r for r in health.checks("gpu7", facts, LIMITS) if r["id"] == "gpu.busy"]
+    busy = [r for r in health_checks.checks("gpu7", facts, LIMITS) if r["id"] == "gpu.busy"]
     assert busy[0]["gpu"] == 0 and not busy[0]["ok"]
     assert "pid 58130 (python, user alice, 20322 MiB)" in busy[0]["detail"]
 
@@ -185,7 +186,7 @@ def test_a_kernel_log_the_user_may_not_read_is_said_not_crashed():
     facts = health.facts({"nvidia-smi-q.txt": text("nvidia-smi-q.h100x8.txt"),
                           "dmesg-error": "dmesg: read kernel buffer failed: Operation not "
                                          "permitted; journalctl -k: nothing readable"}, 7200)
-    xids = [r for r in health.checks("gpu7", facts, LIMITS) if r["id"] == "gpu.xid"]
+    xids = [r for r in health_checks.checks("gpu7", facts, LIMITS) if r["id"] == "gpu.xid"]
     assert [(r["ok"], r["severity"]) for r in xids] == [(False, WARNING)]
     assert "Operation not permitted" in xids[0]["detail"] and "dmesg_restrict" in xids[0]["hint"]
 
@@ -250,17 +251,17 @@ def test_the_clock_off_the_fleet_is_named_even_when_it_is_the_masters():
     def offsets(values):
         return {h: {"offset_s": v, "uncertainty_s": 0.01} for h, v in values.items()}
 
-    records = health.clock_checks(offsets({"m": 0.0, "a": 0.01, "b": -0.02, "c": 5.0}), "m", 2.0)
+    records = health_checks.clock_checks(offsets({"m": 0.0, "a": 0.01, "b": -0.02, "c": 5.0}), "m", 2.0)
     assert [(r["host"], r["ok"]) for r in records] == [("m", True), ("a", True), ("b", True),
                                                        ("c", False)]
     # Every worker reads the same offset against the master: the master is the odd one.
-    records = health.clock_checks(offsets({"m": 0.0, "a": -10.0, "b": -10.1, "c": -9.9}), "m", 2.0)
+    records = health_checks.clock_checks(offsets({"m": 0.0, "a": -10.0, "b": -10.1, "c": -9.9}), "m", 2.0)
     assert [r["host"] for r in records if not r["ok"]] == ["m"]
     # A reading whose uncertainty covers the gap names nobody.
     wide = {"m": {"offset_s": 0.0, "uncertainty_s": 0.0},
             "a": {"offset_s": 0.0, "uncertainty_s": 0.0},
             "b": {"offset_s": 2.5, "uncertainty_s": 1.0}}
-    assert all(r["ok"] for r in health.clock_checks(wide, "m", 2.0))
+    assert all(r["ok"] for r in health_checks.clock_checks(wide, "m", 2.0))
 
 
 def test_the_listener_sends_its_clock_and_a_worker_measures_the_offset():
@@ -407,10 +408,10 @@ def test_no_text_makes_a_parser_or_a_rule_raise(smi_text, dmesg, amd, other):
     files = {"nvidia-smi-q.txt": smi_text, "dmesg.txt": dmesg, "nvidia-smi-nvlink.txt": other,
              "uptime.txt": other, "ulimit-l.txt": other, "df.txt": other, "modules.txt": other,
              "infiniband.txt": other, "fabricmanager.txt": other}
-    health.checks("h", health.facts(files, 7200), LIMITS)
+    health_checks.checks("h", health.facts(files, 7200), LIMITS)
     amd_files = {"amd-smi-metric.json": amd, "amd-smi-static.json": other,
                  "amd-smi-process.json": amd, "amd-smi-bad-pages.json": other}
-    health.checks("h", health.facts(amd_files, 7200), LIMITS)
+    health_checks.checks("h", health.facts(amd_files, 7200), LIMITS)
 
 
 JSONS = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
@@ -429,4 +430,18 @@ JSONS = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | s
 def test_no_json_shape_makes_the_amd_parsers_raise(data):
     raw = json.dumps(data)
     gpus = smi.amd_gpus(raw, raw, raw, raw)
-    health.checks("h", {"vendor": "amd", "gpus": gpus}, LIMITS)
+    health_checks.checks("h", {"vendor": "amd", "gpus": gpus}, LIMITS)
+
+
+@given(st.dictionaries(st.sampled_from(["vendor", "gpus", "xids", "kernel_log", "disk", "rdma",
+                                        "memlock_kib", "smi_failed", "fabricmanager", "peermem"]),
+                       JSONS, max_size=6))
+@settings(max_examples=300, deadline=None)
+def test_a_host_that_answers_garbage_facts_is_said_never_raised(facts):
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.preflight import health_records
+
+    probe = {"health": facts or {"gpus": [{"index": "x"}]}, "versions": {"torch": "2.13.0"},
+             "gpus": [], "connect": {"ports": [{"clock": facts}]}}
+    records = health_records({"h": probe, "m": dict(probe)}, {}, "m", {"health": "full",
+                                                                      "perf": {"h": facts, "m": 3}})
+    assert all(r["host"] in ("h", "m") for r in records)

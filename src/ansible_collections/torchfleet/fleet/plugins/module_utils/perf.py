@@ -69,24 +69,31 @@ print(json.dumps({"device": device, "name": name, "tflops": tflops, "gbps": gbps
 """
 
 
+def checked(data):
+    """One measurement as a host reported it, verified: a dict with finite numbers and a
+    device that is "cpu" or a GPU index; None otherwise (a host's answer is not trusted)."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        out = {"device": str(data["device"])[:16], "name": str(data["name"])[:120],
+               "tflops": float(data["tflops"]), "gbps": float(data["gbps"]),
+               "late_s": float(data.get("late_s", 0.0)), "dtype": str(data.get("dtype", ""))[:16]}
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not all(0 <= out[k] < 1e7 for k in ("tflops", "gbps")):
+        return None
+    if out["device"] != "cpu" and not (out["device"].isascii() and out["device"].isdigit()):
+        return None
+    return out
+
+
 def parse_line(text):
-    """The measurement's JSON line, checked: a dict with finite numbers, or None."""
+    """The measurement's last JSON line, checked."""
     for line in reversed(str(text)[-65536:].splitlines()):
         try:
-            data = json.loads(line)
+            return checked(json.loads(line))
         except ValueError:
             continue
-        if not isinstance(data, dict):
-            return None
-        try:
-            out = {"device": str(data["device"])[:16], "name": str(data["name"])[:120],
-                   "tflops": float(data["tflops"]), "gbps": float(data["gbps"]),
-                   "late_s": float(data.get("late_s", 0.0)), "dtype": str(data.get("dtype", ""))[:16]}
-        except (KeyError, TypeError, ValueError):
-            return None
-        if not all(0 <= out[k] < 1e7 for k in ("tflops", "gbps")):
-            return None
-        return out
     return None
 
 
@@ -148,8 +155,7 @@ def compare(results, slow_pct, floors=None):
                            "PERFORMANCE), or what else runs there; drain it if it stays slow"
                            % host if device["device"] != "cpu" else
                            "check what else runs on %s and its CPU limits (cgroup quota, "
-                           "frequency governor)" % host)
-            if device["device"] != "cpu":
-                record["gpu"] = int(device["device"])
+                           "frequency governor)" % host,
+                           gpu=None if device["device"] == "cpu" else int(device["device"]))
             records.append(record)
     return records

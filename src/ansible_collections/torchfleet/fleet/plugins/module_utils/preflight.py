@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import fabric, health, perf, rdma, spares
+from ansible_collections.torchfleet.fleet.plugins.module_utils import (
+    fabric, health_checks, perf, rdma, spares)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.net import is_loopback as is_loopback_addr
 from ansible_collections.torchfleet.fleet.plugins.module_utils.plan import bad_nproc_per_node
 from ansible_collections.torchfleet.fleet.plugins.module_utils.records import (  # noqa: F401 (check: for importers)
@@ -240,9 +241,17 @@ def port_checks(host, connect, master_addr, master, master_port):
     return records
 
 
+def _finite(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < 1e10
+
+
 def _clock(connect):
-    """The port test's best clock reading of one host (the smallest uncertainty), or None."""
-    readings = [p["clock"] for p in (connect or {}).get("ports", []) if p.get("clock")]
+    """The port test's best clock reading of one host (the smallest uncertainty), or None;
+    readings that are not two finite numbers are left out (a host's answer is not trusted)."""
+    ports = (connect or {}).get("ports") if isinstance(connect, dict) else None
+    readings = [p["clock"] for p in ports or [] if isinstance(p, dict)
+                and isinstance(p.get("clock"), dict)
+                and _finite(p["clock"].get("offset_s")) and _finite(p["clock"].get("uncertainty_s"))]
     return min(readings, key=lambda c: c["uncertainty_s"]) if readings else None
 
 
@@ -258,18 +267,28 @@ def health_records(reachable, connects, master, settings):
     records = []
     for host, probe in reachable.items():
         if probe.get("health"):
-            records.extend(health.checks(host, probe["health"], limits))
+            try:
+                records.extend(health_checks.checks(host, probe["health"], limits))
+            except (TypeError, ValueError, KeyError, AttributeError) as exc:
+                # node_probe's own facts never do this; a host that answers garbage is said.
+                records.append(check("gpu.smi", host, False, "the host's health facts could "
+                                     "not be read (%s): not checked" % str(exc)[:120],
+                                     "run `torchfleet health --from DIR` on its saved outputs",
+                                     WARNING))
     offsets = {h: _clock(p.get("connect") or connects.get(h)) for h, p in reachable.items()}
-    records.extend(health.clock_checks(offsets, master, limit("health_clock_max_s")))
+    records.extend(health_checks.clock_checks(offsets, master, limit("health_clock_max_s")))
     if level == "full":
         results = {}
         for host, probe in reachable.items():
-            got = (settings.get("perf") or {}).get(host) or {}
+            got = (settings.get("perf") or {}).get(host)
+            got = got if isinstance(got, dict) else {}
             if got.get("skipped") or not probe["versions"].get("torch"):
                 continue  # no torch there: python.torch says so
-            results[host] = {"devices": got.get("devices") or [], "gpus": len(probe["gpus"]),
-                             "error": got.get("error") or (got.get("msg") if got.get("failed")
-                                                           else None)}
+            devices = got.get("devices") if isinstance(got.get("devices"), list) else []
+            results[host] = {"devices": [d for d in map(perf.checked, devices) if d],
+                             "gpus": len(probe["gpus"]),
+                             "error": str(got.get("error") or (got.get("msg") if got.get("failed")
+                                                               else "") or "") or None}
         records.extend(perf.compare(results, limit("health_slow_pct"),
                                     settings.get("health_floors") or {}))
     return records
