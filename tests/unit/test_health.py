@@ -445,3 +445,17 @@ def test_a_host_that_answers_garbage_facts_is_said_never_raised(facts):
     records = health_records({"h": probe, "m": dict(probe)}, {}, "m", {"health": "full",
                                                                       "perf": {"h": facts, "m": 3}})
     assert all(r["host"] in ("h", "m") for r in records)
+
+
+def test_cpus_that_started_late_are_not_compared_never_a_wrong_name():
+    def cpu(value, late):
+        return {"device": "cpu", "name": "Xeon", "tflops": value, "gbps": 10.0, "late_s": late,
+                "dtype": "float32"}
+
+    results = {"a": {"devices": [cpu(0.030, 0.0)]}, "b": {"devices": [cpu(0.030, 0.0)]},
+               "c": {"devices": [cpu(0.020, 0.0)]}, "d": {"devices": [cpu(0.045, 2.5)]}}
+    records = perf.compare(results, 10.0)
+    assert all(r["ok"] for r in records)
+    assert "not compared: d started more than 0.5 s late" in records[0]["detail"]
+    results["d"]["devices"][0]["late_s"] = 0.1
+    assert [r["host"] for r in perf.compare(results, 10.0) if not r["ok"]] == ["c"]

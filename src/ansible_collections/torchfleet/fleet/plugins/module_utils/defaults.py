@@ -210,8 +210,10 @@ JOIN_PER_BATCH_S = 10.0  # batch past the first (the agents start batch after ba
 CONNECT_TIMEOUT_S = 3.0  # preflight's TCP connection to the master's ports
 LISTEN_SLACK_S = 1.5    # preflight's listener waits this much past the last expected connection
 LISTENER_IDLE_S = 60.0  # a port-test listener nobody reaches ends after this
-PERF_START_S = 6.0     # health=full: the measurements start this long after the task does
-#                         (SSH, module transfer and torch's import on every host of a batch)
+PERF_START_S = 5.0     # health=full: the measurements start this long after the task does,
+PERF_PER_HOST_S = 0.75  # plus this per host of a fork batch (SSH, module transfer and torch's
+#                         import, one host after another on a small controller)
+PERF_LATE_S = 0.5       # a CPU measurement that started later than this is not compared
 PERF_TIMEOUT_S = 120.0  # health=full: the longest one device's measurement may take
 
 

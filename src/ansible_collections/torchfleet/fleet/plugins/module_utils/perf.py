@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.records import check
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils.records import check, fmt_hosts
 
 MATMUL_S = 2.0
 COPY_S = 1.0
@@ -114,7 +115,7 @@ def _median(values):
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-def compare(results, slow_pct, floors=None):
+def compare(results, slow_pct, floors=None, late_s=defaults.PERF_LATE_S):
     """gpu.perf / cpu.perf records: `results` {host: {"devices": [...], "error": str|None}}."""
     floors = floors or {}
     records, by_model = [], {}
@@ -130,6 +131,17 @@ def compare(results, slow_pct, floors=None):
             by_model.setdefault(device["name"], []).append((host, device))
     for model, entries in by_model.items():
         medians = {k: _median([d[k] for _, d in entries]) for k in ("tflops", "gbps")}
+        # CPUs of hosts that share a machine (the lab) share its cores: one that started late
+        # ran with fewer beside it and looks faster, its peers slower. Not compared then:
+        # never a wrong name. GPUs are measured each on its own and are always compared.
+        late = [h for h, d in entries if d["device"] == "cpu" and d["late_s"] > late_s]
+        if late:
+            for host, device in entries:
+                records.append(check("cpu.perf", host, True, "CPU: %.3g %s, not compared: %s "
+                                     "started more than %g s late" % (
+                                         _unit(device)[0], _unit(device)[1], fmt_hosts(late),
+                                         late_s)))
+            continue
         floor = next((v for key, v in floors.items() if key.lower() in model.lower()), {})
         for host, device in entries:
             cid = "cpu.perf" if device["device"] == "cpu" else "gpu.perf"
