@@ -253,6 +253,16 @@ def markdown(results):
                          "nnodes=8 | %s s | %s s | %.2fx [%.2f-%.2f] | ~1.25x (10 / 8 hosts) |"
                          % (text, rng(r["preflight_s"]), rng(sp["nnodes8"]["preflight_s"]),
                             r["ratio"], r["ratio_min"], r["ratio_max"]))
+    hc = results.get("health_cost") or {}
+    for level, target in (("basic", "<= 1.10x"), ("full", "no clean run names a host")):
+        if level in hc:
+            r = hc[level]
+            lines.append("| preflight.yml health=%s vs health=off, 8 lab hosts (no GPU)%s | %s s | "
+                         "%s s | %.2fx [%.2f-%.2f] | %s |" % (
+                             level, "; clean runs naming a host: %d" % r[
+                                 "clean_runs_naming_a_host"] if level == "full" else "",
+                             rng(r["preflight_s"]), rng(hc["off"]["preflight_s"]), r["ratio"],
+                             r["ratio_min"], r["ratio_max"], target))
     rc = results.get("restart_cost")
     if rc:
         lines.append("| a worker's network cut to every rank of the restarted attempt running "
