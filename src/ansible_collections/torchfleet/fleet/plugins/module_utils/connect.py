@@ -6,6 +6,7 @@ own probe is starting its listener) and port_probe (the separate second round).
 from __future__ import annotations
 
 import errno
+import math
 import socket
 import threading
 import time
@@ -43,7 +44,7 @@ def read_clock(sock, wall0, mono0, wait_s=CLOCK_WAIT_S):
         theirs = float(line[len(CLOCK_PREFIX):].decode("ascii"))
     except (UnicodeDecodeError, ValueError):
         return None
-    if theirs != theirs or abs(theirs) > 1e11:  # NaN, or no clock at all
+    if not math.isfinite(theirs) or abs(theirs) > 1e11:  # no clock at all
         return None
     half = (mono1 - mono0) / 2
     return {"offset_s": round(theirs - (wall0 + half), 4), "uncertainty_s": round(half, 4)}

@@ -39,7 +39,7 @@ BUNDLE = (
     ("fabricmanager.txt", "`systemctl is-active nvidia-fabricmanager`"),
     ("df.txt", "`df -Pk DIR ...` of the run directory and the checkpoint directory"),
 )
-FILES = tuple(name for name, _ in BUNDLE)
+FILES = tuple(entry[0] for entry in BUNDLE)
 MAX_FILE = 16 << 20
 
 
@@ -74,7 +74,7 @@ def collect(run, disk_paths, tool, smi_why=None, rdma_names=()):
             files["nvidia-smi-error"] = str(why)
         else:
             files["nvidia-smi-q.txt"] = out
-            link, _ = run(["nvidia-smi", "nvlink", "-s"])
+            link = run(["nvidia-smi", "nvlink", "-s"])[0]
             if link is not None:
                 files["nvidia-smi-nvlink.txt"] = link
             state, why = run(["systemctl", "is-active", "nvidia-fabricmanager"])
@@ -87,7 +87,7 @@ def collect(run, disk_paths, tool, smi_why=None, rdma_names=()):
                            ("amd-smi-static.json", ["amd-smi", "static", "--json"]),
                            ("amd-smi-process.json", ["amd-smi", "process", "--json"]),
                            ("amd-smi-bad-pages.json", ["amd-smi", "bad-pages", "--json"])):
-            out, _ = run(argv)
+            out = run(argv)[0]
             if out is not None:
                 files[name] = out
     if tool == "nvidia-smi":
@@ -109,7 +109,7 @@ def collect(run, disk_paths, tool, smi_why=None, rdma_names=()):
 
 
 def _memlock_text():
-    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
     return "unlimited" if soft == resource.RLIM_INFINITY else str(soft // 1024)
 
 
@@ -160,7 +160,7 @@ def parse_df(text):
 
 def parse_memlock(text):
     """KiB of `ulimit -l`, -1 for unlimited, None when unreadable."""
-    value = str(text or "").strip().split("\n")[0].strip()
+    value = str(text or "").strip().split("\n", 1)[0].strip()
     if value == "unlimited":
         return -1
     return int(value) if re.fullmatch("[0-9]{1,18}", value) else None

@@ -130,7 +130,7 @@ def compare(results, slow_pct, floors=None, late_s=defaults.PERF_LATE_S):
         for device in result.get("devices") or []:
             by_model.setdefault(device["name"], []).append((host, device))
     for model, entries in by_model.items():
-        medians = {k: _median([d[k] for _, d in entries]) for k in ("tflops", "gbps")}
+        medians = {k: _median([entry[1][k] for entry in entries]) for k in ("tflops", "gbps")}
         # CPUs of hosts that share a machine (the lab) share its cores: one that started late
         # ran with fewer beside it and looks faster, its peers slower. Not compared then:
         # never a wrong name. GPUs are measured each on its own and are always compared.

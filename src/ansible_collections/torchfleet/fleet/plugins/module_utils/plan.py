@@ -3,6 +3,7 @@ preflight's port test, and the values asked for that are wrong whatever the host
 input.* checks). Runs in ansible-playbook's own process (plugins/action/run_plan.py)."""
 from __future__ import annotations
 
+import math
 import random
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.net import master_addr_up_front
@@ -136,7 +137,7 @@ def _number(value, kind):
         number = kind(str(value).strip()) if kind is int else float(value)
     except (TypeError, ValueError):
         return None
-    return number if number == number and 0 <= number < float("inf") else None
+    return number if math.isfinite(number) and number >= 0 else None
 
 
 def health_errors(params):

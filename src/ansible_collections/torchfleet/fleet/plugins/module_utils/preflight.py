@@ -260,6 +260,7 @@ def health_records(reachable, connects, master, settings):
     level = settings.get("health", "basic")
     if level == "off":
         return []
+
     def limit(name, kind=float):
         return kind(settings.get(name, defaults.default(name)))
     limits = {"health_ecc_corrected_max": limit("health_ecc_corrected_max", int),
