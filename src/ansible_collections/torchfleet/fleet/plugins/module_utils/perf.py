@@ -19,11 +19,29 @@ MATMUL_S = 2.0
 COPY_S = 1.0
 
 # argv: [start_at (epoch s), device ("cpu" or a CUDA index)]; prints one JSON line.
+# argv: [start_at (epoch s), devices ("cpu", or CUDA indexes "0,1,..."), matmul_s, copy_s];
+# prints one JSON line per device. With several GPUs it runs itself (its text is in the
+# environment, PROGRAM_ENV) once per GPU, all at once: one process each, so no GPU's
+# measurement waits on another's.
+PROGRAM_ENV = "TORCHFLEET_PERF_PROGRAM"
 MEASURE = r"""
-import json, sys, time
-import torch
+import json, os, subprocess, sys, time
 start_at, device = float(sys.argv[1]), sys.argv[2]
 matmul_s, copy_s = float(sys.argv[3]), float(sys.argv[4])
+if "," in device:
+    program = os.environ["TORCHFLEET_PERF_PROGRAM"]
+    procs = [(d, subprocess.Popen([sys.executable, "-c", program, sys.argv[1], d] + sys.argv[3:5],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True))
+             for d in device.split(",")]
+    for d, proc in procs:
+        out, err = proc.communicate()
+        line = (out.strip().splitlines() or [""])[-1]
+        print(line if proc.returncode == 0 and line.startswith("{") else
+              json.dumps({"device": d, "error": (err or out).strip()[-300:]
+                          or "exit status %s" % proc.returncode}))
+    sys.exit(0)
+import torch
 if device == "cpu":
     # One thread on the host's first CPU: a per-core figure, and hosts that share a machine
     # (the lab) share one run queue, which the kernel divides evenly; spread over several
@@ -88,14 +106,22 @@ def checked(data):
     return out
 
 
-def parse_line(text):
-    """The measurement's last JSON line, checked."""
-    for line in reversed(str(text)[-65536:].splitlines()):
+def parse_lines(text):
+    """(measurements, first error) of MEASURE's output: one JSON line per device, each checked
+    (a line that says a device failed is that device's error)."""
+    found, error = [], None
+    for line in str(text)[-(1 << 20):].splitlines():
         try:
-            return checked(json.loads(line))
+            data = json.loads(line)
         except ValueError:
             continue
-    return None
+        one = checked(data)
+        if one is not None:
+            found.append(one)
+        elif isinstance(data, dict) and data.get("error"):
+            error = error or "device %s: %s" % (str(data.get("device"))[:16],
+                                                str(data["error"])[-300:])
+    return found, error
 
 
 def _label(device):
@@ -130,18 +156,20 @@ def compare(results, slow_pct, floors=None, late_s=defaults.PERF_LATE_S):
         for device in result.get("devices") or []:
             by_model.setdefault(device["name"], []).append((host, device))
     for model, entries in by_model.items():
-        medians = {k: _median([entry[1][k] for entry in entries]) for k in ("tflops", "gbps")}
-        # CPUs of hosts that share a machine (the lab) share its cores: one that started late
-        # ran with fewer beside it and looks faster, its peers slower. Not compared then:
-        # never a wrong name. GPUs are measured each on its own and are always compared.
-        late = [h for h, d in entries if d["device"] == "cpu" and d["late_s"] > late_s]
-        if late:
+        # CPUs of hosts that share a machine (the lab) share its cores, so the hosts that
+        # started on time, side by side, are the reference. One that started late ran part of
+        # its window with fewer beside it: it can only look faster than it is, so it is held
+        # to that reference too, and named only when it is slower still. GPUs are measured
+        # each on its own: every one counts.
+        reference = [d for _h, d in entries if d["device"] != "cpu" or d["late_s"] <= late_s]
+        if len(reference) < 3 <= len(entries):
+            late = [h for h, d in entries if d not in reference]
             for host, device in entries:
-                records.append(check("cpu.perf", host, True, "CPU: %.3g %s, not compared: %s "
-                                     "started more than %g s late" % (
-                                         _unit(device)[0], _unit(device)[1], fmt_hosts(late),
-                                         late_s)))
+                records.append(check("cpu.perf", host, True, "CPU: %.3g %s, not compared: "
+                                     "fewer than 3 hosts started on time (%s late)" % (
+                                         _unit(device)[0], _unit(device)[1], fmt_hosts(late))))
             continue
+        medians = {k: _median([d[k] for d in reference] or [0.0]) for k in ("tflops", "gbps")}
         floor = next((v for key, v in floors.items() if key.lower() in model.lower()), {})
         for host, device in entries:
             cid = "cpu.perf" if device["device"] == "cpu" else "gpu.perf"
@@ -150,7 +178,7 @@ def compare(results, slow_pct, floors=None, late_s=defaults.PERF_LATE_S):
                 value, median = device[key], medians[key]
                 shown = _unit(device) if key == "tflops" else (value, "GB/s copy")
                 ref = _unit(dict(device, tflops=median))[0] if key == "tflops" else median
-                if len(entries) > 2 and median > 0 and value < median * (1 - slow_pct / 100.0):
+                if len(reference) > 2 and median > 0 and value < median * (1 - slow_pct / 100.0):
                     problems.append("%.3g %s, %.0f %% below the fleet median %.3g" % (
                         shown[0], shown[1], 100 * (1 - value / median), ref))
                 if key in floor and value < float(floor[key]):

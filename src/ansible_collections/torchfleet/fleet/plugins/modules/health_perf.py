@@ -71,34 +71,23 @@ error:
   type: str
 """
 
-import subprocess
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.torchfleet.fleet.plugins.module_utils import perf
+from ansible_collections.torchfleet.fleet.plugins.module_utils.command import bounded
 
 
-def measure(python, devices, start_at, timeout_s):
-    """(results, first error): every device's process runs at once."""
-    procs = [(device, subprocess.Popen(
-        [python, "-c", perf.MEASURE, repr(start_at), device, repr(perf.MATMUL_S),
-         repr(perf.COPY_S)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)) for device in devices]
-    results, error = [], None
-    for device, proc in procs:
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            error = error or "device %s: no answer within %g s" % (device, timeout_s)
-            continue
-        found = perf.parse_line(out)
-        if proc.returncode != 0 or found is None:
-            error = error or "device %s: %s" % (device, (err or out).strip()[-300:] or
-                                                "exit status %s" % proc.returncode)
-            continue
-        results.append(found)
+def measure(run, python, devices, start_at):
+    """(results, first error): MEASURE over every device at once (one process per GPU)."""
+    out, why = run([python, "-c", perf.MEASURE, repr(start_at), ",".join(devices),
+                    repr(perf.MATMUL_S), repr(perf.COPY_S)])
+    if out is None:
+        return [], str(why)
+    results, error = perf.parse_lines(out)
+    missing = [d for d in devices if d not in {r["device"] for r in results}]
+    if missing and not error:
+        error = "device %s: no measurement in its answer" % ", ".join(missing)
     return results, error
 
 
@@ -114,8 +103,11 @@ def main():
     )
     params = module.params
     devices = [str(i) for i in range(params["gpus"])] or ["cpu"]
-    results, error = measure(params["python"] or sys.executable, devices, params["start_at"],
-                             params["timeout_s"])
+    # The program is handed to the per-GPU processes it starts through the environment.
+    module.run_command_environ_update = {perf.PROGRAM_ENV: perf.MEASURE}
+    run = bounded(module, params["timeout_s"])
+    results, error = measure(run, params["python"] or sys.executable, devices,
+                             params["start_at"])
     module.exit_json(changed=False, devices=results, gpus=params["gpus"], error=error)
 
 
