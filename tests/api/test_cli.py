@@ -14,7 +14,7 @@ from tests.api.conftest import free_port
 
 pytestmark = pytest.mark.integration
 
-CHECK_KEYS = {"host", "id", "ok", "detail", "hint", "severity"}  # preflight.json's own
+CHECK_KEYS = {"host", "id", "ok", "detail", "hint", "severity", "gpu"}  # preflight.json's own
 RESULT_KEYS = {"kind", "ok", "run_id", "run_dir", "checks", "hosts", "ranks", "busbw",
                "isolation", "first_failure", "preflight", "cancelled", "ansible_status",
                "ansible_rc", "failures", "verdict", "attempts"}

@@ -128,7 +128,9 @@ def test_one_nodes_rdma_port_down_is_rdma_down_there_and_only_there(healthy_lab,
     run = preflight(healthy_lab, tmp_path, "-e", "network=ib", "-e", "nccl_ib_hca=mlx5_0",
                     "-e", sysfs)
     assert run.rc != 0
-    assert run.failing() == [("rdma.down", "node2")]
+    # host.memlock fails beside it on every node where the lab's memlock is not unlimited:
+    # network=ib registers memory with the HCAs (with ethernet, below, it is not checked).
+    assert [f for f in run.failing() if f[0] != "host.memlock"] == [("rdma.down", "node2")]
     assert "port not active: mlx5_0:1 DOWN/Disabled" in run.out
     # auto: not every host has an active port, so not ib, and preflight says why.
     run = preflight(healthy_lab, tmp_path, "-e", "network=auto", "-e", sysfs)
@@ -153,13 +155,14 @@ def test_health_full_names_the_host_whose_cpu_is_limited_and_spares_skip_it(heal
         assert sorted(records) == ["node0", "node1", "node2", "node3"]
         assert all(c["ok"] for c in records.values()), records
     healthy_lab.limit_cpu("node2")
-    run = preflight(healthy_lab, tmp_path / "limited", "-e", "health=full")
-    assert run.rc != 0
-    assert run.failing() == [("cpu.perf", "node2")]
-    assert "below the fleet median" in perf_records(run.report())["node2"]["detail"]
+    # Without a spare this fails preflight (spares.choose; tests/unit/test_spares.py); with one
+    # the run goes on the others and names why node2 is left out.
     run = preflight(healthy_lab, tmp_path / "spares", "-e", "health=full", "-e", "nnodes=3",
                     "-e", "spares=1")
     assert run.rc == 0, run.out
     report = run.report()
     assert report["spares"]["chosen"] == ["node0", "node1", "node3"]
     assert report["spares"]["skipped"] == {"node2": ["cpu.perf"]}
+    limited = perf_records(report)["node2"]
+    assert not limited["ok"] and "below the fleet median" in limited["detail"]
+    assert all(c["ok"] for h, c in perf_records(report).items() if h != "node2")

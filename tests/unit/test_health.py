@@ -478,3 +478,10 @@ def test_cpus_that_started_late_are_held_to_the_on_time_hosts_reference():
     records = perf.compare(results, 10.0)
     assert all(r["ok"] for r in records)
     assert "not compared: fewer than 3 hosts started on time (c, d late)" in records[0]["detail"]
+
+
+def test_memlock_is_not_asked_for_when_the_run_uses_ethernet():
+    files = {"ulimit-l.txt": "65536", "infiniband.txt": "mlx5_0"}
+    facts = health.facts(files, 7200)
+    assert health_checks.checks("h", facts, dict(LIMITS, rdma_in_use=False)) == []
+    assert [r["id"] for r in health_checks.checks("h", facts, LIMITS)] == ["host.memlock"]

@@ -190,7 +190,7 @@ def host_checks(host, f, limits):
     """host.memlock and host.disk of one host's facts."""
     records = []
     memlock = f.get("memlock_kib")
-    if f.get("rdma") and memlock is not None:
+    if f.get("rdma") and memlock is not None and limits.get("rdma_in_use", True):
         records.append(check("host.memlock", host, memlock == -1,
                              "ulimit -l is %s" % ("unlimited" if memlock == -1 else
                                                   "%d KiB" % memlock),

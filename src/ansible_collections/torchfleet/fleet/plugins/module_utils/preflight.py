@@ -255,8 +255,10 @@ def _clock(connect):
     return min(readings, key=lambda c: c["uncertainty_s"]) if readings else None
 
 
-def health_records(reachable, connects, master, settings):
-    """Every health check (health.py, perf.py) of the reachable hosts, unless health=off."""
+def health_records(reachable, connects, master, settings, network=None):
+    """Every health check (health.py, perf.py) of the reachable hosts, unless health=off.
+    `network`: the preset the run will use; with ethernet NCCL leaves RDMA alone (memlock
+    does not matter), otherwise it uses the RDMA devices it finds."""
     level = settings.get("health", "basic")
     if level == "off":
         return []
@@ -264,7 +266,8 @@ def health_records(reachable, connects, master, settings):
     def limit(name, kind=float):
         return kind(settings.get(name, defaults.default(name)))
     limits = {"health_ecc_corrected_max": limit("health_ecc_corrected_max", int),
-              "health_disk_min_gb": limit("health_disk_min_gb")}
+              "health_disk_min_gb": limit("health_disk_min_gb"),
+              "rdma_in_use": network != "ethernet"}
     records = []
     for host, probe in reachable.items():
         if probe.get("health"):
@@ -458,7 +461,7 @@ def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
         checks.extend(compare_code(reachable, master, settings["code_dir"]))
     fabric_records, network, network_why = fabric.rdma_checks(reachable, master, settings)
     checks.extend(fabric_records)
-    checks.extend(health_records(reachable, connects, master, settings))
+    checks.extend(health_records(reachable, connects, master, settings, network))
     order = {h: i for i, h in enumerate([CONTROLLER] + hosts)}
     checks.sort(key=lambda c: (order.get(c["host"], len(order)), c["id"]))
     resolved = {"master_addr": master_addr, "backend": backend, "nproc_per_node": nproc,
