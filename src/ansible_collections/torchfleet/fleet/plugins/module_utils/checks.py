@@ -168,7 +168,8 @@ REGISTRY = (
          'nvidia_peermem not loaded (a warning: no GPUDirect RDMA)',
          'systemctl enable --now nvidia-fabricmanager; modprobe nvidia_peermem'),
     Unit(('host.memlock', 'host.disk', 'host.clock'), PREFLIGHT,
-         'health: `ulimit -l` not unlimited on a host with RDMA devices; less than '
+         'health: `ulimit -l` not unlimited on a host with RDMA devices (not with the ethernet '
+         'preset); less than '
          '`health_disk_min_gb` free where the run writes (remote_runs_root, '
          'train_checkpoint_dir); a clock further than `health_clock_max_s` from the fleet\'s '
          '(measured by the port test against the master\'s clock)',
