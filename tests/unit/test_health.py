@@ -362,14 +362,11 @@ def plain_run(argv):
 def test_the_measurement_runs_for_real_on_this_cpu_once_per_device_at_once():
     from ansible_collections.torchfleet.fleet.plugins.modules.health_perf import measure
 
-    results, error = measure(plain_run, sys.executable, ["cpu"], time.time())
-    assert error is None and results[0]["device"] == "cpu"
-    assert results[0]["tflops"] > 0 and results[0]["gbps"] > 0
-    # Several devices: one process each, started together (two CPU ones stand for two GPUs).
-    results, error = measure(plain_run, sys.executable, ["cpu", "cpu"], time.time())
-    assert error is None and [r["device"] for r in results] == ["cpu", "cpu"]
-    results, error = measure(plain_run, sys.executable, ["cpu", "7"], time.time())
-    assert [r["device"] for r in results] == ["cpu"] and error.startswith("device 7: ")
+    # Several devices: one process each, started together; two CPU ones stand for two GPUs,
+    # and a GPU index this machine does not have is that device's error.
+    results, error = measure(plain_run, sys.executable, ["cpu", "cpu", "7"], time.time())
+    assert [r["device"] for r in results] == ["cpu", "cpu"] and error.startswith("device 7: ")
+    assert all(r["tflops"] > 0 and r["gbps"] > 0 and r["name"] for r in results)
 
 
 # -- torchfleet health --from DIR -------------------------------------------------------------------
