@@ -11,6 +11,7 @@ cannot read is left out (None), never raised.
 from __future__ import annotations
 
 import json
+import math
 import re
 
 # nvidia-smi's documented exit codes (nvidia-smi(1), RETURN VALUE).
@@ -217,8 +218,11 @@ def _number(value):
         value = value.get("value")
     if isinstance(value, bool):
         return None
-    if isinstance(value, (int, float)):
-        return value
+    if isinstance(value, int):
+        return value if abs(value) < 1 << 62 else None
+    if isinstance(value, float):
+        # NaN, infinities and absurd sizes are no count: a rule formats counts as integers.
+        return value if math.isfinite(value) and abs(value) < 1e18 else None
     return _int(value) if isinstance(value, str) and re.fullmatch("[0-9]{1,18}", value.strip()) else None
 
 
