@@ -36,8 +36,7 @@ def health_view(directory: str, host: str = "", window_s: int | None = None,
     files = read_bundle(directory)
     if window_s is None:
         window_s = defaults.default("health_xid_window_s")
-    limits = dict({name: defaults.default(name) for name in
-                   ("health_ecc_corrected_max", "health_disk_min_gb")}, **(limits or {}))
+    limits = health_checks.limits(limits)
     name = host or Path(directory).resolve().name
     # A saved log has no "now": the window ends at the log's own last line.
     facts = health.facts(files, window_s)

@@ -65,6 +65,17 @@ def test_node_probe_finds_amd_gpus_with_amd_smi(tmp_path, capsys, monkeypatch):
     assert result["nvidia_smi"]["found"] is False
 
 
+def test_node_health_asks_amd_smi_each_question_once(tmp_path, capsys, monkeypatch):
+    # The GPU count already read `amd-smi static --json`: node health reuses that answer.
+    calls = tmp_path / "calls"
+    stand_in(tmp_path, monkeypatch, 'echo "$*" >> %s; cat %s'
+             % (calls, AMD / "amd_smi_static_gpu_data.json"))
+    result = run_module(node_probe, {"python": sys.executable}, capsys)
+    assert sorted(calls.read_text().splitlines()) == [
+        "bad-pages --json", "metric --json", "process --json", "static --json"]
+    assert result["health"]["vendor"] == "amd" and len(result["health"]["gpus"]) == 1
+
+
 @pytest.mark.parametrize("script, error", [
     ("echo AMDSMI_STATUS_DRM_ERROR >&2; exit 1", "AMDSMI_STATUS_DRM_ERROR"),
     ("echo '{\"gpu_data\": 3'", "its JSON could not be read"),

@@ -14,10 +14,9 @@ import pwd
 import re
 import resource
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import smi, xid
+from ansible_collections.torchfleet.fleet.plugins.module_utils import procs, smi, xid
 from ansible_collections.torchfleet.fleet.plugins.module_utils.command import missing
-
-LEVELS = ("off", "basic", "full")
+from ansible_collections.torchfleet.fleet.plugins.module_utils.gpu import AMD_SMI_ARGV
 
 # The files of a saved bundle (`torchfleet health --from DIR`), each optional: what is absent
 # is not checked. The same names key what a host's probe collects.
@@ -40,6 +39,7 @@ BUNDLE = (
     ("df.txt", "`df -Pk DIR ...` of the run directory and the checkpoint directory"),
 )
 FILES = tuple(entry[0] for entry in BUNDLE)
+AMD_STATIC = "amd-smi-static.json"  # also what node_probe counts AMD GPUs from (gpu.AMD_SMI_ARGV)
 MAX_FILE = 16 << 20
 
 
@@ -57,18 +57,16 @@ def _read(path, limit=MAX_FILE):
         return None
 
 
-def collect(run, disk_paths, tool, smi_why=None, rdma_names=()):
+def collect(run, disk_paths, tool, smi_why=None, rdma_names=(), known=None):
     """{bundle name: text} from this host; `run` is command.bounded's. `tool`: the GPU tool
     node_probe found (nvidia-smi, amd-smi, ...), `smi_why`: how nvidia-smi failed there, if it
     did (it is not run again: a hung one would cost its timeout twice). Only what the host has:
     nvidia-smi's outputs with NVIDIA GPUs, amd-smi's with AMD ones, the kernel log where Xids
-    can be in it. `rdma_names`: the host's RDMA devices (node_probe reads them)."""
-    files = {}
-    if tool == "nvidia-smi" and smi_why:
-        files["nvidia-smi-rc.txt"] = str(getattr(smi_why, "rc", None) or "timeout")
-        files["nvidia-smi-error"] = str(smi_why)
-    elif tool == "nvidia-smi":
-        out, why = run(["nvidia-smi", "-q"])
+    can be in it. `rdma_names`: the host's RDMA devices (node_probe reads them); `known`:
+    outputs node_probe already has, by bundle name (amd-smi static's, from counting the GPUs)."""
+    files = dict(known or {})
+    if tool == "nvidia-smi":
+        out, why = (None, smi_why) if smi_why else run(["nvidia-smi", "-q"])
         if out is None:
             files["nvidia-smi-rc.txt"] = str(getattr(why, "rc", None) or "timeout")
             files["nvidia-smi-error"] = str(why)
@@ -84,10 +82,10 @@ def collect(run, disk_paths, tool, smi_why=None, rdma_names=()):
             files["fabricmanager.txt"] = state.split("\n")[-1] or "unknown"
     elif tool == "amd-smi":
         for name, argv in (("amd-smi-metric.json", ["amd-smi", "metric", "--json"]),
-                           ("amd-smi-static.json", ["amd-smi", "static", "--json"]),
+                           (AMD_STATIC, AMD_SMI_ARGV),
                            ("amd-smi-process.json", ["amd-smi", "process", "--json"]),
                            ("amd-smi-bad-pages.json", ["amd-smi", "bad-pages", "--json"])):
-            out = run(argv)[0]
+            out = files.get(name) or run(argv)[0]
             if out is not None:
                 files[name] = out
     if tool == "nvidia-smi":
@@ -136,12 +134,11 @@ def process_users(pids):
     are not there: '?')."""
     users = {}
     for pid in pids:
-        status = _read("/proc/%d/status" % pid, 1 << 16) or ""
-        match = re.search(r"^Uid:\s+([0-9]+)", status, re.M)
+        owner = procs.uid(pid)
         try:
-            users[pid] = pwd.getpwuid(int(match.group(1))).pw_name if match else "?"
+            users[pid] = pwd.getpwuid(owner).pw_name if owner is not None else "?"
         except KeyError:
-            users[pid] = match.group(1) if match else "?"
+            users[pid] = str(owner)
     return users
 
 
@@ -204,7 +201,6 @@ def facts(files, window_s, now_wall=None, users=None):
             "rc": int(rc_text) if re.fullmatch("[0-9]{1,18}", rc_text) else None,
             "error": files.get("nvidia-smi-error", "").strip()[:300] or None},
         "gpus": gpus,
-        "process_pids": pids,
         "kernel_log": ("read" if "dmesg.txt" in files else
                        files.get("dmesg-error", "").strip()[:300] or None),
         "xids": recent[-200:],

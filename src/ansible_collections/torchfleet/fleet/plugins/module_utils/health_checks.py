@@ -8,8 +8,21 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import smi
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, smi
 from ansible_collections.torchfleet.fleet.plugins.module_utils.records import ERROR, WARNING, check
+
+
+def limits(values=None, rdma_in_use=True):
+    """The thresholds the rules read, from the variables given (their defaults otherwise).
+    `rdma_in_use`: whether NCCL will use the hosts' RDMA devices (not with the ethernet preset)."""
+    values = values or {}
+
+    def get(name, kind):
+        return kind(values.get(name, defaults.default(name)))
+
+    return {"health_ecc_corrected_max": get("health_ecc_corrected_max", int),
+            "health_disk_min_gb": get("health_disk_min_gb", float), "rdma_in_use": rdma_in_use}
+
 
 THROTTLE_OK = ("Idle", "SW Power Cap")  # clocks lowered on purpose, not a fault
 FABRIC_OK = (("Completed", "Success"),)

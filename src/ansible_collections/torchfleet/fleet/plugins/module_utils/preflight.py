@@ -265,9 +265,7 @@ def health_records(reachable, connects, master, settings, network=None):
 
     def limit(name, kind=float):
         return kind(settings.get(name, defaults.default(name)))
-    limits = {"health_ecc_corrected_max": limit("health_ecc_corrected_max", int),
-              "health_disk_min_gb": limit("health_disk_min_gb"),
-              "rdma_in_use": network != "ethernet"}
+    limits = health_checks.limits(settings, rdma_in_use=network != "ethernet")
     records = []
     for host, probe in reachable.items():
         if probe.get("health"):

@@ -42,6 +42,15 @@ def comm(pid):
     return _read("/proc/%d/comm" % pid).strip()
 
 
+def uid(pid):
+    """The real uid of the process (None when gone)."""
+    for line in _read("/proc/%d/status" % pid).splitlines():
+        fields = line.split()
+        if fields[:1] == ["Uid:"] and len(fields) > 1 and fields[1].isascii() and fields[1].isdigit():
+            return int(fields[1])
+    return None
+
+
 def environ(pid):
     """The environment as {bytes: bytes} ({} when gone or not ours to read)."""
     raw = _read("/proc/%d/environ" % pid, "rb")

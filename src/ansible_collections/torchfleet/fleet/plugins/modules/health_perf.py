@@ -31,7 +31,7 @@ options:
     type: float
     required: true
   timeout_s:
-    description: Longest a measurement process may take, torch's import included.
+    description: Longest the measurement may take on this host, torch's import included.
     type: float
     default: 120
 extends_documentation_fragment:

@@ -180,7 +180,7 @@ health:
   type: dict
   sample: {"vendor": "nvidia", "smi_failed": null, "kernel_log": "read", "xids": [],
            "xid_window_s": 7200, "memlock_kib": -1, "rdma": true, "peermem": true,
-           "fabricmanager": "active", "process_pids": [],
+           "fabricmanager": "active",
            "disk": [{"path": "~/.torchfleet/runs", "free_bytes": 81604378624, "mount": "/home"}],
            "gpus": [{"index": 0, "bus_id": "00000000:53:00.0", "name": "NVIDIA H100 80GB HBM3",
                      "ecc_uncorrected": 0, "remap_pending": false, "pcie_width": 16,
@@ -352,10 +352,11 @@ def listdir(path):
         return []
 
 
-def gpu_facts(run):
+def gpu_facts(run, outputs):
     """(gpus, nvidia-smi's facts, the GPU tool's facts): NVIDIA's GPUs from nvidia-smi; where
     it is absent, AMD's from amd-smi, rocm-smi or the KFD topology. A tool that exists and
-    fails is a problem to name, not a host without GPUs."""
+    fails is a problem to name, not a host without GPUs. `outputs` keeps what node health reads
+    too (amd-smi static's answer), so it is not asked twice."""
     out, err = run(NVIDIA_SMI_ARGV)
     if out is not None:
         facts = {"found": True, "error": None, "tool": "nvidia-smi"}
@@ -368,6 +369,8 @@ def gpu_facts(run):
         out, err = run(argv)
         if out is None and missing(err):
             continue
+        if argv is AMD_SMI_ARGV and out is not None:
+            outputs[health.AMD_STATIC] = out
         tool = {"found": True, "error": err, "tool": argv[0]}
         if out is None:
             return [], smi, tool
@@ -482,7 +485,8 @@ def main():
 
     python = params["python"] or sys.executable
     stack = probe_python(python, run)
-    gpus, smi, tool = gpu_facts(run)
+    outputs = {}
+    gpus, smi, tool = gpu_facts(run, outputs)
     # RCCL (ROCm) keeps NCCL's version macros in its own header.
     nccl = stack.get("nccl_version") or next(
         (v for v in (parse_nccl_header(read(h)) for h in (NCCL_HEADER,) + RCCL_HEADERS) if v), None)
@@ -491,7 +495,7 @@ def main():
     if params["health"] != "off":
         files = health.collect(run, params["disk_paths"], tool.get("tool"),
                                tool.get("error") if tool.get("tool") == "nvidia-smi" else None,
-                               [d["name"] for d in rdma["devices"]])
+                               [d["name"] for d in rdma["devices"]], outputs)
         node_health = health.facts(files, params["health_xid_window_s"], time.time(),
                                    health.process_users)
     result = dict(
