@@ -482,3 +482,16 @@ def test_memlock_is_not_asked_for_when_the_run_uses_ethernet():
     facts = health.facts(files, 7200)
     assert health_checks.checks("h", facts, dict(LIMITS, rdma_in_use=False)) == []
     assert [r["id"] for r in health_checks.checks("h", facts, LIMITS)] == ["host.memlock"]
+
+
+@given(st.binary(max_size=200))
+@settings(max_examples=200, deadline=None)
+def test_any_bytes_on_the_port_give_a_finite_clock_or_none(sent):
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.connect import read_clock
+
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        theirs.sendall(sent)
+        theirs.close()
+        clock = read_clock(ours, time.time(), time.monotonic(), wait_s=0.2)
+    assert clock is None or all(abs(v) < 1e11 for v in clock.values())
