@@ -112,7 +112,14 @@ def test_a_hang_is_diagnosed_with_stacks_then_stopped(tmp_path, method):
     assert all(("faulthandler" in t) is (method == "faulthandler") for t in texts), texts
     assert "<module> (hang_rank1.py:9)" in report["first_failure"]["tail"] or method == "auto"
     assert "rank 1 (local rank 0" in report["first_failure"]["tail"]
-    assert report["verdict"].startswith("train failed: no rank made progress for ")
+    # The Flight Recorder's positions name the rank the barrier waits for; its stack says where.
+    assert report["verdict"].startswith(
+        "train failed: hang at collective #1 (barrier, 0 B, group 0): node1 rank 1 never "
+        "joined; it is in <module> (hang_rank1.py:9)"), report["verdict"]
+    assert report["first_failure"]["collective"]["missing"] == [
+        {"rank": 1, "host": "node1", "seq": -1}]
+    assert sorted(p.name for p in run.run_dir.glob("logs/*/attempt_0/*/fr_trace_rank_*")) == [
+        "fr_trace_rank_0", "fr_trace_rank_1"]  # torch's own format, beside the stacks
     assert "None" not in report["verdict"] and "?" not in report["verdict"]
     assert run_processes("hang_rank1.py") == []
 

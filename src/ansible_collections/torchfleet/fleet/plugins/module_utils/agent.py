@@ -32,7 +32,7 @@ import signal
 import subprocess
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import procs, runstate, stacks
+from ansible_collections.torchfleet.fleet.plugins.module_utils import flight, procs, runstate, stacks
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.control import Client, Server
 from ansible_collections.torchfleet.fleet.plugins.module_utils.procs import HOST_ENV, RUN_ID_ENV, run_processes, stop_run
@@ -95,11 +95,13 @@ def live_children(pid):
     return [c for c in procs.children(pid) if procs.alive(c)]
 
 
-def local_status(run_dir, pid, now=None):
+def local_status(run_dir, pid, now=None, recording=False):
     """What a beat reports: ranks alive, seconds since any rank last wrote to its logs (on this
-    host's clock, so the master never compares two hosts' clocks), local rank 0's last line."""
+    host's clock, so the master never compares two hosts' clocks), local rank 0's last line;
+    with recording, where each rank is in its collectives (flight.py)."""
     newest, last = None, ""
-    for local_rank, rdir in rank_dirs(run_dir).items():
+    dirs = rank_dirs(run_dir)
+    for local_rank, rdir in dirs.items():
         for name in ("stdout.log", "stderr.log"):
             try:
                 mtime = os.stat(os.path.join(rdir, name)).st_mtime
@@ -110,9 +112,12 @@ def local_status(run_dir, pid, now=None):
             last = tail(os.path.join(rdir, "stdout.log"), 1) or tail(os.path.join(rdir,
                                                                                   "stderr.log"), 1)
     now = time.time() if now is None else now
-    return {"alive": len(live_children(pid)),
-            "idle_s": None if newest is None else max(0.0, round(now - newest, 3)),
-            "last_line": last[-runstate.LINE_MAX:], "pid": pid}
+    status = {"alive": len(live_children(pid)),
+              "idle_s": None if newest is None else max(0.0, round(now - newest, 3)),
+              "last_line": last[-runstate.LINE_MAX:], "pid": pid}
+    if recording:
+        status["coll"] = flight.positions(dirs)
+    return status
 
 
 def failure_evidence(run_dir):
@@ -144,13 +149,15 @@ class HostAgent:
         self.exit_acked = False
         self.most_workers = 0
         self.stack_facts = stacks.attach_facts(p["python"], os.geteuid())
+        self.recording = p["flight_recorder"] > 0
 
     def step(self, now_m):
         """Look at torchrun once: beat, report its end, carry out a pending stop."""
         rc = self.proc.poll()
         if rc is None and now_m >= self.next_beat:
             self.next_beat = now_m + self.t.BEAT_S
-            status = local_status(self.p["run_dir"], self.proc.pid)
+            status = local_status(self.p["run_dir"], self.proc.pid,
+                                  recording=self.recording)
             self.most_workers = max(self.most_workers, status["alive"])
             self.send(dict(status, t=runstate.BEAT))
         if rc is None and self.stop_at is not None and now_m >= self.stop_at:
@@ -171,9 +178,13 @@ class HostAgent:
             return
         self.stopping, self.reason = message, "aborted"
         if message.get("dump"):  # every live rank's stack, before anything is stopped
-            stacks.dump(self.command, self.stack_facts, self.p["stack_dump"],
-                        worker_pids(self.p["run_id"], self.proc.pid),
+            workers = worker_pids(self.p["run_id"], self.proc.pid)
+            if self.recording:  # the recordings are written beside, while the stacks are taken
+                flight.ask_dump(self.p["run_dir"])
+            stacks.dump(self.command, self.stack_facts, self.p["stack_dump"], workers,
                         rank_dirs(self.p["run_dir"]), STACK_DUMP)
+            if self.recording:
+                flight.wait_dumps(rank_dirs(self.p["run_dir"]), workers, defaults.FR_DUMP_S)
         workers = len(live_children(self.proc.pid))
         if self.most_workers and workers < self.most_workers:
             # A rank here died already and torchrun is ending by itself: let it say which
@@ -197,10 +208,10 @@ class HostAgent:
 
     def exit_body(self, rc, now_m):
         cause, consequence = failure_evidence(self.p["run_dir"]) if rc else (None, False)
-        status = local_status(self.p["run_dir"], self.proc.pid)
+        status = local_status(self.p["run_dir"], self.proc.pid, recording=self.recording)
         return {"t": runstate.EXIT, "rc": rc, "stopped": self.stopped, "root_cause": cause,
                 "consequence": consequence, "age_s": round(now_m - self.ended_m, 3),
-                "last_line": status["last_line"]}
+                "last_line": status["last_line"], "coll": status.get("coll")}
 
 
 class MasterStore:
@@ -346,11 +357,13 @@ def _die_with_agent(agent_pid):
 
 def start_torchrun(p, argv):
     env = dict(os.environ)
+    env.update(flight.rank_env(p["flight_recorder"], p["run_dir"]))  # the user's env wins
     env.update({k: str(v) for k, v in p["env"].items()})
     env.update({RUN_ID_ENV: p["run_id"], HOST_ENV: p["host"],
                 "TORCHFLEET_OUT_DIR": os.path.join(p["run_dir"], RESULTS),
                 "PYTHONUNBUFFERED": "1"})
-    stacks.install_hook(p["run_dir"], env)  # a hang's stacks where py-spy cannot attach
+    # A hang's stacks where py-spy cannot attach; where each rank is in its collectives.
+    stacks.install_hook(p["run_dir"], env, flight.WATCHER if p["flight_recorder"] > 0 else "")
     agent_pid = os.getpid()
     with open(os.path.join(p["run_dir"], TORCHRUN_LOG), "ab") as log:
         # Own session: Ansible's async timeout kills the wrapper's process group, not the run;

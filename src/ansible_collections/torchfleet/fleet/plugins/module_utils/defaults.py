@@ -85,6 +85,10 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
     (("stack_dump", "str", "auto"), dict(choices=("auto", "py-spy", "faulthandler"), description=(
         "How a hang's stacks are taken: py-spy where it can attach, else the ranks' own "
         "faulthandler."))),
+    (("flight_recorder", "int", 2000), dict(description=(
+        "Entries of torch's Flight Recorder in every rank (TORCH_FR_BUFFER_SIZE, gloo and NCCL): "
+        "a hang or a failure names the collective where the ranks diverge and the rank that "
+        "never joined it. 0 turns recording off."))),
     (("job_timeout_s", "int", 86400), dict(description="The longest a run may take.")),
     (("lost_after_s", "int", 30), dict(description=(
         "A host whose agent is silent this long is host.lost; a host that cannot hear the "
@@ -198,7 +202,8 @@ ABORT_GRACE_S = 0.5     # after the first failure, before an agent stops its own
 SETTLE_SLACK_S = 5.0    # the master waits this much past the stops for the last reports
 CLOSED_LOST_S = 3.0     # an agent's connection closed without its exit, not back within: lost
 PYSPY_TIMEOUT_S = 60.0  # one py-spy dump of one rank's stack
-DUMP_S = PYSPY_TIMEOUT_S + 10.0  # the master waits this long for a hang's stacks
+FR_DUMP_S = 5.0         # after the stacks, each rank's Flight Recorder dump may take this long
+DUMP_S = PYSPY_TIMEOUT_S + FR_DUMP_S + 10.0  # the master waits this long for a hang's stacks
 COMMAND_TIMEOUT_S = 20.0  # any other short command a module runs (ip, nvidia-smi, git, python)
 POLL_S = 5.0            # the longest wait of one look of the controller at the master
 PROGRESS_EVERY_S = 10.0  # the controller prints progress at least this often

@@ -29,14 +29,21 @@ collective.json), the Python API, the CLI and the HTML report read that copy:
     FAILURE = {"host", "node_rank", "reason", "detail", "rc", "rank", "local_rank",
                "exitcode", "root_cause", "consequence", "last_line", "at_s", "detected_s"}
 
-Only the standard library and defaults.py: it runs inside the agent on every host, and in
+A hang is also decided from where the ranks are in their collectives (flight.py), when every
+rank reports it: no rank's collective advanced for hang_timeout_s while some rank waits in
+one, even if a rank keeps writing to its log. Every failure the record judges first carries
+the finding of flight.finding() (`collective`): the collective where the ranks diverge, the
+ranks that never joined it or called another; a rank that died waiting in a collective that
+another rank never joined is a consequence of that.
+
+Only the standard library, defaults.py and flight.py: it runs inside the agent on every host, and in
 the watch's look.
 """
 from __future__ import annotations
 
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, flight
 
 # The controller's copy of the master's record (the host's files: rundir.py).
 STATE_FILE = "run_state.json"
@@ -98,7 +105,7 @@ def message(body):
     if kind == BEAT:
         return {"t": BEAT, "alive": max(0, _int(body.get("alive")) or 0),
                 "idle_s": _number(body.get("idle_s")), "pid": _int(body.get("pid")),
-                "last_line": _text(body.get("last_line"), LINE_MAX)}
+                "last_line": _text(body.get("last_line"), LINE_MAX), "coll": body.get("coll")}
     if kind == EXIT:
         cause = body.get("root_cause")
         if isinstance(cause, dict) and all(_int(cause.get(k)) is not None
@@ -109,7 +116,7 @@ def message(body):
         return {"t": EXIT, "rc": _int(body.get("rc")), "stopped": body.get("stopped") is True,
                 "consequence": body.get("consequence") is True, "root_cause": cause,
                 "age_s": max(0.0, _number(body.get("age_s"), 0.0)),
-                "last_line": _text(body.get("last_line"), LINE_MAX)}
+                "last_line": _text(body.get("last_line"), LINE_MAX), "coll": body.get("coll")}
     if kind == NOT_STARTED_MSG:
         return {"t": NOT_STARTED_MSG, "detail": _text(body.get("detail"), DETAIL_MAX)}
     if kind == HELLO:
@@ -147,18 +154,31 @@ def host_rows(hosts, record):
     return rows
 
 
+def collective_words(failure):
+    """What the recording adds to a failure's words: the collective and the ranks it names,
+    else where the other ranks were; '' for a hang (its detail says it) or without one."""
+    found = failure.get("collective") if failure else None
+    if not found or failure.get("reason") == HANG:
+        return ""
+    return flight.text(found) or found.get("others") or ""
+
+
 def failure_text(failure):
     """The first failure in words, for people: the host (or the run), the rank when one is
     known, and what happened. Never a None or a '?'."""
     if not failure:
         return ""
     who = failure.get("host") or "the run as a whole"
+    extra = collective_words(failure)
+    extra = "; " + extra if extra else ""
     if failure.get("rank") is not None:
         what = "rank %d exited with %d" % (failure["rank"], failure["exitcode"])
         if failure.get("consequence"):
-            what += " (its connection to another rank broke)"
-        return "%s, %s" % (who, what)
-    return "%s: %s" % (who, failure.get("detail") or failure.get("reason"))
+            what += " (%s)" % ("it waited in a collective another rank did not join"
+                               if failure.get("waited") else
+                               "its connection to another rank broke")
+        return "%s, %s%s" % (who, what, extra)
+    return "%s: %s%s" % (who, failure.get("detail") or failure.get("reason"), extra)
 
 
 def controller_record(run_id, hosts, nproc_per_node, failure):
@@ -189,7 +209,8 @@ class RunState:
         self.hosts = {h: {"host": h, "node_rank": i,
                           "ranks": [i * self.nproc, i * self.nproc + self.nproc - 1],
                           "state": PENDING, "rc": None, "alive": 0, "progress_ts": None,
-                          "last_line": "", "last_seen": None, "pid": None, "elapsed_s": None}
+                          "last_line": "", "last_seen": None, "pid": None, "elapsed_s": None,
+                          "coll": {}, "coll_ts": None}
                       for i, h in enumerate(self.order)}
         self.closed_at = {}  # host -> when its connection closed without an exit
 
@@ -201,6 +222,8 @@ class RunState:
         msg = message(body) if isinstance(body, dict) else None
         if msg is None or host not in self.hosts:
             return None
+        if msg["t"] in (BEAT, EXIT):
+            self.positions_of(host, now, msg["coll"])
         if msg["t"] == BEAT:
             return self.beat(host, now, msg["alive"], msg["idle_s"], msg["last_line"],
                              msg["pid"])
@@ -212,6 +235,41 @@ class RunState:
             return self.not_started(host, now, msg["detail"])
         self.closed_at.pop(host, None)  # hello: the host is (back) on the channel
         return None
+
+    def positions_of(self, host, now, coll):
+        """Where a host's ranks are in their collectives (checked: only its own ranks); the
+        time any of them advanced, on the master's clock."""
+        rec = self.hosts.get(host)
+        if rec is None or rec["state"] in DONE or not coll:
+            return
+        first, last = rec["ranks"]
+        coll = flight.clean(coll, range(first, last + 1))
+        if not coll:
+            return
+        seqs = {r: {g: v[0] for g, v in groups.items()} for r, groups in coll.items()}
+        if seqs != {r: {g: v[0] for g, v in groups.items()}
+                    for r, groups in rec["coll"].items()} or rec["coll_ts"] is None:
+            rec["coll_ts"] = now
+        rec["coll"] = dict(rec["coll"], **coll)
+
+    def positions(self):
+        """{rank: (host, groups)} of every rank that reported where it is."""
+        return {int(r): (rec["host"], groups) for rec in self.hosts.values()
+                for r, groups in rec["coll"].items()}
+
+    def finding(self, failed_rank=None):
+        return flight.finding(self.positions(), len(self.order) * self.nproc, failed_rank)
+
+    def collectives_stalled(self, now):
+        """Every rank reports its collectives, some rank waits in one, and none advanced for
+        hang_timeout_s: a hang, whatever the logs say."""
+        pos = self.positions()
+        if not pos or len(pos) < len(self.order) * self.nproc:
+            return False
+        if not any(v[0] > v[1] for _h, groups in pos.values() for v in groups.values()):
+            return False
+        last = max(rec["coll_ts"] or 0 for rec in self.hosts.values())
+        return now - last > self.hang_timeout_s
 
     def beat(self, host, now, alive=0, idle_s=None, last_line="", pid=None):
         """A live agent's report: its torchrun runs with `alive` ranks, whose newest log write
@@ -322,9 +380,18 @@ class RunState:
         running = [r for r in self.hosts.values() if r["state"] == STARTED]
         if running and elapsed > self.hang_timeout_s:
             last = max([r["progress_ts"] or 0 for r in self.hosts.values()] + [self.started])
-            if now - last > self.hang_timeout_s:
-                return self.fail(None, HANG, now, "no rank made progress for %.0f s "
-                                 "(hang_timeout_s)" % (now - last))
+            silent = now - last > self.hang_timeout_s
+            if silent or self.collectives_stalled(now):
+                found = flight.text(self.finding())
+                if found:
+                    detail = "hang at " + found
+                elif silent:
+                    detail = "no rank made progress for %.0f s (hang_timeout_s)" % (now - last)
+                else:
+                    detail = ("no rank's collective advanced for %.0f s (hang_timeout_s) while "
+                              "ranks wait in one" % (now - max(
+                                  r["coll_ts"] or 0 for r in self.hosts.values())))
+                return self.fail(None, HANG, now, detail)
         if elapsed > self.job_timeout_s:
             return self.fail(None, TIMEOUT, now, "still running after job_timeout_s=%.0f"
                              % self.job_timeout_s)
@@ -340,19 +407,37 @@ class RunState:
             return None
         rec = self.hosts.get(host) or {}
         cause = root_cause or {}
+        found, waited = None, False
+        if reason in (FAILED, HANG) and (reason == HANG or cause.get("rank") is not None):
+            found = self.finding(cause.get("rank"))
+            waited = self._waited(cause.get("rank"), found)
+            consequence = consequence or waited
         entry = {"host": host, "node_rank": rec.get("node_rank"), "reason": reason,
                  "detail": detail[-DETAIL_MAX:], "rc": rc, "rank": cause.get("rank"),
                  "local_rank": cause.get("local_rank"), "exitcode": cause.get("exitcode"),
                  "root_cause": root_cause, "consequence": bool(consequence),
                  "last_line": rec.get("last_line", ""),
                  "at_s": round((now if at is None else at) - self.started, 3),
-                 "detected_s": round(now - self.started, 3)}
+                 "detected_s": round(now - self.started, 3), "collective": found,
+                 "waited": waited}
         self.failures.append(entry)
         first_of_run = self.failure is None
         self.failure = min(self.failures, key=lambda f: (
             f["consequence"], f["at_s"], -1 if f["node_rank"] is None else f["node_rank"]))
+        if self.failure["collective"] is None:  # where the ranks were when it was judged
+            self.failure["collective"] = self.finding(self.failure["rank"])
         self.phase, self.updated = self.failure["reason"], now
         return entry if first_of_run else None
+
+    def _waited(self, rank, found):
+        """Whether a dead rank was waiting in the collective that the finding names other
+        ranks for: its death is their consequence."""
+        named = flight.culprits(found)
+        if rank is None or not named or rank in named:
+            return False
+        groups = self.positions().get(rank, (None, {}))[1]
+        v = groups.get(found["group"])
+        return bool(v) and v[0] == found["seq"] and v[0] > v[1]
 
     def all_done(self):
         return all(r["state"] in DONE or r["state"] == PENDING and self.phase != RUNNING

@@ -102,13 +102,13 @@ def attach_facts(python, euid, scope=None, py_spy=None):
             "can_attach": not why, "why": why}
 
 
-def install_hook(run_dir, env):
-    """Write the sitecustomize into the run's directory and put it first on PYTHONPATH in env
-    (a dict, changed in place)."""
+def install_hook(run_dir, env, extra=""):
+    """Write the sitecustomize (and extra code after it: flight.WATCHER) into the run's
+    directory and put it first on PYTHONPATH in env (a dict, changed in place)."""
     hook = os.path.join(run_dir, HOOK_DIR)
     os.makedirs(hook, mode=0o700, exist_ok=True)
     with open(os.path.join(hook, "sitecustomize.py"), "w") as f:
-        f.write(SITECUSTOMIZE)
+        f.write(SITECUSTOMIZE + extra)
     env["PYTHONPATH"] = os.pathsep.join([hook] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
                                                   else []))
 

@@ -20,8 +20,8 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.report import poi
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import (
     STACK_DUMP, TORCHRUN_LOG, failed_ranks, read_json, tail)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import (
-    CONTROLLER_LOST, HANG, LOST, STATE_FILE, SUCCEEDED, TIMEOUT, UNKNOWN, failure_text,
-    host_rows)
+    CONTROLLER_LOST, HANG, LOST, STATE_FILE, SUCCEEDED, TIMEOUT, UNKNOWN, collective_words,
+    failure_text, host_rows)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.table import render, spread, spread_of
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
@@ -89,6 +89,48 @@ def frames_of(dump_lines):
     return found
 
 
+THREAD_HEAD = re.compile(r"^(Current thread|Thread) ")
+# Frames of torch's own wrappers around a collective: the rank's own code is the next one out.
+LIBRARY_FRAME = re.compile(r"[(/](distributed_c10d|c10d_logger|threading)\.py:|[(/]torch/")
+
+
+def main_frames(dump_lines):
+    """The frames of the rank's main thread in a dump of every thread (py-spy names it
+    MainThread; faulthandler names none: the thread whose outermost frame is a module's), the
+    watcher thread of the run's sitecustomize left out."""
+    blocks, block = [], []
+    for line in dump_lines:
+        if THREAD_HEAD.match(line):
+            blocks.append(block)
+            block = [line]
+        else:
+            block.append(line)
+    blocks = [b for b in blocks + [block] if frames_of(b)]
+    blocks = [b for b in blocks if not any("sitecustomize" in f for f in frames_of(b))] \
+        or blocks
+    for b in blocks:
+        if b and "MainThread" in b[0]:
+            return frames_of(b)
+    for b in blocks:
+        if "<module>" in frames_of(b)[-1]:
+            return frames_of(b)
+    return frames_of(blocks[0]) if blocks else []
+
+
+def stack_path(run_dir, host, local_rank):
+    found = sorted(glob.glob(os.path.join(run_dir, "logs", host, "attempt_*", str(local_rank),
+                                          STACK_DUMP)))
+    return found[-1] if found else None
+
+
+def where(run_dir, host, local_rank):
+    """The innermost frame of a rank's own code in its gathered stack ('' without one)."""
+    path = stack_path(run_dir, host, local_rank)
+    frames = main_frames(_tail(path, 200).splitlines()) if path else []
+    own = [f for f in frames if not LIBRARY_FRAME.search(f)]
+    return (own or frames or [""])[0]
+
+
 def stacks(run_dir, hosts, frames=4):
     """Where each hung rank is: its dump's innermost frames, from the gathered logs; a dump
     that could not be taken says why."""
@@ -99,9 +141,26 @@ def stacks(run_dir, hosts, frames=4):
             text = _tail(path, 200).splitlines()
             who = text[0].lstrip("# ") if text and text[0].startswith("#") else (
                 "local rank " + os.path.basename(os.path.dirname(path)))
-            where = frames_of(text)[:frames]
+            where = main_frames(text)[:frames]
             lines.append("%s %s: %s" % (host, who, " <- ".join(where) or " ".join(text[1:])[:200]))
     return "\n".join(lines)
+
+
+def hang_detail(abort, host):
+    """run.hang of one host: the ranks of this host the recording names, else the hang's
+    words."""
+    found = (abort or {}).get("collective") or {}
+    mine = ["rank %d never joined collective #%d" % (m["rank"], found["seq"])
+            for m in found.get("missing") or [] if m["host"] == host]
+    mine += ["rank %d called %s at collective #%d" % (m["rank"], m["op"], found["seq"])
+             for m in found.get("mismatch") or [] if m["host"] == host]
+    if mine:
+        return "; ".join(mine) + "; stacks in py-spy-dump.txt"
+    if found.get("missing") or found.get("mismatch"):
+        return "its ranks waited in collective #%d (%s) for the ranks named; stacks in " \
+            "py-spy-dump.txt" % (found["seq"], found["op"] or "op unknown")
+    return "no progress for %s; stacks in py-spy-dump.txt" % (abort or {}).get(
+        "detail", "hang_timeout_s")
 
 
 def first_failure(record, run_dir, lines):
@@ -112,12 +171,24 @@ def first_failure(record, run_dir, lines):
     if not failure:
         return None
     host, local_rank = failure.get("host"), failure.get("local_rank")
+    found = failure.get("collective")
+    extra = collective_words(failure)
     out = {"host": host, "node_rank": failure.get("node_rank"), "rank": failure.get("rank"),
            "local_rank": local_rank, "exit_code": failure.get("exitcode"),
            "consequence": bool(failure.get("consequence")), "failure": failure["reason"],
-           "reason": failure.get("detail") or failure["reason"]}
+           "reason": (failure.get("detail") or failure["reason"]) + ("; " + extra if extra
+                                                                      else ""),
+           "collective": found}
     if failure["reason"] == HANG:
-        out.update(reason=out["reason"] + "; stacks:",
+        reason = out["reason"]
+        named = (found or {}).get("missing") or (found or {}).get("mismatch") or []
+        first = {h["host"]: h["ranks"][0] for h in record.get("hosts") or []}
+        if named and named[0]["host"] in first:
+            at = where(run_dir, named[0]["host"], named[0]["rank"] - first[named[0]["host"]])
+            reason += "; it is in %s" % at if at else ""
+        elif found and found.get("note"):
+            reason += " (%s)" % found["note"]
+        out.update(reason=reason + "; stacks:",
                    tail=stacks(run_dir, [h["host"] for h in record.get("hosts") or []]))
     elif host and local_rank is not None:
         out["tail"] = _rank_log(run_dir, host, local_rank, lines)
@@ -310,9 +381,7 @@ def decide(params):
                                 "stopped" % host))
         checks.append(check("run.exit", host, ok, detail, hint))
         if outcome == HANG:
-            checks.append(check("run.hang", host, False,
-                                "no progress for %s; stacks in py-spy-dump.txt"
-                                % (abort or {}).get("detail", "hang_timeout_s"), hint))
+            checks.append(check("run.hang", host, False, hang_detail(abort, host), hint))
         node_rank = rec.get("node_rank", hosts.index(host))
         rows_out.append({"host": host, "node_rank": node_rank,
                          "ranks": list(range(node_rank * nproc, node_rank * nproc + nproc)),

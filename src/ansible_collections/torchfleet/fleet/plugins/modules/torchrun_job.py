@@ -152,6 +152,14 @@ options:
     type: str
     choices: [auto, py-spy, faulthandler]
     default: auto
+  flight_recorder:
+    description: Entries of torch's Flight Recorder in every rank (C(TORCH_FR_BUFFER_SIZE)).
+      Above 0, each rank's sitecustomize also starts a thread that writes where the rank is in
+      its collectives beside its logs each second (the heartbeat carries it to the master,
+      whose record names the rank a hang waits for), and its whole recording when asked. 0
+      turns both off.
+    type: int
+    default: 2000
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -245,6 +253,7 @@ ARGUMENT_SPEC = dict(
     env=dict(type="dict", default=defaults.default("env")),
     lease_s=dict(type="float", default=defaults.LEASE_S),
     stack_dump=dict(type="str", choices=["auto", "py-spy", "faulthandler"], default=defaults.default("stack_dump")),
+    flight_recorder=dict(type="int", default=defaults.default("flight_recorder")),
 )
 
 

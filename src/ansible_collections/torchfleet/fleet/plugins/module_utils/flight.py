@@ -1,0 +1,417 @@
+"""Where each rank is in its collectives, from torch's Flight Recorder, and what that says
+when a run hangs or fails: the collective at which the ranks diverge, the ranks that never
+joined it or called something else.
+
+Three parts, one per place they run:
+
+- WATCHER, in every rank (part of the sitecustomize stacks.py installs): a daemon thread that
+  each second reads the recorder's pg_status (last enqueued and last completed collective of
+  each process group: 0.1 ms, no entry copied) and writes it to fr_position.json in the rank's
+  log directory; when a collective stays pending for a second it adds that collective's op,
+  shapes and dtypes (one JSON dump of the buffer, once per position). A thread, because a
+  rank blocked inside a collective runs no Python signal handler. When the agent asks (a hang:
+  the file TORCHFLEET_FR_TRIGGER appears) and when the rank exits inside a collective, it
+  writes the whole recording in torch's own format (fr_trace_rank_<rank>, what torchfrtrace
+  reads) beside the rank's logs, gathered with them.
+- positions(), in the host's agent: those files, checked and bounded, for its heartbeat.
+- clean() and finding(), in the master's judge (runstate.py): a heartbeat's positions from
+  another host are hostile until checked; finding() reads every rank's last position.
+
+torch's analyzer (torchfrtrace) is not run by the judge: it needs the dumps of every rank in
+one place, and on gloo it raises KeyError (gloo's dumps carry an empty pg_config). Its rule for
+a hang is the one here: the ranks behind the highest sequence number of a group never joined
+that collective; ranks at it with another op or size called something else.
+
+Only the standard library: it runs inside the agent on every host.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+POSITION = "fr_position.json"
+TRIGGER = "_fr_dump"       # in the host's run directory: the agent asks every rank to dump
+DUMP_PREFIX = "fr_trace_rank_"
+ENV_BUFFER = "TORCH_FR_BUFFER_SIZE"  # torch's own (TORCH_NCCL_TRACE_BUFFER_SIZE is its old name)
+ENV_TRIGGER = "TORCHFLEET_FR_TRIGGER"
+
+# Bounds of what one rank's position may hold (a beat carries every local rank's).
+MAX_GROUPS = 4
+OP_MAX, SHAPE_MAX, DTYPE_MAX, PG_MAX = 48, 120, 60, 16
+FILE_MAX = 16 << 10
+
+WATCHER = r'''
+
+def _torchfleet_flight():
+    """torchfleet: this rank's place in its collectives, from torch's Flight Recorder, each
+    second to fr_position.json beside its logs; the whole recording when the agent asks."""
+    import atexit
+    import json
+    import os
+    import sys
+    import threading
+    import time
+
+    err, rank = os.environ.get("TORCHELASTIC_ERROR_FILE"), os.environ.get("RANK")
+    trigger = os.environ.get("TORCHFLEET_FR_TRIGGER")
+    if not err or rank is None or not trigger:
+        return
+    here, pid = os.path.dirname(err), os.getpid()
+    seen = {"pgs": None, "detailed": None, "dumped": False}
+    dumping = threading.Lock()
+
+    def recorder():
+        dist = sys.modules.get("torch.distributed")
+        try:
+            if dist is None or not dist.is_available() or not dist.is_initialized():
+                return None
+            import torch._C._distributed_c10d as c10d
+            return c10d
+        except Exception:
+            return None
+
+    def dumps(c10d, collectives):
+        out = []
+        for name in ("_dump_nccl_trace_json", "_dump_fr_trace_json"):
+            dump = getattr(c10d, name, None)
+            if dump is not None:
+                try:
+                    out.append(json.loads(dump(includeCollectives=collectives)))
+                except Exception:
+                    pass
+        return out
+
+    def write(name, data):
+        tmp = os.path.join(here, "." + name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, os.path.join(here, name))
+
+    def look(c10d, detail):
+        pgs = {}
+        for d in dumps(c10d, False):
+            for pg, s in (d.get("pg_status") or {}).items():
+                seq = int(s.get("last_enqueued_collective", -1))
+                done = int(s.get("last_completed_collective", -1))
+                if str(pg) not in pgs or seq > pgs[str(pg)][0]:  # -1: none yet
+                    pgs[str(pg)] = [seq, done, "", "", ""]
+        if detail and any(v[0] > v[1] for v in pgs.values()):
+            for d in dumps(c10d, True):
+                for e in d.get("entries") or []:
+                    v = pgs.get(str(e.get("pg_id")))
+                    if v and not e.get("is_p2p") and e.get("collective_seq_id") == v[0]:
+                        v[2:] = [str(e.get("profiling_name") or ""),
+                                 json.dumps(e.get("input_sizes"))[:120],
+                                 ",".join(map(str, e.get("input_dtypes") or []))[:60]]
+        return pgs
+
+    def save(pgs):
+        write("fr_position.json", json.dumps({"rank": int(rank), "pgs": pgs}).encode())
+
+    def dump_all(c10d):
+        with dumping:
+            if not seen["dumped"]:
+                seen["dumped"] = True
+                dump_once(c10d)
+
+    def dump_once(c10d):
+        for name in ("_dump_nccl_trace", "_dump_fr_trace"):
+            dump = getattr(c10d, name, None)
+            if dump is not None:
+                try:
+                    write("fr_trace_rank_" + rank, dump())
+                    return
+                except Exception:
+                    pass
+
+    def once():
+        c10d = recorder()
+        if c10d is None:
+            return
+        plain = look(c10d, False)
+        pending = any(v[0] > v[1] for v in plain.values())
+        if plain == seen["pgs"] and pending and seen["detailed"] != plain:
+            seen["detailed"] = plain
+            save(look(c10d, True))  # the same collective pending for a second: its op
+        elif plain != seen["pgs"]:
+            save(plain)
+        seen["pgs"] = plain
+        if not seen["dumped"] and os.path.exists(trigger):
+            dump_all(c10d)
+
+    def loop():
+        while os.getpid() == pid:
+            time.sleep(1.0)
+            try:
+                once()
+            except Exception:
+                pass
+
+    def at_exit():
+        # A rank leaving inside a collective (its timeout), or while the agent asks for the
+        # recordings (a peer stopped first broke the collective): its place and its recording,
+        # before the process group is gone. A dump the watcher began is finished first.
+        try:
+            c10d = recorder()
+            if c10d is not None and os.getpid() == pid:
+                pgs = look(c10d, True)
+                if any(v[0] > v[1] for v in pgs.values()):
+                    save(pgs)
+                if any(v[0] > v[1] for v in pgs.values()) or os.path.exists(trigger):
+                    dump_all(c10d)
+        except Exception:
+            pass
+
+    atexit.register(at_exit)
+    threading.Thread(target=loop, name="torchfleet-flight", daemon=True).start()
+
+
+_torchfleet_flight()
+'''
+
+
+def rank_env(entries, run_dir):
+    """The ranks' environment for a Flight Recorder of `entries` (0: off). torch's own
+    variable is set even when off (0, never empty: an empty one kills the rank at its process
+    group's creation); NCCL's own dump on a collective's timeout goes beside the watcher's."""
+    env = {ENV_BUFFER: str(int(entries))}
+    if entries:
+        env.update({ENV_TRIGGER: os.path.join(run_dir, TRIGGER),
+                    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                    "TORCH_FR_DUMP_TEMP_FILE": os.path.join(run_dir, "logs", "nccl_" + DUMP_PREFIX)})
+    return env
+
+
+def ask_dump(run_dir):
+    """Every rank of this host writes its whole recording (the watcher looks each second)."""
+    try:
+        with open(os.path.join(run_dir, TRIGGER), "w"):
+            pass
+    except OSError:
+        pass
+
+
+def wait_dumps(dirs, workers, wait_s):
+    """Wait, at most wait_s, until every live rank (workers: {local rank: (pid, rank)}) wrote
+    its recording into its log directory (dirs: {local rank: directory})."""
+    deadline = time.monotonic() + wait_s
+    want = [os.path.join(dirs[lr], DUMP_PREFIX + str(rank)) for lr, (_pid, rank)
+            in workers.items() if lr in dirs]
+    while time.monotonic() < deadline and not all(os.path.exists(p) for p in want):
+        time.sleep(0.2)
+
+
+# -- checking what a rank or another host wrote ----------------------------------------------
+
+def _int(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) and \
+        -1 <= value < 1 << 62 else None
+
+
+def clean_groups(pgs):
+    """A rank's {group: [seq, done, op, shapes, dtypes]} checked and bounded, or None. At most
+    MAX_GROUPS groups: those with a collective pending first, then by group id."""
+    if not isinstance(pgs, dict):
+        return None
+    out = {}
+    for pg, v in pgs.items():
+        if not (isinstance(pg, str) and 0 < len(pg) <= PG_MAX and isinstance(v, list)
+                and len(v) == 5):
+            return None
+        seq, done = _int(v[0]), _int(v[1])
+        if seq is None or done is None or not all(isinstance(s, str) for s in v[2:]):
+            return None
+        out[pg] = [seq, done, v[2][:OP_MAX], v[3][:SHAPE_MAX], v[4][:DTYPE_MAX]]
+    keep = sorted(out, key=lambda g: (out[g][0] <= out[g][1], len(g), g))[:MAX_GROUPS]
+    return {g: out[g] for g in sorted(keep, key=lambda g: (len(g), g))}
+
+
+def clean(coll, ranks):
+    """A heartbeat's positions, {rank: groups} with rank as a string (JSON), checked: only the
+    ranks of `ranks` (the host's own), each clean_groups(). Anything else is dropped."""
+    if not isinstance(coll, dict):
+        return {}
+    out = {}
+    for key, pgs in list(coll.items())[:len(ranks)]:
+        try:
+            rank = int(key) if isinstance(key, str) and key.isdigit() and len(key) < 8 else None
+        except ValueError:
+            rank = None
+        groups = clean_groups(pgs)
+        if rank in ranks and groups is not None:
+            out[str(rank)] = groups
+    return out
+
+
+def positions(dirs):
+    """{rank: groups} of this host's ranks, from each rank's fr_position.json (dirs: {local
+    rank: log directory}); a missing, garbled or oversized file is no position."""
+    out = {}
+    for rdir in dirs.values():
+        try:
+            with open(os.path.join(rdir, POSITION), "rb") as f:
+                data = json.loads(f.read(FILE_MAX + 1)[:FILE_MAX + 1])
+        except (OSError, ValueError, RecursionError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        rank, groups = _int(data.get("rank")), clean_groups(data.get("pgs"))
+        if rank is not None and rank >= 0 and groups is not None:
+            out[str(rank)] = groups
+    return out
+
+
+# -- the finding --------------------------------------------------------------------------------
+
+ELEMENT_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4,
+                 "Short": 2, "Char": 1, "Byte": 1, "Bool": 1, "ComplexFloat": 8,
+                 "ComplexDouble": 16, "UInt16": 2, "UInt32": 4, "UInt64": 8}
+
+
+def nbytes(shapes, dtypes):
+    """Bytes of a collective's inputs from the recorder's input_sizes and input_dtypes; None
+    when they cannot be read."""
+    try:
+        sizes = json.loads(shapes) if shapes else None
+    except (ValueError, RecursionError):
+        return None
+    names = dtypes.split(",") if dtypes else []
+    if not isinstance(sizes, list) or len(sizes) != len(names):
+        return None
+    total = 0
+    for dims, name in zip(sizes, names, strict=True):
+        if not isinstance(dims, list) or not all(_int(d) is not None and d >= 0 for d in dims):
+            return None
+        count = 1
+        for d in dims:
+            count *= d
+        per = ELEMENT_BYTES.get(name) or (1 if name.startswith("Float8") else None)
+        if per is None:
+            return None
+        total += count * per
+    return total
+
+
+def human(n):
+    if n is None:
+        return "size unknown"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return "%.1f %s" % (n / scale, unit)
+    return "%d B" % n
+
+
+def op_name(profiling_name):
+    """'gloo:all_reduce' / 'nccl:all_reduce' -> 'all_reduce'."""
+    return profiling_name.split(":", 1)[-1] if profiling_name else ""
+
+
+def finding(ranks, world, failed_rank=None):
+    """What every rank's last position says. ranks: {rank: (host, groups)}; world: how many
+    ranks the run has; failed_rank: a rank whose death is being judged (item context).
+
+    Returns {"recorded", "world", "group", "seq", "op", "bytes", "missing": [{rank, host,
+    seq}], "mismatch": [{rank, host, op, bytes, dtypes}], "waiting", "others", "note"}: missing
+    and mismatch name ranks only when every rank of the run has a position; otherwise note
+    says why nothing is named."""
+    out = {"recorded": len(ranks), "world": world, "group": None, "seq": None, "op": "",
+           "bytes": None, "missing": [], "mismatch": [], "waiting": 0, "others": "",
+           "note": ""}
+    if not ranks:
+        out["note"] = ("no rank's collectives were recorded (flight_recorder=0, a torch "
+                       "without the recorder, or no process group yet)")
+        return out
+    if len(ranks) < world:
+        absent = [r for r in range(world) if r not in ranks]
+        out["note"] = "no collective position from rank(s) %s: nothing is named from the " \
+            "recording" % ", ".join(map(str, absent[:8])) + (" ..." if len(absent) > 8 else "")
+        return out
+    out["others"] = _others(ranks, failed_rank)
+    groups = sorted({g for _h, pgs in ranks.values() for g in pgs},
+                    key=lambda g: (g != "0", len(g), g))
+    if "0" not in groups:
+        groups.insert(0, "0")
+    for g in groups:
+        members = {r: pgs[g] for r, (_h, pgs) in ranks.items() if g in pgs}
+        if g == "0":  # every rank is in the default group: one without it has not used it
+            members = {r: members.get(r, [-1, -1, "", "", ""]) for r in ranks}
+        top = max(v[0] for v in members.values())
+        at_top = {r: v for r, v in members.items() if v[0] == top}
+        waiting = [r for r, v in at_top.items() if v[0] > v[1]]
+        if not waiting:
+            continue  # nobody waits in this group's newest collective
+        behind = sorted(r for r, v in members.items() if v[0] < top)
+        signature = {r: (op_name(v[2]), v[3], v[4]) for r, v in at_top.items() if v[2]}
+        common = _majority(signature)
+        # Without a strict majority every rank at the collective is named with what it called.
+        odd = sorted(r for r, s in signature.items() if s != common) if len(
+            set(signature.values())) > 1 else []
+        if not behind and not odd and len(waiting) < len(at_top):
+            continue
+        ref = next((at_top[r] for r in sorted(at_top) if signature.get(r) == common), None)
+        out.update(group=g, seq=top, waiting=len(waiting),
+                   op=common[0] if common else "",
+                   bytes=nbytes(ref[3], ref[4]) if ref else None,
+                   missing=[{"rank": r, "host": ranks[r][0], "seq": members[r][0]}
+                            for r in behind],
+                   mismatch=[{"rank": r, "host": ranks[r][0], "op": signature[r][0],
+                              "bytes": nbytes(at_top[r][3], at_top[r][4]),
+                              "dtypes": at_top[r][4]} for r in odd])
+        return out
+    out["note"] = "no rank waits in a collective that another has not joined"
+    return out
+
+
+def _majority(signature):
+    """The signature more than half the ranks share, else None."""
+    counts = {}
+    for s in signature.values():
+        counts[s] = counts.get(s, 0) + 1
+    best = max(sorted(counts), key=lambda s: counts[s]) if counts else None
+    return best if best is not None and counts[best] * 2 > len(signature) else None
+
+
+def _others(ranks, failed_rank):
+    """Where the ranks other than failed_rank were: their most common newest collective."""
+    if failed_rank is None:
+        return ""
+    where = {}
+    for r, (_h, pgs) in ranks.items():
+        if r == failed_rank or not pgs:
+            continue
+        g = "0" if "0" in pgs else sorted(pgs, key=lambda k: (len(k), k))[0]
+        seq, done, op = pgs[g][0], pgs[g][1], op_name(pgs[g][2])
+        where.setdefault((g, seq, seq > done, op), []).append(r)
+    if not where:
+        return ""
+    (g, seq, pending, op), rs = max(where.items(), key=lambda kv: (len(kv[1]), kv[0][1]))
+    others = len(ranks) - (1 if failed_rank in ranks else 0)
+    what = "%s #%d" % (op or "collective", seq) if pending else "past collective #%d" % seq
+    return "%s of the other %d ranks %s %s%s" % (
+        "all" if len(rs) == others else "%d" % len(rs), others,
+        "was" if len(rs) == 1 else "were", "in " if pending else "", what) + (
+            "" if g == "0" else " (group %s)" % g)
+
+
+def culprits(f):
+    """The ranks a finding names: those that never joined, then those that called another
+    collective."""
+    return [m["rank"] for m in f.get("missing") or []] + \
+        [m["rank"] for m in f.get("mismatch") or []]
+
+
+def text(f):
+    """The finding in words, '' when it names nobody."""
+    if not f or not culprits(f):
+        return ""
+    head = "collective #%d (%s, %s, group %s)" % (f["seq"], f["op"] or "op unknown",
+                                                   human(f["bytes"]), f["group"])
+    parts = []
+    for m in f["missing"][:4]:
+        parts.append("%s rank %d never joined" % (m["host"], m["rank"]))
+    for m in f["mismatch"][:4]:
+        parts.append("%s rank %d called %s (%s, %s)" % (m["host"], m["rank"], m["op"],
+                                                      human(m["bytes"]), m["dtypes"]))
+    more = len(culprits(f)) - len(parts)
+    return "%s: %s%s" % (head, "; ".join(parts), " and %d more" % more if more > 0 else "")

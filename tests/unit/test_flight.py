@@ -1,0 +1,225 @@
+"""Where each rank is in its collectives (flight.py) and what the one judge makes of it.
+
+The positions here have the shape the watcher writes from torch's Flight Recorder. The first
+one below was recorded here (torch 2.13.0 CPU wheel, gloo, torchrun with 4 ranks on one
+machine, the run's sitecustomize installed by stacks.install_hook with flight.WATCHER): rank 2
+slept before all_reduce #40, rank 1 called all_gather at #40. Faults no recording had are the
+same dicts with one value changed, said where.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils import flight, runstate
+from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import RunState
+
+RECORDED = {"0": {"0": [40, 39, "gloo:all_reduce", "[[1024]]", "Float"]},
+            "1": {"0": [40, 39, "gloo:all_gather", "[[4]]", "Float"]},
+            "2": {"0": [39, 39, "", "", ""]},
+            "3": {"0": [40, 39, "gloo:all_reduce", "[[1024]]", "Float"]}}
+
+
+def ranks_of(positions, per_host=2):
+    return {int(r): ("cqnode%d" % (int(r) // per_host), g) for r, g in positions.items()}
+
+
+def test_the_recorded_hang_names_the_rank_that_never_joined_and_the_one_that_called_another():
+    f = flight.finding(ranks_of(RECORDED), 4)
+    assert (f["seq"], f["op"], f["bytes"], f["group"], f["waiting"]) == (40, "all_reduce",
+                                                                         4096, "0", 3)
+    assert f["missing"] == [{"rank": 2, "host": "cqnode1", "seq": 39}]
+    assert f["mismatch"] == [{"rank": 1, "host": "cqnode0", "op": "all_gather", "bytes": 16,
+                              "dtypes": "Float"}]
+    assert flight.text(f) == ("collective #40 (all_reduce, 4.0 KiB, group 0): cqnode1 rank 2 "
+                              "never joined; cqnode0 rank 1 called all_gather (16 B, Float)")
+
+
+def test_a_rank_that_passes_another_size_is_named_with_its_size():
+    pos = {r: {"0": [7, 6, "gloo:all_reduce", "[[1024]]", "Float"]} for r in "0123"}
+    pos["3"] = {"0": [7, 6, "gloo:all_reduce", "[[2048]]", "Float"]}  # changed: the size
+    f = flight.finding(ranks_of(pos), 4)
+    assert f["missing"] == [] and [m["rank"] for m in f["mismatch"]] == [3]
+    assert "cqnode1 rank 3 called all_reduce (8.0 KiB, Float)" in flight.text(f)
+
+
+def test_two_ranks_that_disagree_are_both_named_none_is_guessed_the_odd_one():
+    pos = {"0": {"0": [3, 2, "gloo:all_reduce", "[[4]]", "Float"]},
+           "1": {"0": [3, 2, "gloo:broadcast", "[[4]]", "Float"]}}
+    f = flight.finding(ranks_of(pos), 2)
+    assert sorted(m["rank"] for m in f["mismatch"]) == [0, 1]
+
+
+def test_nothing_is_named_while_a_rank_has_no_position_or_recording_is_off():
+    partial = {k: v for k, v in RECORDED.items() if k != "2"}
+    f = flight.finding(ranks_of(partial), 4)
+    assert flight.culprits(f) == [] and "rank(s) 2" in f["note"] and flight.text(f) == ""
+    off = flight.finding({}, 4)
+    assert flight.culprits(off) == [] and "flight_recorder=0" in off["note"]
+
+
+def test_ranks_in_step_waiting_together_or_between_collectives_name_nobody():
+    same = {r: {"0": [9, 8, "gloo:all_reduce", "[[4]]", "Float"]} for r in "0123"}
+    between = {r: {"0": [9, 9, "gloo:all_reduce", "[[4]]", "Float"]} for r in "0123"}
+    for pos in (same, between):
+        assert flight.culprits(flight.finding(ranks_of(pos), 4)) == []
+
+
+def test_a_rank_that_never_used_the_default_group_never_joined_its_first_collective():
+    """Recorded in the lab's hang_rank1.py run: the sleeping rank's pg_status is empty."""
+    pos = {"0": {"0": [1, -1, "gloo:barrier", "[]", ""]}, "1": {}}
+    f = flight.finding(ranks_of(pos, per_host=1), 2)
+    assert f["missing"] == [{"rank": 1, "host": "cqnode1", "seq": -1}]
+    assert flight.text(f).startswith("collective #1 (barrier, 0 B, group 0): cqnode1 rank 1")
+
+
+def test_a_subgroup_counts_only_its_members():
+    pos = {"0": {"0": [5, 5, "", "", ""], "1": [3, 2, "gloo:all_reduce", "[[4]]", "Float"]},
+           "1": {"0": [5, 5, "", "", ""], "1": [2, 2, "", "", ""]},
+           "2": {"0": [5, 5, "", "", ""]}, "3": {"0": [5, 5, "", "", ""]}}
+    f = flight.finding(ranks_of(pos), 4)
+    assert (f["group"], f["seq"], [m["rank"] for m in f["missing"]]) == ("1", 3, [1])
+
+
+def test_where_the_others_were_when_a_rank_died():
+    pos = {r: {"0": [88, 87, "gloo:all_reduce", "[[4]]", "Float"]} for r in "012345"}
+    pos["5"] = {"0": [87, 87, "", "", ""]}
+    assert flight.finding(ranks_of(pos), 6, failed_rank=5)["others"] == \
+        "all of the other 5 ranks were in all_reduce #88"
+
+
+def test_positions_read_only_what_a_rank_wrote_sanely(tmp_path):
+    good, bad, huge = (tmp_path / n for n in ("0", "1", "2"))
+    for d in (good, bad, huge):
+        d.mkdir()
+    (good / flight.POSITION).write_text(json.dumps({"rank": 4, "pgs": RECORDED["0"]}))
+    (bad / flight.POSITION).write_text('{"rank": "4", "pgs": []}')
+    (huge / flight.POSITION).write_text(json.dumps({"rank": 5, "pgs": {"0": [1, 0, "x" * (
+        flight.FILE_MAX), "", ""]}}))
+    assert flight.positions({0: str(good), 1: str(bad), 2: str(huge), 3: "/nonexistent"}) == \
+        {"4": RECORDED["0"]}
+
+
+def test_the_environment_never_sets_the_recorders_size_empty(tmp_path):
+    assert flight.rank_env(0, str(tmp_path)) == {"TORCH_FR_BUFFER_SIZE": "0"}
+    on = flight.rank_env(2000, str(tmp_path))
+    assert on["TORCH_FR_BUFFER_SIZE"] == "2000" and on["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert on[flight.ENV_TRIGGER] == os.path.join(str(tmp_path), flight.TRIGGER)
+
+
+def test_the_watcher_is_valid_python_that_does_nothing_outside_a_rank(tmp_path, monkeypatch):
+    for name in ("TORCHELASTIC_ERROR_FILE", "RANK", flight.ENV_TRIGGER):
+        monkeypatch.delenv(name, raising=False)
+    exec(compile(flight.WATCHER, "sitecustomize.py", "exec"), {})  # returns at once
+
+
+# -- the judge ------------------------------------------------------------------------------
+
+HOSTS = ["cqnode0", "cqnode1", "cqnode2"]
+
+
+def state(**kw):
+    args = dict(now=1000.0, join_timeout_s=60, lost_after_s=30, hang_timeout_s=20,
+                job_timeout_s=3600)
+    args.update(kw)
+    return RunState("r1", HOSTS, 2, **args)
+
+
+def beat(s, now, positions, idle_s=0.0):
+    """Each host's beat with its own ranks' positions; idle_s 0: its ranks keep printing."""
+    for i, h in enumerate(HOSTS):
+        mine = {r: g for r, g in positions.items() if int(r) // 2 == i}
+        s.report(h, now, {"t": runstate.BEAT, "alive": 2, "idle_s": idle_s,
+                          "last_line": "step", "pid": 1, "coll": mine})
+
+
+def stuck(seq=40, late="3"):
+    pos = {str(r): {"0": [seq, seq - 1, "gloo:all_reduce", "[[1048576]]", "Float"]}
+           for r in range(6)}
+    pos[late] = {"0": [seq - 1, seq - 1, "", "", ""]}
+    return pos
+
+
+def test_a_rank_that_keeps_printing_cannot_hide_a_hang():
+    s = state()
+    for t in range(1001, 1022):
+        beat(s, t, stuck())
+    assert s.tick(1021) is None  # stalled 20 s: not yet more than hang_timeout_s
+    failure = s.tick(1022)
+    assert failure["reason"] == runstate.HANG
+    assert failure["detail"] == ("hang at collective #40 (all_reduce, 4.0 MiB, group 0): "
+                                 "cqnode1 rank 3 never joined")
+    assert failure["collective"]["missing"] == [{"rank": 3, "host": "cqnode1", "seq": 39}]
+
+
+def test_collectives_that_advance_are_no_hang_even_when_every_log_is_quiet_briefly():
+    s = state()
+    for t in range(1001, 1060):
+        beat(s, t, {str(r): {"0": [t, t - 1, "gloo:all_reduce", "[[4]]", "Float"]}
+                    for r in range(6)})
+        assert s.tick(t) is None
+
+
+def test_between_collectives_for_long_is_the_logs_rule_not_a_stall():
+    """Every rank past its last collective (an evaluation without collectives): only the
+    logs decide, and they keep moving."""
+    s = state()
+    done = {str(r): {"0": [9, 9, "gloo:all_reduce", "[[4]]", "Float"]} for r in range(6)}
+    for t in range(1001, 1060):
+        beat(s, t, done)
+        assert s.tick(t) is None
+
+
+def test_a_rank_that_died_waiting_is_a_consequence_of_the_one_that_never_joined():
+    s = state()
+    beat(s, 1001, stuck(late="3"))
+    first = s.exited("cqnode0", 1010, 1, root_cause={"rank": 0, "local_rank": 0,
+                                                     "exitcode": 1})
+    assert first["consequence"] and first["waited"]
+    assert "cqnode1 rank 3 never joined" in runstate.failure_text(s.failure)
+    assert "it waited in a collective another rank did not join" in \
+        runstate.failure_text(s.failure)
+    s.exited("cqnode1", 1011, 1, root_cause={"rank": 3, "local_rank": 1, "exitcode": 1})
+    assert (s.failure["host"], s.failure["rank"]) == ("cqnode1", 3)  # the cause comes first
+
+
+def test_a_rank_that_died_is_told_with_where_the_others_were():
+    s = state()
+    pos = {str(r): {"0": [88, 87, "gloo:all_reduce", "[[4]]", "Float"]} for r in range(6)}
+    pos["4"] = {"0": [87, 87, "", "", ""]}
+    beat(s, 1001, pos)
+    s.exited("cqnode2", 1005, 1, root_cause={"rank": 4, "local_rank": 0, "exitcode": 1})
+    assert runstate.failure_text(s.failure) == (
+        "cqnode2, rank 4 exited with 1; collective #88 (all_reduce, 16 B, group 0): cqnode2 "
+        "rank 4 never joined")
+    assert s.failure["collective"]["others"] == "all of the other 5 ranks were in all_reduce #88"
+
+
+def test_a_host_cannot_report_another_hosts_ranks():
+    s = state()
+    s.report("cqnode0", 1001, {"t": runstate.BEAT, "alive": 2, "coll": stuck()})
+    assert sorted(s.positions()) == [0, 1]
+
+
+positions_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 1 << 70) | st.floats() | st.text(max_size=30),
+    lambda children: st.lists(children, max_size=6)
+    | st.dictionaries(st.text(max_size=4), children, max_size=6), max_leaves=40)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(coll=positions_json, other=positions_json)
+def test_any_positions_from_a_host_leave_the_judge_standing_and_name_only_its_ranks(coll,
+                                                                                   other):
+    s = state()
+    s.report("cqnode1", 1001, {"t": runstate.BEAT, "alive": 2, "coll": coll})
+    s.report("cqnode2", 1001, {"t": runstate.BEAT, "alive": 2, "coll": {"4": other, "5": coll}})
+    assert set(s.positions()) <= {2, 3, 4, 5}
+    s.tick(1100)
+    f = s.finding()
+    assert set(flight.culprits(f)) <= {2, 3, 4, 5}
+    flight.text(f)
+    runstate.failure_text(s.failure)
