@@ -9,8 +9,8 @@ __version__ = "0.1.0"
 
 from torchfleet.api import collective, preflight, stop, train  # noqa: E402
 from torchfleet.results import (  # noqa: E402
-    Attempt, BusbwRow, Check, Failure, Host, Rank, Result, load)
+    Attempt, BusbwRow, Check, Collective, Failure, Host, Rank, Result, Straggler, load)
 from torchfleet.runner import Event  # noqa: E402
 
 __all__ = ["preflight", "collective", "train", "stop", "load", "Result", "Check", "Host", "Rank",
-           "BusbwRow", "Failure", "Attempt", "Event", "__version__"]
+           "BusbwRow", "Failure", "Collective", "Straggler", "Attempt", "Event", "__version__"]

@@ -11,7 +11,7 @@ from pathlib import Path
 from ansible_collections.torchfleet.fleet.plugins.module_utils import table
 from ansible_collections.torchfleet.fleet.plugins.module_utils.nccl_log import describe
 
-from torchfleet.results import BusbwRow, Isolation, Pair, Result, load
+from torchfleet.results import BusbwRow, Collective, Isolation, Pair, Result, load
 
 
 CSS = """
@@ -325,6 +325,22 @@ def _health(result: Result) -> str:
     return '<table class="health">%s</table>' % "".join(rows) if rows else ""
 
 
+def _collective(found: Collective | None) -> str:
+    """The ranks the Flight Recorder names at the collective where the ranks diverge."""
+    if found is None:
+        return ""
+    if found.seq is None or not (found.missing or found.mismatch):
+        return '<p class="note">collectives: %s</p>' % escape(found.others or found.note or
+                                                              "nobody named")
+    rows = ["<tr><th>host</th><th>rank</th><th>at collective #%d (%s, group %s)</th></tr>" % (
+        found.seq, escape(found.op or "op unknown"), escape(found.group or "-"))]
+    rows += ['<tr class="bad"><td>%s</td><td>%d</td><td>never joined</td></tr>' % (
+        escape(m.host), m.rank) for m in found.missing]
+    rows += ['<tr class="bad"><td>%s</td><td>%d</td><td>called %s</td></tr>' % (
+        escape(m.host), m.rank, escape(m.op)) for m in found.mismatch]
+    return '<table class="collective">%s</table>' % "".join(rows)
+
+
 def render(result: Result) -> str:
     pre = result if result.kind == "preflight" else result.preflight
     body = ['<h1>torchfleet %s <span class="%s">%s</span></h1>' % (
@@ -333,7 +349,8 @@ def render(result: Result) -> str:
     body.append('<p class="%s verdict">%s</p>' % ("ok" if result.ok else "bad",
                                                    escape(result.verdict)))
     if result.first_failure:
-        body.append('<h2>First failure</h2><pre>%s</pre>' % escape(result.first_failure.tail))
+        body.append('<h2>First failure</h2>' + _collective(result.first_failure.collective)
+                    + '<pre>%s</pre>' % escape(result.first_failure.tail))
     if result.attempts:
         body.append("<h2>Attempts</h2>" + _attempts(result))
     if pre is not None:

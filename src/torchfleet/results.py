@@ -118,10 +118,51 @@ class Isolation:
 
 
 @dataclass(frozen=True)
+class Straggler:
+    """A rank the Flight Recorder's positions name: it never joined the collective (op is
+    empty), or called op there instead."""
+
+    host: str
+    rank: int
+    op: str = ""
+    bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Collective:
+    """Where the ranks were in their collectives when the run failed (flight.finding(), read
+    from the master's record): the collective at which they diverge (seq, op, bytes, group),
+    the ranks that never joined it (missing) or called another (mismatch); note says why
+    nobody is named; others, where the other ranks were when a rank died."""
+
+    seq: int | None
+    op: str
+    group: str | None
+    bytes: int | None
+    missing: list[Straggler]
+    mismatch: list[Straggler]
+    note: str = ""
+    others: str = ""
+
+
+def _collective(data: dict | None) -> Collective | None:
+    if not data:
+        return None
+    return Collective(
+        seq=data.get("seq"), op=data.get("op") or "", group=data.get("group"),
+        bytes=data.get("bytes"),
+        missing=[Straggler(m["host"], m["rank"]) for m in data.get("missing") or []],
+        mismatch=[Straggler(m["host"], m["rank"], m.get("op", ""), m.get("bytes"))
+                  for m in data.get("mismatch") or []],
+        note=data.get("note") or "", others=data.get("others") or "")
+
+
+@dataclass(frozen=True)
 class Failure:
     """The first thing that went wrong in a launched run, as the master's record judged it
     (runstate.py), with its log tail. host is None for a failure of the run as a whole (a hang,
-    the job's time limit, the controller's lease); exit_code is the failing rank's."""
+    the job's time limit, the controller's lease); exit_code is the failing rank's; collective,
+    what the ranks' collectives said (None where the record has no recording)."""
 
     host: str | None
     rank: int | None
@@ -129,6 +170,7 @@ class Failure:
     tail: str = ""
     exit_code: int | None = None
     consequence: bool = False
+    collective: Collective | None = None
 
 
 @dataclass(frozen=True)
@@ -257,7 +299,8 @@ def from_report(kind: str, data: dict, run_dir: Path) -> Result:
         first_failure=Failure(host=failure.get("host"), rank=failure.get("rank"),
                               reason=failure.get("reason", ""), tail=failure.get("tail", ""),
                               exit_code=failure.get("exit_code"),
-                              consequence=bool(failure.get("consequence")))
+                              consequence=bool(failure.get("consequence")),
+                              collective=_collective(failure.get("collective")))
         if failure else None,
         attempts=[Attempt(attempt=a["attempt"], hosts=list(a.get("hosts", [])),
                           phase=a.get("phase", ""), ok=bool(a.get("ok")),

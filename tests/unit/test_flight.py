@@ -95,12 +95,23 @@ def test_positions_read_only_what_a_rank_wrote_sanely(tmp_path):
     good, bad, huge = (tmp_path / n for n in ("0", "1", "2"))
     for d in (good, bad, huge):
         d.mkdir()
-    (good / flight.POSITION).write_text(json.dumps({"rank": 4, "pgs": RECORDED["0"]}))
+    (good / flight.POSITION).write_text(json.dumps({"rank": 4, "pid": os.getpid(),
+                                                    "pgs": RECORDED["0"]}))
+    os.utime(good / flight.POSITION, (990.0, 990.0))
     (bad / flight.POSITION).write_text('{"rank": "4", "pgs": []}')
     (huge / flight.POSITION).write_text(json.dumps({"rank": 5, "pgs": {"0": [1, 0, "x" * (
         flight.FILE_MAX), "", ""]}}))
-    assert flight.positions({0: str(good), 1: str(bad), 2: str(huge), 3: "/nonexistent"}) == \
-        {"4": RECORDED["0"]}
+    coll, steady = flight.positions({0: str(good), 1: str(bad), 2: str(huge), 3: "/nx"}, {},
+                                    now=1000.0)
+    assert coll == {"4": RECORDED["0"]} and steady == {"4": [10.0, True]}
+
+
+def test_a_dead_ranks_position_held_still_only_until_it_was_seen_dead(tmp_path):
+    (tmp_path / flight.POSITION).write_text(json.dumps({"rank": 1, "pid": 1 << 22, "pgs": {}}))
+    os.utime(tmp_path / flight.POSITION, (990.0, 990.0))
+    first_dead = {}
+    assert flight.positions({0: str(tmp_path)}, first_dead, now=990.5)[1] == {"1": [0.5, False]}
+    assert flight.positions({0: str(tmp_path)}, first_dead, now=2000.0)[1] == {"1": [0.5, False]}
 
 
 def test_the_environment_never_sets_the_recorders_size_empty(tmp_path):
@@ -128,12 +139,14 @@ def state(**kw):
     return RunState("r1", HOSTS, 2, **args)
 
 
-def beat(s, now, positions, idle_s=0.0):
-    """Each host's beat with its own ranks' positions; idle_s 0: its ranks keep printing."""
+def beat(s, now, positions, idle_s=0.0, steady_s=30.0):
+    """Each host's beat with its own ranks' positions, each held still for steady_s; idle_s 0:
+    its ranks keep printing."""
     for i, h in enumerate(HOSTS):
         mine = {r: g for r, g in positions.items() if int(r) // 2 == i}
         s.report(h, now, {"t": runstate.BEAT, "alive": 2, "idle_s": idle_s,
-                          "last_line": "step", "pid": 1, "coll": mine})
+                          "last_line": "step", "pid": 1, "coll": mine,
+                          "steady": {r: [steady_s, True] for r in mine}})
 
 
 def stuck(seq=40, late="3"):
@@ -186,6 +199,17 @@ def test_a_rank_that_died_waiting_is_a_consequence_of_the_one_that_never_joined(
     assert (s.failure["host"], s.failure["rank"]) == ("cqnode1", 3)  # the cause comes first
 
 
+def test_positions_that_were_still_moving_name_nobody():
+    """A rank that runs twenty collectives a second is seen up to a beat late: positions that
+    did not hold still are not one moment's, and a rank behind in them proves nothing."""
+    s = state()
+    beat(s, 1001, stuck(late="3"), steady_s=0.4)
+    s.exited("cqnode0", 1001.5, 1, root_cause={"rank": 0, "local_rank": 0, "exitcode": 1})
+    assert not s.failure["consequence"] and flight.culprits(s.failure["collective"]) == []
+    assert "still moving" in s.failure["collective"]["note"]
+    assert runstate.failure_text(s.failure) == "cqnode0, rank 0 exited with 1"
+
+
 def test_a_rank_that_died_is_told_with_where_the_others_were():
     s = state()
     pos = {str(r): {"0": [88, 87, "gloo:all_reduce", "[[4]]", "Float"]} for r in range(6)}
@@ -216,10 +240,11 @@ def test_any_positions_from_a_host_leave_the_judge_standing_and_name_only_its_ra
                                                                                    other):
     s = state()
     s.report("cqnode1", 1001, {"t": runstate.BEAT, "alive": 2, "coll": coll})
-    s.report("cqnode2", 1001, {"t": runstate.BEAT, "alive": 2, "coll": {"4": other, "5": coll}})
+    s.report("cqnode2", 1001, {"t": runstate.BEAT, "alive": 2, "coll": {"4": other, "5": coll},
+                               "steady": {"4": other, "5": [coll, True]}})
     assert set(s.positions()) <= {2, 3, 4, 5}
     s.tick(1100)
-    f = s.finding()
+    f = s.finding(1100)
     assert set(flight.culprits(f)) <= {2, 3, 4, 5}
     flight.text(f)
     runstate.failure_text(s.failure)

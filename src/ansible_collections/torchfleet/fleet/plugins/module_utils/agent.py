@@ -95,10 +95,11 @@ def live_children(pid):
     return [c for c in procs.children(pid) if procs.alive(c)]
 
 
-def local_status(run_dir, pid, now=None, recording=False):
+def local_status(run_dir, pid, now=None, first_dead=None):
     """What a beat reports: ranks alive, seconds since any rank last wrote to its logs (on this
     host's clock, so the master never compares two hosts' clocks), local rank 0's last line;
-    with recording, where each rank is in its collectives (flight.py)."""
+    with recording (first_dead given, flight.positions), where each rank is in its
+    collectives and how long that held still."""
     newest, last = None, ""
     dirs = rank_dirs(run_dir)
     for local_rank, rdir in dirs.items():
@@ -115,8 +116,8 @@ def local_status(run_dir, pid, now=None, recording=False):
     status = {"alive": len(live_children(pid)),
               "idle_s": None if newest is None else max(0.0, round(now - newest, 3)),
               "last_line": last[-runstate.LINE_MAX:], "pid": pid}
-    if recording:
-        status["coll"] = flight.positions(dirs)
+    if first_dead is not None:
+        status["coll"], status["steady"] = flight.positions(dirs, first_dead, now)
     return status
 
 
@@ -150,6 +151,7 @@ class HostAgent:
         self.most_workers = 0
         self.stack_facts = stacks.attach_facts(p["python"], os.geteuid())
         self.recording = p["flight_recorder"] > 0
+        self.first_dead = {} if self.recording else None  # rank -> when first seen dead
 
     def step(self, now_m):
         """Look at torchrun once: beat, report its end, carry out a pending stop."""
@@ -157,7 +159,7 @@ class HostAgent:
         if rc is None and now_m >= self.next_beat:
             self.next_beat = now_m + self.t.BEAT_S
             status = local_status(self.p["run_dir"], self.proc.pid,
-                                  recording=self.recording)
+                                  first_dead=self.first_dead)
             self.most_workers = max(self.most_workers, status["alive"])
             self.send(dict(status, t=runstate.BEAT))
         if rc is None and self.stop_at is not None and now_m >= self.stop_at:
@@ -208,10 +210,11 @@ class HostAgent:
 
     def exit_body(self, rc, now_m):
         cause, consequence = failure_evidence(self.p["run_dir"]) if rc else (None, False)
-        status = local_status(self.p["run_dir"], self.proc.pid, recording=self.recording)
+        status = local_status(self.p["run_dir"], self.proc.pid, first_dead=self.first_dead)
         return {"t": runstate.EXIT, "rc": rc, "stopped": self.stopped, "root_cause": cause,
                 "consequence": consequence, "age_s": round(now_m - self.ended_m, 3),
-                "last_line": status["last_line"], "coll": status.get("coll")}
+                "last_line": status["last_line"], "coll": status.get("coll"),
+                "steady": status.get("steady")}
 
 
 class MasterStore:

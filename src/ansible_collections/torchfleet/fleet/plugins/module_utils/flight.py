@@ -12,7 +12,8 @@ Three parts, one per place they run:
   rank blocked inside a collective runs no Python signal handler. When the agent asks (a hang:
   the file TORCHFLEET_FR_TRIGGER appears) and when the rank exits inside a collective, it
   writes the whole recording in torch's own format (fr_trace_rank_<rank>, what torchfrtrace
-  reads) beside the rank's logs, gathered with them.
+  reads; without the entries' call sites, which take seconds to symbolize) beside the rank's
+  logs, gathered with them.
 - positions(), in the host's agent: those files, checked and bounded, for its heartbeat.
 - clean() and finding(), in the master's judge (runstate.py): a heartbeat's positions from
   another host are hostile until checked; finding() reads every rank's last position.
@@ -36,6 +37,8 @@ DUMP_PREFIX = "fr_trace_rank_"
 ENV_BUFFER = "TORCH_FR_BUFFER_SIZE"  # torch's own (TORCH_NCCL_TRACE_BUFFER_SIZE is its old name)
 ENV_TRIGGER = "TORCHFLEET_FR_TRIGGER"
 
+# A position is one moment's when it held still this long (the watcher writes each second).
+STEADY_S = 3.0
 # Bounds of what one rank's position may hold (a beat carries every local rank's).
 MAX_GROUPS = 4
 OP_MAX, SHAPE_MAX, DTYPE_MAX, PG_MAX = 48, 120, 60, 16
@@ -107,7 +110,8 @@ def _torchfleet_flight():
         return pgs
 
     def save(pgs):
-        write("fr_position.json", json.dumps({"rank": int(rank), "pgs": pgs}).encode())
+        write("fr_position.json", json.dumps({"rank": int(rank), "pid": pid,
+                                              "pgs": pgs}).encode())
 
     def dump_all(c10d):
         with dumping:
@@ -116,11 +120,14 @@ def _torchfleet_flight():
                 dump_once(c10d)
 
     def dump_once(c10d):
+        # Without the entries' call sites: symbolizing them took over 5 s in a loaded rank, and
+        # each rank's stack is taken beside (stacks.py).
         for name in ("_dump_nccl_trace", "_dump_fr_trace"):
             dump = getattr(c10d, name, None)
             if dump is not None:
                 try:
-                    write("fr_trace_rank_" + rank, dump())
+                    write("fr_trace_rank_" + rank, dump(includeCollectives=True,
+                                                        includeStackTraces=False))
                     return
                 except Exception:
                     pass
@@ -244,21 +251,56 @@ def clean(coll, ranks):
     return out
 
 
-def positions(dirs):
-    """{rank: groups} of this host's ranks, from each rank's fr_position.json (dirs: {local
-    rank: log directory}); a missing, garbled or oversized file is no position."""
-    out = {}
+def _alive(pid):
+    """Whether the process runs (a zombie does not)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def positions(dirs, first_dead, now=None):
+    """This host's ranks' positions from each rank's fr_position.json (dirs: {local rank: log
+    directory}): ({rank: groups}, {rank: [steady_s, alive]}). steady_s: how long the position
+    had not changed (the watcher rewrites the file only on a change), up to now for a live rank,
+    up to when it was first seen dead (first_dead: {rank: time}, kept by the caller) for one
+    that died. A missing, garbled or oversized file is no position."""
+    now = time.time() if now is None else now
+    coll, steady = {}, {}
     for rdir in dirs.values():
+        path = os.path.join(rdir, POSITION)
         try:
-            with open(os.path.join(rdir, POSITION), "rb") as f:
+            with open(path, "rb") as f:
                 data = json.loads(f.read(FILE_MAX + 1)[:FILE_MAX + 1])
+            mtime = os.stat(path).st_mtime
         except (OSError, ValueError, RecursionError):
             continue
         if not isinstance(data, dict):
             continue
         rank, groups = _int(data.get("rank")), clean_groups(data.get("pgs"))
-        if rank is not None and rank >= 0 and groups is not None:
-            out[str(rank)] = groups
+        pid = _int(data.get("pid"))
+        if rank is None or rank < 0 or groups is None:
+            continue
+        alive = pid is not None and pid > 0 and _alive(pid)
+        until = now if alive else first_dead.setdefault(rank, now)
+        coll[str(rank)] = groups
+        steady[str(rank)] = [round(max(0.0, until - mtime), 3), alive]
+    return coll, steady
+
+
+def clean_steady(steady, ranks):
+    """A heartbeat's {rank: [steady_s, alive]} for the host's own ranks, checked."""
+    out = {}
+    if not isinstance(steady, dict):
+        return out
+    for key, v in list(steady.items())[:len(ranks)]:
+        if not (isinstance(key, str) and key.isdigit() and len(key) < 8 and int(key) in ranks
+                and isinstance(v, list) and len(v) == 2 and isinstance(v[1], bool)
+                and isinstance(v[0], (int, float)) and not isinstance(v[0], bool)
+                and 0 <= v[0] < 1e9):
+            continue
+        out[key] = [float(v[0]), v[1]]
     return out
 
 
@@ -307,9 +349,11 @@ def op_name(profiling_name):
     return profiling_name.split(":", 1)[-1] if profiling_name else ""
 
 
-def finding(ranks, world, failed_rank=None):
+def finding(ranks, world, failed_rank=None, moving=()):
     """What every rank's last position says. ranks: {rank: (host, groups)}; world: how many
-    ranks the run has; failed_rank: a rank whose death is being judged (item context).
+    ranks the run has; failed_rank: a rank whose death is being judged (for where the others
+    were); moving: ranks whose position had not held still for STEADY_S, so that the positions
+    are not one moment's (a rank running twenty collectives a second is seen a beat late).
 
     Returns {"recorded", "world", "group", "seq", "op", "bytes", "missing": [{rank, host,
     seq}], "mismatch": [{rank, host, op, bytes, dtypes}], "waiting", "others", "note"}: missing
@@ -326,6 +370,11 @@ def finding(ranks, world, failed_rank=None):
         absent = [r for r in range(world) if r not in ranks]
         out["note"] = "no collective position from rank(s) %s: nothing is named from the " \
             "recording" % ", ".join(map(str, absent[:8])) + (" ..." if len(absent) > 8 else "")
+        return out
+    if moving:
+        out["note"] = "rank(s) %s were still moving through their collectives: the " \
+            "positions are not one moment's, nothing is named from them" % ", ".join(
+                map(str, sorted(moving)[:8]))
         return out
     out["others"] = _others(ranks, failed_rank)
     groups = sorted({g for _h, pgs in ranks.values() for g in pgs},

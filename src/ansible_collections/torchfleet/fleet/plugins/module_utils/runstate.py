@@ -105,7 +105,8 @@ def message(body):
     if kind == BEAT:
         return {"t": BEAT, "alive": max(0, _int(body.get("alive")) or 0),
                 "idle_s": _number(body.get("idle_s")), "pid": _int(body.get("pid")),
-                "last_line": _text(body.get("last_line"), LINE_MAX), "coll": body.get("coll")}
+                "last_line": _text(body.get("last_line"), LINE_MAX), "coll": body.get("coll"),
+                "steady": body.get("steady")}
     if kind == EXIT:
         cause = body.get("root_cause")
         if isinstance(cause, dict) and all(_int(cause.get(k)) is not None
@@ -116,7 +117,8 @@ def message(body):
         return {"t": EXIT, "rc": _int(body.get("rc")), "stopped": body.get("stopped") is True,
                 "consequence": body.get("consequence") is True, "root_cause": cause,
                 "age_s": max(0.0, _number(body.get("age_s"), 0.0)),
-                "last_line": _text(body.get("last_line"), LINE_MAX), "coll": body.get("coll")}
+                "last_line": _text(body.get("last_line"), LINE_MAX), "coll": body.get("coll"),
+                "steady": body.get("steady")}
     if kind == NOT_STARTED_MSG:
         return {"t": NOT_STARTED_MSG, "detail": _text(body.get("detail"), DETAIL_MAX)}
     if kind == HELLO:
@@ -210,7 +212,7 @@ class RunState:
                           "ranks": [i * self.nproc, i * self.nproc + self.nproc - 1],
                           "state": PENDING, "rc": None, "alive": 0, "progress_ts": None,
                           "last_line": "", "last_seen": None, "pid": None, "elapsed_s": None,
-                          "coll": {}, "coll_ts": None}
+                          "coll": {}, "coll_ts": None, "coll_since": {}}
                       for i, h in enumerate(self.order)}
         self.closed_at = {}  # host -> when its connection closed without an exit
 
@@ -223,7 +225,7 @@ class RunState:
         if msg is None or host not in self.hosts:
             return None
         if msg["t"] in (BEAT, EXIT):
-            self.positions_of(host, now, msg["coll"])
+            self.positions_of(host, now, msg["coll"], msg["steady"])
         if msg["t"] == BEAT:
             return self.beat(host, now, msg["alive"], msg["idle_s"], msg["last_line"],
                              msg["pid"])
@@ -236,9 +238,10 @@ class RunState:
         self.closed_at.pop(host, None)  # hello: the host is (back) on the channel
         return None
 
-    def positions_of(self, host, now, coll):
+    def positions_of(self, host, now, coll, steady=None):
         """Where a host's ranks are in their collectives (checked: only its own ranks); the
-        time any of them advanced, on the master's clock."""
+        time any of them advanced, on the master's clock; since when each position held still
+        (a dead rank's: long ago if it held still STEADY_S before it died, else never)."""
         rec = self.hosts.get(host)
         if rec is None or rec["state"] in DONE or not coll:
             return
@@ -246,6 +249,10 @@ class RunState:
         coll = flight.clean(coll, range(first, last + 1))
         if not coll:
             return
+        for rank, (steady_s, alive) in flight.clean_steady(steady, range(first,
+                                                                         last + 1)).items():
+            rec["coll_since"][rank] = now - steady_s if alive else (
+                self.started - 1e6 if steady_s >= flight.STEADY_S else None)
         seqs = {r: {g: v[0] for g, v in groups.items()} for r, groups in coll.items()}
         if seqs != {r: {g: v[0] for g, v in groups.items()}
                     for r, groups in rec["coll"].items()} or rec["coll_ts"] is None:
@@ -257,8 +264,12 @@ class RunState:
         return {int(r): (rec["host"], groups) for rec in self.hosts.values()
                 for r, groups in rec["coll"].items()}
 
-    def finding(self, failed_rank=None):
-        return flight.finding(self.positions(), len(self.order) * self.nproc, failed_rank)
+    def finding(self, now, failed_rank=None):
+        moving = {int(r) for rec in self.hosts.values() for r in rec["coll"]
+                  if rec["coll_since"].get(r) is None
+                  or now - rec["coll_since"][r] < flight.STEADY_S}
+        return flight.finding(self.positions(), len(self.order) * self.nproc, failed_rank,
+                              moving)
 
     def collectives_stalled(self, now):
         """Every rank reports its collectives, some rank waits in one, and none advanced for
@@ -379,10 +390,12 @@ class RunState:
                              "the start); every host was stopped" % elapsed)
         running = [r for r in self.hosts.values() if r["state"] == STARTED]
         if running and elapsed > self.hang_timeout_s:
-            last = max([r["progress_ts"] or 0 for r in self.hosts.values()] + [self.started])
+            # Progress is a log written or a collective advanced, anywhere.
+            last = max([r["progress_ts"] or 0 for r in self.hosts.values()] +
+                       [r["coll_ts"] or 0 for r in self.hosts.values()] + [self.started])
             silent = now - last > self.hang_timeout_s
             if silent or self.collectives_stalled(now):
-                found = flight.text(self.finding())
+                found = flight.text(self.finding(now))
                 if found:
                     detail = "hang at " + found
                 elif silent:
@@ -409,7 +422,7 @@ class RunState:
         cause = root_cause or {}
         found, waited = None, False
         if reason in (FAILED, HANG) and (reason == HANG or cause.get("rank") is not None):
-            found = self.finding(cause.get("rank"))
+            found = self.finding(now, cause.get("rank"))
             waited = self._waited(cause.get("rank"), found)
             consequence = consequence or waited
         entry = {"host": host, "node_rank": rec.get("node_rank"), "reason": reason,
@@ -425,7 +438,7 @@ class RunState:
         self.failure = min(self.failures, key=lambda f: (
             f["consequence"], f["at_s"], -1 if f["node_rank"] is None else f["node_rank"]))
         if self.failure["collective"] is None:  # where the ranks were when it was judged
-            self.failure["collective"] = self.finding(self.failure["rank"])
+            self.failure["collective"] = self.finding(now, self.failure["rank"])
         self.phase, self.updated = self.failure["reason"], now
         return entry if first_of_run else None
 

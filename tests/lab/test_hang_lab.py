@@ -1,0 +1,76 @@
+"""Hang diagnosis on the lab: 3 nodes x 2 ranks, real torchrun over real SSH, gloo with torch's
+Flight Recorder on (the default), each case a fault a user hits (the script:
+tests/fixtures/scripts/collective_fault.py). The verdict names the rank, the collective and
+where the rank is; a clean run names nobody; nothing of a run is left on any host."""
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import FIXTURES, processes_matching
+from tests.integration.playbook import playbook
+from torchfleet.results import load
+
+pytestmark = pytest.mark.lab
+SCRIPT = FIXTURES / "scripts" / "collective_fault.py"
+AT = 15  # the collective the bad rank (3, the second of node1) goes wrong before
+HEAD = "train failed: hang at collective #%d (all_reduce, 1.0 MiB, group 0): node1 rank 3 " % AT
+
+
+def run_fault(lab, tmp_path, fault, *extra):
+    return playbook("train.yml", tmp_path, "-e", "nnodes=3", "-e", "nproc_per_node=2",
+                    "-e", "script=%s" % SCRIPT, "-e", "hang_timeout_s=15",
+                    "-e", '{"script_args": ["%s", "3", "%d"]}' % (fault, AT), *extra,
+                    inventory=lab.inventory)
+
+
+@pytest.mark.parametrize("fault, named", [
+    ("sleep", "never joined; it is in load_batch (collective_fault.py:27)"),
+    # Its log keeps growing: only the collectives say it is stuck.
+    ("print", "never joined; it is in load_batch (collective_fault.py:"),
+    ("other_op", "called all_gather (16 B, Float)"),
+])
+def test_a_hang_names_the_rank_the_collective_and_where_it_is(healthy_lab, tmp_path, fault,
+                                                              named):
+    run = run_fault(healthy_lab, tmp_path, fault)
+    assert run.rc != 0
+    report = run.report("train.json")
+    assert report["verdict"].startswith(HEAD + named), report["verdict"]
+    assert report["verdict"] in run.out
+    assert {h["outcome"] for h in report["hosts"]} == {"hung"}
+    hang = {c["host"]: c["detail"] for c in report["checks"] if c["id"] == "run.hang"}
+    assert hang["node1"].startswith("rank 3 ")
+    assert hang["node0"].startswith("its ranks waited in collective #%d" % AT)
+    # The Python API and the HTML report read the same finding from the same record.
+    found = load(run.run_dir).first_failure.collective
+    assert [(m.host, m.rank) for m in found.missing + found.mismatch] == [("node1", 3)]
+    assert found.seq == AT
+    # Every rank's recording, in torch's format, beside its stack.
+    assert len(list(run.run_dir.glob("logs/*/attempt_0/*/fr_trace_rank_*"))) == 6
+    assert processes_matching("collective_fault.py") == []
+
+
+def test_a_size_mismatch_under_gloo_is_the_abort_of_the_rank_that_received_it(healthy_lab,
+                                                                              tmp_path):
+    """gloo does not wait on a size mismatch: the rank that receives the larger message aborts
+    at once (SIGABRT, "Received data size doesn't match expected size"), before any position
+    held still. The verdict is that rank's death with gloo's words, and names nobody from
+    positions that were still moving (the rule's own case is in tests/unit/test_flight.py)."""
+    run = run_fault(healthy_lab, tmp_path, "other_size")
+    assert run.rc != 0
+    report = run.report("train.json")
+    failure = report["first_failure"]
+    assert failure["exit_code"] == -6 and "exited with -6" in report["verdict"], report["verdict"]
+    assert "never joined" not in report["verdict"] and "called" not in report["verdict"]
+    assert "Received data size doesn't match expected size" in failure["tail"]
+    assert processes_matching("collective_fault.py") == []
+
+
+def test_a_clean_run_names_nothing_and_every_rank_reported_its_collectives(healthy_lab,
+                                                                          tmp_path):
+    run = run_fault(healthy_lab, tmp_path, "none")
+    assert run.rc == 0, run.out
+    report = run.report("train.json")
+    assert report["ok"] and report["first_failure"] is None
+    state = (run.run_dir / "run_state.json").read_text()
+    assert '"coll": {}' not in state  # every host's ranks reached the master's record
+    assert processes_matching("collective_fault.py") == []
