@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 
 from bench import (diagnosis, fail_fast, flood, fuzz, harness_overhead, health_cost, isolate,
-                   launch_overhead, output_lines, preflight_cost, report_scale, restart_cost,
-                   spares_cost, start_skew, watch_cpu)
+                   launch_overhead, output_lines, preflight_cost, recording_cost, report_scale,
+                   restart_cost, spares_cost, start_skew, watch_cpu)
 from bench.harness import RESULTS, machine, markdown, merge, write
 
 BENCHES = {
@@ -37,6 +37,7 @@ BENCHES = {
     "spares_cost": spares_cost.run,
     "restart_cost": restart_cost.run,
     "health_cost": health_cost.run,
+    "recording_cost": recording_cost.run,
 }
 NEEDS_ROOT = {"launch_overhead", "fail_fast", "watch_cpu", "diagnosis", "harness_overhead",
               "isolate", "flood", "start_skew", "output_lines", "spares_cost",
@@ -74,6 +75,8 @@ def main():
     parser.add_argument("--report-sizes", type=int, nargs="*", default=[16, 128, 512],
                         help="hosts of the records report_scale renders")
     parser.add_argument("--health-size", type=int, default=8, help="lab hosts of health_cost")
+    parser.add_argument("--recording-sizes", default="64K,4M",
+                        help="all_reduce sizes of recording_cost")
     parser.add_argument("--out", type=Path, default=RESULTS)
     # 20 iterations time a 20-400 ms window, shorter than the noise of 2 busy CPUs.
     parser.add_argument("--busbw-iters", type=int, default=100,

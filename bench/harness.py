@@ -263,6 +263,17 @@ def markdown(results):
                                  "clean_runs_naming_a_host"] if level == "full" else "",
                              rng(r["preflight_s"]), rng(hc["off"]["preflight_s"]), r["ratio"],
                              r["ratio_min"], r["ratio_max"], target))
+    for size, r in (k for k in (results.get("recording_cost") or {}).items()
+                    if k[0] not in ("goal", "per_op")):
+        lines.append("| all_reduce busbw %s B, 2 ranks gloo, Flight Recorder on "
+                     "(flight_recorder=2000 + watcher) vs off | %s GB/s | %s GB/s | %.3fx "
+                     "[%.3f-%.3f] | >= 0.98x |" % (size, rng(r["on_gbs"]), rng(r["off_gbs"]),
+                                                   r["ratio"], r["ratio_min"], r["ratio_max"]))
+    op = (results.get("recording_cost") or {}).get("per_op")
+    if op:
+        lines.append("| one all_reduce of 1 float, a one-rank gloo group, Flight Recorder on vs "
+                     "off | %s us | %s us | %+.2f us per collective | - |" % (
+                         rng(op["on_us"]), rng(op["off_us"]), op["cost_us"]))
     rc = results.get("restart_cost")
     if rc:
         lines.append("| a worker's network cut to every rank of the restarted attempt running "

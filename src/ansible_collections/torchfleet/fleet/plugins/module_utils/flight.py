@@ -322,7 +322,8 @@ def nbytes(shapes, dtypes):
     if not isinstance(sizes, list) or len(sizes) != len(names):
         return None
     total = 0
-    for dims, name in zip(sizes, names, strict=True):
+    for i, dims in enumerate(sizes):
+        name = names[i]
         if not isinstance(dims, list) or not all(_int(d) is not None and d >= 0 for d in dims):
             return None
         count = 1
@@ -454,13 +455,13 @@ def text(f):
     """The finding in words, '' when it names nobody."""
     if not f or not culprits(f):
         return ""
-    head = "collective #%d (%s, %s, group %s)" % (f["seq"], f["op"] or "op unknown",
-                                                   human(f["bytes"]), f["group"])
+    head = "collective #%d (%s, %s, group %s)" % (
+        f["seq"], f["op"] or "op unknown", human(f["bytes"]), f["group"])
     parts = []
     for m in f["missing"][:4]:
         parts.append("%s rank %d never joined" % (m["host"], m["rank"]))
     for m in f["mismatch"][:4]:
-        parts.append("%s rank %d called %s (%s, %s)" % (m["host"], m["rank"], m["op"],
-                                                      human(m["bytes"]), m["dtypes"]))
+        parts.append("%s rank %d called %s (%s, %s)" % (
+            m["host"], m["rank"], m["op"], human(m["bytes"]), m["dtypes"]))
     more = len(culprits(f)) - len(parts)
     return "%s: %s%s" % (head, "; ".join(parts), " and %d more" % more if more > 0 else "")

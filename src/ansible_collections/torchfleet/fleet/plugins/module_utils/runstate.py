@@ -274,13 +274,13 @@ class RunState:
     def collectives_stalled(self, now):
         """Every rank reports its collectives, some rank waits in one, and none advanced for
         hang_timeout_s: a hang, whatever the logs say."""
-        pos = self.positions()
-        if not pos or len(pos) < len(self.order) * self.nproc:
-            return False
-        if not any(v[0] > v[1] for _h, groups in pos.values() for v in groups.values()):
-            return False
         last = max(rec["coll_ts"] or 0 for rec in self.hosts.values())
-        return now - last > self.hang_timeout_s
+        if not last or now - last <= self.hang_timeout_s:
+            return False  # (checked first: this runs at every tick)
+        pos = self.positions()
+        if len(pos) < len(self.order) * self.nproc:
+            return False
+        return any(v[0] > v[1] for _h, groups in pos.values() for v in groups.values())
 
     def beat(self, host, now, alive=0, idle_s=None, last_line="", pid=None):
         """A live agent's report: its torchrun runs with `alive` ranks, whose newest log write

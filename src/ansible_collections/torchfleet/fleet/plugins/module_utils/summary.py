@@ -173,12 +173,11 @@ def first_failure(record, run_dir, lines):
     host, local_rank = failure.get("host"), failure.get("local_rank")
     found = failure.get("collective")
     extra = collective_words(failure)
+    reason = failure.get("detail") or failure["reason"]
     out = {"host": host, "node_rank": failure.get("node_rank"), "rank": failure.get("rank"),
            "local_rank": local_rank, "exit_code": failure.get("exitcode"),
            "consequence": bool(failure.get("consequence")), "failure": failure["reason"],
-           "reason": (failure.get("detail") or failure["reason"]) + ("; " + extra if extra
-                                                                      else ""),
-           "collective": found}
+           "reason": reason + ("; " + extra if extra else ""), "collective": found}
     if failure["reason"] == HANG:
         reason = out["reason"]
         named = (found or {}).get("missing") or (found or {}).get("mismatch") or []
