@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -248,3 +249,38 @@ def test_any_positions_from_a_host_leave_the_judge_standing_and_name_only_its_ra
     assert set(flight.culprits(f)) <= {2, 3, 4, 5}
     flight.text(f)
     runstate.failure_text(s.failure)
+
+
+FLIGHT = Path(__file__).resolve().parent.parent / "fixtures" / "flight"
+
+
+def watcher_reader():
+    """The watcher's reading of a dump, from the sitecustomize text itself (outside a rank it
+    only defines its functions)."""
+    namespace = {}
+    env = {k: os.environ.pop(k) for k in ("TORCHELASTIC_ERROR_FILE", "RANK", flight.ENV_TRIGGER)
+           if k in os.environ}
+    try:
+        exec(compile(flight.WATCHER, "sitecustomize.py", "exec"), namespace)
+    finally:
+        os.environ.update(env)
+    return namespace["_torchfleet_pgs"]
+
+
+def test_the_watcher_reads_a_recorded_gloo_dump_of_a_rank_waiting_in_a_collective():
+    read = watcher_reader()
+    status = json.loads((FLIGHT / "gloo_2.13_rank0_waiting_in_4_status.json").read_text())
+    full = json.loads((FLIGHT / "gloo_2.13_rank0_waiting_in_4.json").read_text())
+    assert read([status], []) == {"0": [4, 3, "", "", ""]}
+    assert read([status], [full]) == {"0": [4, 3, "gloo:all_reduce", "[[1024]]", "Float"]}
+    assert flight.clean_groups(read([status], [full])) is not None
+
+
+def test_the_watcher_reads_the_nccl_dump_of_torchs_tutorial():
+    dump = json.loads((FLIGHT / "nccl_tutorial_dump.json").read_text())
+    assert watcher_reader()([dump], [dump]) == {"0": [2, 2, "", "", ""]}  # #2 done: not pending
+    dump["pg_status"]["0"]["last_enqueued_collective"] = 1  # changed: #1 pending
+    dump["pg_status"]["0"]["last_completed_collective"] = 0
+    assert watcher_reader()([dump], [dump]) == {"0": [1, 0, "nccl:all_reduce", "[[3, 4]]",
+                                                      "Float"]}
+    assert flight.nbytes("[[3, 4]]", "Float") == 48

@@ -46,6 +46,28 @@ FILE_MAX = 16 << 10
 
 WATCHER = r'''
 
+def _torchfleet_pgs(status_dumps, entry_dumps):
+    """torchfleet: {group: [last enqueued, last completed, op, shapes, dtypes]} from the
+    recorder's JSON dumps (gloo's and NCCL's have the same pg_status; gloo writes its numbers
+    as strings); the op of each group's newest collective from entry_dumps, when given."""
+    import json
+    pgs = {}
+    for d in status_dumps:
+        for pg, s in (d.get("pg_status") or {}).items():
+            seq = int(s.get("last_enqueued_collective", -1))
+            done = int(s.get("last_completed_collective", -1))
+            if str(pg) not in pgs or seq > pgs[str(pg)][0]:  # -1: none yet
+                pgs[str(pg)] = [seq, done, "", "", ""]
+    for d in entry_dumps:
+        for e in d.get("entries") or []:
+            v = pgs.get(str(e.get("pg_id")))
+            if v and not e.get("is_p2p") and e.get("collective_seq_id") == v[0]:
+                v[2:] = [str(e.get("profiling_name") or ""),
+                         json.dumps(e.get("input_sizes"))[:120],
+                         ",".join(map(str, e.get("input_dtypes") or []))[:60]]
+    return pgs
+
+
 def _torchfleet_flight():
     """torchfleet: this rank's place in its collectives, from torch's Flight Recorder, each
     second to fr_position.json beside its logs; the whole recording when the agent asks."""
@@ -92,21 +114,9 @@ def _torchfleet_flight():
         os.replace(tmp, os.path.join(here, name))
 
     def look(c10d, detail):
-        pgs = {}
-        for d in dumps(c10d, False):
-            for pg, s in (d.get("pg_status") or {}).items():
-                seq = int(s.get("last_enqueued_collective", -1))
-                done = int(s.get("last_completed_collective", -1))
-                if str(pg) not in pgs or seq > pgs[str(pg)][0]:  # -1: none yet
-                    pgs[str(pg)] = [seq, done, "", "", ""]
+        pgs = _torchfleet_pgs(dumps(c10d, False), [])
         if detail and any(v[0] > v[1] for v in pgs.values()):
-            for d in dumps(c10d, True):
-                for e in d.get("entries") or []:
-                    v = pgs.get(str(e.get("pg_id")))
-                    if v and not e.get("is_p2p") and e.get("collective_seq_id") == v[0]:
-                        v[2:] = [str(e.get("profiling_name") or ""),
-                                 json.dumps(e.get("input_sizes"))[:120],
-                                 ",".join(map(str, e.get("input_dtypes") or []))[:60]]
+            pgs = _torchfleet_pgs(dumps(c10d, False), dumps(c10d, True))
         return pgs
 
     def save(pgs):
