@@ -227,3 +227,38 @@ def test_a_rerun_after_a_failure_in_fork_batches_starts_clean_with_rank_order_ke
     state = json.loads((run.run_dir / "run_state.json").read_text())
     assert state["phase"] == "succeeded" and state["final"]
     assert "NODE_RANK" in run.out
+
+
+def test_a_killed_master_agent_is_the_master_lost_and_nothing_is_left(tmp_path):
+    """SIGKILL of the master's agent mid-run (as an OOM kill would): the verdict is the master
+    lost, not a traceback; node1's agent stops by itself after lost_after_s."""
+    run_id = "killmaster-%d" % os.getpid()
+    pidfile = Path.home() / ".torchfleet" / "runs" / run_id / "node0" / "torchrun.pid"
+    argv = [str(BIN / "ansible-playbook"), "train.yml", "-e", "nnodes=2",
+            "-e", "master_port=%d" % free_port(), "-e", "train_steps=1000000",
+            "-e", "lost_after_s=10", "-e", "run_id=%s" % run_id,
+            "-e", "run_dir=%s" % (tmp_path / "run")]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (
+        BIN, os.environ["PATH"])), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not (pidfile.exists() and any(
+                "step " in p.read_text(errors="replace")
+                for p in pidfile.parent.glob("logs/**/stdout.log"))):
+            time.sleep(0.2)
+        torchrun = json.loads(pidfile.read_text())["pid"]
+        with open("/proc/%d/stat" % torchrun) as f:
+            agent_pid = int(f.read().rsplit(")", 1)[1].split()[1])  # torchrun's parent
+        os.kill(agent_pid, 9)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    report = json.loads((tmp_path / "run" / "train.json").read_text())
+    assert report["verdict"].startswith(
+        "train failed: first failure on node0: its agent ended without finishing the run's "
+        "record"), report["verdict"]
+    assert {h["host"]: h["outcome"] for h in report["hosts"]} == {"node0": "lost",
+                                                                  "node1": "aborted"}
+    assert ("host.lost", "node0") in {(c["id"], c["host"]) for c in report["checks"]}
+    assert run_processes(run_id) == [] and run_processes("/train.py") == []

@@ -173,6 +173,14 @@ class ActionModule(ActionBase):
                 failure = {"host": master, "reason": runstate.NOT_STARTED,
                            "detail": look["msg"]}
                 break
+            if look["state"] == "master_died":
+                # (Ansible's job record holds only the async wrapper's traceback: not shown.)
+                record = runstate.master_lost(
+                    look["record"], master, "its agent ended without finishing the run's "
+                    "record (killed, out of memory, or crashed); the other hosts stop by "
+                    "themselves")
+                failure = record["failure"]
+                break
             summary = look.get("summary")
             if summary:
                 append_progress(a.get("progress_file"), dict(summary, watched_s=round(elapsed, 3)))

@@ -217,11 +217,53 @@ class HostAgent:
                 "steady": status.get("steady")}
 
 
+class Clock:
+    """The master's time for the run's record: the wall clock's at its start, then advanced by
+    the monotonic clock. A step of the host's wall clock (NTP, an operator, a VM resumed)
+    changes no age and no verdict — a step forward of minutes no longer makes every host look
+    lost — and the record's times stay close to the wall's."""
+
+    def __init__(self, wall=time.time, mono=time.monotonic):
+        self.mono = mono
+        self.base = wall() - mono()
+
+    def __call__(self):
+        return self.base + self.mono()
+
+
+class Lease:
+    """Seconds since the controller's last look, on the monotonic clock: each look touches the
+    lease file, and what counts is seeing its mtime change, not the mtime's distance from a
+    wall clock that may step. The first sight trusts the wall once (the first look may come
+    before the master's loop), up to lease_s."""
+
+    def __init__(self, path, lease_s, wall=time.time, mono=time.monotonic):
+        self.path, self.lease_s, self.wall, self.mono = path, lease_s, wall, mono
+        self.mtime = None
+        self.seen_m = None
+
+    def age(self):
+        """None before the first look."""
+        try:
+            mtime = os.stat(self.path).st_mtime
+        except OSError:
+            return None if self.seen_m is None else self.mono() - self.seen_m
+        now_m = self.mono()
+        if mtime != self.mtime:
+            first = self.mtime is None
+            self.mtime = mtime
+            self.seen_m = now_m - (min(max(0.0, self.wall() - mtime), self.lease_s)
+                                   if first else 0.0)
+        return now_m - self.seen_m
+
+
 class MasterStore:
     """The master's part: the channel's server and the run's record, lease and settle."""
 
-    def __init__(self, p, timings, server, state, log):
+    def __init__(self, p, timings, server, state, log, clock):
         self.p, self.t, self.server, self.state, self.log = p, timings, server, state, log
+        self.clock = clock          # Clock: every time given to the record
+        self.lease = Lease(os.path.join(p["run_dir"], LEASE), timings.lease_s)
         self.agents = []            # this host's agent, obeying like any other host's
         self.settle_until = None
         self.last_write = 0.0
@@ -230,14 +272,14 @@ class MasterStore:
 
     def handle(self, host, body):
         """One verified message from a host; returns the reply."""
-        if self.state.report(host, time.time(), body) is not None:
+        if self.state.report(host, self.clock(), body) is not None:
             self.abort_everyone()
         if self.state.failure is not None and host != self.p["host"]:
             return self.abort_message()
         return {"t": runstate.ACK, "phase": self.state.phase}
 
     def closed(self, host):
-        self.state.closed(host, time.time())
+        self.state.closed(host, self.clock())
 
     def abort_message(self):
         return {"t": runstate.ABORT, "failure": self.state.failure,
@@ -253,12 +295,12 @@ class MasterStore:
 
     def step(self, now_m):
         self.server.step(self.t.LOOK_S, self.handle, self.closed)
-        now = time.time()
+        now = self.clock()
         if now_m >= self.next_file_look:
             self.next_file_look = now_m + self.t.BEAT_S
             self._read_start_failures(now)
             self._count_refusals()
-        if self.state.tick(now, self.lease_age(), self.t.lease_s,
+        if self.state.tick(now, self.lease.age(), self.t.lease_s,
                            self.t.start_bound_s) is not None:
             self.abort_everyone()
         self.write_state()
@@ -282,13 +324,6 @@ class MasterStore:
             self.state.refused = dict(refused)
             self.log("control port: refused %s" % ", ".join(
                 "%d %s" % (n, why) for why, n in sorted(refused.items())))
-
-    def lease_age(self):
-        """Seconds since the controller's last look; None before its first."""
-        try:
-            return time.time() - os.stat(os.path.join(self.p["run_dir"], LEASE)).st_mtime
-        except OSError:
-            return None
 
     def done(self, now_m):
         """The master stays while any host may still report, within a bound."""
@@ -453,9 +488,10 @@ def run(p, command):
             raise ValueError("script %s does not exist on %s; copy it there or fix `script`"
                              % (script, p["host"]))
         server = state = client = None
+        clock = Clock()
         if p["node_rank"] == 0:
             state = runstate.RunState(
-                p["run_id"], p["hosts"] or [p["host"]], p["nproc_per_node"],
+                p["run_id"], p["hosts"] or [p["host"]], p["nproc_per_node"], now=clock(),
                 join_timeout_s=p["join_timeout_s"], lost_after_s=p["lost_after_s"],
                 hang_timeout_s=p["hang_timeout_s"], job_timeout_s=p["job_timeout_s"])
             try:
@@ -478,11 +514,11 @@ def run(p, command):
                                                 "started": started})
     store = None
     if server is not None:
-        store = MasterStore(p, t, server, state, _logger(run_dir))
+        store = MasterStore(p, t, server, state, _logger(run_dir), clock)
         agent = HostAgent(p, proc, command, t,
                           lambda body: store.handle(p["host"], body) is not None)
         store.agents.append(agent)
-        state.beat(p["host"], time.time(), pid=proc.pid)
+        state.beat(p["host"], clock(), pid=proc.pid)
     else:
         agent = HostAgent(p, proc, command, t, client.send)
     rc, reason = serve(agent, store, client, t)

@@ -194,6 +194,31 @@ def controller_record(run_id, hosts, nproc_per_node, failure):
     return state.record()
 
 
+def master_lost(record, master, detail):
+    """The record when the master's agent died while it kept it (killed, OOM-killed, a crash
+    or a full disk while writing it): the master is lost as of its record's last update, the
+    failures it had kept stay, and the first is judged again here."""
+    state = RunState(record["run_id"], [h["host"] for h in record["hosts"]],
+                     record["nproc_per_node"], now=record["started"])
+    state.hosts = {h["host"]: dict(h) for h in record["hosts"]}
+    state.failures = [dict(f) for f in record.get("failures") or []]
+    state.failure = min(state.failures, key=_judged) if state.failures else None
+    state.phase, state.refused = record["phase"], dict((record.get("channel") or {}).get(
+        "refused") or {})
+    at = record.get("updated") or record["started"]
+    if master in state.hosts and state.hosts[master]["state"] not in DONE:
+        state.hosts[master]["state"] = HOST_LOST
+        state.fail(master, LOST, at, detail, at=at)
+    state.final = True
+    return state.record()
+
+
+def _judged(f):
+    """The order of the judge: a cause before a consequence, then the earliest, then the
+    lowest node rank (the run as a whole first)."""
+    return f["consequence"], f["at_s"], -1 if f["node_rank"] is None else f["node_rank"]
+
+
 class RunState:
     def __init__(self, run_id, hosts, nproc_per_node, *, now=None,
                  join_timeout_s=defaults.JOIN_BASE_S,
@@ -350,34 +375,35 @@ class RunState:
         taken for a lost controller)."""
         if self.final:
             return None
-        first = None
+        made = []  # every host this tick fails is recorded, not only the first
+        was_running = self.phase == RUNNING  # (the first failure of this tick changes it)
         elapsed = now - self.started
         # While agents dump their ranks' stacks (a hang) they do not beat: silence decides
         # nothing then.
         silence_counts = self.phase != HANG
         for rec in self.hosts.values():
             host = rec["host"]
-            if rec["state"] == PENDING and elapsed > self.join_timeout_s \
-                    and self.phase == RUNNING:
+            if rec["state"] == PENDING and elapsed > self.join_timeout_s and was_running:
                 rec["state"] = EXITED
-                first = first or self.fail(
+                made.append(self.fail(
                     host, NOT_STARTED, now, "its agent never reached the master's control "
-                    "port within join_timeout_s=%.0f" % self.join_timeout_s)
+                    "port within join_timeout_s=%.0f" % self.join_timeout_s))
             elif rec["state"] == STARTED and host in self.closed_at \
                     and now - self.closed_at[host] > defaults.CLOSED_LOST_S:
                 rec["state"] = HOST_LOST
-                first = first or self.fail(
+                made.append(self.fail(
                     host, LOST, now, "its agent's connection to the master closed without an "
                     "exit report and did not come back in %.0f s: the agent was killed or the "
-                    "host went down" % defaults.CLOSED_LOST_S, at=self.closed_at.pop(host))
+                    "host went down" % defaults.CLOSED_LOST_S, at=self.closed_at.pop(host)))
             elif rec["state"] == STARTED and silence_counts \
                     and now - rec["last_seen"] > self.lost_after_s:
                 rec["state"] = HOST_LOST
                 silent_s = now - rec["last_seen"]
-                first = first or self.fail(
+                made.append(self.fail(
                     host, LOST, now, "no heartbeat for %.0f s (lost_after_s=%.0f): network "
                     "cut, host frozen or its agent killed" % (silent_s, self.lost_after_s),
-                    at=rec["last_seen"])
+                    at=rec["last_seen"]))
+        first = next((f for f in made if f is not None), None)
         if self.phase != RUNNING:
             return first
         if lease_age_s is not None and lease_s and lease_age_s > lease_s:
@@ -435,8 +461,7 @@ class RunState:
                  "waited": waited}
         self.failures.append(entry)
         first_of_run = self.failure is None
-        self.failure = min(self.failures, key=lambda f: (
-            f["consequence"], f["at_s"], -1 if f["node_rank"] is None else f["node_rank"]))
+        self.failure = min(self.failures, key=_judged)
         if self.failure["collective"] is None:  # where the ranks were when it was judged
             self.failure["collective"] = self.finding(now, self.failure["rank"])
         self.phase, self.updated = self.failure["reason"], now

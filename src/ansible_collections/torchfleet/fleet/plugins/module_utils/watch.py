@@ -96,6 +96,8 @@ def look(params):
                       record=record if p["full"] or record["final"] else None)
     if job and job.get("failed") and not (record or {}).get("final"):
         # The master's agent failed: before it kept any state (its script is missing, its
-        # control port is taken, ...) or on its way.
-        result.update(state="start_failed", msg=str(job.get("msg", "the job failed"))[:1000])
+        # control port is taken, ...), or on its way (killed, out of memory, crashed): then
+        # its last record comes along, for the controller to judge the master lost.
+        result.update(state="start_failed" if record is None else "master_died",
+                      msg=str(job.get("msg", "the job failed"))[:1000], record=record)
     return result

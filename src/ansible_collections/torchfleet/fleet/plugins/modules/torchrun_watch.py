@@ -30,7 +30,7 @@ options:
   async_jid:
     description: Job id of the master's async M(torchfleet.fleet.torchrun_job); an agent that failed before it
       kept any state (a missing script, a control port in use) is reported at once as state
-      C(start_failed) with its message.
+      C(start_failed) with its message, one that failed later as C(master_died).
     type: str
   async_dir:
     description: Directory of Ansible's async job files on the host.
@@ -120,13 +120,14 @@ EXAMPLES = r"""
 
 RETURN = r"""
 state:
-  description: pending (no record yet), start_failed (the master's agent failed), a phase of the
-    run (running, succeeded, failed, not_started, lost, hung, timeout, controller_lost), or
-    final once the master's agent closed the record.
+  description: pending (no record yet), start_failed (the master's agent failed before it kept a
+    record), master_died (it failed after, killed, out of memory or crashed; its last record
+    comes in O(record)), a phase of the run (running, succeeded, failed, not_started, lost,
+    hung, timeout, controller_lost), or final once the master's agent closed the record.
   returned: always
   type: str
 msg:
-  description: Why the master's agent failed, with state start_failed.
+  description: Why the master's agent failed, with state start_failed or master_died.
   returned: always
   type: str
 summary:
@@ -137,8 +138,8 @@ summary:
            "ranks_alive": 16, "hosts_running": 16, "nnodes": 16, "hosts_done": 0,
            "slowest": {"host": "node7", "idle_s": 0.8}, "last_line": "step 40/300 loss 0.21"}
 record:
-  description: The whole state record (plugins/module_utils/runstate.py), with O(full) or
-    once the record is final.
+  description: The whole state record (plugins/module_utils/runstate.py), with O(full),
+    once the record is final, or with state master_died (its last one).
   returned: always
   type: dict
 outcome:
