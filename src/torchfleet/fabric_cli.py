@@ -25,6 +25,8 @@ def fabric_text(view: dict[str, Any]) -> str:
         lines.append("  none (the directory does not exist: no RDMA driver or device)")
     if facts["error"]:
         lines.append("  unreadable: %s" % facts["error"])
+    elif facts["present"] and not facts["devices"]:
+        lines.append("  none (no entry there has a ports directory)")
     for d in facts["devices"]:
         lines.append("  %s  netdevs: %s%s" % (d["name"], ", ".join(d["netdevs"]) or "-",
                                               "  (%s)" % d["error"] if d["error"] else ""))

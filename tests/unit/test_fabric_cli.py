@@ -41,6 +41,19 @@ def test_fabric_on_a_host_without_rdma_and_with_a_bad_hca(tmp_path, capsys):
                                        "index (0-255)\n")
 
 
+def test_fabric_on_a_directory_of_no_rdma_devices_lists_none(tmp_path, capsys):
+    """A directory of something else (here, with a plain subdirectory) is no RDMA device; a
+    device's own directory given for the class directory is named as such."""
+    (tmp_path / "other" / "x").mkdir(parents=True)
+    assert main(["fabric", "--sysfs", str(tmp_path / "other")]) == 0
+    out = capsys.readouterr().out
+    assert "x  netdevs" not in out and "none (no entry there has a ports directory)" in out
+    root = t.build(tmp_path / "ib", {"mlx5_0": {1: t.ib_port()}})
+    assert main(["fabric", "--sysfs", str(root / "mlx5_0")]) == 0
+    assert "is one RDMA device's directory; give the class directory above it" in \
+        capsys.readouterr().out
+
+
 def test_transport_prints_each_rank_and_the_whole(capsys):
     logs = [str(FIXTURES / "nccl" / n) for n in ("socket-fallback.log", "roce-2.18.5.log")]
     assert main(["transport"] + logs) == 0

@@ -111,9 +111,15 @@ def read_port(path, number):
 
 def read_devices(root=SYSFS):
     """{"root", "present", "error", "devices": [{name, netdevs, ports, error}]}; present is
-    False where the class directory does not exist (no RDMA stack or device)."""
+    False where the class directory does not exist (no RDMA stack or device). Only entries
+    with a ports directory are devices: a directory of something else (a device's own
+    directory, /sys/class) lists none, and says so."""
     out = {"root": root, "present": os.path.isdir(root), "error": None, "devices": []}
     if not out["present"]:
+        return out
+    if os.path.isdir(os.path.join(root, "ports")):
+        out["error"] = ("%s is one RDMA device's directory; give the class directory above it "
+                        "(%s)" % (root, SYSFS))
         return out
     try:
         names = _listdir(root, MAX_DEVICES)
@@ -122,6 +128,8 @@ def read_devices(root=SYSFS):
         return out
     for name in names:
         base = os.path.join(root, name)
+        if not os.path.isdir(os.path.join(base, "ports")):
+            continue  # not an RDMA device
         device = {"name": name, "netdevs": [], "ports": [], "error": None}
         try:
             device["netdevs"] = _listdir(os.path.join(base, "device", "net"), 64)
