@@ -122,7 +122,7 @@ RETURN = r"""
 state:
   description: pending (no record yet), start_failed (the master's agent failed before it kept a
     record), master_died (it failed after, killed, out of memory or crashed; its last record
-    comes in O(record)), a phase of the run (running, succeeded, failed, not_started, lost,
+    comes in RV(record)), a phase of the run (running, succeeded, failed, not_started, lost,
     hung, timeout, controller_lost), or final once the master's agent closed the record.
   returned: always
   type: str
