@@ -153,6 +153,35 @@ def test_idle_connections_are_capped_and_dropped_while_an_agent_keeps_reporting(
         agent.close()
 
 
+def test_a_flood_from_many_addresses_cannot_push_out_a_run_hosts_handshake():
+    """An agent's connection in its first moments (connected, no hello yet), then more
+    unauthenticated connections than the global cap from 20 other loopback addresses: the
+    agent's stays, because its address is a run host's, and it then says hello."""
+    master = Master()
+    master.server.trusted = frozenset({"127.0.0.1"})
+    flood = []
+    try:
+        agent_sock = socket.create_connection(("127.0.0.1", master.port), timeout=5)
+        master.pump([], lambda got: any(p.addr == "127.0.0.1"
+                                        for p in master.server.peers.values()))
+        per_addr = control.MAX_PENDING_PER_ADDR - 1
+        for i in range(control.MAX_PENDING // per_addr + 2):
+            for _ in range(per_addr):
+                flood.append(socket.create_connection(("127.0.0.1", master.port), timeout=5,
+                                                      source_address=("127.0.1.%d" % (i + 1), 0)))
+                master.server.step(0, master.handle)
+        master.pump([], lambda got: master.server.refused["over_cap"] > 0)
+        assert any(p.addr == "127.0.0.1" for p in master.server.peers.values())
+        agent_sock.close()
+        agent = Client("127.0.0.1", master.port, SECRET, "node1")
+        master.pump([agent], lambda got: "node1" in master.server.by_host)
+        agent.close()
+    finally:
+        for s in flood:
+            s.close()
+        master.server.close()
+
+
 def test_a_replayed_or_reordered_message_is_refused():
     nonce = "abcd"
     line = seal(SECRET, TO_MASTER, nonce, 5, {"t": "exit", "rc": 1})

@@ -451,11 +451,11 @@ def _logger(run_dir):
 BIND_RETRY_S = 10.0
 
 
-def bind_control(addr, port, secret):
+def bind_control(addr, port, secret, trusted=()):
     end = time.monotonic() + BIND_RETRY_S
     while True:
         try:
-            return Server(addr, port, secret)
+            return Server(addr, port, secret, trusted)
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE or time.monotonic() >= end:
                 raise
@@ -495,7 +495,8 @@ def run(p, command):
                 join_timeout_s=p["join_timeout_s"], lost_after_s=p["lost_after_s"],
                 hang_timeout_s=p["hang_timeout_s"], job_timeout_s=p["job_timeout_s"])
             try:
-                server = bind_control(p["master_addr"], p["control_port"], secret)
+                server = bind_control(p["master_addr"], p["control_port"], secret,
+                                      p["host_addrs"])
             except OSError as exc:
                 raise ValueError("the master %s cannot listen on its control port %s:%d (%s); "
                                  "free it or set -e control_port=N" % (

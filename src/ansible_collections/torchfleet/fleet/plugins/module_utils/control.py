@@ -23,8 +23,9 @@ connection, and the nonce makes it worthless on any other.
 
 Bounds on what an outsider controls: the first line (64 bytes), a line of an authenticated peer
 (MAX_LINE), the time from accept to a verified hello (HELLO_S), how many connections may wait
-unauthenticated at once (per source address and in all; the oldest goes first), how many
-connections are accepted per step. The master raises its descriptor limit to what the host
+unauthenticated at once (per source address and in all; the oldest goes first, but never a
+run host's to make room for another address's: an outsider's flood from many addresses
+cannot push out an agent's handshake), how many connections are accepted per step. The master raises its descriptor limit to what the host
 allows, so idle connections cannot starve the agents.
 
 Single-threaded on purpose: one loop steps each end; no locks.
@@ -152,8 +153,9 @@ class Server:
     from a host; it may return a reply body. closed(host) is called when a host's connection
     ends."""
 
-    def __init__(self, addr, port, secret):
+    def __init__(self, addr, port, secret, trusted=()):
         self.secret = secret
+        self.trusted = frozenset(trusted)  # the run's hosts' addresses
         raise_fd_limit()
         # The listener first: a port in use raises before anything else is opened.
         self.listener = socket.create_server((addr, port), family=_family(addr), backlog=4096,
@@ -245,13 +247,16 @@ class Server:
 
     def _make_room(self, addr):
         """Drop the oldest unauthenticated connections over the caps: an outsider's flood
-        pushes out its own connections, not the agents' (one each, from their own address)."""
+        pushes out its own connections, not the agents' (one each, from their own address).
+        The cap over all addresses never drops a run host's pending handshake: a flood from
+        many addresses would otherwise push out an agent in its first moments."""
         pending = [p for p in self.peers.values() if p.host is None]
         mine = [p for p in pending if p.addr == addr]
         for peer in mine[:max(0, len(mine) + 1 - MAX_PENDING_PER_ADDR)]:
             self._drop(peer, "over_cap", None)
             pending.remove(peer)
-        for peer in pending[:max(0, len(pending) + 1 - MAX_PENDING)]:
+        others = [p for p in pending if p.addr not in self.trusted]
+        for peer in others[:max(0, len(pending) + 1 - MAX_PENDING)]:
             self._drop(peer, "over_cap", None)
 
     def _send(self, peer, body):

@@ -61,6 +61,12 @@ options:
     type: list
     elements: str
     default: []
+  host_addrs:
+    description: On the master, the addresses the run's hosts dial from; their pending
+      handshakes are never dropped to make room for other addresses' connections.
+    type: list
+    elements: str
+    default: []
   python:
     description: Interpreter with torch.
     type: str
@@ -232,6 +238,7 @@ ARGUMENT_SPEC = dict(
     host=dict(type="str", required=True),
     node_rank=dict(type="int", required=True),
     hosts=dict(type="list", elements="str", default=[]),
+    host_addrs=dict(type="list", elements="str", default=[]),
     python=dict(type="str", required=True),
     script=dict(type="str", required=True),
     script_args=dict(type="list", elements="str", default=defaults.default("script_args")),
