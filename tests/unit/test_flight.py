@@ -15,8 +15,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import flight, runstate
-from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import RunState
+from ansible_collections.torchfleet.fleet.plugins.module_utils import flight, procs, runstate
+
+from tests.unit.test_runstate import state as runstate_state
 
 RECORDED = {"0": {"0": [40, 39, "gloo:all_reduce", "[[1024]]", "Float"]},
             "1": {"0": [40, 39, "gloo:all_gather", "[[4]]", "Float"]},
@@ -103,7 +104,7 @@ def test_positions_read_only_what_a_rank_wrote_sanely(tmp_path):
     (huge / flight.POSITION).write_text(json.dumps({"rank": 5, "pgs": {"0": [1, 0, "x" * (
         flight.FILE_MAX), "", ""]}}))
     coll, steady = flight.positions({0: str(good), 1: str(bad), 2: str(huge), 3: "/nx"}, {},
-                                    now=1000.0)
+                                    procs.alive, now=1000.0)
     assert coll == {"4": RECORDED["0"]} and steady == {"4": [10.0, True]}
 
 
@@ -111,8 +112,9 @@ def test_a_dead_ranks_position_held_still_only_until_it_was_seen_dead(tmp_path):
     (tmp_path / flight.POSITION).write_text(json.dumps({"rank": 1, "pid": 1 << 22, "pgs": {}}))
     os.utime(tmp_path / flight.POSITION, (990.0, 990.0))
     first_dead = {}
-    assert flight.positions({0: str(tmp_path)}, first_dead, now=990.5)[1] == {"1": [0.5, False]}
-    assert flight.positions({0: str(tmp_path)}, first_dead, now=2000.0)[1] == {"1": [0.5, False]}
+    read = [flight.positions({0: str(tmp_path)}, first_dead, procs.alive, now=t)[1]
+            for t in (990.5, 2000.0)]
+    assert read == [{"1": [0.5, False]}, {"1": [0.5, False]}]
 
 
 def test_the_environment_never_sets_the_recorders_size_empty(tmp_path):
@@ -133,11 +135,8 @@ def test_the_watcher_is_valid_python_that_does_nothing_outside_a_rank(tmp_path, 
 HOSTS = ["cqnode0", "cqnode1", "cqnode2"]
 
 
-def state(**kw):
-    args = dict(now=1000.0, join_timeout_s=60, lost_after_s=30, hang_timeout_s=20,
-                job_timeout_s=3600)
-    args.update(kw)
-    return RunState("r1", HOSTS, 2, **args)
+def state():
+    return runstate_state(hosts=HOSTS, hang_timeout_s=20)
 
 
 def beat(s, now, positions, idle_s=0.0, steady_s=30.0):
@@ -221,6 +220,13 @@ def test_a_rank_that_died_is_told_with_where_the_others_were():
         "cqnode2, rank 4 exited with 1; collective #88 (all_reduce, 16 B, group 0): cqnode2 "
         "rank 4 never joined")
     assert s.failure["collective"]["others"] == "all of the other 5 ranks were in all_reduce #88"
+
+
+def test_a_rank_key_that_is_a_digit_but_no_number_is_dropped_not_raised():
+    """'²' passes str.isdigit() and fails int(): it once raised out of the master's loop."""
+    assert flight.clean_steady({"\u00b2": [1.0, True], "3": [2.0, True]}, range(2, 4)) == {
+        "3": [2.0, True]}
+    assert flight.clean({"\u00b2": {}, "2": {}}, range(2, 4)) == {"2": {}}
 
 
 def test_a_host_cannot_report_another_hosts_ranks():

@@ -10,11 +10,11 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import R
 HOSTS = ["node0", "node1", "node2"]
 
 
-def state(**kw):
+def state(hosts=HOSTS, **kw):
     args = dict(now=1000.0, join_timeout_s=60, lost_after_s=30, hang_timeout_s=300,
                 job_timeout_s=3600)
     args.update(kw)
-    return RunState("r1", HOSTS, 2, **args)
+    return RunState("r1", hosts, 2, **args)
 
 
 def all_beat(s, now, progress_ts=None):

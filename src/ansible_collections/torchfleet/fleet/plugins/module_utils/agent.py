@@ -117,7 +117,7 @@ def local_status(run_dir, pid, now=None, first_dead=None):
               "idle_s": None if newest is None else max(0.0, round(now - newest, 3)),
               "last_line": last[-runstate.LINE_MAX:], "pid": pid}
     if first_dead is not None:
-        status["coll"], status["steady"] = flight.positions(dirs, first_dead, now)
+        status["coll"], status["steady"] = flight.positions(dirs, first_dead, procs.alive, now)
     return status
 
 
@@ -181,12 +181,13 @@ class HostAgent:
         self.stopping, self.reason = message, "aborted"
         if message.get("dump"):  # every live rank's stack, before anything is stopped
             workers = worker_pids(self.p["run_id"], self.proc.pid)
+            dirs = rank_dirs(self.p["run_dir"])
             if self.recording:  # the recordings are written beside, while the stacks are taken
                 flight.ask_dump(self.p["run_dir"])
-            stacks.dump(self.command, self.stack_facts, self.p["stack_dump"], workers,
-                        rank_dirs(self.p["run_dir"]), STACK_DUMP)
+            stacks.dump(self.command, self.stack_facts, self.p["stack_dump"], workers, dirs,
+                        STACK_DUMP)
             if self.recording:
-                flight.wait_dumps(rank_dirs(self.p["run_dir"]), workers, defaults.FR_DUMP_S)
+                flight.wait_dumps(dirs, workers, defaults.FR_DUMP_S)
         workers = len(live_children(self.proc.pid))
         if self.most_workers and workers < self.most_workers:
             # A rank here died already and torchrun is ending by itself: let it say which

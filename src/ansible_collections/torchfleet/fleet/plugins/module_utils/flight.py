@@ -244,6 +244,18 @@ def clean_groups(pgs):
     return {g: out[g] for g in sorted(keep, key=lambda g: (len(g), g))}
 
 
+def _rank_key(key, ranks):
+    """A JSON key naming one of `ranks` ('3'), as that rank; None for anything else (a digit
+    str.isdigit() takes that int() does not, such as '²', included)."""
+    if not (isinstance(key, str) and key.isdigit() and len(key) < 8):
+        return None
+    try:
+        rank = int(key)
+    except ValueError:
+        return None
+    return rank if rank in ranks else None
+
+
 def clean(coll, ranks):
     """A heartbeat's positions, {rank: groups} with rank as a string (JSON), checked: only the
     ranks of `ranks` (the host's own), each clean_groups(). Anything else is dropped."""
@@ -251,39 +263,28 @@ def clean(coll, ranks):
         return {}
     out = {}
     for key, pgs in list(coll.items())[:len(ranks)]:
-        try:
-            rank = int(key) if isinstance(key, str) and key.isdigit() and len(key) < 8 else None
-        except ValueError:
-            rank = None
-        groups = clean_groups(pgs)
-        if rank in ranks and groups is not None:
+        rank, groups = _rank_key(key, ranks), clean_groups(pgs)
+        if rank is not None and groups is not None:
             out[str(rank)] = groups
     return out
 
 
-def _alive(pid):
-    """Whether the process runs (a zombie does not)."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
-def positions(dirs, first_dead, now=None):
+def positions(dirs, first_dead, alive, now=None):
     """This host's ranks' positions from each rank's fr_position.json (dirs: {local rank: log
     directory}): ({rank: groups}, {rank: [steady_s, alive]}). steady_s: how long the position
     had not changed (the watcher rewrites the file only on a change), up to now for a live rank,
     up to when it was first seen dead (first_dead: {rank: time}, kept by the caller) for one
-    that died. A missing, garbled or oversized file is no position."""
+    that died; alive(pid) says which (procs.alive). A missing, garbled or oversized file is no
+    position."""
     now = time.time() if now is None else now
     coll, steady = {}, {}
     for rdir in dirs.values():
         path = os.path.join(rdir, POSITION)
         try:
             with open(path, "rb") as f:
-                data = json.loads(f.read(FILE_MAX + 1)[:FILE_MAX + 1])
+                raw = f.read(FILE_MAX + 1)
             mtime = os.stat(path).st_mtime
+            data = json.loads(raw) if len(raw) <= FILE_MAX else None
         except (OSError, ValueError, RecursionError):
             continue
         if not isinstance(data, dict):
@@ -292,10 +293,10 @@ def positions(dirs, first_dead, now=None):
         pid = _int(data.get("pid"))
         if rank is None or rank < 0 or groups is None:
             continue
-        alive = pid is not None and pid > 0 and _alive(pid)
-        until = now if alive else first_dead.setdefault(rank, now)
+        running = pid is not None and pid > 0 and alive(pid)
+        until = now if running else first_dead.setdefault(rank, now)
         coll[str(rank)] = groups
-        steady[str(rank)] = [round(max(0.0, until - mtime), 3), alive]
+        steady[str(rank)] = [round(max(0.0, until - mtime), 3), running]
     return coll, steady
 
 
@@ -305,12 +306,13 @@ def clean_steady(steady, ranks):
     if not isinstance(steady, dict):
         return out
     for key, v in list(steady.items())[:len(ranks)]:
-        if not (isinstance(key, str) and key.isdigit() and len(key) < 8 and int(key) in ranks
+        rank = _rank_key(key, ranks)
+        if not (rank is not None
                 and isinstance(v, list) and len(v) == 2 and isinstance(v[1], bool)
                 and isinstance(v[0], (int, float)) and not isinstance(v[0], bool)
                 and 0 <= v[0] < 1e9):
             continue
-        out[key] = [float(v[0]), v[1]]
+        out[str(rank)] = [float(v[0]), v[1]]
     return out
 
 
