@@ -15,19 +15,27 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import flight, stacks
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, flight, stacks
 from bench.harness import free_port, stats
 
 WORKLOADS = (Path(__file__).resolve().parent.parent / "src" / "ansible_collections" /
              "torchfleet" / "fleet" / "roles" / "launch" / "files" / "workloads")
 
 
+def rank_env(run_dir, entries, **extra):
+    """The ranks' environment an agent gives them: the recorder's variables and the run's
+    sitecustomize (with the watcher when recording)."""
+    env = dict(os.environ, **extra)
+    env.update(flight.rank_env(entries, str(run_dir)))
+    stacks.install_hook(str(run_dir), env, flight.WATCHER if entries else "")
+    return env
+
+
 def one(tmp, entries, i, args):
     run_dir = Path(tmp) / ("rec-%d-%d" % (entries, i))
     run_dir.mkdir(parents=True)
-    env = dict(os.environ, TORCHFLEET_OUT_DIR=str(run_dir / "results"), PYTHONPATH=str(WORKLOADS))
-    env.update(flight.rank_env(entries, str(run_dir)))
-    stacks.install_hook(str(run_dir), env, flight.WATCHER if entries else "")
+    env = rank_env(run_dir, entries, TORCHFLEET_OUT_DIR=str(run_dir / "results"),
+                   PYTHONPATH=str(WORKLOADS))
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
             "--master-port", str(free_port()), "--log-dir", str(run_dir / "logs"),
             "--redirects", "3", str(WORKLOADS / "collective.py"), "--ops", "all_reduce",
@@ -59,18 +67,18 @@ def per_op_us(tmp, entries, i):
     """Microseconds of one all_reduce in a one-rank group, with the watcher when recording."""
     run_dir = Path(tmp) / ("op-%d-%d" % (entries, i))
     (run_dir / "0").mkdir(parents=True)
-    env = dict(os.environ, RANK="0", TORCHELASTIC_ERROR_FILE=str(run_dir / "0" / "error.json"))
-    env.update(flight.rank_env(entries, str(run_dir)))
-    stacks.install_hook(str(run_dir), env, flight.WATCHER if entries else "")
+    env = rank_env(run_dir, entries, RANK="0",
+                   TORCHELASTIC_ERROR_FILE=str(run_dir / "0" / "error.json"))
     out = subprocess.run([sys.executable, "-c", PER_OP, str(free_port())], env=env, check=True,
                          timeout=600, capture_output=True, text=True).stdout
     return float(out.split()[-1])
 
 
 def run(args, tmp):
+    levels = (("off", 0), ("on", defaults.default("flight_recorder")))
     busbw = {"on": {}, "off": {}}
     for i in range(args.runs):
-        for name, entries in (("off", 0), ("on", flight_default())):
+        for name, entries in levels:
             for size, bw in one(tmp, entries, i, args).items():
                 busbw[name].setdefault(size, []).append(bw)
     out = {}
@@ -81,14 +89,9 @@ def run(args, tmp):
                           "ratio_min": min(on) / max(off), "ratio_max": max(on) / min(off)}
     us = {"on": [], "off": []}
     for i in range(args.runs):
-        for name, entries in (("off", 0), ("on", flight_default())):
+        for name, entries in levels:
             us[name].append(per_op_us(tmp, entries, i))
     out["per_op"] = {"on_us": stats(us["on"]), "off_us": stats(us["off"]),
                      "cost_us": statistics.median(us["on"]) - statistics.median(us["off"])}
     out["goal"] = "busbw with recording >= 0.98x without"
     return out
-
-
-def flight_default():
-    from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
-    return defaults.default("flight_recorder")

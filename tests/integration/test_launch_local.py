@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ansible_collections.torchfleet.fleet.plugins.module_utils import procs
 
 from tests.conftest import FIXTURES, processes_matching
 from tests.integration.playbook import BIN, ROOT, playbook
@@ -246,9 +247,7 @@ def test_a_killed_master_agent_is_the_master_lost_and_nothing_is_left(tmp_path):
                 "step " in p.read_text(errors="replace")
                 for p in pidfile.parent.glob("logs/**/stdout.log"))):
             time.sleep(0.2)
-        torchrun = json.loads(pidfile.read_text())["pid"]
-        with open("/proc/%d/stat" % torchrun) as f:
-            agent_pid = int(f.read().rsplit(")", 1)[1].split()[1])  # torchrun's parent
+        agent_pid = procs.parent(json.loads(pidfile.read_text())["pid"])  # torchrun's parent
         os.kill(agent_pid, 9)
         out, _ = proc.communicate(timeout=240)
     finally:

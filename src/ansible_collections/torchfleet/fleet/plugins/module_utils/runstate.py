@@ -296,10 +296,14 @@ class RunState:
         return flight.finding(self.positions(), len(self.order) * self.nproc, failed_rank,
                               moving)
 
+    def last_advance(self):
+        """When any rank's collective last advanced (0: none reported)."""
+        return max(rec["coll_ts"] or 0 for rec in self.hosts.values())
+
     def collectives_stalled(self, now):
         """Every rank reports its collectives, some rank waits in one, and none advanced for
         hang_timeout_s: a hang, whatever the logs say."""
-        last = max(rec["coll_ts"] or 0 for rec in self.hosts.values())
+        last = self.last_advance()
         if not last or now - last <= self.hang_timeout_s:
             return False  # (checked first: this runs at every tick)
         pos = self.positions()
@@ -418,19 +422,18 @@ class RunState:
         if running and elapsed > self.hang_timeout_s:
             # Progress is a log written or a collective advanced, anywhere.
             last = max([r["progress_ts"] or 0 for r in self.hosts.values()] +
-                       [r["coll_ts"] or 0 for r in self.hosts.values()] + [self.started])
+                       [self.last_advance(), self.started])
             silent = now - last > self.hang_timeout_s
             if silent or self.collectives_stalled(now):
-                found = flight.text(self.finding(now))
-                if found:
-                    detail = "hang at " + found
+                found = self.finding(now)
+                if flight.text(found):
+                    detail = "hang at " + flight.text(found)
                 elif silent:
                     detail = "no rank made progress for %.0f s (hang_timeout_s)" % (now - last)
                 else:
                     detail = ("no rank's collective advanced for %.0f s (hang_timeout_s) while "
-                              "ranks wait in one" % (now - max(
-                                  r["coll_ts"] or 0 for r in self.hosts.values())))
-                return self.fail(None, HANG, now, detail)
+                              "ranks wait in one" % (now - self.last_advance()))
+                return self.fail(None, HANG, now, detail, collective=found)
         if elapsed > self.job_timeout_s:
             return self.fail(None, TIMEOUT, now, "still running after job_timeout_s=%.0f"
                              % self.job_timeout_s)
@@ -439,15 +442,15 @@ class RunState:
     # -- the judge ----------------------------------------------------------------------------
 
     def fail(self, host, reason, now, detail, rc=None, root_cause=None, consequence=False,
-             at=None):
+             at=None, collective=None):
         """Keep a failure and judge the run's first again; returns the failure when it is the
         first of the run (the run fails now: every host is told to stop), else None."""
         if self.final or self.phase == SUCCEEDED:
             return None
         rec = self.hosts.get(host) or {}
         cause = root_cause or {}
-        found, waited = None, False
-        if reason in (FAILED, HANG) and (reason == HANG or cause.get("rank") is not None):
+        found, waited = collective, False  # (a hang's finding: made by its caller)
+        if found is None and reason == FAILED and cause.get("rank") is not None:
             found = self.finding(now, cause.get("rank"))
             waited = self._waited(cause.get("rank"), found)
             consequence = consequence or waited

@@ -105,16 +105,16 @@ def main_frames(dump_lines):
             block = [line]
         else:
             block.append(line)
-    blocks = [b for b in blocks + [block] if frames_of(b)]
-    blocks = [b for b in blocks if not any("sitecustomize" in f for f in frames_of(b))] \
-        or blocks
-    for b in blocks:
-        if b and "MainThread" in b[0]:
-            return frames_of(b)
-    for b in blocks:
-        if "<module>" in frames_of(b)[-1]:
-            return frames_of(b)
-    return frames_of(blocks[0]) if blocks else []
+    threads = [(b[0] if b else "", frames_of(b)) for b in blocks + [block]]
+    threads = [(head, frames) for head, frames in threads if frames]
+    threads = [t for t in threads if not any("sitecustomize" in f for f in t[1])] or threads
+    for head, frames in threads:
+        if "MainThread" in head:
+            return frames
+    for _head, frames in threads:
+        if "<module>" in frames[-1]:
+            return frames
+    return threads[0][1] if threads else []
 
 
 def stack_path(run_dir, host, local_rank):
