@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 import statistics
 
-from bench.harness import free_port, lab, lab_down, playbook, stats
+from bench.harness import lab, lab_down, playbook, stats
+from lab.ports import free_port
 
 
 def run(args, tmp):

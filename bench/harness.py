@@ -8,7 +8,6 @@ import os
 import platform
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -165,12 +164,6 @@ class GoneWatcher(threading.Thread):
                     self.gone_at = time.time()
                     return
             time.sleep(0.02)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def machine():

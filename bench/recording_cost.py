@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, flight, stacks
-from bench.harness import free_port, stats
+from bench.harness import stats
+from lab.ports import free_port
 
 WORKLOADS = (Path(__file__).resolve().parent.parent / "src" / "ansible_collections" /
              "torchfleet" / "fleet" / "roles" / "launch" / "files" / "workloads")

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import time
 
-from bench.harness import free_port, stats
+from bench.harness import stats
+from lab.ports import free_port
 
 
 def run(args, tmp):

@@ -2,17 +2,12 @@
 embedded default inventory, so the ones several tests read are made once."""
 from __future__ import annotations
 
-import socket
+from lab.ports import free_port
 
 import pytest
 
 import torchfleet
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("0.0.0.0", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import torchfleet
-from tests.api.conftest import free_port
+from lab.ports import free_port
 from tests.conftest import FIXTURES, processes_matching
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.api.conftest import free_port
+from lab.ports import free_port
 
 pytestmark = pytest.mark.integration
 

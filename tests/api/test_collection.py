@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.api.conftest import free_port
+from lab.ports import free_port
 from tests.conftest import COLLECTION, ROOT, processes_matching
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ import zipfile
 
 import pytest
 
-from tests.api.conftest import free_port
+from lab.ports import free_port
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration

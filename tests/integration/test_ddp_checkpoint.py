@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import WORKLOADS
-from tests.unit.test_listener import free_port
+from lab.ports import free_port
 
 pytestmark = pytest.mark.integration
 WORKLOAD = WORKLOADS / "ddp_train.py"

@@ -13,7 +13,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils import procs
 
 from tests.conftest import FIXTURES, processes_matching
 from tests.integration.playbook import BIN, ROOT, playbook
-from tests.unit.test_listener import free_port
+from lab.ports import free_port
 
 pytestmark = pytest.mark.integration
 SCRIPTS = FIXTURES / "scripts"

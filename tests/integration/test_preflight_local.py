@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import processes_matching, this_netns
 from tests.integration.playbook import local_inventory, playbook
-from tests.unit.test_listener import free_port
+from lab.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.integration.playbook import BIN, ROOT, Run
 from tests.lab.test_reliability_lab import REMOTE_RUNS, wait_until
-from tests.unit.test_listener import free_port
+from lab.ports import free_port
 
 pytestmark = pytest.mark.lab
 SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "wait_for_file.py"

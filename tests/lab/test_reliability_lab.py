@@ -18,7 +18,7 @@ import yaml
 
 from tests.conftest import WORKLOADS, processes_matching
 from tests.integration.playbook import BIN, ROOT, Run, playbook
-from tests.unit.test_listener import free_port
+from lab.ports import free_port
 from ansible_collections.torchfleet.fleet.plugins.module_utils import procs
 
 

@@ -11,7 +11,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils import agent, con
 from ansible_collections.torchfleet.fleet.plugins.module_utils.control import (
     TO_AGENT, TO_MASTER, Client, Server, seal, unseal)
 
-from tests.unit.test_listener import free_port
+from lab.ports import free_port
 
 SECRET = b"s3cret-of-this-run"
 

@@ -15,7 +15,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.control import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_listener import free_port
+from lab.ports import free_port
 
 SECRET = b"fuzzed-run-secret"
 NONCE = "a" * 32 + ":" + "b" * 32

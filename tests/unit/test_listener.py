@@ -8,11 +8,8 @@ import time
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.listener import _is_listener, start_listener, stop_listener
 
+from lab.ports import free_port
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_gone(pid, timeout_s=5):

@@ -9,7 +9,8 @@ from ansible_collections.torchfleet.fleet.plugins.modules import node_probe
 from ansible_collections.torchfleet.fleet.plugins.modules import port_probe
 
 from tests.unit.modules import run_module
-from tests.unit.test_listener import free_port, wait_gone
+from lab.ports import free_port
+from tests.unit.test_listener import wait_gone
 
 
 def test_node_probe_reports_this_host(tmp_path, capsys):

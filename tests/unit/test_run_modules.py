@@ -27,7 +27,7 @@ from ansible_collections.torchfleet.fleet.plugins.modules import torchrun_stop
 from ansible_collections.torchfleet.fleet.plugins.modules import torchrun_watch
 
 from tests.unit.modules import run_module
-from tests.unit.test_listener import free_port
+from lab.ports import free_port
 
 # The rank waits for a file to appear (the test decides when the run ends), reports, exits 0.
 RANK = """
