@@ -78,7 +78,7 @@ def campaign(lines=20000, connections=300, seed=1):
     for i in range(connections):
         stream = list(inputs(rng, control, secret, control.TO_MASTER, nonce, 3))
         if i % 2:
-            stream.insert(0, b"c" * 32)
+            stream.insert(0, b"c" * 32 + b" node1")
         tried["master"] += 1
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
@@ -95,7 +95,8 @@ def campaign(lines=20000, connections=300, seed=1):
     for _ in range(connections):
         tried["agent"] += 1
         try:
-            agent = control.Client("127.0.0.1", listener.getsockname()[1], secret, "node1")
+            agent = control.Client("127.0.0.1", listener.getsockname()[1],
+                                   control.host_key(secret, "node1"), "node1")
             agent.step(0)
             conn, _ = listener.accept()
             with conn:

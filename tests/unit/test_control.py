@@ -16,6 +16,10 @@ from lab.ports import free_port
 SECRET = b"s3cret-of-this-run"
 
 
+def key(host):
+    return control.host_key(SECRET, host)
+
+
 class Master:
     """A Server and what it was told, stepped by the test (as the agent's loop steps it)."""
 
@@ -49,8 +53,8 @@ def master():
 
 
 def test_hello_beat_and_ack_then_an_abort_reaches_every_host(master):
-    a = Client("127.0.0.1", master.port, SECRET, "node1")
-    b = Client("127.0.0.1", master.port, SECRET, "node2")
+    a = Client("127.0.0.1", master.port, key("node1"), "node1")
+    b = Client("127.0.0.1", master.port, key("node2"), "node2")
     master.pump([a, b], lambda got: a.connected and b.connected)
     a.send({"t": "beat", "alive": 2})
     got = master.pump([a, b], lambda got: got["node1"])
@@ -64,10 +68,10 @@ def test_hello_beat_and_ack_then_an_abort_reaches_every_host(master):
     b.close()
 
 
-def _raw_greeting(master, raw, cnonce=b"0" * 32):
-    """Say a nonce on a raw connection and read the master's greeting line."""
+def _raw_greeting(master, raw, cnonce=b"0" * 32, host=b"node1"):
+    """Say a nonce and a name on a raw connection and read the master's greeting line."""
     raw.settimeout(0.05)
-    raw.sendall(cnonce + b"\n")
+    raw.sendall(cnonce + b" " + host + b"\n")
     greeting, deadline = b"", time.monotonic() + 10
     while b"\n" not in greeting and time.monotonic() < deadline:
         master.server.step(0.02, master.handle)
@@ -101,7 +105,7 @@ def test_a_client_without_the_secret_is_cut_off_and_changes_nothing(master):
     # a valid signature after it is dropped and counted.
     with socket.create_connection(("127.0.0.1", master.port), timeout=5) as raw:
         greeting = _raw_greeting(master, raw)
-        seq, body = unseal(SECRET, TO_AGENT, "0" * 32, -1, greeting)
+        seq, body = unseal(key("node1"), TO_AGENT, "0" * 32, -1, greeting)
         assert seq == 0 and set(body) == {"nonce"}
         nonce = "0" * 32 + ":" + body["nonce"]
         forged = seal(b"guessed", TO_MASTER, nonce, 1, {"t": "hello", "host": "node1"})
@@ -123,13 +127,13 @@ def test_the_lines_that_killed_the_master_before_are_refused_and_counted(master)
     assert master.seen == []
     assert sum(master.server.refused.values()) == len(lines)
     # And the channel still serves the run.
-    agent = Client("127.0.0.1", master.port, SECRET, "node1")
+    agent = Client("127.0.0.1", master.port, key("node1"), "node1")
     master.pump([agent], lambda got: "node1" in master.server.by_host)
     agent.close()
 
 
 def test_idle_connections_are_capped_and_dropped_while_an_agent_keeps_reporting(master):
-    agent = Client("127.0.0.1", master.port, SECRET, "node1")
+    agent = Client("127.0.0.1", master.port, key("node1"), "node1")
     master.pump([agent], lambda got: "node1" in master.server.by_host)
     idle = []
     try:
@@ -173,7 +177,7 @@ def test_a_flood_from_many_addresses_cannot_push_out_a_run_hosts_handshake():
         master.pump([], lambda got: master.server.refused["over_cap"] > 0)
         assert any(p.addr == "127.0.0.1" for p in master.server.peers.values())
         agent_sock.close()
-        agent = Client("127.0.0.1", master.port, SECRET, "node1")
+        agent = Client("127.0.0.1", master.port, key("node1"), "node1")
         master.pump([agent], lambda got: "node1" in master.server.by_host)
         agent.close()
     finally:
@@ -199,11 +203,11 @@ def test_a_fake_master_cannot_greet_an_agent_or_keep_it_from_deciding_the_master
     greeting signed with another key, garbage) is not the master: last_heard stays unset."""
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    old = seal(SECRET, TO_AGENT, "1" * 32, 0, {"nonce": "2" * 32})  # recorded elsewhere
+    old = seal(key("node1"), TO_AGENT, "1" * 32, 0, {"nonce": "2" * 32})  # recorded elsewhere
     try:
         for answer in (old, seal(b"guessed", TO_AGENT, "x", 0, {"nonce": "y"}),
                        b'{"nonce": "abc"}\n', b"\x00" * 100 + b"\n"):
-            agent = Client("127.0.0.1", port, SECRET, "node1")
+            agent = Client("127.0.0.1", port, key("node1"), "node1")
             agent.step(0.01)  # connects and queues its nonce
             conn, _ = listener.accept()
             conn.sendall(answer)
@@ -231,10 +235,10 @@ def test_the_server_listens_on_the_masters_address_only():
 
 
 def test_a_reconnecting_host_replaces_its_old_connection(master):
-    first = Client("127.0.0.1", master.port, SECRET, "node1")
+    first = Client("127.0.0.1", master.port, key("node1"), "node1")
     master.pump([first], lambda got: "node1" in master.server.by_host)
     old_peer = master.server.by_host["node1"]
-    second = Client("127.0.0.1", master.port, SECRET, "node1")
+    second = Client("127.0.0.1", master.port, key("node1"), "node1")
     master.pump([first, second], lambda got: master.server.by_host.get("node1") not in
                 (None, old_peer))
     assert len([p for p in master.server.peers.values() if p.host == "node1"]) == 1
@@ -260,3 +264,44 @@ def test_a_control_port_held_for_good_is_named(monkeypatch):
         with pytest.raises(OSError) as err:
             agent.bind_control("127.0.0.1", port, b"k" * 32)
     assert err.value.errno == 98
+
+
+def test_a_host_of_the_run_can_speak_only_as_itself():
+    """node1's agent holds node1's key only: naming itself node2 (or the master) in its first
+    line or its hello gets it nowhere, and a name outside the run is refused at once."""
+    m = Master()
+    m.server.close()
+    m.server = Server("127.0.0.1", m.port, SECRET, hosts=["node0", "node1", "node2"])
+    try:
+        for claimed in ("node2", "node0"):
+            posing = Client("127.0.0.1", m.port, key("node1"), claimed)
+            m.pump([posing], lambda got, c=posing: c.peer is None and c.error)
+            assert "not signed" in posing.error and posing.last_heard is None
+        with socket.create_connection(("127.0.0.1", m.port), timeout=5) as raw:
+            # Greeted as node1, then a hello signed with node1's key that says node2.
+            greeting = _raw_greeting(m, raw, host=b"node1")
+            _seq, body = unseal(key("node1"), TO_AGENT, "0" * 32, -1, greeting)
+            nonce = "0" * 32 + ":" + body["nonce"]
+            raw.sendall(seal(key("node1"), TO_MASTER, nonce, 1, {"t": "hello", "host": "node2"}))
+            assert _closed_by_master(m, raw)
+        with socket.create_connection(("127.0.0.1", m.port), timeout=5) as raw:
+            raw.settimeout(0.05)
+            raw.sendall(b"0" * 32 + b" outsider\n")
+            assert _closed_by_master(m, raw)
+        assert m.seen == [] and m.server.by_host == {}
+        # The posers hung up on a greeting they could not verify; the hello naming another
+        # host is garbled; the outsider's name has no key.
+        assert (m.server.refused["no_hello"], m.server.refused["garbled"],
+                m.server.refused["unsigned"]) == (2, 1, 1)
+        honest = Client("127.0.0.1", m.port, key("node1"), "node1")
+        m.pump([honest], lambda got: "node1" in m.server.by_host)
+        honest.close()
+    finally:
+        m.server.close()
+
+
+def test_the_launch_roles_filter_makes_the_key_the_master_derives():
+    from ansible_collections.torchfleet.fleet.plugins.filter.host_key import FilterModule
+
+    made = FilterModule().filters()["host_key"]("s3cret-of-this-run", "node7")
+    assert made.encode() == key("node7") and len(made) == 64 and made != key("node1").decode()

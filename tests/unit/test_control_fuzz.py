@@ -11,7 +11,7 @@ import time
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import control
 from ansible_collections.torchfleet.fleet.plugins.module_utils.control import (
-    TO_AGENT, TO_MASTER, Client, Server, open_line, seal)
+    TO_AGENT, TO_MASTER, Client, Server, host_key, open_line, seal)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -81,10 +81,10 @@ def _master():
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.binary(min_size=1, max_size=300), min_size=1, max_size=6), st.booleans())
 def test_the_masters_loop_survives_any_bytes_on_a_connection(chunks, say_nonce):
-    """Raw bytes from the first byte on, or after a well-formed nonce (past the first line)."""
+    """Raw bytes from the first byte on, or after a well-formed first line (nonce, name)."""
     m = _master()
     if say_nonce:
-        chunks = [b"c" * 32 + b"\n"] + chunks
+        chunks = [b"c" * 32 + b" node1\n"] + chunks
     with socket.create_connection(("127.0.0.1", m.port), timeout=5) as raw:
         for chunk in chunks:
             try:
@@ -103,7 +103,8 @@ def test_the_masters_loop_survives_any_bytes_on_a_connection(chunks, say_nonce):
 def test_an_agent_survives_any_bytes_from_a_fake_master(chunks):
     listener = socket.create_server(("127.0.0.1", 0))
     try:
-        agent = Client("127.0.0.1", listener.getsockname()[1], SECRET, "node1")
+        agent = Client("127.0.0.1", listener.getsockname()[1], host_key(SECRET, "node1"),
+                       "node1")
         agent.step(0)
         conn, _ = listener.accept()
         with conn:

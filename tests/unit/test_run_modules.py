@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ansible_collections.torchfleet.fleet.plugins.module_utils import control
 from ansible_collections.torchfleet.fleet.plugins.modules import rank_results
 from ansible_collections.torchfleet.fleet.plugins.modules import run_summary
 from ansible_collections.torchfleet.fleet.plugins.modules import torchrun_stop
@@ -63,7 +64,10 @@ def agent_args(tmp_path, run_id, host="node0", node_rank=0, nnodes=1, ports=None
             "node_rank": node_rank, "python": sys.executable, "script": str(script),
             "script_args": [str(tmp_path / ("go-" + run_id))], "nnodes": nnodes,
             "nproc_per_node": 1, "master_addr": "127.0.0.1", "master_port": master_port,
-            "control_port": control_port, "secret": "unit-secret", "local_addr": "127.0.0.1",
+            "control_port": control_port, "local_addr": "127.0.0.1",
+            # The master holds the run's secret; every other host only its own key.
+            "secret": "unit-secret" if node_rank == 0 else
+            control.host_key(b"unit-secret", host).decode(),
             "lost_after_s": 30, "hosts": ["node%d" % i for i in range(nnodes)]}
     args.update(extra)
     return args

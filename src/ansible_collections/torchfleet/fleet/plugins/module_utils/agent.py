@@ -452,11 +452,11 @@ def _logger(run_dir):
 BIND_RETRY_S = 10.0
 
 
-def bind_control(addr, port, secret, trusted=()):
+def bind_control(addr, port, secret, trusted=(), hosts=None):
     end = time.monotonic() + BIND_RETRY_S
     while True:
         try:
-            return Server(addr, port, secret, trusted)
+            return Server(addr, port, secret, trusted, hosts)
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE or time.monotonic() >= end:
                 raise
@@ -466,7 +466,7 @@ def bind_control(addr, port, secret, trusted=()):
 def run(p, command):
     """The whole job of torchrun_job: returns its result dict, or raises ValueError with the
     sentence to fail with. `command` runs short commands (py-spy) for it: command.bounded."""
-    secret = p["secret"].encode()
+    secret = p["secret"].encode()  # the master's: the run's secret; another host's: its key
     run_dir = p["run_dir"]
     t = Timings(p)
     os.makedirs(run_dir, mode=0o700, exist_ok=True)
@@ -497,7 +497,7 @@ def run(p, command):
                 hang_timeout_s=p["hang_timeout_s"], job_timeout_s=p["job_timeout_s"])
             try:
                 server = bind_control(p["master_addr"], p["control_port"], secret,
-                                      p["host_addrs"])
+                                      p["host_addrs"], p["hosts"] or [p["host"]])
             except OSError as exc:
                 raise ValueError("the master %s cannot listen on its control port %s:%d (%s); "
                                  "free it or set -e control_port=N" % (

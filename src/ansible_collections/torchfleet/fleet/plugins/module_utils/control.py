@@ -6,12 +6,15 @@ arrives is hostile until verified, and nothing that arrives can raise out of the
 steps the channel: each byte sequence ends as a verified message or as its connection closed
 and counted in `refused`.
 
-A connection, both ends keyed with the run's secret (made per run on the controller, handed to
-the agents as a module argument):
+A connection, both ends keyed with the host's key: HMAC of the run's secret (made per run on
+the controller) and the host's name. The master's agent alone holds the secret; every other
+agent is handed only its own key (`host_key`, the launch role's `host_key` filter), so a host
+of the run can speak only as itself:
 
-    agent  -> master   <cnonce>\\n                       32 hex digits, fresh per connection
+    agent  -> master   <cnonce> <host>\\n                32 hex digits, fresh per connection, and
+                                                         the name whose key the rest is signed with
     master -> agent    0 <mac> {"nonce": <snonce>}\\n    signed over the agent's cnonce: only a
-                                                         holder of the secret can greet, and a
+                                                         holder of the key can greet, and a
                                                          recorded greeting does not verify again
     agent  -> master   1 <mac> {"t": "hello", ...}\\n     then every message, both ways:
                        <seq> <mac> <body JSON>\\n
@@ -21,7 +24,7 @@ bytes as sent). The frame is checked before the body is parsed: an outsider's by
 reach the JSON parser. Sequence numbers only rise, so a message cannot be replayed on its
 connection, and the nonce makes it worthless on any other.
 
-Bounds on what an outsider controls: the first line (64 bytes), a line of an authenticated peer
+Bounds on what an outsider controls: the first line (MAX_FIRST_LINE bytes), a line of an authenticated peer
 (MAX_LINE), the time from accept to a verified hello (HELLO_S), how many connections may wait
 unauthenticated at once (per source address and in all; the oldest goes first, but never a
 run host's to make room for another address's: an outsider's flood from many addresses
@@ -43,18 +46,23 @@ import time
 
 TO_MASTER, TO_AGENT = "agent->master", "master->agent"
 MAX_LINE = 1 << 16          # an authenticated peer's line
-MAX_FIRST_LINE = 64         # an unauthenticated peer's first line (its nonce)
+MAX_FIRST_LINE = 300        # an unauthenticated peer's first line (nonce and name)
 HELLO_S = 5.0               # accept -> verified hello, or the connection goes
 MAX_PENDING = 256           # unauthenticated connections at once, in all
 MAX_PENDING_PER_ADDR = 16   # ... and from one address
 ACCEPT_PER_STEP = 64
 MAX_DEPTH = 8               # JSON nesting of a verified body (ours are 3 deep at most)
 
-NONCE = re.compile(rb"^[0-9a-f]{32}$")
+FIRST_LINE = re.compile(rb"^([0-9a-f]{32}) (\S{1,255})$")
 FRAME = re.compile(rb"^(0|[1-9][0-9]{0,17}) ([0-9a-f]{64}) (\{.*\})$", re.S)
 
 # Why a connection was refused, counted on the master (and reported in the run's record).
 REFUSALS = ("garbled", "unsigned", "replayed", "too_long", "no_hello", "over_cap")
+
+
+def host_key(secret, host):
+    """The key a host's agent signs with (bytes): its name under the run's secret."""
+    return hmac.new(secret, b"host|" + host.encode(), hashlib.sha256).hexdigest().encode()
 
 
 def _mac(secret, direction, nonce, seq, payload):
@@ -115,6 +123,8 @@ class _Peer:
     def __init__(self, sock, addr="", accepted_m=0.0):
         self.sock, self.addr, self.accepted_m = sock, addr, accepted_m
         self.cnonce = None   # the agent's half
+        self.key = None      # the key of the host it named (master's end)
+        self.claimed = None  # that host
         self.nonce = None    # cnonce:snonce once the greeting is sent (master) or verified
         self.inbuf, self.outbuf = b"", b""
         self.seq_in, self.seq_out = 0, 0
@@ -153,8 +163,10 @@ class Server:
     from a host; it may return a reply body. closed(host) is called when a host's connection
     ends."""
 
-    def __init__(self, addr, port, secret, trusted=()):
+    def __init__(self, addr, port, secret, trusted=(), hosts=None):
         self.secret = secret
+        # The run's hosts: only they may connect (None: any name, keyed from the secret).
+        self.hosts = None if hosts is None else frozenset(hosts)
         self.trusted = frozenset(trusted)  # the run's hosts' addresses
         raise_fd_limit()
         # The listener first: a port in use raises before anything else is opened.
@@ -193,21 +205,29 @@ class Server:
             if peer.cnonce is None:
                 if len(line) > MAX_FIRST_LINE:
                     return self._drop(peer, "too_long", closed)
-                if not NONCE.match(line):
+                first = FIRST_LINE.match(line)
+                if first is None:
                     return self._drop(peer, "garbled", closed)
-                peer.cnonce = line.decode()
+                try:
+                    claimed = first.group(2).decode()
+                except UnicodeDecodeError:
+                    return self._drop(peer, "garbled", closed)
+                if self.hosts is not None and claimed not in self.hosts:
+                    return self._drop(peer, "unsigned", closed)  # no key for that name
+                peer.cnonce, peer.claimed = first.group(1).decode(), claimed
+                peer.key = host_key(self.secret, claimed)
                 snonce = os.urandom(16).hex()
-                peer.outbuf += seal(self.secret, TO_AGENT, peer.cnonce, 0, {"nonce": snonce})
+                peer.outbuf += seal(peer.key, TO_AGENT, peer.cnonce, 0, {"nonce": snonce})
                 peer.nonce = "%s:%s" % (peer.cnonce, snonce)
                 peer.flush()
                 continue
-            opened = open_line(self.secret, TO_MASTER, peer.nonce, peer.seq_in, line)
+            opened = open_line(peer.key, TO_MASTER, peer.nonce, peer.seq_in, line)
             if not isinstance(opened, tuple):
                 return self._drop(peer, opened, closed)
             peer.seq_in, body = opened
             if peer.host is None:
                 host = body.get("host")
-                if body.get("t") != "hello" or not isinstance(host, str) or not host:
+                if body.get("t") != "hello" or host != peer.claimed:
                     return self._drop(peer, "garbled", closed)
                 old = self.by_host.get(host)
                 peer.host = host
@@ -261,7 +281,7 @@ class Server:
 
     def _send(self, peer, body):
         peer.seq_out += 1
-        peer.outbuf += seal(self.secret, TO_AGENT, peer.nonce, peer.seq_out, body)
+        peer.outbuf += seal(peer.key, TO_AGENT, peer.nonce, peer.seq_out, body)
 
     def _drop(self, peer, why, closed):
         if self.peers.pop(peer.sock, None) is None:
@@ -282,11 +302,11 @@ class Server:
 
 class Client:
     """A host's end: dials the master, checks its signed greeting, says hello, sends reports,
-    hands back what the master sent. last_heard is when the master last sent a verified
-    message (monotonic); nothing else counts."""
+    hands back what the master sent. `key` is this host's (host_key). last_heard is when the
+    master last sent a verified message (monotonic); nothing else counts."""
 
-    def __init__(self, addr, port, secret, host, connect_timeout_s=2.0):
-        self.addr, self.port, self.secret, self.host = addr, port, secret, host
+    def __init__(self, addr, port, key, host, connect_timeout_s=2.0):
+        self.addr, self.port, self.key, self.host = addr, port, key, host
         self.connect_timeout_s = connect_timeout_s
         self.peer, self.last_heard, self.error = None, None, None
 
@@ -307,7 +327,7 @@ class Client:
             sock.setblocking(False)
             self.peer = _Peer(sock)
             self.peer.cnonce = os.urandom(16).hex()
-            self.peer.outbuf = self.peer.cnonce.encode() + b"\n"
+            self.peer.outbuf = ("%s %s\n" % (self.peer.cnonce, self.host)).encode()
         sel = selectors.DefaultSelector()
         try:
             sel.register(self.peer.sock, selectors.EVENT_READ)
@@ -323,7 +343,7 @@ class Client:
                 return []
             for line in lines:
                 if self.peer.nonce is None:
-                    greeting = unseal(self.secret, TO_AGENT, self.peer.cnonce, -1, line)
+                    greeting = unseal(self.key, TO_AGENT, self.peer.cnonce, -1, line)
                     snonce = (greeting or (0, {}))[1].get("nonce")
                     if greeting is None or greeting[0] != 0 or not isinstance(snonce, str):
                         self._reset("the greeting on %s:%d is not signed with the run's secret"
@@ -333,7 +353,7 @@ class Client:
                     self.last_heard = time.monotonic()
                     self.send({"t": "hello", "host": self.host})
                     continue
-                opened = unseal(self.secret, TO_AGENT, self.peer.nonce, self.peer.seq_in, line)
+                opened = unseal(self.key, TO_AGENT, self.peer.nonce, self.peer.seq_in, line)
                 if opened is None:
                     self._reset("a message not signed with the run's secret")
                     return []
@@ -349,7 +369,7 @@ class Client:
         if not self.connected:
             return False
         self.peer.seq_out += 1
-        self.peer.outbuf += seal(self.secret, TO_MASTER, self.peer.nonce, self.peer.seq_out,
+        self.peer.outbuf += seal(self.key, TO_MASTER, self.peer.nonce, self.peer.seq_out,
                                  body)
         return self.peer.flush() or self._reset("the connection to the master broke")
 

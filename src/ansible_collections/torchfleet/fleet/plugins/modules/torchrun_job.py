@@ -20,7 +20,8 @@ description:
     is recorded once and every agent stops its own torchrun at once; on a hang each first
     writes its ranks' py-spy stacks. An agent that loses the master stops by itself.
   - Every message is signed with O(secret) (HMAC-SHA256, per connection nonce and sequence),
-    so no other process can report, abort or fake progress for the run.
+    so no other process can report, abort or fake progress for the run; a host other than the
+    master holds only its own key, so it can report only as itself.
   - The command is built as an argument list; no value is ever interpolated into a shell.
   - torchrun's PID is written to O(run_dir)/torchrun.pid and its exit to O(run_dir)/exitcode.json;
     the master keeps the run's state in O(run_dir)/control.json, which M(torchfleet.fleet.torchrun_watch) reads.
@@ -108,7 +109,10 @@ options:
     type: int
     required: true
   secret:
-    description: The run's secret, made per run on the controller; signs every control message.
+    description:
+      - On the master (O(node_rank) 0), the run's secret, made per run on the controller; on
+        every other host, that host's key (the secret through the P(torchfleet.fleet.host_key#filter)
+        filter). Signs every control message.
     type: str
     required: true
   local_addr:
@@ -193,7 +197,8 @@ EXAMPLES = r"""
     master_addr: 10.0.0.1
     master_port: 29500
     control_port: 51234
-    secret: "{{ run_secret }}"
+    # The master gets the run's secret, every other host only its own key.
+    secret: "{{ run_secret if inventory_hostname == ansible_play_hosts_all[0] else run_secret | torchfleet.fleet.host_key(inventory_hostname) }}"
     local_addr: "{{ ansible_host }}"
     env:
       NCCL_SOCKET_IFNAME: eth0
