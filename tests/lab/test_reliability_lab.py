@@ -80,6 +80,26 @@ def test_network_cut_mid_run_names_the_node_and_stops_the_rest(healthy_lab, tmp_
     assert wait_until(lambda: not processes_of(run_id), 90), processes_of(run_id)
 
 
+def test_a_cut_host_is_named_even_when_its_peers_errors_reach_the_master_first(healthy_lab,
+                                                                               tmp_path):
+    """collective_timeout_s=5, lost_after_s=25: node0's and node1's ranks time out in their
+    collective and report their errors (measured: 8.5 s after the cut) some 16 s before node2,
+    cut off, can be judged lost, longer than the master's usual settle time (8 s). The record
+    waits for node2: the verdict names node2 host.lost, its peers are its consequence."""
+    proc, run_id = start_long_train(healthy_lab, tmp_path, "-e", "lost_after_s=25",
+                                    "-e", "collective_timeout_s=5", nnodes=3)
+    healthy_lab.cut_network("node2")
+    out, _ = proc.communicate(timeout=240)
+    run = Run(proc.returncode, out, tmp_path / "run")
+    assert run.rc != 0
+    report = run.report("train.json")
+    assert report["first_failure"]["host"] == "node2", report["first_failure"]
+    outcomes = {h["host"]: h["outcome"] for h in report["hosts"]}
+    assert outcomes["node2"] == "lost", outcomes
+    assert "train failed" in out and "node2" in out.split("train failed", 1)[1].splitlines()[0]
+    assert wait_until(lambda: not processes_of(run_id), 90), processes_of(run_id)
+
+
 def test_interrupted_controller_leaves_nothing_running(healthy_lab, tmp_path):
     proc, run_id = start_long_train(healthy_lab, tmp_path)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground process group

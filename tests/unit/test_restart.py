@@ -122,6 +122,18 @@ def test_a_host_the_gather_could_not_reach_is_left_out():
     assert plan_["exclude"] == ["n3"] and plan_["left_out"] == {"n3": "host.unreachable"}
 
 
+def test_a_cut_host_explains_the_failure_even_when_a_peers_error_was_judged_first():
+    """n1's rank errored out first; n3, cut off, was unreachable at the gather: the restart
+    answers n3 (n1 passing its re-check does not refuse it), and a hang with n3 unreachable
+    is explained by n3 too."""
+    plan_ = first(record("rank n1"), unreachable=["n3"])
+    assert plan_["recheck"] and plan_["suspect"] is None
+    decision = restart.after_recheck(plan_, chose(["n0", "n1", "n2", "n4"]), FOUR, "host")
+    assert decision["restart"] and decision["why"] == "n3 host.unreachable, replaced by n4"
+    hang = first(record("hang"), unreachable=["n3"])
+    assert hang["recheck"] and hang["left_out"] == {"n3": "host.unreachable"}
+
+
 def test_a_failed_recheck_or_a_broken_next_master_says_why_there_is_no_restart():
     plan_ = first(record("lost n2"))
     bad = {"ok": False, "verdict": "preflight failed: 1 problem(s) on controller (host.skipped)"}

@@ -146,6 +146,8 @@ class ActionModule(ActionBase):
         a = self.params
         master = self._task.delegate_to or task_vars["inventory_hostname"]
         poll_s, every_s, settle_s = a["poll_s"], a["progress_every_s"], a["settle_s"]
+        if settle_s is None:
+            settle_s = defaults.watch_settle_s(a["lost_after_s"])
         hosts = list(a["starts"]) or [master]
         failed_starts = start_failures(a["starts"])
         begin = good = time.monotonic()

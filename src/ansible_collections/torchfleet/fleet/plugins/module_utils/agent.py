@@ -327,7 +327,12 @@ class MasterStore:
                 "%d %s" % (n, why) for why, n in sorted(refused.items())))
 
     def done(self, now_m):
-        """The master stays while any host may still report, within a bound."""
+        """The master stays while any host may still report, within a bound.
+
+        A host still running when the settle time is over has not reported its stop: it may be
+        the silent cause (cut off, frozen) of what its peers reported, so the record waits
+        until it reports or tick() judges it lost (lost_after_s after its last beat; its loss
+        dates from then and comes first). The bound: lost_after_s more (silent_settle_s)."""
         state = self.state
         if state.phase == runstate.RUNNING:
             return False
@@ -336,7 +341,10 @@ class MasterStore:
         if self.settle_until is None:
             self.settle_until = now_m + defaults.master_settle_s(
                 self.t.abort_grace_s, hang=state.phase == runstate.HANG)
-        return now_m > self.settle_until
+        if now_m <= self.settle_until:
+            return False
+        unheard = any(r["state"] == runstate.STARTED for r in state.hosts.values())
+        return not unheard or now_m > self.settle_until + state.lost_after_s
 
     def write_state(self, force=False):
         now_m = time.monotonic()

@@ -229,8 +229,13 @@ def master_settle_s(abort_grace_s=ABORT_GRACE_S, hang=False):
 
 
 # The controller waits this long past the decision for the master's record to turn final;
-# covers master_settle_s of a hang, with room for the master's own slowness.
+# covers master_settle_s of a hang, with room for the master's own slowness; plus lost_after_s
+# (watch_settle_s), which the master may wait for a silent host to be judged lost.
 WATCH_SETTLE_S = 120.0
+
+
+def watch_settle_s(lost_after_s):
+    return WATCH_SETTLE_S + float(lost_after_s)
 
 TIMINGS = {name.lower(): value for name, value in dict(globals()).items()
            if name.endswith("_S") and isinstance(value, float)}

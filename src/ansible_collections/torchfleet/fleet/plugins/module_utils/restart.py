@@ -2,8 +2,9 @@
 one place that decides it. How the attempt ended is not decided here: the master's record
 (runstate.py) judged that; this reads its first failure and the re-check's choice.
 
-A restart answers a failure a host explains: a host lost during the run or whose start failed
-(left out of every later attempt), or a rank's death on a host that then fails its re-check.
+A restart answers a failure a host explains: a host lost during the run, whose start failed or
+that the gather could not reach (left out of every later attempt, whatever the first failure
+names), or a rank's death on a host that then fails its re-check.
 A failure no host explains (a rank's error on a host that passes its re-check, a hang, the
 job's time limit) is not retried unless restart_on=any. Two steps, with the playbook's re-check
 (preflight's probe and port test of the remaining candidates) between them:
@@ -71,13 +72,16 @@ def after_attempt(record, attempt, max_restarts, restart_on, candidates, hosts, 
     if reason == CONTROLLER_LOST:
         out["why"] = "not restarted: the controller lost the run"
         return out
-    if host is None and restart_on != "any":
+    # Everything the attempt found counts: a host lost or never started (a failure of the
+    # record beside the first) or unreachable at the gather explains the failure, whatever
+    # the first failure names (a peer's error can be judged before a cut host is).
+    left_out = _left_out(record, unreachable)
+    if host is None and not left_out and restart_on != "any":
         out["why"] = ("not restarted: no host explains a run that ended %s (restart_on=any "
                       "restarts it)" % reason)
         return out
-    left_out = _left_out(record, unreachable)
     exclude = list(dict.fromkeys(list(excluded) + list(left_out)))
-    if reason == FAILED and host not in exclude:
+    if reason == FAILED and host not in exclude and not left_out:
         out["suspect"] = host
     remaining = [h for h in candidates if h not in exclude]
     out.update(exclude=exclude, left_out=left_out)

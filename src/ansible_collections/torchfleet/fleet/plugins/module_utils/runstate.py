@@ -16,7 +16,9 @@ the judged first one, decided here and only here:
 
 The run fails (and every host is told to stop) at the first failure of any kind; reports that
 arrive while the hosts stop can still name a cause that came first. The record is final once
-every host is done or the master's settle time is over; nothing changes after that.
+every host is done or the master's settle time is over; nothing changes after that. A host of
+the run unheard-from and not yet judged keeps the record open (agent.MasterStore.done) until it
+reports or tick() judges it lost: a silent cause is never lost to its consequence.
 
 record() is what every output reads: the master's store writes it to control.json on the
 host; the controller's watch copies it to run_state.json; the summary (train.json /

@@ -45,7 +45,7 @@ ACTION_SPEC = dict(
     lost_after_s=dict(type="float", default=defaults.default("lost_after_s")),
     poll_s=dict(type="float", default=defaults.POLL_S),
     progress_every_s=dict(type="float", default=defaults.PROGRESS_EVERY_S),
-    settle_s=dict(type="float", default=defaults.WATCH_SETTLE_S),
+    settle_s=dict(type="float"),  # unset: defaults.watch_settle_s(lost_after_s)
     progress_file=dict(type="path"),
     state_file=dict(type="path"),
 )

@@ -86,9 +86,9 @@ options:
     default: 10
   settle_s:
     description: Action plugin only. After the run's phase is decided, how long to wait for the
-      master's agent to close the record before taking it as it is.
+      master's agent to close the record before taking it as it is; 120 plus O(lost_after_s)
+      when unset (the master may wait for a silent host to be judged lost).
     type: float
-    default: 120
   progress_file:
     description: Action plugin only. Controller file to which every look appends one JSON line
       (the run's summary), for callers that follow a run live (the torchfleet Python API).
