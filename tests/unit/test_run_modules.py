@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ansible_collections.torchfleet.fleet.plugins.module_utils import control
+from ansible_collections.torchfleet.fleet.plugins.module_utils import control, runstate
 from ansible_collections.torchfleet.fleet.plugins.modules import rank_results
 from ansible_collections.torchfleet.fleet.plugins.modules import run_summary
 from ansible_collections.torchfleet.fleet.plugins.modules import torchrun_stop
@@ -420,3 +420,96 @@ def test_an_agent_that_loses_the_master_stops_its_torchrun_by_itself(tmp_path):
             from ansible_collections.torchfleet.fleet.plugins.module_utils.procs import stop_run
 
             stop_run(run_id, pid0, grace_s=1, host="node0")
+
+
+# Ranks 0, 1 and 3 all-reduce in a subgroup; rank 3 (node1) exits 3 when told; rank 2 (node1
+# too) only sleeps and takes 8 s to stop on SIGTERM, so node1's torchrun is still stopping it
+# when the abort comes; ranks 0 and 1 (node0) die of the broken connection.
+SLOW_SIBLING = """
+import os, signal, sys, time
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+group = dist.new_group([0, 1, 3])
+print("rank", rank, "started", flush=True)
+if rank == 2:
+    signal.signal(signal.SIGTERM, lambda *_: time.sleep(8))
+    time.sleep(300)
+t = torch.ones(1)
+while True:
+    if rank == 3 and os.path.exists(sys.argv[1]):
+        sys.exit(3)
+    dist.all_reduce(t, group=group)
+    time.sleep(0.01)
+"""
+
+
+def test_a_ranks_own_exit_is_named_though_its_sibling_is_slow_to_stop(tmp_path):
+    """node1's rank 3 exits 3; node0's ranks die of it and their torchrun reports first, while
+    node1's torchrun still waits for rank 2. node1's agent saw rank 3 die before the abort,
+    and rank 3 noted its own exit code: the verdict names node1, rank 3, exited with 3."""
+    script = tmp_path / "slow_sibling.py"
+    script.write_text(SLOW_SIBLING)
+    ports = (free_port(), free_port())
+    run_id = "unit-sibling-%d" % os.getpid()
+    node0 = agent_args(tmp_path, run_id, "node0", 0, 2, ports, script=str(script),
+                       nproc_per_node=2)
+    node1 = agent_args(tmp_path, run_id, "node1", 1, 2, ports, script=str(script),
+                       nproc_per_node=2)
+    jobs = [start_agent(node0), start_agent(node1)]
+    try:
+        pids = [_pid_of(node0), _pid_of(node1)]
+        logs = Path(node1["run_dir"])
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "started" not in "".join(
+                p.read_text() for p in logs.glob("logs/*/attempt_0/1/stdout.log")):
+            time.sleep(0.2)
+        Path(node1["script_args"][0]).touch()
+        assert _gone_within(pids[0], 60) and _gone_within(pids[1], 60)
+        for j in jobs:
+            j.communicate(timeout=60)
+    finally:
+        for j in jobs:
+            j.kill()
+    record = _record(node0)
+    assert record["final"]
+    failure = record["failure"]
+    assert (failure["host"], failure["rank"]) == ("node1", 3), record["failures"]
+    assert runstate.failure_text(failure).startswith("node1, rank 3 exited with 3"), failure
+    assert not failure["consequence"]
+
+
+# A rank that did its work, then dies of SIGABRT while its interpreter shuts down (a global's
+# finalizer aborts, after the exit handlers, as a process group never destroyed does); with an
+# argument, its script ended with sys.exit(3) first.
+ABORT_AT_EXIT = """
+import os, sys
+class ProcessGroup:
+    def __del__(self):
+        os.abort()
+pg = ProcessGroup()
+print("result written", flush=True)
+if sys.argv[2:] == ["3"]:
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("code, words", [
+    (None, "node0, rank 0 ended its script, then died of SIGABRT at interpreter exit (-6): "
+           "its process group was never destroyed"),
+    ("3", "node0, rank 0 exited with 3 (then SIGABRT at interpreter exit)")])
+def test_an_abort_at_interpreter_exit_says_so_and_keeps_the_scripts_own_code(tmp_path, code,
+                                                                            words):
+    script = tmp_path / "abort_at_exit.py"
+    script.write_text(ABORT_AT_EXIT)
+    args = agent_args(tmp_path, "unit-abort-%s-%d" % (code, os.getpid()), script=str(script))
+    args["script_args"] = ["-", code] if code else []
+    job = start_agent(args)
+    try:
+        job.communicate(timeout=120)
+    finally:
+        job.kill()
+    failure = _record(args)["failure"]
+    assert failure["exitcode"] == -6 and runstate.failure_text(failure).startswith(words), \
+        failure

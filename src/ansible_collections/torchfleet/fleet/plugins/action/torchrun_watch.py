@@ -32,7 +32,7 @@ from ansible.errors import AnsibleConnectionFailure, AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, flight, rundir, runstate, watch
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, exits, flight, rundir, runstate, watch
 from ansible_collections.torchfleet.fleet.plugins.module_utils.watch import ACTION_SPEC
 
 display = Display()
@@ -59,7 +59,7 @@ def _loader():
     project's one import bootstrap: a look is a bare interpreter start on the master, ten
     times cheaper than an AnsiballZ module's, and the host has no collection installed."""
     sources = {}
-    for module in (defaults, flight, rundir, runstate, watch):
+    for module in (defaults, exits, flight, rundir, runstate, watch):
         with open(module.__file__) as f:
             sources[module.__name__] = f.read()
     return "\n".join([

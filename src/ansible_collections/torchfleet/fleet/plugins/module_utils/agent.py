@@ -32,7 +32,7 @@ import signal
 import subprocess
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import flight, procs, runstate, stacks
+from ansible_collections.torchfleet.fleet.plugins.module_utils import exits, flight, procs, runstate, stacks
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.control import Client, Server
 from ansible_collections.torchfleet.fleet.plugins.module_utils.procs import HOST_ENV, RUN_ID_ENV, run_processes, stop_run
@@ -88,6 +88,41 @@ def worker_pids(run_id, torchrun_pid):
         if b"LOCAL_RANK" in env and env.get(b"TORCHELASTIC_RUN_ID") is not None:
             workers.setdefault(int(env[b"LOCAL_RANK"]), (pid, int(env.get(b"RANK", b"-1"))))
     return workers
+
+
+class RankDeaths:
+    """When each of torchrun's ranks (its direct children) was first seen dead, looked at every
+    step of the agent's loop: a rank's death is known when it happens, not when torchrun ends
+    (which a sibling slow to stop can delay past the abort that ends the run)."""
+
+    def __init__(self):
+        self.ranks = {}   # pid -> (local_rank, rank)
+        self.dead = {}    # pid -> (monotonic time first seen dead, before any stop of ours)
+
+    def look(self, torchrun_pid, now_m, stopping, refresh):
+        if refresh:
+            for pid in procs.children(torchrun_pid):
+                if pid not in self.ranks:
+                    env = procs.environ(pid)
+                    try:
+                        self.ranks[pid] = (int(env[b"LOCAL_RANK"]), int(env[b"RANK"]))
+                    except (KeyError, ValueError):
+                        continue
+        for pid in self.ranks:
+            if pid not in self.dead and not procs.alive(pid):
+                self.dead[pid] = (now_m, not stopping)
+
+    def first_own(self):
+        """(pid, local_rank, rank, when) of the first rank that died before this host was
+        told to stop, else None."""
+        own = [(m, pid) for pid, (m, before) in self.dead.items() if before]
+        if not own:
+            return None
+        when, pid = min(own)
+        return (pid,) + self.ranks[pid] + (when,)
+
+    def pid_of(self, local_rank):
+        return next((pid for pid, (lr, _r) in self.ranks.items() if lr == local_rank), None)
 
 
 def live_children(pid):
@@ -152,11 +187,14 @@ class HostAgent:
         self.stack_facts = stacks.attach_facts(p["python"], os.geteuid())
         self.recording = p["flight_recorder"] > 0
         self.first_dead = {} if self.recording else None  # rank -> when first seen dead
+        self.deaths = RankDeaths()
 
     def step(self, now_m):
         """Look at torchrun once: beat, report its end, carry out a pending stop."""
         rc = self.proc.poll()
-        if rc is None and now_m >= self.next_beat:
+        beat = rc is None and now_m >= self.next_beat
+        self.deaths.look(self.proc.pid, now_m, self.stopping is not None, refresh=beat)
+        if beat:
             self.next_beat = now_m + self.t.BEAT_S
             status = local_status(self.p["run_dir"], self.proc.pid,
                                   first_dead=self.first_dead)
@@ -211,9 +249,32 @@ class HostAgent:
 
     def exit_body(self, rc, now_m):
         cause, consequence = failure_evidence(self.p["run_dir"]) if rc else (None, False)
+        stopped, age_s = self.stopped, now_m - self.ended_m
+        dirs = rank_dirs(self.p["run_dir"])
+        # (With torchrun's own restarts a rank's death may have been answered already.)
+        own = self.deaths.first_own() if not self.p["max_restarts"] else None
+        if cause is None and stopped and own is not None:
+            # A rank here died by itself before the abort, and this agent stopped a torchrun
+            # still tearing down, which so never said how: the rank's own note does.
+            _pid, local_rank, rank, _when = own
+            note = exits.read_note(dirs.get(local_rank))
+            if note is None or note["code"] not in (None, 0):
+                cause = {"rank": rank, "local_rank": local_rank, "exitcode": None}
+                consequence = peer_loss(tail(os.path.join(dirs.get(local_rank, ""),
+                                                          "stderr.log"), 40, 1 << 16))
+                stopped = False
+        if cause is not None:
+            note = exits.read_note(dirs.get(cause["local_rank"]))
+            died = self.deaths.dead.get(self.deaths.pid_of(cause["local_rank"]))
+            if note is not None:
+                cause = dict(cause, script_code=note["code"], at_exit=True)
+                age_s = max(age_s, time.time() - note["ts"])
+            if died is not None:
+                age_s = max(age_s, now_m - died[0])
+            age_s = min(age_s, now_m - self.started_m)
         status = local_status(self.p["run_dir"], self.proc.pid, first_dead=self.first_dead)
-        return {"t": runstate.EXIT, "rc": rc, "stopped": self.stopped, "root_cause": cause,
-                "consequence": consequence, "age_s": round(now_m - self.ended_m, 3),
+        return {"t": runstate.EXIT, "rc": rc, "stopped": stopped, "root_cause": cause,
+                "consequence": consequence, "age_s": round(age_s, 3),
                 "last_line": status["last_line"], "coll": status.get("coll"),
                 "steady": status.get("steady")}
 
@@ -409,8 +470,10 @@ def start_torchrun(p, argv):
     env.update({RUN_ID_ENV: p["run_id"], HOST_ENV: p["host"],
                 "TORCHFLEET_OUT_DIR": os.path.join(p["run_dir"], RESULTS),
                 "PYTHONUNBUFFERED": "1"})
-    # A hang's stacks where py-spy cannot attach; where each rank is in its collectives.
-    stacks.install_hook(p["run_dir"], env, flight.WATCHER if p["flight_recorder"] > 0 else "")
+    # A hang's stacks where py-spy cannot attach; how each rank's script ended; where each
+    # rank is in its collectives.
+    stacks.install_hook(p["run_dir"], env, exits.NOTE + (flight.WATCHER if p["flight_recorder"] > 0
+                                                         else ""))
     agent_pid = os.getpid()
     with open(os.path.join(p["run_dir"], TORCHRUN_LOG), "ab") as log:
         # Own session: Ansible's async timeout kills the wrapper's process group, not the run;

@@ -38,14 +38,14 @@ the finding of flight.finding() (`collective`): the collective where the ranks d
 ranks that never joined it or called another; a rank that died waiting in a collective that
 another rank never joined is a consequence of that.
 
-Only the standard library, defaults.py and flight.py: it runs inside the agent on every host, and in
+Only the standard library, defaults.py, exits.py and flight.py: it runs inside the agent on every host, and in
 the watch's look.
 """
 from __future__ import annotations
 
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, flight
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, exits, flight
 
 # The controller's copy of the master's record (the host's files: rundir.py).
 STATE_FILE = "run_state.json"
@@ -112,8 +112,13 @@ def message(body):
     if kind == EXIT:
         cause = body.get("root_cause")
         if isinstance(cause, dict) and all(_int(cause.get(k)) is not None
-                                           for k in ("rank", "local_rank", "exitcode")):
-            cause = {k: cause[k] for k in ("rank", "local_rank", "exitcode")}
+                                           for k in ("rank", "local_rank")):
+            # exitcode None: the rank died while its torchrun was stopped before saying how;
+            # script_code and at_exit: its own exit note (exits.py).
+            cause = {"rank": cause["rank"], "local_rank": cause["local_rank"],
+                     "exitcode": _int(cause.get("exitcode")),
+                     "script_code": _int(cause.get("script_code")),
+                     "at_exit": cause.get("at_exit") is True}
         else:
             cause = None
         return {"t": EXIT, "rc": _int(body.get("rc")), "stopped": body.get("stopped") is True,
@@ -176,7 +181,9 @@ def failure_text(failure):
     extra = collective_words(failure)
     extra = "; " + extra if extra else ""
     if failure.get("rank") is not None:
-        what = "rank %d exited with %d" % (failure["rank"], failure["exitcode"])
+        cause = failure.get("root_cause") or {}
+        what = exits.words(failure["rank"], failure["exitcode"], cause.get("script_code"),
+                           cause.get("at_exit"))
         if failure.get("consequence"):
             what += " (%s)" % ("it waited in a collective another rank did not join"
                                if failure.get("waited") else
@@ -346,7 +353,8 @@ class RunState:
             return None
         if rc != 0:
             cause = root_cause or {}
-            detail = ("rank %d exited with %d" % (cause["rank"], cause["exitcode"]) if cause
+            detail = (exits.words(cause["rank"], cause["exitcode"], cause.get("script_code"),
+                                  cause.get("at_exit")) if cause
                       else "torchrun exited with %s" % rc)
             return self.fail(host, FAILED, now, detail, rc=rc, root_cause=root_cause,
                              consequence=consequence, at=now - age_s)
