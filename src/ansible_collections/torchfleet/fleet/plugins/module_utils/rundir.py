@@ -140,13 +140,26 @@ def root_cause(torchrun_log_text):
 # How a rank dies when another rank went away first: its connection to that rank closed or
 # reset, or its collective timed out waiting for it (gloo, NCCL, c10d's store). Such a death is
 # a consequence of a failure elsewhere, never the first failure while a cause is known.
+# (Recorded texts: tests/fixtures/ranks/.)
 PEER_LOSS = re.compile(
-    r"Connection closed by peer|Connection reset by peer|Broken pipe|Connection refused"
-    r"|ncclRemoteError|remote process exited|NCCL communicator was aborted"
+    r"Connection closed by (?:remote )?peer|Connection reset by peer|Broken pipe"
+    r"|Connection refused|ncclRemoteError|remote process exited|NCCL communicator was aborted"
     r"|DistNetworkError|recvValue failed|recvBytes failed|Socket Timeout"
     r"|Timed out waiting|Watchdog caught collective operation timeout", re.I)
+# The rank's own failure, though torch raises it as a network error: its port is taken.
+OWN_NETWORK_ERROR = re.compile(r"EADDRINUSE|failed to listen on any local network address",
+                               re.I)
+# The line a Python traceback ends with ("[rank3]: " where torchrun prefixes the rank's lines).
+EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?[A-Za-z_][\w.]*(?:Error|Exception):",
+                            re.M)
 
 
 def peer_loss(rank_stderr_tail):
-    """Whether a failed rank's last lines say it died because another rank went away."""
-    return bool(PEER_LOSS.search(rank_stderr_tail or ""))
+    """Whether a failed rank's last lines say it died because another rank went away. Only
+    the rank's last exception (and what follows it: NCCL's "Last error") is read, when there
+    is one: a warning about a peer printed before the rank's own error does not make that
+    error a consequence."""
+    text = rank_stderr_tail or ""
+    starts = [m.start() for m in EXCEPTION_LINE.finditer(text)]
+    scope = text[starts[-1]:] if starts else text
+    return bool(PEER_LOSS.search(scope)) and not OWN_NETWORK_ERROR.search(scope)
