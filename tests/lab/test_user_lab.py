@@ -43,7 +43,7 @@ def test_collective_as_a_non_root_user_in_private_run_directories(healthy_lab, t
     for path in (host_dir, host_dir.parent):  # this host's part and the run's directory
         assert path.stat().st_uid == uid and stat.S_IMODE(path.stat().st_mode) == 0o700
     # What preflight says of py-spy here follows the kernel's rules for this user.
-    facts = stacks.attach_facts(str(healthy_lab.user_python), uid)
+    facts = stacks.attach_facts(str(healthy_lab.user_python), cap_eff=False)  # (uid: not root)
     verdicts = {c["host"]: c["ok"] for c in run.report()["checks"] if c["id"] == "hang.stacks"}
     assert verdicts == {"node0": facts["can_attach"], "node1": facts["can_attach"]}
 

@@ -7,6 +7,7 @@ import struct
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from ansible_collections.torchfleet.fleet.plugins.module_utils import stacks
@@ -23,11 +24,12 @@ def py_spy(tmp_path):
     return str(path)
 
 
-@pytest.mark.parametrize("euid, scope, attach", [
-    (0, 1, True), (1000, None, True), (1000, 0, True), (1000, 1, False), (1000, 2, False),
-    (0, 3, False), (1000, 3, False)])
-def test_who_may_attach_follows_the_kernels_ptrace_rules(py_spy, euid, scope, attach):
-    facts = stacks.attach_facts("/usr/bin/python3", euid, scope=scope, py_spy=py_spy)
+@pytest.mark.parametrize("cap, scope, attach", [
+    (True, 1, True), (False, None, True), (False, 0, True), (False, 1, False), (False, 2, False),
+    (True, 3, False), (False, 3, False)])
+def test_who_may_attach_follows_the_kernels_ptrace_rules(py_spy, cap, scope, attach):
+    """cap: CAP_SYS_PTRACE in the effective set (root in a container without it: False)."""
+    facts = stacks.attach_facts("/usr/bin/python3", cap, scope=scope, py_spy=py_spy)
     assert facts["can_attach"] is attach
     assert (facts["why"] == "") is attach
     if not attach:
@@ -35,7 +37,7 @@ def test_who_may_attach_follows_the_kernels_ptrace_rules(py_spy, euid, scope, at
 
 
 def test_no_py_spy_says_so(tmp_path):
-    facts = stacks.attach_facts(str(tmp_path / "python"), 0, scope=0, py_spy="")
+    facts = stacks.attach_facts(str(tmp_path / "python"), True, scope=0, py_spy="")
     assert not facts["can_attach"] and "py-spy is not installed" in facts["why"]
 
 
@@ -47,6 +49,7 @@ def test_the_file_capability_is_read_from_its_xattr():
 
 SLEEPER = """
 import time
+from pathlib import Path
 print("ready", flush=True)
 def wait_here():
     time.sleep(120)
@@ -83,3 +86,85 @@ def test_a_rank_dumps_its_own_stack_on_sigusr1_and_a_shadowed_sitecustomize_stil
     assert "most recent call first" in texts[0]
     assert 'in wait_here' in texts[0] and "sleeper.py" in texts[0]
     assert (tmp_path / "mark").read_text() == "ran"
+
+
+def bounded(argv, timeout_s=60):
+    """command.bounded's contract without a module: (stdout, None) or (None, why)."""
+    try:
+        proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None, "%s did not answer within %g s" % (argv[0], timeout_s)
+    return (proc.stdout, None) if proc.returncode == 0 else (None, proc.stderr or "failed")
+
+
+def start_ranks(tmp_path, n):
+    """n sleeping Python processes started as torchrun starts ranks (the run's sitecustomize
+    first on PYTHONPATH), each with its log directory; returns (procs, workers, dirs)."""
+    env = dict(os.environ)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    stacks.install_hook(str(run_dir), env)
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    procs, workers, dirs = [], {}, {}
+    for lr in range(n):
+        d = tmp_path / ("rank%d" % lr)
+        d.mkdir()
+        with open(d / "stdout.log", "w") as out, open(d / "stderr.log", "w") as err:
+            procs.append(subprocess.Popen([sys.executable, str(script)], env=env, stdout=out,
+                                          stderr=err))
+        workers[lr], dirs[lr] = (procs[-1].pid, 10 + lr), str(d)
+    deadline = time.monotonic() + 60
+    for d in dirs.values():
+        while "ready" not in (Path(d) / "stdout.log").read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    return procs, workers, dirs
+
+
+def test_py_spy_dumps_every_rank_at_once_and_a_rank_it_cannot_dump_dumps_itself(tmp_path):
+    """A py-spy in front of the real one waits until it was started for all four ranks (so
+    the four ran at once: one after another, the first would give up), and refuses the last
+    rank as a container without CAP_SYS_PTRACE would: that rank's stack comes from its own
+    faulthandler, the others' from py-spy."""
+    real = stacks.find_py_spy(sys.executable)
+    if not real:
+        pytest.skip("py-spy is not installed beside this Python (pip install -e '.[dev]')")
+    procs, workers, dirs = start_ranks(tmp_path, 4)
+    starts = tmp_path / "starts"
+    gate = tmp_path / "py-spy"
+    gate.write_text(
+        "#!/bin/sh\necho \"$3\" >> %s\n"
+        "i=0; while [ $(wc -l < %s) -lt 4 ]; do i=$((i+1)); "
+        "[ $i -gt 300 ] && { echo 'not started at once' >&2; exit 2; }; sleep 0.1; done\n"
+        "[ \"$3\" = %d ] && { echo 'Permission denied (os error 13)' >&2; exit 1; }\n"
+        "exec %s \"$@\"\n" % (starts, starts, workers[3][0], real))
+    gate.chmod(0o755)
+    try:
+        stacks.dump(bounded, {"py_spy": str(gate), "can_attach": True, "why": ""}, "auto",
+                    workers, dirs, "stack.txt")
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    texts = [(Path(dirs[lr]) / "stack.txt").read_text() for lr in range(4)]
+    for text in texts[:3]:
+        assert "wait_here" in text and "Thread" in text and "faulthandler" not in text, text
+    assert "py-spy failed: Permission denied (os error 13)" in texts[3], texts[3]
+    assert "most recent call first" in texts[3] and "wait_here" in texts[3]
+
+
+def test_preflight_tries_py_spy_for_real_before_it_says_py_spy_can_attach(tmp_path):
+    real = stacks.find_py_spy(sys.executable)
+    if not real:
+        pytest.skip("py-spy is not installed beside this Python (pip install -e '.[dev]')")
+    facts = stacks.attach_facts(sys.executable, True, scope=0, py_spy=real)
+    assert stacks.probe_attach(facts, sys.executable, bounded)["can_attach"] is True
+    # Where the kernel's rules say yes but the dump fails (seccomp, an LSM): no, and why.
+    denied = tmp_path / "py-spy"
+    denied.write_text("#!/bin/sh\necho 'Operation not permitted (os error 1)' >&2\nexit 1\n")
+    denied.chmod(0o755)
+    facts = stacks.attach_facts(sys.executable, True, scope=0, py_spy=str(denied))
+    probed = stacks.probe_attach(facts, sys.executable, bounded)
+    assert not probed["can_attach"] and "Operation not permitted" in probed["why"]

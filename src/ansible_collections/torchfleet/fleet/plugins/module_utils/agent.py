@@ -184,7 +184,7 @@ class HostAgent:
         self.exit_sent = False
         self.exit_acked = False
         self.most_workers = 0
-        self.stack_facts = stacks.attach_facts(p["python"], os.geteuid())
+        self.stack_facts = stacks.attach_facts(p["python"])
         self.recording = p["flight_recorder"] > 0
         self.first_dead = {} if self.recording else None  # rank -> when first seen dead
         self.deaths = RankDeaths()

@@ -19,7 +19,10 @@ import os
 import shutil
 import signal
 import struct
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
@@ -83,23 +86,66 @@ def ptrace_scope(path=PTRACE_SCOPE):
         return None
 
 
-def attach_facts(python, euid, scope=None, py_spy=None):
-    """Whether py-spy can attach to the ranks here: {py_spy, ptrace_scope, cap_sys_ptrace,
-    can_attach, why}; why says what stops it, '' when nothing does."""
+def ptrace_capable(status="/proc/self/status"):
+    """Whether this process holds CAP_SYS_PTRACE in its effective set: root in a container
+    usually does not, so uid 0 alone says nothing."""
+    try:
+        with open(status) as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_SYS_PTRACE & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def attach_facts(python, cap_eff=None, scope=None, py_spy=None):
+    """Whether py-spy can attach to the ranks here, by the kernel's rules: {py_spy,
+    ptrace_scope, cap_sys_ptrace, can_attach, why}; why says what stops it, '' when nothing
+    does. cap_eff: whether this process holds CAP_SYS_PTRACE (read from /proc when None).
+    probe_attach() then tries it for real."""
     py_spy = py_spy if py_spy is not None else find_py_spy(python)
     scope = ptrace_scope() if scope is None else scope
+    cap_eff = ptrace_capable() if cap_eff is None else cap_eff
     cap = bool(py_spy) and has_cap(py_spy)
     if not py_spy:
         why = "py-spy is not installed beside %s or on PATH" % python
     elif scope == 3:
         why = "kernel.yama.ptrace_scope=3 forbids attaching to any process"
-    elif scope in (1, 2) and euid != 0 and not cap:
-        why = ("kernel.yama.ptrace_scope=%d and the run's user is not root and %s has no "
+    elif scope in (1, 2) and not cap_eff and not cap:
+        why = ("kernel.yama.ptrace_scope=%d and neither the run's user nor %s holds "
                "CAP_SYS_PTRACE" % (scope, py_spy))
     else:
         why = ""
-    return {"py_spy": py_spy, "ptrace_scope": scope, "cap_sys_ptrace": cap,
+    return {"py_spy": py_spy, "ptrace_scope": scope, "cap_sys_ptrace": cap or cap_eff,
             "can_attach": not why, "why": why}
+
+
+PROBE = "import sys, time\nsys.stdout.write('ready\\n')\nsys.stdout.flush()\ntime.sleep(60)\n"
+
+
+def probe_attach(facts, python, run):
+    """The kernel's rules as read can still be wrong (a container's seccomp profile, an LSM):
+    py-spy dumps a Python process of this user that it did not start, as it would a rank.
+    Returns facts with can_attach and why from that try. run: command.bounded."""
+    if not facts["can_attach"]:
+        return facts
+    try:
+        proc = subprocess.Popen([python or sys.executable, "-c", PROBE], stdout=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError as exc:
+        return dict(facts, can_attach=False, why="no Python to try py-spy on: %s" % exc)
+    try:
+        proc.stdout.readline()  # the interpreter is up (or it ended: py-spy says so)
+        out, err = run([facts["py_spy"], "dump", "--pid", str(proc.pid)],
+                       timeout_s=defaults.PYSPY_TIMEOUT_S)
+    finally:
+        proc.kill()
+        proc.wait()
+    if out is None:
+        return dict(facts, can_attach=False, why="py-spy could not dump a process of the "
+                    "run's user: %s" % str(err)[-300:])
+    return facts
 
 
 def install_hook(run_dir, env, extra=""):
@@ -151,16 +197,31 @@ def faulthandler_dumps(workers, dirs, wait_s=3.0):
 def dump(run, facts, method, workers, dirs, out_name):
     """Each live rank's stack into its log directory as out_name; `run` is the module's
     command runner (command.bounded), facts attach_facts(), workers {local_rank: (pid, rank)},
-    dirs {local_rank: log directory}. Says in each file how the stack was taken, or why not."""
-    use_py_spy = method == "py-spy" or (method == "auto" and facts["can_attach"])
-    texts = {} if use_py_spy else faulthandler_dumps(workers, dirs)
+    dirs {local_rank: log directory}. py-spy dumps every rank at once (8 ranks take as long as
+    one: the budget, defaults.DUMP_S, is one py-spy call and the fallback); a rank py-spy
+    could not dump dumps itself (faulthandler). Says in each file how the stack was taken, or
+    why not."""
+    use_py_spy = facts["py_spy"] and (method == "py-spy" or (method == "auto"
+                                                             and facts["can_attach"]))
+    spied = {}
+    if use_py_spy and workers:
+        def one(pid):
+            return run([facts["py_spy"], "dump", "--pid", str(pid)],
+                       timeout_s=defaults.PYSPY_TIMEOUT_S)
+
+        with ThreadPoolExecutor(max_workers=len(workers)) as pool:
+            spied = dict(zip(sorted(workers), pool.map(
+                one, [workers[lr][0] for lr in sorted(workers)]), strict=True))
+    left = {lr: w for lr, w in workers.items() if spied.get(lr, (None, None))[0] is None}
+    texts = faulthandler_dumps(left, dirs) if left else {}
     for local_rank, (pid, rank) in sorted(workers.items()):
         text = "# rank %s (local rank %s, pid %s)\n" % (rank, local_rank, pid)
-        if use_py_spy and facts["py_spy"]:
-            out, err = run([facts["py_spy"], "dump", "--pid", str(pid)], timeout_s=defaults.PYSPY_TIMEOUT_S)
-            text += out if out is not None else "py-spy failed: %s\n" % err
+        out, err = spied.get(local_rank, (None, None))
+        if out is not None:
+            text += out
         else:
-            why = facts["why"] or "stack_dump=%s" % method
+            why = ("py-spy failed: %s" % str(err).strip()[-300:] if local_rank in spied
+                   else facts["why"] or "stack_dump=%s" % method)
             text += "# faulthandler (SIGUSR1) of the rank itself: %s\n" % why
             text += texts.get(local_rank) or ("the rank wrote no stack within 3 s of SIGUSR1 "
                                               "(its own SIGUSR1 handler, or stuck in the kernel)\n")

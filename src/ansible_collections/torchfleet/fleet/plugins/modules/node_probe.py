@@ -272,13 +272,14 @@ euid:
   type: int
 stacks:
   description: Whether py-spy can attach to the ranks here to dump a hang's stacks (py_spy
-    path, Yama's ptrace_scope, CAP_SYS_PTRACE on py-spy, can_attach, why not); where it
-    cannot, the ranks' own faulthandler is used.
+    path, Yama's ptrace_scope, CAP_SYS_PTRACE held by the user or py-spy, can_attach, why
+    not), by the kernel's rules and then tried for real on a Python process of the run's user;
+    where it cannot, the ranks' own faulthandler is used.
   returned: always
   type: dict
   sample: {"py_spy": "/opt/venv/bin/py-spy", "ptrace_scope": 1, "cap_sys_ptrace": false,
-           "can_attach": false, "why": "kernel.yama.ptrace_scope=1 and the run's user is not
-           root and /opt/venv/bin/py-spy has no CAP_SYS_PTRACE"}
+           "can_attach": false, "why": "kernel.yama.ptrace_scope=1 and neither the run's user
+           nor /opt/venv/bin/py-spy holds CAP_SYS_PTRACE"}
 data:
   description: One entry per data path.
   returned: always
@@ -321,7 +322,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.net import (
     parse_proc_net_tcp, processes_holding)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.pystack import NCCL_HEADER, parse_nccl_header, probe_python
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rdma import read_devices
-from ansible_collections.torchfleet.fleet.plugins.module_utils.stacks import attach_facts
+from ansible_collections.torchfleet.fleet.plugins.module_utils.stacks import attach_facts, probe_attach
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, health
 
 PROC_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
@@ -530,7 +531,10 @@ def main():
         if params["run_dir"] else None,
         rdma=rdma,
         euid=os.geteuid(),
-        stacks=attach_facts(stack.get("executable", python), os.geteuid()),
+        # py-spy tried for real on a process of this user (the kernel's rules as read can be
+        # wrong in a container).
+        stacks=probe_attach(attach_facts(stack.get("executable", python)),
+                            stack.get("executable", python), run),
     )
     if master is not None:
         result["master"] = master
