@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ansible_collections.torchfleet.fleet.plugins.module_utils import control, runstate
+from ansible_collections.torchfleet.fleet.plugins.module_utils import agent, control, runstate
 from ansible_collections.torchfleet.fleet.plugins.modules import rank_results
 from ansible_collections.torchfleet.fleet.plugins.modules import run_summary
 from ansible_collections.torchfleet.fleet.plugins.modules import torchrun_stop
@@ -146,6 +146,9 @@ def test_watch_sees_the_run_start_then_waits_on_the_host_until_it_exits(run, cap
     argv = job["argv"]
     assert argv[argv.index("--rdzv-backend") + 1] == "static"
     assert argv[argv.index("--node-rank") + 1] == "0" and run.run_id in argv
+    # A restart's attempt rendezvouses under its own id.
+    assert argv[argv.index("--rdzv-id") + 1] == run.run_id
+    assert agent.rdzv_id(run.run_id, 2) == run.run_id + "-attempt2"
     record = run.watch(capsys, full=True)["record"]
     assert record["final"] and record["phase"] == "succeeded"
     # A final record comes with every look: the watcher takes it without another one.

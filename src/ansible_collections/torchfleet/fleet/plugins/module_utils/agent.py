@@ -59,6 +59,12 @@ class Timings:
         self.start_bound_s = self.join_timeout_s + self.lease_s if self.lease_s else None
 
 
+def rdzv_id(run_id, attempt):
+    """The rendezvous id of one attempt: torchrun's store keys live under it, so a torchrun of
+    an earlier attempt still running somewhere never joins this one."""
+    return run_id if not attempt else "%s-attempt%d" % (run_id, attempt)
+
+
 def torchrun_argv(p, script):
     """torchrun with the static rendezvous: the node rank is the host's place in the inventory."""
     return [
@@ -68,7 +74,7 @@ def torchrun_argv(p, script):
         "--node-rank", str(p["node_rank"]),
         "--rdzv-backend", "static",
         "--rdzv-endpoint", "%s:%d" % (p["master_addr"], p["master_port"]),
-        "--rdzv-id", p["run_id"],
+        "--rdzv-id", rdzv_id(p["run_id"], p["attempt"]),
         "--rdzv-conf", "timeout=%d" % p["join_timeout_s"],
         "--local-addr", p["local_addr"],
         "--max-restarts", str(p["max_restarts"]),

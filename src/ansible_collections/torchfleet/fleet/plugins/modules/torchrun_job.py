@@ -45,9 +45,17 @@ options:
     type: path
     required: true
   run_id:
-    description: The run's id; rendezvous id and TORCHFLEET_RUN_ID of every process.
+    description: The run's id; TORCHFLEET_RUN_ID of every process, and with O(attempt) the
+      rendezvous id.
     type: str
     required: true
+  attempt:
+    description:
+      - The attempt of the run (0 first, then one per restart). Each attempt has its own
+        rendezvous id (the run id, then C(<run id>-attempt<N>)), so a torchrun left from an
+        earlier attempt (a host cut off that comes back) never joins a later one's store.
+    type: int
+    default: 0
   host:
     description: This host's inventory name; TORCHFLEET_HOST of every process, and its name on the
       control channel.
@@ -240,6 +248,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 ARGUMENT_SPEC = dict(
     run_dir=dict(type="path", required=True),
     run_id=dict(type="str", required=True),
+    attempt=dict(type="int", default=0),
     host=dict(type="str", required=True),
     node_rank=dict(type="int", required=True),
     hosts=dict(type="list", elements="str", default=[]),
