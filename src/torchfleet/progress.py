@@ -67,6 +67,7 @@ class Progress:
         self.total = 0
         self.phases: dict[str, Phase] = {}
         self.failing: dict[str, list[str]] = {}  # host -> what failed there, in order
+        self.restarts: list[str] = []  # "attempt N: why", one per restart so far
         self._lock = threading.Lock()
         self._live: Live | None = None
         self._stop = threading.Event()
@@ -94,7 +95,13 @@ class Progress:
             seen.append(what)
 
     def _take(self, event: Event) -> None:
-        if event.kind == "plan":
+        if event.kind == "attempt":
+            # A restart (decided after its re-check): from here the block counts the new
+            # attempt only (its launch, run and gather), under one line that says why.
+            self.restarts.append("attempt %s: %s" % (event.summary.get("attempt"),
+                                                     event.summary.get("why") or "restarted"))
+            self.phases, self.failing = {}, {}
+        elif event.kind == "plan":
             self.total = int(event.summary.get("candidates") or 0)
         elif event.kind == "run":
             phase = self._phase("run")
@@ -127,7 +134,9 @@ class Progress:
         """(one line per phase begun, the failing hosts with what failed), taken together."""
         with self._lock:
             now = time.monotonic()
-            return ([self.phases[p].line(self.total, now) for p in PHASES if p in self.phases],
+            head = ["restart   %s" % self.restarts[-1]] if self.restarts else []
+            return (head + [self.phases[p].line(self.total, now) for p in PHASES
+                            if p in self.phases],
                     [(host, list(what)) for host, what in self.failing.items()])
 
     def lines(self, height: int | None = None) -> list[str]:

@@ -41,7 +41,9 @@ class Event:
     kind "plan": the run was planned (summary: candidates, the number of hosts preflight checks);
     kind "run": the controller looked at the run on its master (status is the run's phase,
     summary the run at a glance: ranks alive of all, hosts running, the slowest host, the
-    last line, the first failure; the same few fields at any number of hosts).
+    last line, the first failure; the same few fields at any number of hosts);
+    kind "attempt": a failed attempt is started again (max_restarts; summary: attempt, the
+    new attempt's number, and why: which host was replaced by which).
     """
 
     kind: str
@@ -91,6 +93,9 @@ def translate(event: dict) -> list[Event]:
                  status=HOST_EVENTS[name])]
     if action == "run_plan" and name == "runner_on_ok":
         out.append(Event(kind="plan", summary={"candidates": res.get("candidates")}))
+    if action == "restart_plan" and name == "runner_on_ok" and res.get("restart") is True:
+        out.append(Event(kind="attempt", summary={"attempt": res.get("next_attempt"),
+                                                  "why": res.get("why") or ""}))
     if action in CHECK_ACTIONS and name == "runner_on_ok":
         for raw in res.get("checks", []):
             out.append(Event(kind="check", host=raw["host"], task=data.get("task"),

@@ -115,3 +115,31 @@ def test_runner_events_become_task_check_and_plan_events():
         "res": {"candidates": 40}}})[1]
     assert (plan.kind, plan.summary) == ("plan", {"candidates": 40})
     assert translate({"event": "playbook_on_start"}) == []
+
+
+def test_a_restart_starts_the_block_again_under_a_line_that_says_why():
+    """Attempt 0 on 40 hosts, node12 lost; the restart's decision (the restart_plan task's
+    result, as ansible-runner reports it) clears the counts: attempt 1's launch counts its own
+    hosts, not 80 of 40, and attempt 0's failing hosts are no longer listed."""
+    progress = Progress(Terminal())
+    failing_preflight(progress, failing=())
+    for i in range(40):
+        progress(Event(kind="task", host="node%d" % i, action="torchrun_job", status="ok"))
+    progress(Event(kind="run", status="lost", summary={"failure": {"host": "node12",
+                                                                   "reason": "lost"}}))
+    restart = translate({"event": "runner_on_ok", "event_data": {
+        "host": "localhost", "task": "Decide the restart",
+        "task_action": "torchfleet.fleet.restart_plan",
+        "res": {"restart": True, "next_attempt": 1, "why": "node12 host.lost, replaced by node40"}}})
+    assert restart[1].kind == "attempt"
+    progress(restart[1])
+    for i in list(range(12)) + list(range(13, 41)):
+        progress(Event(kind="task", host="node%d" % i, action="torchrun_job", status="ok"))
+    lines = progress.lines()
+    assert lines[0] == "restart   attempt 1: node12 host.lost, replaced by node40"
+    assert lines[1].startswith("launch") and "40 of 40 hosts started" in lines[1]
+    assert len(lines) == 2  # node12 of attempt 0 is not a failing host of attempt 1
+    # No restart decided: no event.
+    assert [e.kind for e in translate({"event": "runner_on_ok", "event_data": {
+        "host": "localhost", "task_action": "torchfleet.fleet.restart_plan",
+        "res": {"restart": False, "why": "not restarted: max_restarts=1 used"}}})] == ["task"]

@@ -147,8 +147,8 @@ ARGUMENT_SPEC = dict(
 def decide(params):
     """The restart_plan module: after_attempt, or with plan and recheck given after_recheck."""
     if params["plan"] is not None:
-        return after_recheck(params["plan"], params["recheck"] or {}, params["hosts"],
-                             params["restart_on"])
+        return dict(after_recheck(params["plan"], params["recheck"] or {}, params["hosts"],
+                                  params["restart_on"]), next_attempt=params["attempt"] + 1)
     record = read_json(params["state_file"]) if params["state_file"] else None
     # A host the stop-and-gather could not reach (a network cut) is out of later attempts.
     unreachable = [h for h, res in sorted(params["gathered"].items())

@@ -126,6 +126,10 @@ hosts:
   returned: always
   type: list
   elements: str
+next_attempt:
+  description: The number of the attempt that starts (O(attempt) + 1) when RV(restart) is true.
+  returned: with plan
+  type: int
 replaced:
   description: Each host of the attempt not in the next one, with reason and the host that
     replaces it (by).
