@@ -1,5 +1,5 @@
-"""guard_ports on the lab: while a run lives, its master's ports answer only the run's hosts;
-after it, no rule of it is left."""
+"""guard_ports on the lab: while a run lives, its master's ports and every host's ephemeral
+ports answer only the run's hosts; after it, no rule of it is left."""
 from __future__ import annotations
 
 import json
@@ -48,13 +48,27 @@ def test_guarded_ports_answer_only_the_runs_hosts_and_no_rule_is_left(healthy_la
                        if p.stat().st_mtime >= started and "waiting" in p.read_text()) == 2
 
         assert wait_until(waiting, 180), "the run never started"
-        assert len(guard_tables(node0.ns)) == 1
+        assert len(guard_tables(node0.ns)) == 1 and len(guard_tables(node1.ns)) == 1
         for port in (master_port, control_port):
             assert connects(node1.ns, node0.address, port), port
             assert not connects(outsider.ns, node0.address, port), port
+        # A listener on node1 in its ephemeral range, as gloo's and NCCL's are: the run's
+        # master gets in, the outsider is reset; node1's own connections out still work.
+        eph = 45000 + os.getpid() % 10000
+        listener = subprocess.Popen(
+            ["ip", "netns", "exec", node1.ns, sys.executable, "-c",
+             "import socket, time; s = socket.create_server(('0.0.0.0', %d)); "
+             "[s.accept() for _ in range(99)]" % eph])
+        try:
+            assert wait_until(lambda: connects(node0.ns, node1.address, eph), 30)
+            assert not connects(outsider.ns, node1.address, eph)
+            assert connects(node1.ns, outsider.address, 22)  # its sshd: replies come back
+        finally:
+            listener.kill()
+            listener.wait()
     finally:
         go.touch()
         out, _ = proc.communicate(timeout=240)
     run = Run(proc.returncode, out, tmp_path / "run")
     assert run.rc == 0, run.out[-3000:]
-    assert guard_tables(node0.ns) == []
+    assert guard_tables(node0.ns) == [] and guard_tables(node1.ns) == []

@@ -100,6 +100,39 @@ def test_a_cut_host_is_named_even_when_its_peers_errors_reach_the_master_first(h
     assert wait_until(lambda: not processes_of(run_id), 90), processes_of(run_id)
 
 
+def test_a_ranks_own_exit_is_named_though_its_sibling_takes_seconds_to_stop(healthy_lab,
+                                                                            tmp_path):
+    """2 hosts x 2 ranks: node1's rank 3 exits 3 while its sibling (rank 2) takes 8 s to stop
+    on SIGTERM; node0's ranks die of the broken connection and report first. The verdict names
+    node1, rank 3, with its own code, not node0's consequence."""
+    go = tmp_path / "go"
+    proc = subprocess.Popen(
+        [str(BIN / "ansible-playbook"), "train.yml", "-i", str(healthy_lab.inventory),
+         "-e", "nnodes=2", "-e", "nproc_per_node=2",
+         "-e", "script=%s" % (ROOT / "tests" / "fixtures" / "scripts" / "slow_sibling.py"),
+         "-e", json.dumps({"script_args": [str(go)]}), "-e", "run_dir=%s" % (tmp_path / "run")],
+        cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    started = time.time()
+
+    def ranks_started():
+        return sum(1 for p in REMOTE_RUNS.glob("*/node*/logs/*/attempt_0/*/stdout.log")
+                   if p.stat().st_mtime >= started and "started" in p.read_text()) == 4
+
+    try:
+        assert wait_until(ranks_started, 180), "the ranks never started"
+        go.touch()
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+    run = Run(proc.returncode, out, tmp_path / "run")
+    assert run.rc != 0
+    first = run.report("train.json")["first_failure"]
+    assert (first["host"], first["rank"]) == ("node1", 3), first
+    assert "train failed: first failure on node1, rank 3: rank 3 exited with 3" in out
+
+
 def test_interrupted_controller_leaves_nothing_running(healthy_lab, tmp_path):
     proc, run_id = start_long_train(healthy_lab, tmp_path)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground process group

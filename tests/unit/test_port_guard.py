@@ -29,6 +29,19 @@ def test_the_ruleset_lets_only_the_runs_hosts_in_and_names_its_table_by_the_run(
                                    "torchfleet_guard_other"]
 
 
+def test_the_ephemeral_range_is_guarded_for_new_connections_only():
+    """A worker's guard: no port of the master, its ephemeral range for new connections only
+    (a reply to a connection this host opened comes to a port of that range, and passes)."""
+    text = guard.ruleset(RUN_ID, [], ["10.77.0.1"], (32768, 60999))
+    assert "tcp dport 32768-60999 ct state new ip saddr @run_hosts_v4 accept" in text
+    assert "tcp dport 32768-60999 ct state new reject with tcp reset" in text
+    assert "tcp dport {" not in text
+    with pytest.raises(ValueError, match="no port to guard"):
+        guard.ruleset(RUN_ID, [], ["10.77.0.1"])
+    assert guard.ephemeral_range() is None or guard.ephemeral_range()[0] > 1023
+    assert guard.ephemeral_range("/nonexistent") is None
+
+
 @pytest.mark.parametrize("run_id, ports, allow, says", [
     ("x; flush ruleset", [29500], ["10.0.0.1"], "cannot name a guard table"),
     (RUN_ID, [0], ["10.0.0.1"], "is not a TCP port"),

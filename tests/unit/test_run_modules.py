@@ -28,6 +28,7 @@ from ansible_collections.torchfleet.fleet.plugins.modules import torchrun_stop
 from ansible_collections.torchfleet.fleet.plugins.modules import torchrun_watch
 
 from tests.unit.modules import run_module
+from tests.conftest import FIXTURES
 from lab.ports import free_port
 
 # The rank waits for a file to appear (the test decides when the run ends), reports, exits 0.
@@ -425,35 +426,13 @@ def test_an_agent_that_loses_the_master_stops_its_torchrun_by_itself(tmp_path):
             stop_run(run_id, pid0, grace_s=1, host="node0")
 
 
-# Ranks 0, 1 and 3 all-reduce in a subgroup; rank 3 (node1) exits 3 when told; rank 2 (node1
-# too) only sleeps and takes 8 s to stop on SIGTERM, so node1's torchrun is still stopping it
-# when the abort comes; ranks 0 and 1 (node0) die of the broken connection.
-SLOW_SIBLING = """
-import os, signal, sys, time
-import torch
-import torch.distributed as dist
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-group = dist.new_group([0, 1, 3])
-print("rank", rank, "started", flush=True)
-if rank == 2:
-    signal.signal(signal.SIGTERM, lambda *_: time.sleep(8))
-    time.sleep(300)
-t = torch.ones(1)
-while True:
-    if rank == 3 and os.path.exists(sys.argv[1]):
-        sys.exit(3)
-    dist.all_reduce(t, group=group)
-    time.sleep(0.01)
-"""
 
 
 def test_a_ranks_own_exit_is_named_though_its_sibling_is_slow_to_stop(tmp_path):
     """node1's rank 3 exits 3; node0's ranks die of it and their torchrun reports first, while
     node1's torchrun still waits for rank 2. node1's agent saw rank 3 die before the abort,
     and rank 3 noted its own exit code: the verdict names node1, rank 3, exited with 3."""
-    script = tmp_path / "slow_sibling.py"
-    script.write_text(SLOW_SIBLING)
+    script = FIXTURES / "scripts" / "slow_sibling.py"
     ports = (free_port(), free_port())
     run_id = "unit-sibling-%d" % os.getpid()
     node0 = agent_args(tmp_path, run_id, "node0", 0, 2, ports, script=str(script),

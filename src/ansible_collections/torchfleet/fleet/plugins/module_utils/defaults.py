@@ -100,8 +100,9 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
         "Port of the run's control channel on the master; the ephemeral port preflight found "
         "free and reachable when unset."))),
     (("guard_ports", "bool", False), dict(description=(
-        "nftables on the master: the run's ports only from the run's hosts, for the run's "
-        "lifetime (needs root or sudo)."))),
+        "nftables on the run's hosts: the master's ports and every host's ephemeral range "
+        "(gloo's and NCCL's listeners) only from the run's hosts, for the run's lifetime "
+        "(needs root or sudo)."))),
     (("max_restarts", "raw", 0), dict(description=(
         "Start a run that failed because of a host again, at most this many times (0-5), on "
         "the first nnodes healthy candidates."))),
@@ -209,6 +210,7 @@ POLL_S = 5.0            # the longest wait of one look of the controller at the 
 PROGRESS_EVERY_S = 10.0  # the controller prints progress at least this often
 LEASE_S = 30.0          # no look for this long: the master stops the run (the controller is gone)
 STOP_GRACE_S = 10.0     # SIGTERM to SIGKILL of a stopped run's process group
+GATHER_CONNECT_TIMEOUT_S = 3.0  # SSH connect to a host judged lost, gathered after the run
 ASYNC_SLACK_S = 600.0   # Ansible's async job outlives job_timeout_s by this much
 JOIN_BASE_S = 60.0      # join_timeout_s when unset: this, plus JOIN_PER_BATCH_S for each fork
 JOIN_PER_BATCH_S = 10.0  # batch past the first (the agents start batch after batch)

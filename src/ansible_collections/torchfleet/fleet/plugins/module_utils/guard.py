@@ -1,6 +1,9 @@
-"""The guard of a run's ports on its master (guard_ports): one nftables table per run that lets
-TCP to the run's ports (torchrun's store on master_port, the control port) in only from the
-run's hosts and loopback, and resets every other connection to them.
+"""The guard of a run's ports (guard_ports): one nftables table per run and host that lets TCP
+to the run's ports (on the master, torchrun's store on master_port and the control port) in only
+from the run's hosts and loopback, and resets every other connection to them; and on every host
+of the run the same for new connections to the kernel's ephemeral range, where gloo and NCCL
+listen for their peers (connections this host opened, whose replies come to a port of that
+range, are not new and pass).
 
 torchrun's store listens on every interface without authentication for the run's lifetime;
 the guard closes it to everyone but the run. The table's name carries the run id
@@ -24,11 +27,24 @@ def table_name(run_id):
     return PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", run_id)
 
 
-def ruleset(run_id, ports, allow):
-    """The nft script of a run's guard; ValueError naming a value that makes no sense."""
+def ephemeral_range(path="/proc/sys/net/ipv4/ip_local_port_range"):
+    """(low, high) of this host's ephemeral ports, None when unreadable."""
+    try:
+        with open(path) as f:
+            low, high = (int(v) for v in f.read().split()[:2])
+    except (OSError, ValueError):
+        return None
+    return (low, high) if 0 < low <= high < 65536 else None
+
+
+def ruleset(run_id, ports, allow, ephemeral=None):
+    """The nft script of a run's guard; ValueError naming a value that makes no sense.
+    ephemeral: (low, high) to guard for new connections, or None."""
     for port in ports:
         if not isinstance(port, int) or not 0 < port < 65536:
             raise ValueError("port %r is not a TCP port" % (port,))
+    if not ports and not ephemeral:
+        raise ValueError("no port to guard")
     v4, v6 = ["127.0.0.0/8"], ["::1"]
     for addr in allow:
         try:
@@ -36,7 +52,19 @@ def ruleset(run_id, ports, allow):
         except ValueError:
             raise ValueError("%r is not an IP address of a host of the run" % (addr,)) from None
         (v4 if ip.version == 4 else v6).append(str(ip))
-    name, dports = table_name(run_id), ", ".join(str(p) for p in sorted(set(ports)))
+    name = table_name(run_id)
+    rules = []
+    if ports:
+        dports = ", ".join(str(p) for p in sorted(set(ports)))
+        rules += ["    tcp dport { %s } ip saddr @run_hosts_v4 accept" % dports,
+                  "    tcp dport { %s } ip6 saddr @run_hosts_v6 accept" % dports,
+                  "    tcp dport { %s } reject with tcp reset" % dports]
+    if ephemeral:
+        low, high = ephemeral
+        span = "%d-%d" % (low, high)
+        rules += ["    tcp dport %s ct state new ip saddr @run_hosts_v4 accept" % span,
+                  "    tcp dport %s ct state new ip6 saddr @run_hosts_v6 accept" % span,
+                  "    tcp dport %s ct state new reject with tcp reset" % span]
     return "\n".join([
         "table inet %s {" % name,
         "  set run_hosts_v4 { type ipv4_addr; flags interval; elements = { %s } }"
@@ -45,9 +73,7 @@ def ruleset(run_id, ports, allow):
         % ", ".join(sorted(set(v6))),
         "  chain input {",
         "    type filter hook input priority -10; policy accept;",
-        "    tcp dport { %s } ip saddr @run_hosts_v4 accept" % dports,
-        "    tcp dport { %s } ip6 saddr @run_hosts_v6 accept" % dports,
-        "    tcp dport { %s } reject with tcp reset" % dports,
+        *rules,
         "  }",
         "}",
     ]) + "\n"

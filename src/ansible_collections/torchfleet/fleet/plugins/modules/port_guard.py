@@ -5,13 +5,16 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: port_guard
-short_description: Let a torchfleet run's ports on its master in only from the run's hosts (nftables)
+short_description: Let a torchfleet run's ports in only from the run's hosts (nftables)
 description:
   - With O(state=present), adds one nftables table, C(inet torchfleet_guard_<run_id>), whose
     input chain accepts TCP to O(ports) from O(allow) and loopback only and resets every other
     connection to them. torchrun's rendezvous store on C(master_port) listens on every
     interface without authentication for the run's lifetime; the guard closes it, and the
     run's control port, to everyone but the run.
+  - With O(ephemeral), also new TCP connections to this host's ephemeral port range (where
+    gloo and NCCL listen for their peers) from anyone but the run's hosts are reset;
+    connections this host opened are not new and pass.
   - With O(state=absent), removes the run's table (every torchfleet guard table when
     O(run_id) is unset); another tool's tables are never touched.
   - Needs root (C(become)) and the C(nft) command. Without them, absent says what it could not
@@ -38,6 +41,10 @@ options:
     type: list
     elements: str
     default: []
+  ephemeral:
+    description: Guard this host's ephemeral port range (read from the kernel) too.
+    type: bool
+    default: false
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -57,6 +64,12 @@ EXAMPLES = r"""
     allow: [10.0.0.1, 10.0.0.2]
   become: true
 
+- name: Guard the ephemeral ports of every host of the run
+  port_guard:
+    run_id: 20261122-0301-ab12
+    ephemeral: true
+    allow: [10.0.0.1, 10.0.0.2]
+  become: true
 - name: Remove every torchfleet guard on this host
   port_guard:
     state: absent
@@ -88,6 +101,7 @@ ARGUMENT_SPEC = dict(
     run_id=dict(type="str"),
     ports=dict(type="list", elements="int", default=[]),
     allow=dict(type="list", elements="str", default=[]),
+    ephemeral=dict(type="bool", default=False),
 )
 
 
@@ -99,15 +113,19 @@ def main():
     nft = module.get_bin_path("nft")
     try:
         name = guard.table_name(p["run_id"]) if p["run_id"] is not None else None
-        script = guard.ruleset(p["run_id"], p["ports"], p["allow"]) \
+        ephemeral = guard.ephemeral_range() if p["ephemeral"] else None
+        if p["ephemeral"] and ephemeral is None:
+            raise ValueError("this host's ephemeral port range cannot be read "
+                             "(/proc/sys/net/ipv4/ip_local_port_range)")
+        script = guard.ruleset(p["run_id"], p["ports"], p["allow"], ephemeral) \
             if p["state"] == "present" else None
     except ValueError as exc:
         module.fail_json(msg="guard_ports: %s; nothing was changed" % exc, **result)
     if nft is None:
         if p["state"] == "absent":
             module.exit_json(**dict(result, msg="no nft on this host: no guard to remove"))
-        module.fail_json(msg="guard_ports needs nft (nftables) on the master; install nftables "
-                             "there or leave guard_ports false", **result)
+        module.fail_json(msg="guard_ports needs nft (nftables) on every host of the run; "
+                             "install nftables there or leave guard_ports false", **result)
     rc, out, err = module.run_command([nft, "list", "tables"])
     if rc != 0:
         if p["state"] == "absent":
