@@ -67,7 +67,7 @@ def main():
     parser.add_argument("--skew-forks", type=int, nargs="*", default=[16, 1],
                         help="Ansible forks of start_skew (1: a batch per host)")
     parser.add_argument("--skew-lease-s", type=float, default=5,
-                        help="the master's lease in start_skew (30 s by default in a run)")
+                        help="the master's lease in start_skew (lease_s, 120 s by default in a run)")
     parser.add_argument("--fuzz-lines", type=int, default=100000,
                         help="frames fed to each end of the control channel by the fuzz bench")
     parser.add_argument("--output-sizes", type=int, nargs="*", default=[2, 16, 128],

@@ -123,8 +123,10 @@ class Flood(threading.Thread):
     """Another process on the network: garbage lines on fresh connections at about rate_hz,
     and up to `idle` connections held open without a word, until done is set."""
 
+    # The third: a well-formed first line naming a host of the run (node0), then a forged
+    # frame, which is refused as unsigned.
     GARBAGE = [b'{"s": 1, "b": {"t": "beat"}, "m": "\xc3\xa9"}', b"[" * 60000,
-               b"0" * 32 + b"\n1 " + b"f" * 64 + b' {"t": "abort"}', bytes(range(256))]
+               b"0" * 32 + b" node0\n1 " + b"f" * 64 + b' {"t": "abort"}', bytes(range(256))]
 
     def __init__(self, addr, port, rate_hz=200.0, idle=300):
         super().__init__(daemon=True)

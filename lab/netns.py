@@ -414,6 +414,19 @@ class Lab:
         for src, dst in ((self.node(a), self.node(b)), (self.node(b), self.node(a))):
             self._drop(src, "output", "ip", "daddr", dst.address)
 
+    def cut_controller(self, *names: str) -> None:
+        """The controller (this machine, the bridge's gateway address) cut off from the nodes,
+        both ways, as when a laptop's VPN reconnects: the nodes still reach each other."""
+        for name in names:
+            node = self.node(name)
+            self._drop(node, "output", "ip", "daddr", self.gateway)
+            self._drop(node, "input", "ip", "saddr", self.gateway)
+
+    def mend_controller(self, *names: str) -> None:
+        """Undo cut_controller (the lab's nftables table of each node; nothing else of heal)."""
+        for name in names:
+            sh("nft", "delete", "table", "inet", NFT_TABLE, ns=self.node(name).ns, check=False)
+
     @staticmethod
     def _drop(node: Node, hook: str, *match: str) -> None:
         """A rule dropping what matches, in the lab's own nftables table of the node (heal

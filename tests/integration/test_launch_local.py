@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -261,3 +262,51 @@ def test_a_killed_master_agent_is_the_master_lost_and_nothing_is_left(tmp_path):
                                                                   "node1": "aborted"}
     assert ("host.lost", "node0") in {(c["id"], c["host"]) for c in report["checks"]}
     assert run_processes(run_id) == [] and run_processes("/train.py") == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP])
+def test_a_controller_killed_or_hung_up_leaves_nothing_running(tmp_path, sig):
+    """ansible-playbook's whole process group killed (SIGKILL: a lost SSH session to the
+    controller, an OOM kill, a CI job's timeout) or hung up (SIGHUP: its terminal closed)
+    while the run trains. The watch runs on in an Ansible worker of its own session; it sees
+    its ansible-playbook gone and asks the master to stop the run, which stops every host
+    long before its lease (120 s) would have."""
+    run_id = "killctl-%s-%d" % (sig.name, os.getpid())
+    run_dir = Path.home() / ".torchfleet" / "runs" / run_id
+    argv = [str(BIN / "ansible-playbook"), "train.yml", "-e", "nnodes=2",
+            "-e", "master_port=%d" % free_port(), "-e", "train_steps=1000000",
+            "-e", "run_id=%s" % run_id, "-e", "run_dir=%s" % (tmp_path / "run")]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (
+        BIN, os.environ["PATH"])), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not any(
+                "step " in p.read_text(errors="replace")
+                for p in run_dir.glob("node1/logs/**/stdout.log")):
+            time.sleep(0.2)
+        assert run_processes(run_id), "the run never trained"
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=60)
+        # Well within the lease: the stop was asked for, not waited out.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and run_processes(run_id):
+            time.sleep(0.5)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert run_processes(run_id) == []
+
+    def read_record():
+        try:
+            return json.loads((run_dir / "node0" / "control.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    # The master's agent writes its final record as it ends (after its ranks).
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not read_record().get("final"):
+        time.sleep(0.5)
+    record = read_record()
+    assert record["final"] and record["phase"] == "controller_lost"
+    assert record["failure"]["detail"].startswith("stopped: the controller ended")

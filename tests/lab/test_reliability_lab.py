@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import yaml
 
 from tests.conftest import WORKLOADS, processes_matching
 from tests.integration.playbook import BIN, ROOT, Run, playbook
+from bench.fuzz_control import Flood
 from lab.ports import free_port
 from ansible_collections.torchfleet.fleet.plugins.module_utils import procs
 
@@ -128,9 +128,51 @@ def test_a_ranks_own_exit_is_named_though_its_sibling_takes_seconds_to_stop(heal
             os.killpg(proc.pid, 9)
     run = Run(proc.returncode, out, tmp_path / "run")
     assert run.rc != 0
-    first = run.report("train.json")["first_failure"]
+    report = run.report("train.json")
+    first = report["first_failure"]
     assert (first["host"], first["rank"]) == ("node1", 3), first
     assert "train failed: first failure on node1, rank 3: rank 3 exited with 3" in out
+    assert wait_until(lambda: not processes_of(report["run_id"]), 90), \
+        processes_of(report["run_id"])
+
+
+def test_a_minute_cut_between_the_controller_and_the_hosts_loses_nothing(healthy_lab,
+                                                                         tmp_path):
+    """3 hosts wait in a gloo group; the controller's traffic to and from every host is
+    dropped for 60 s (the hosts still reach each other): the watch looks again until the cut
+    ends, the run goes on, and it ends ok once told to."""
+    go = tmp_path / "go"
+    started = time.time()
+    proc = subprocess.Popen(
+        [str(BIN / "ansible-playbook"), "train.yml", "-i", str(healthy_lab.inventory),
+         "-e", "nnodes=3", "-e", "script=%s" % (ROOT / "tests" / "fixtures" / "scripts"
+                                                / "wait_for_file.py"),
+         "-e", json.dumps({"script_args": [str(go)]}), "-e", "run_dir=%s" % (tmp_path / "run")],
+        cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+    def waiting():
+        return sum(1 for p in REMOTE_RUNS.glob("*/node*/logs/*/attempt_0/0/stdout.log")
+                   if p.stat().st_mtime >= started and "waiting" in p.read_text()) == 3
+
+    hosts = ("node0", "node1", "node2")
+    try:
+        assert wait_until(waiting, 180), "the run never started"
+        healthy_lab.cut_controller(*hosts)
+        time.sleep(60)  # the fault's length is the case itself, not a wait for a condition
+        healthy_lab.mend_controller(*hosts)
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        go.touch()
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        healthy_lab.mend_controller(*hosts)
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+    run = Run(proc.returncode, out, tmp_path / "run")
+    assert run.rc == 0, out[-3000:]
+    report = run.report("train.json")
+    assert {h["outcome"] for h in report["hosts"]} == {"succeeded"}
+    assert wait_until(lambda: not processes_of(report["run_id"]), 90)
 
 
 def test_interrupted_controller_leaves_nothing_running(healthy_lab, tmp_path):
@@ -183,34 +225,6 @@ def _agent_and_torchrun(run_id, host):
     this machine's files: the host's run directory is readable here."""
     pid = json.loads((REMOTE_RUNS / run_id / host / "torchrun.pid").read_text())["pid"]
     return procs.parent(pid), pid
-
-
-class Flood(threading.Thread):
-    """Another process on the network: garbage lines on fresh connections, and hundreds of
-    connections that never say a word, on the master's control port, until stopped."""
-
-    def __init__(self, addr, port, idle=300):
-        super().__init__(daemon=True)
-        self.addr, self.port, self.idle = addr, port, idle
-        self.done, self.sent = threading.Event(), 0
-
-    def run(self):
-        held = []
-        garbage = [b'{"s": 1, "b": {"t": "beat"}, "m": "\xc3\xa9"}', b"[" * 60000,
-                   b"0" * 32 + b"\n1 " + b"f" * 64 + b' {"t": "abort"}', bytes(range(256))]
-        try:
-            while not self.done.is_set():
-                try:
-                    if len(held) < self.idle:
-                        held.append(socket.create_connection((self.addr, self.port), 2))
-                    with socket.create_connection((self.addr, self.port), 2) as s:
-                        s.sendall(garbage[self.sent % len(garbage)] + b"\n")
-                        self.sent += 1
-                except OSError:
-                    time.sleep(0.05)  # refused or reset: the master dropped it, go on
-        finally:
-            for s in held:
-                s.close()
 
 
 def test_a_flooded_control_port_changes_nothing(healthy_lab, tmp_path):

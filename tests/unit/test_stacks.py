@@ -124,22 +124,22 @@ def start_ranks(tmp_path, n):
 
 
 def test_py_spy_dumps_every_rank_at_once_and_a_rank_it_cannot_dump_dumps_itself(tmp_path):
-    """A py-spy in front of the real one waits until it was started for all four ranks (so
-    the four ran at once: one after another, the first would give up), and refuses the last
-    rank as a container without CAP_SYS_PTRACE would: that rank's stack comes from its own
-    faulthandler, the others' from py-spy."""
+    """8 ranks, as on an 8-GPU host. A py-spy in front of the real one waits until it was
+    started for all eight (so they ran at once: one after another, the first would give up),
+    and refuses the last rank as a container without CAP_SYS_PTRACE would: that rank's stack
+    comes from its own faulthandler, the others' from py-spy."""
     real = stacks.find_py_spy(sys.executable)
     if not real:
         pytest.skip("py-spy is not installed beside this Python (pip install -e '.[dev]')")
-    procs, workers, dirs = start_ranks(tmp_path, 4)
+    procs, workers, dirs = start_ranks(tmp_path, 8)
     starts = tmp_path / "starts"
     gate = tmp_path / "py-spy"
     gate.write_text(
         "#!/bin/sh\necho \"$3\" >> %s\n"
-        "i=0; while [ $(wc -l < %s) -lt 4 ]; do i=$((i+1)); "
+        "i=0; while [ $(wc -l < %s) -lt 8 ]; do i=$((i+1)); "
         "[ $i -gt 300 ] && { echo 'not started at once' >&2; exit 2; }; sleep 0.1; done\n"
         "[ \"$3\" = %d ] && { echo 'Permission denied (os error 13)' >&2; exit 1; }\n"
-        "exec %s \"$@\"\n" % (starts, starts, workers[3][0], real))
+        "exec %s \"$@\"\n" % (starts, starts, workers[7][0], real))
     gate.chmod(0o755)
     try:
         stacks.dump(bounded, {"py_spy": str(gate), "can_attach": True, "why": ""}, "auto",
@@ -148,11 +148,11 @@ def test_py_spy_dumps_every_rank_at_once_and_a_rank_it_cannot_dump_dumps_itself(
         for p in procs:
             p.kill()
             p.wait()
-    texts = [(Path(dirs[lr]) / "stack.txt").read_text() for lr in range(4)]
-    for text in texts[:3]:
+    texts = [(Path(dirs[lr]) / "stack.txt").read_text() for lr in range(8)]
+    for text in texts[:7]:
         assert "wait_here" in text and "Thread" in text and "faulthandler" not in text, text
-    assert "py-spy failed: Permission denied (os error 13)" in texts[3], texts[3]
-    assert "most recent call first" in texts[3] and "wait_here" in texts[3]
+    assert "py-spy failed: Permission denied (os error 13)" in texts[7], texts[7]
+    assert "most recent call first" in texts[7] and "wait_here" in texts[7]
 
 
 def test_preflight_tries_py_spy_for_real_before_it_says_py_spy_can_attach(tmp_path):

@@ -30,11 +30,19 @@ def test_the_controllers_settle_covers_everything_the_master_waits_for():
 
 
 def test_a_lease_spans_at_least_three_polls():
-    assert d.LEASE_S >= 3 * d.POLL_S
+    assert d.default("lease_s") >= 3 * d.POLL_S
 
 
 def test_progress_is_printed_more_often_than_the_lease_runs_out():
-    assert d.POLL_S <= d.PROGRESS_EVERY_S < d.LEASE_S
+    assert d.POLL_S <= d.PROGRESS_EVERY_S < d.default("lease_s")
+
+
+def test_the_lease_rides_out_a_minute_cut_and_a_dead_controllers_run_ends_within_3_minutes():
+    """A laptop's VPN reconnecting: the watch looks again for lease_s, so a 60 s cut (with its
+    SSH timeouts) loses nothing; a controller that is gone leaves the run to the lease, then
+    the stop (SIGTERM to SIGKILL) and the agents' own end, within 3 minutes."""
+    assert d.default("lease_s") >= 60 + 2 * d.POLL_S
+    assert d.default("lease_s") + d.LOOK_S + d.STOP_GRACE_S + d.ABORT_GRACE_S < 180
 
 
 def test_ssh_gives_up_on_a_cut_host_before_lost_after_s():

@@ -9,9 +9,12 @@ the summary to progress_file, and at the end writes the whole record to state_fi
 A look is the torchrun_watch module's code run as a plain script by the master's `python`
 when one is given (see look_script). The hosts whose start task failed (`starts`: each host's
 registered start result) go to the master's store with the first look, which names them as
-the run's failures. A look that fails is tried again until lost_after_s has passed since the
-last good one; only then is the master lost: the other agents stop by themselves within
-lost_after_s, and the play's stop tasks follow.
+the run's failures. A look that fails is tried again until lease_s has passed since the last
+good one (a cut between the controller and the hosts is ridden out while the master's lease
+holds); then the controller has lost the run, and no host is named: a controller cut off and
+a master that is down look the same from here. The master stops the run when its lease runs
+out (its agents stop by themselves within lost_after_s if it is down), and the play's stop
+tasks follow.
 
 How the run ended is never decided here: the master's record (runstate.py) decides it; when
 the master kept none the controller can read (its own start failed, or it was lost), runstate
@@ -26,6 +29,7 @@ import functools
 import json
 import os
 import shlex
+import signal
 import time
 
 from ansible.errors import AnsibleConnectionFailure, AnsibleError
@@ -118,6 +122,14 @@ def progress_text(s):
     return text + "  | %s" % (s.get("last_line") or "")[-100:]
 
 
+class _Terminated(Exception):
+    """SIGTERM reached the worker (ansible-playbook forwards it)."""
+
+
+def _sigterm(_signum, _frame):
+    raise _Terminated()
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _supports_check_mode = False  # it renews the master's lease and writes on the controller
@@ -140,22 +152,20 @@ class ActionModule(ActionBase):
             return {"failed": True, "msg": "the look at the run failed on the master (rc %s): %s"
                                            % (res["rc"], (res["stderr"] or res["stdout"])[-500:])}
 
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        checked, self.params = self.validate_argument_spec(argument_spec=ACTION_SPEC)
+    def _follow(self, task_vars, master, failed_starts, begin):
+        """Look at the run until its record is final (or the master cannot be looked at);
+        returns (the last look, the first failure, the record or None)."""
         a = self.params
-        master = self._task.delegate_to or task_vars["inventory_hostname"]
-        poll_s, every_s, settle_s = a["poll_s"], a["progress_every_s"], a["settle_s"]
-        if settle_s is None:
-            settle_s = defaults.watch_settle_s(a["lost_after_s"])
-        hosts = list(a["starts"]) or [master]
-        failed_starts = start_failures(a["starts"])
-        begin = good = time.monotonic()
-        shown, decided_at, look, failure, record = 0.0, None, {}, None, None
-        if master in failed_starts:  # no store on the master: nothing to look at
-            failure = {"host": master, "reason": runstate.NOT_STARTED,
-                       "detail": "its start failed: %s" % failed_starts[master]}
+        poll_s, every_s = a["poll_s"], a["progress_every_s"]
+        settle_s = a["settle_s"] if a["settle_s"] is not None else defaults.watch_settle_s(
+            a["lost_after_s"])
+        good, shown, decided_at, look, failure, record = begin, 0.0, None, {}, None, None
+        parent = os.getppid()  # ansible-playbook: a new parent says it is gone
         while failure is None:
+            if os.getppid() != parent:
+                self._look(task_vars, stop="the controller ended (ansible-playbook %d is gone: "
+                                           "killed, or its terminal closed)" % parent)
+                raise AnsibleError("ansible-playbook is gone: the run was asked to stop")
             try:
                 look = self._look(task_vars, wait_s=poll_s, start_failed=failed_starts)
             except (AnsibleConnectionFailure, AnsibleError) as exc:
@@ -163,12 +173,20 @@ class ActionModule(ActionBase):
             now = time.monotonic()
             elapsed = now - begin
             if look.get("failed"):
-                if now - good <= a["lost_after_s"]:
+                # A cut between the controller and the hosts (a VPN that reconnects) is ridden
+                # out as long as the master's lease holds, since the hosts run on without it.
+                if now - good <= a["lease_s"]:
                     time.sleep(min(poll_s, 1.0))  # a passing fault: look again
                     continue
-                failure = {"host": master, "reason": runstate.LOST,
-                           "detail": "the controller could not reach the master for %.0f s: "
-                                     "%s" % (now - good, look.get("msg", "")[:300])}
+                # From here neither the controller nor the run can tell a controller cut off
+                # from a master that is down: no host is named (the gather says who answers).
+                failure = {"host": None, "reason": runstate.CONTROLLER_LOST,
+                           "detail": "the controller could not reach the master %s for %.0f s "
+                                     "(lease_s=%g): the controller was cut off from the hosts, "
+                                     "or the master is down; the master stops the run when "
+                                     "its lease runs out (%s)" % (
+                                         master, now - good, a["lease_s"],
+                                         look.get("msg", "")[:300])}
                 break
             good = now
             if look["state"] == "start_failed":
@@ -195,6 +213,41 @@ class ActionModule(ActionBase):
                         record = look.get("record") or self._look(task_vars, full=True)["record"]
                         failure = record["failure"]
                         break
+        return look, failure, record
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        checked, self.params = self.validate_argument_spec(argument_spec=ACTION_SPEC)
+        a = self.params
+        master = self._task.delegate_to or task_vars["inventory_hostname"]
+        hosts = list(a["starts"]) or [master]
+        failed_starts = start_failures(a["starts"])
+        begin = time.monotonic()
+        look, failure, record = {}, None, None
+        if master in failed_starts:  # no store on the master: nothing to look at
+            failure = {"host": master, "reason": runstate.NOT_STARTED,
+                       "detail": "its start failed: %s" % failed_starts[master]}
+        # This runs in an Ansible worker, a session of its own: ansible-playbook killed (SIGKILL
+        # of its process group, an OOM kill) or ended by SIGHUP (its terminal closed) leaves it
+        # running, renewing the lease of a run nobody watches; Ctrl-C and SIGTERM reach it.
+        # Each asks the master to stop the run now, instead of at the end of its lease.
+        try:
+            old_term = signal.signal(signal.SIGTERM, _sigterm)
+        except ValueError:  # not the worker's main thread: Ansible's own handling stands
+            old_term = None
+        try:
+            if failure is None:
+                look, failure, record = self._follow(task_vars, master, failed_starts, begin)
+        except (KeyboardInterrupt, _Terminated) as exc:
+            why = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
+            try:
+                self._look(task_vars, stop="stopped by the user (%s to the controller)" % why)
+            except Exception:  # noqa: BLE001 - best effort: the lease still ends the run
+                pass
+            raise
+        finally:
+            if old_term is not None:
+                signal.signal(signal.SIGTERM, old_term)
         if record is None:
             # The master's store kept no record the controller can read: what is known.
             record = runstate.controller_record(a["run_id"], hosts, a["nproc_per_node"],

@@ -37,8 +37,8 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.control import Client, Server
 from ansible_collections.torchfleet.fleet.plugins.module_utils.procs import HOST_ENV, RUN_ID_ENV, run_processes, stop_run
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import (
-    AGENT_LOG, CONTROL, EXITCODE, LEASE, LOGS, PIDFILE, RESULTS, STACK_DUMP, START_FAILED, TORCHRUN_LOG,
-    peer_loss, rank_dirs, read_json, root_cause, tail, write_json)
+    AGENT_LOG, CONTROL, EXITCODE, LEASE, LOGS, PIDFILE, RESULTS, STACK_DUMP, START_FAILED,
+    STOP_REQUEST, TORCHRUN_LOG, peer_loss, rank_dirs, read_json, root_cause, tail, write_json)
 
 
 class Timings:
@@ -367,6 +367,7 @@ class MasterStore:
         if now_m >= self.next_file_look:
             self.next_file_look = now_m + self.t.BEAT_S
             self._read_start_failures(now)
+            self._read_stop_request(now)
             self._count_refusals()
         if self.state.tick(now, self.lease.age(), self.t.lease_s,
                            self.t.start_bound_s) is not None:
@@ -384,6 +385,17 @@ class MasterStore:
             if isinstance(why, str) and self.state.not_started(
                     host, now, "its start failed: %s" % why) is not None:
                 self.abort_everyone()
+
+    def _read_stop_request(self, now):
+        """The controller is ending (its watch saw its ansible-playbook gone) and asked, through
+        a look, for the run to stop now (the master's own directory: only the run's user can
+        write it)."""
+        if self.state.phase != runstate.RUNNING:
+            return
+        asked = read_json(os.path.join(self.p["run_dir"], STOP_REQUEST))
+        if isinstance(asked, dict) and self.state.fail(
+                None, runstate.CONTROLLER_LOST, now, "stopped: %s" % str(asked.get("why"))[:300]):
+            self.abort_everyone()
 
     def _count_refusals(self):
         refused = {k: v for k, v in self.server.refused.items() if v}

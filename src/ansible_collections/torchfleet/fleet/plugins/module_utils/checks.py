@@ -200,8 +200,7 @@ REGISTRY = (
     Unit(('host.lost',), RUN,
          "a host's agent sent no heartbeat for `lost_after_s` (network cut, host frozen), "
          "its agent's connection closed without its exit and did not come back in 3 s "
-         '(agent killed), or the controller could not reach the master for `lost_after_s`; '
-         'every lost host is named',
+         '(agent killed), or its agent died on the master; every lost host is named',
          'check the host and its network; the others were stopped'),
     Unit(('run.hang',), RUN,
          "no rank of the run wrote to its logs for `hang_timeout_s`; every rank's py-spy "
@@ -211,8 +210,9 @@ REGISTRY = (
          'the run outlived `job_timeout_s`',
          'raise `job_timeout_s`'),
     Unit(('run.controller_lost',), RUN,
-         'the controller stopped watching for `lease_s` (30 s: interrupted, or lost the '
-         'master); every host was stopped',
+         'the controller stopped watching for `lease_s` (120 s: interrupted, killed, or cut '
+         'off from the hosts, or the master is down); no host is named; every host was '
+         'stopped',
          'run again'),
     Unit(('nccl.transport',), RUN,
          'with NCCL (the collective test, or `nccl_transport_check`): a host whose ranks used '

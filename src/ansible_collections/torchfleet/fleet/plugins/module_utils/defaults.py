@@ -90,6 +90,10 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
         "a hang or a failure names the collective where the ranks diverge and the rank that "
         "never joined it. 0 turns recording off."))),
     (("job_timeout_s", "int", 86400), dict(description="The longest a run may take.")),
+    (("lease_s", "int", 120), dict(description=(
+        "The controller's lease: a run the controller has not looked at for this long "
+        "(interrupted, killed, or cut off from the hosts) is stopped by its master on every "
+        "host; the controller's watch rides out a cut from the hosts this long."))),
     (("lost_after_s", "int", 30), dict(description=(
         "A host whose agent is silent this long is host.lost; a host that cannot hear the "
         "master this long stops by itself."))),
@@ -208,7 +212,6 @@ DUMP_S = PYSPY_TIMEOUT_S + FR_DUMP_S + 10.0  # the master waits this long for a 
 COMMAND_TIMEOUT_S = 20.0  # any other short command a module runs (ip, nvidia-smi, git, python)
 POLL_S = 5.0            # the longest wait of one look of the controller at the master
 PROGRESS_EVERY_S = 10.0  # the controller prints progress at least this often
-LEASE_S = 30.0          # no look for this long: the master stops the run (the controller is gone)
 STOP_GRACE_S = 10.0     # SIGTERM to SIGKILL of a stopped run's process group
 GATHER_CONNECT_TIMEOUT_S = 3.0  # SSH connect to a host judged lost, gathered after the run
 ASYNC_SLACK_S = 600.0   # Ansible's async job outlives job_timeout_s by this much
@@ -238,6 +241,7 @@ WATCH_SETTLE_S = 120.0
 
 def watch_settle_s(lost_after_s):
     return WATCH_SETTLE_S + float(lost_after_s)
+
 
 TIMINGS = {name.lower(): value for name, value in dict(globals()).items()
            if name.endswith("_S") and isinstance(value, float)}

@@ -20,6 +20,7 @@ import os
 import signal
 
 NOTE_MAX = 256  # bytes of a note: {"code": int|null, "ts": float}
+TS_MAX = 1e11   # a note's time: seconds since the epoch, well past any real clock
 
 NOTE = r'''
 
@@ -86,7 +87,9 @@ def read_note(rank_dir):
     if code is not None and (not isinstance(code, int) or isinstance(code, bool)
                              or abs(code) > 1 << 31):
         return None
-    if not isinstance(ts, (int, float)) or isinstance(ts, bool) or ts != ts:
+    # A time of this host's clock: a number of seconds since the epoch (NaN, infinities and
+    # integers too large for a float are not).
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not 0 <= ts < TS_MAX:
         return None
     return {"code": code, "ts": float(ts)}
 

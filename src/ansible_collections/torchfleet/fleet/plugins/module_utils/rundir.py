@@ -40,6 +40,7 @@ EXITCODE = "exitcode.json"
 CONTROL = "control.json"
 LEASE = "lease"
 START_FAILED = "start_failed.json"
+STOP_REQUEST = "stop_request.json"  # the controller is ending: the master stops the run now
 AGENT_LOG = "agent.log"
 TORCHRUN_LOG = "torchrun.log"
 LOGS = "logs"

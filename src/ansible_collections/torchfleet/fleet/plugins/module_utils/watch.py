@@ -9,7 +9,8 @@ lease counts from there), hands the master's store the hosts whose start task fa
 store names them, with Ansible's reason, as the run's failures), waits on the host up to
 wait_s for the run's phase to change, and answers the run's summary: the same few fields at
 any number of hosts. It answers the whole record with full, and once the record is final (the
-end, once: the watcher needs no further look to take it).
+end, once: the watcher needs no further look to take it). With stop, it asks the master's
+store to stop the run now (the controller is ending) and renews nothing.
 """
 from __future__ import annotations
 
@@ -17,14 +18,14 @@ import os
 import time
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import (
-    CONTROL, LEASE, START_FAILED, read_json, write_json)
+    CONTROL, LEASE, START_FAILED, STOP_REQUEST, read_json, write_json)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import summary
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
 POLL_S = 0.2
 
 DEFAULTS = {"touch_lease": True, "async_jid": None, "async_dir": "~/.ansible_async",
-            "wait_s": 0.0, "full": False, "start_failed": {}}
+            "wait_s": 0.0, "full": False, "start_failed": {}, "stop": ""}
 
 # The torchrun_watch module's arguments; the action plugin validates these and its own.
 ARGUMENT_SPEC = dict(
@@ -36,6 +37,7 @@ ARGUMENT_SPEC = dict(
     wait_s=dict(type="float", default=DEFAULTS["wait_s"]),
     full=dict(type="bool", default=DEFAULTS["full"]),
     start_failed=dict(type="dict", default={}),
+    stop=dict(type="str", default=DEFAULTS["stop"]),
 )
 ACTION_SPEC = dict(
     ARGUMENT_SPEC,
@@ -43,6 +45,7 @@ ACTION_SPEC = dict(
     starts=dict(type="dict", default={}),
     nproc_per_node=dict(type="int", default=1),
     lost_after_s=dict(type="float", default=defaults.default("lost_after_s")),
+    lease_s=dict(type="float", default=defaults.default("lease_s")),
     poll_s=dict(type="float", default=defaults.POLL_S),
     progress_every_s=dict(type="float", default=defaults.PROGRESS_EVERY_S),
     settle_s=dict(type="float"),  # unset: defaults.watch_settle_s(lost_after_s)
@@ -71,6 +74,11 @@ def look(params):
     p = dict(DEFAULTS, **{k: v for k, v in params.items() if v is not None})
     p["run_dir"] = os.path.expanduser(p["run_dir"])
     p["async_dir"] = os.path.expanduser(p["async_dir"])
+    if p["stop"] and os.path.isdir(p["run_dir"]):
+        # The controller is ending (its ansible-playbook is gone): the master stops the run
+        # now instead of at the end of its lease.
+        write_json(os.path.join(p["run_dir"], STOP_REQUEST), {"why": str(p["stop"])[:300]})
+        p["touch_lease"] = False
     if p["touch_lease"]:
         touch_lease(p["run_dir"])
     start_failed = os.path.join(p["run_dir"], START_FAILED)

@@ -161,7 +161,7 @@ options:
     description: On the master, stop the run when O(run_dir)/lease is older than this. 0 turns
       the switch off.
     type: float
-    default: 30
+    default: 120
   stack_dump:
     description: How a hang's stacks are taken. C(auto) uses py-spy where it can attach to the
       ranks (root, C(kernel.yama.ptrace_scope) 0, or py-spy with CAP_SYS_PTRACE), else each
@@ -272,7 +272,7 @@ ARGUMENT_SPEC = dict(
     abort_grace_s=dict(type="float", default=defaults.ABORT_GRACE_S),
     max_restarts=dict(type="int", default=defaults.default("torchrun_max_restarts")),
     env=dict(type="dict", default=defaults.default("env")),
-    lease_s=dict(type="float", default=defaults.LEASE_S),
+    lease_s=dict(type="float", default=defaults.default("lease_s")),
     stack_dump=dict(type="str", choices=["auto", "py-spy", "faulthandler"], default=defaults.default("stack_dump")),
     flight_recorder=dict(type="int", default=defaults.default("flight_recorder")),
 )

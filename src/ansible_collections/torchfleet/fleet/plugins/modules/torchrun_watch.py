@@ -55,6 +55,12 @@ options:
       run's failures.
     type: dict
     default: {}
+  stop:
+    description: When set, the reason the controller is ending; written into
+      O(run_dir)/stop_request.json, where the master's store reads it and stops the run on
+      every host at once (C(controller_lost), with this reason). The lease is not renewed.
+    type: str
+    default: ""
   starts:
     description: Action plugin only. Each host of the run (in rank order) with its registered
       start result; the hosts whose start failed or were unreachable go to the master as
@@ -67,10 +73,16 @@ options:
     type: int
     default: 1
   lost_after_s:
-    description: Action plugin only. A look that fails is tried again until this long has passed
-      since the last good one; only then is the master lost.
+    description: Action plugin only. The run's lost_after_s; the wait for the master's final
+      record (O(settle_s)) grows by it.
     type: float
     default: 30
+  lease_s:
+    description: Action plugin only. A look that fails is tried again until this long has passed
+      since the last good one (the master's lease, which the hosts run on); then the controller
+      has lost the run (C(controller_lost)), and no host is named.
+    type: float
+    default: 120
   python:
     description: Action plugin only. Python on the master for the looks; each look is then this
       module's code run as a plain script (a bare interpreter start instead of an AnsiballZ
