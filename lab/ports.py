@@ -10,15 +10,9 @@ from __future__ import annotations
 import random
 import socket
 
+from ansible_collections.torchfleet.fleet.plugins.module_utils.net import ephemeral_range
+
 _given: set[int] = set()
-
-
-def _ephemeral_low():
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
 
 
 def _bindable(port):
@@ -31,7 +25,7 @@ def _bindable(port):
 
 
 def free_port():
-    low = _ephemeral_low()
+    low = (ephemeral_range() or (32768, 60999))[0]
     if low > 11000:
         for _ in range(200):
             port = random.randrange(10000, low)

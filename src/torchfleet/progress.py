@@ -67,7 +67,7 @@ class Progress:
         self.total = 0
         self.phases: dict[str, Phase] = {}
         self.failing: dict[str, list[str]] = {}  # host -> what failed there, in order
-        self.restarts: list[str] = []  # "attempt N: why", one per restart so far
+        self.restart = ""  # "attempt N: why" of the latest restart
         self._lock = threading.Lock()
         self._live: Live | None = None
         self._stop = threading.Event()
@@ -98,8 +98,8 @@ class Progress:
         if event.kind == "attempt":
             # A restart (decided after its re-check): from here the block counts the new
             # attempt only (its launch, run and gather), under one line that says why.
-            self.restarts.append("attempt %s: %s" % (event.summary.get("attempt"),
-                                                     event.summary.get("why") or "restarted"))
+            self.restart = "attempt %s: %s" % (event.summary.get("attempt"),
+                                               event.summary.get("why") or "restarted")
             self.phases, self.failing = {}, {}
         elif event.kind == "plan":
             self.total = int(event.summary.get("candidates") or 0)
@@ -134,7 +134,7 @@ class Progress:
         """(one line per phase begun, the failing hosts with what failed), taken together."""
         with self._lock:
             now = time.monotonic()
-            head = ["restart   %s" % self.restarts[-1]] if self.restarts else []
+            head = ["restart   %s" % self.restart] if self.restart else []
             return (head + [self.phases[p].line(self.total, now) for p in PHASES
                             if p in self.phases],
                     [(host, list(what)) for host, what in self.failing.items()])

@@ -9,7 +9,7 @@ import sys
 
 from ansible_collections.torchfleet.fleet.plugins.modules import port_guard
 import pytest
-from ansible_collections.torchfleet.fleet.plugins.module_utils import guard
+from ansible_collections.torchfleet.fleet.plugins.module_utils import guard, net
 
 from tests.unit.modules import run_module
 
@@ -38,8 +38,8 @@ def test_the_ephemeral_range_is_guarded_for_new_connections_only():
     assert "tcp dport {" not in text
     with pytest.raises(ValueError, match="no port to guard"):
         guard.ruleset(RUN_ID, [], ["10.77.0.1"])
-    assert guard.ephemeral_range() is None or guard.ephemeral_range()[0] > 1023
-    assert guard.ephemeral_range("/nonexistent") is None
+    assert net.ephemeral_range() is None or net.ephemeral_range()[0] > 1023
+    assert net.ephemeral_range("/nonexistent") is None
 
 
 @pytest.mark.parametrize("run_id, ports, allow, says", [

@@ -411,7 +411,7 @@ class MasterStore:
         A host still running when the settle time is over has not reported its stop: it may be
         the silent cause (cut off, frozen) of what its peers reported, so the record waits
         until it reports or tick() judges it lost (lost_after_s after its last beat; its loss
-        dates from then and comes first). The bound: lost_after_s more (silent_settle_s)."""
+        dates from then and comes first). The bound: lost_after_s more."""
         state = self.state
         if state.phase == runstate.RUNNING:
             return False

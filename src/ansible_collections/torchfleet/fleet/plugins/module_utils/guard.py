@@ -27,16 +27,6 @@ def table_name(run_id):
     return PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", run_id)
 
 
-def ephemeral_range(path="/proc/sys/net/ipv4/ip_local_port_range"):
-    """(low, high) of this host's ephemeral ports, None when unreadable."""
-    try:
-        with open(path) as f:
-            low, high = (int(v) for v in f.read().split()[:2])
-    except (OSError, ValueError):
-        return None
-    return (low, high) if 0 < low <= high < 65536 else None
-
-
 def ruleset(run_id, ports, allow, ephemeral=None):
     """The nft script of a run's guard; ValueError naming a value that makes no sense.
     ephemeral: (low, high) to guard for new connections, or None."""

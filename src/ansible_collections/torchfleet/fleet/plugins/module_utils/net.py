@@ -1,4 +1,5 @@
-"""Parsers for the host's network state: `ip -j addr`, `ip -j route get`, /proc/net/tcp.
+"""Parsers for the host's network state: `ip -j addr`, `ip -j route get`, /proc/net/tcp, the
+ephemeral port range.
 
 Pure functions over recorded text, so each has a test with real output beside it.
 """
@@ -59,6 +60,16 @@ def is_loopback(address):
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return False
+
+
+def ephemeral_range(path="/proc/sys/net/ipv4/ip_local_port_range"):
+    """(low, high) of this host's ephemeral ports, None when unreadable."""
+    try:
+        with open(path) as f:
+            low, high = (int(v) for v in f.read().split()[:2])
+    except (OSError, ValueError):
+        return None
+    return (low, high) if 0 < low <= high < 65536 else None
 
 
 def parse_proc_net_tcp(text, port):

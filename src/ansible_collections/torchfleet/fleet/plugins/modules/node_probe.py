@@ -318,7 +318,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.gpu import (
     parse_amd_smi_static, parse_gpu_csv, parse_rocm_smi_json)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.listener import start_listener, stop_listener
 from ansible_collections.torchfleet.fleet.plugins.module_utils.net import (
-    choose_master_addr, is_loopback, listening_ports, parse_default_route_dev, parse_ip_addr,
+    choose_master_addr, ephemeral_range, is_loopback, listening_ports, parse_default_route_dev, parse_ip_addr,
     parse_proc_net_tcp, processes_holding)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.pystack import NCCL_HEADER, parse_nccl_header, probe_python
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rdma import read_devices
@@ -406,8 +406,7 @@ def data_facts(paths):
 def master_facts(port, nics, default_dev, params):
     tables = [read(p) for p in PROC_TCP]
     inodes = [i for text in tables for i in parse_proc_net_tcp(text, port)]
-    low, high = (int(v) for v in (read("/proc/sys/net/ipv4/ip_local_port_range").split()
-                                  or ["32768", "60999"]))
+    low, high = ephemeral_range() or (32768, 60999)
     listening = set().union(*(listening_ports(text) for text in tables))
     busy = listening | {port}
     if params["ephemeral_port"]:

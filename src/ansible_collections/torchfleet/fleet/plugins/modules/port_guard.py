@@ -95,6 +95,7 @@ msg:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.torchfleet.fleet.plugins.module_utils import guard
+from ansible_collections.torchfleet.fleet.plugins.module_utils.net import ephemeral_range
 
 ARGUMENT_SPEC = dict(
     state=dict(type="str", choices=["present", "absent"], default="present"),
@@ -113,7 +114,7 @@ def main():
     nft = module.get_bin_path("nft")
     try:
         name = guard.table_name(p["run_id"]) if p["run_id"] is not None else None
-        ephemeral = guard.ephemeral_range() if p["ephemeral"] else None
+        ephemeral = ephemeral_range() if p["ephemeral"] else None
         if p["ephemeral"] and ephemeral is None:
             raise ValueError("this host's ephemeral port range cannot be read "
                              "(/proc/sys/net/ipv4/ip_local_port_range)")
