@@ -308,5 +308,5 @@ def test_a_controller_killed_or_hung_up_leaves_nothing_running(tmp_path, sig):
     while time.monotonic() < deadline and not read_record().get("final"):
         time.sleep(0.5)
     record = read_record()
-    assert record["final"] and record["phase"] == "controller_lost"
+    assert record["final"] and record["phase"] == "stopped_by_user"
     assert record["failure"]["detail"].startswith("stopped: the controller ended")

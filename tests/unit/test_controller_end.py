@@ -23,12 +23,12 @@ def test_a_stop_asked_through_a_look_stops_the_run_within_a_beat(tmp_path):
     before = lease.stat().st_mtime
     os.utime(lease, (before - 100, before - 100))
     answer = watch.look({"run_dir": str(tmp_path), "run_id": "r1",
-                         "stop": "the controller ended (ansible-playbook 4242 is gone)"})
+                         "stop": "stopped: the controller ended (ansible-playbook 4242 is gone)"})
     assert (tmp_path / STOP_REQUEST).exists() and not answer.get("failed")
     assert lease.stat().st_mtime == before - 100  # a stopping controller renews nothing
     seconds(store, clocks, 2, look=False)
     failure = store.state.failure
-    assert failure["reason"] == runstate.CONTROLLER_LOST and failure["host"] is None
+    assert failure["reason"] == runstate.STOPPED_BY_USER and failure["host"] is None
     assert failure["detail"] == "stopped: the controller ended (ansible-playbook 4242 is gone)"
     assert aborted and aborted[0] is failure
 

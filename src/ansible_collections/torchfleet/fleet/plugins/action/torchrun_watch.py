@@ -20,8 +20,15 @@ How the run ended is never decided here: the master's record (runstate.py) decid
 the master kept none the controller can read (its own start failed, or it was lost), runstate
 builds the record from what is known.
 
-Returns: outcome (runstate.PHASE_OUTCOME of the record's phase), failure (the record's first
-failure) and summary (the last look's).
+mode (watch.MODES) says whose run it is. attached: the controller's, as above. detach: the
+same until every rank of every host runs, then one look marks the run detached (the master's
+lease is off from then on: the hosts judge and end the run alone) and the watch returns.
+detached: a run detached before (attach.yml): followed to its end without renewing anything;
+the watch's end (Ctrl-C, its controller gone, a cut longer than lease_s) leaves the run
+running. look: one look at the master's whole record, renewing nothing (status.yml).
+
+Returns: outcome (runstate.PHASE_OUTCOME of the record's phase, or `detached`), failure (the
+record's first failure) and summary (the last look's).
 """
 from __future__ import annotations
 
@@ -36,12 +43,14 @@ from ansible.errors import AnsibleConnectionFailure, AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, exits, flight, rundir, runstate, watch
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, exits, flight, rundir, runstate, status, watch
 from ansible_collections.torchfleet.fleet.plugins.module_utils.watch import ACTION_SPEC
 
 display = Display()
 
 MODULE_ARGS = ("run_dir", "run_id", "async_jid", "async_dir")
+DETACHED = "detached"  # the outcome of a watch in mode detach that detached the run
+LOOK = "look"
 
 
 def start_failures(starts):
@@ -122,6 +131,13 @@ def progress_text(s):
     return text + "  | %s" % (s.get("last_line") or "")[-100:]
 
 
+def all_running(summary):
+    """Every rank of every host runs: a run can be detached."""
+    return (summary["phase"] == runstate.RUNNING and summary["nranks"] > 0
+            and summary["ranks_alive"] == summary["nranks"]
+            and summary["hosts_running"] == summary["nnodes"])
+
+
 class _Terminated(Exception):
     """SIGTERM reached the worker (ansible-playbook forwards it)."""
 
@@ -137,6 +153,8 @@ class ActionModule(ActionBase):
     def _look(self, task_vars, **extra):
         # As given, not as validated: a path such as ~/... is the master's, expanded there.
         args = {k: v for k, v in self._task.args.items() if k in MODULE_ARGS and v is not None}
+        if self.params["mode"] in (DETACHED, LOOK):  # nobody's lease: the run is the hosts'
+            args["touch_lease"] = False
         args.update(extra)
         python = self.params["python"]
         if not python:
@@ -163,11 +181,17 @@ class ActionModule(ActionBase):
         parent = os.getppid()  # ansible-playbook: a new parent says it is gone
         while failure is None:
             if os.getppid() != parent:
-                self._look(task_vars, stop="the controller ended (ansible-playbook %d is gone: "
-                                           "killed, or its terminal closed)" % parent)
+                if a["mode"] == DETACHED:
+                    raise AnsibleError("ansible-playbook is gone; the detached run goes on")
+                self._look(task_vars, stop="stopped: the controller ended (ansible-playbook %d "
+                                           "is gone: killed, or its terminal closed)" % parent)
                 raise AnsibleError("ansible-playbook is gone: the run was asked to stop")
             try:
-                look = self._look(task_vars, wait_s=poll_s, start_failed=failed_starts)
+                if a["stop_now"]:  # stop.yml of a detached run: asked once, then followed
+                    look = self._look(task_vars, stop=a["stop_now"])
+                    a["stop_now"] = ""
+                else:
+                    look = self._look(task_vars, wait_s=poll_s, start_failed=failed_starts)
             except (AnsibleConnectionFailure, AnsibleError) as exc:
                 look = {"failed": True, "unreachable": True, "msg": str(exc)}
             now = time.monotonic()
@@ -178,6 +202,11 @@ class ActionModule(ActionBase):
                 if now - good <= a["lease_s"]:
                     time.sleep(min(poll_s, 1.0))  # a passing fault: look again
                     continue
+                if a["mode"] == DETACHED:  # not this controller's run to judge
+                    raise AnsibleError(
+                        "the controller could not reach the master %s for %.0f s (%s); the "
+                        "detached run goes on without it: attach again once the hosts answer"
+                        % (master, now - good, look.get("msg", "")[:300]))
                 # From here neither the controller nor the run can tell a controller cut off
                 # from a master that is down: no host is named (the gather says who answers).
                 failure = {"host": None, "reason": runstate.CONTROLLER_LOST,
@@ -189,6 +218,11 @@ class ActionModule(ActionBase):
                                          look.get("msg", "")[:300])}
                 break
             good = now
+            if a["mode"] == DETACHED and look.get("missing"):
+                raise AnsibleError(
+                    "the master %s has no run %s (%s is missing there): the run is on other "
+                    "hosts than its record names, or their run directories were removed"
+                    % (master, a["run_id"], a["run_dir"]))
             if look["state"] == "start_failed":
                 failure = {"host": master, "reason": runstate.NOT_STARTED,
                            "detail": look["msg"]}
@@ -202,6 +236,10 @@ class ActionModule(ActionBase):
                 failure = record["failure"]
                 break
             summary = look.get("summary")
+            if a["mode"] == "detach" and summary and all_running(summary):
+                self._look(task_vars, detach=True)
+                display.display(progress_text(summary))
+                return look, None, None
             if summary:
                 append_progress(a.get("progress_file"), dict(summary, watched_s=round(elapsed, 3)))
                 if elapsed - shown >= every_s or summary["phase"] != "running":
@@ -223,6 +261,16 @@ class ActionModule(ActionBase):
         hosts = list(a["starts"]) or [master]
         failed_starts = start_failures(a["starts"])
         begin = time.monotonic()
+        if a["mode"] == LOOK:  # status: the master's record as it is, nothing renewed or kept
+            try:
+                look = self._look(task_vars, full=True)
+            except (AnsibleConnectionFailure, AnsibleError) as exc:
+                look = {"failed": True, "unreachable": True, "msg": str(exc)}
+            result.update({k: v for k, v in look.items() if k != "changed"}, changed=False)
+            if look.get("record"):
+                view = status.view(look["record"], look.get("now"), a["attempt"])
+                result.update(status=view, table=status.text(view))
+            return result
         look, failure, record = {}, None, None
         if master in failed_starts:  # no store on the master: nothing to look at
             failure = {"host": master, "reason": runstate.NOT_STARTED,
@@ -240,6 +288,8 @@ class ActionModule(ActionBase):
                 look, failure, record = self._follow(task_vars, master, failed_starts, begin)
         except (KeyboardInterrupt, _Terminated) as exc:
             why = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
+            if a["mode"] == DETACHED:  # the watch ends; the detached run goes on
+                raise
             try:
                 self._look(task_vars, stop="stopped by the user (%s to the controller)" % why)
             except Exception:  # noqa: BLE001 - best effort: the lease still ends the run
@@ -248,6 +298,11 @@ class ActionModule(ActionBase):
         finally:
             if old_term is not None:
                 signal.signal(signal.SIGTERM, old_term)
+        if record is None and failure is None and a["mode"] == "detach":
+            result.update(outcome=DETACHED, failure=None, master_lost=False, changed=False,
+                          summary=look.get("summary"),
+                          watched_s=round(time.monotonic() - begin, 3))
+            return result
         if record is None:
             # The master's store kept no record the controller can read: what is known.
             record = runstate.controller_record(a["run_id"], hosts, a["nproc_per_node"],

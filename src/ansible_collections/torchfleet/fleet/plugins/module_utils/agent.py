@@ -32,12 +32,12 @@ import signal
 import subprocess
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import exits, flight, procs, runstate, stacks
+from ansible_collections.torchfleet.fleet.plugins.module_utils import exits, flight, guard, procs, runstate, stacks
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.control import Client, Server
 from ansible_collections.torchfleet.fleet.plugins.module_utils.procs import HOST_ENV, RUN_ID_ENV, run_processes, stop_run
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import (
-    AGENT_LOG, CONTROL, EXITCODE, LEASE, LOGS, PIDFILE, RESULTS, STACK_DUMP, START_FAILED,
+    AGENT_LOG, CONTROL, DETACHED, EXITCODE, GUARDED, LEASE, LOGS, PIDFILE, RESULTS, STACK_DUMP, START_FAILED,
     STOP_REQUEST, TORCHRUN_LOG, peer_loss, rank_dirs, read_json, root_cause, tail, write_json)
 
 
@@ -332,6 +332,7 @@ class MasterStore:
         self.p, self.t, self.server, self.state, self.log = p, timings, server, state, log
         self.clock = clock          # Clock: every time given to the record
         self.lease = Lease(os.path.join(p["run_dir"], LEASE), timings.lease_s)
+        self.detached = False       # detach=true: the run is the hosts' alone, no lease
         self.agents = []            # this host's agent, obeying like any other host's
         self.settle_until = None
         self.last_write = 0.0
@@ -368,9 +369,13 @@ class MasterStore:
             self.next_file_look = now_m + self.t.BEAT_S
             self._read_start_failures(now)
             self._read_stop_request(now)
+            self._read_detached()
             self._count_refusals()
-        if self.state.tick(now, self.lease.age(), self.t.lease_s,
-                           self.t.start_bound_s) is not None:
+        if self.detached:  # no controller to hold a lease: the run's own bounds judge it
+            judged = self.state.tick(now)
+        else:
+            judged = self.state.tick(now, self.lease.age(), self.t.lease_s, self.t.start_bound_s)
+        if judged is not None:
             self.abort_everyone()
         self.write_state()
 
@@ -387,15 +392,24 @@ class MasterStore:
                 self.abort_everyone()
 
     def _read_stop_request(self, now):
-        """The controller is ending (its watch saw its ansible-playbook gone) and asked, through
-        a look, for the run to stop now (the master's own directory: only the run's user can
+        """The run is to stop now, asked through a look: the controller is ending (Ctrl-C,
+        SIGTERM, its ansible-playbook gone) or the user stops a detached run (stop.yml), the
+        request saying which in words (the master's own directory: only the run's user can
         write it)."""
         if self.state.phase != runstate.RUNNING:
             return
         asked = read_json(os.path.join(self.p["run_dir"], STOP_REQUEST))
         if isinstance(asked, dict) and self.state.fail(
-                None, runstate.CONTROLLER_LOST, now, "stopped: %s" % str(asked.get("why"))[:300]):
+                None, runstate.STOPPED_BY_USER, now, str(asked.get("why"))[:300]):
             self.abort_everyone()
+
+    def _read_detached(self):
+        """The controller detached the run (a look with detach, once every rank ran): from
+        now on no controller's look is awaited (the master's own directory: only the run's
+        user can write it)."""
+        if not self.detached and os.path.exists(os.path.join(self.p["run_dir"], DETACHED)):
+            self.detached = True
+            self.log("detached: the controller's lease is off; the run ends on its own")
 
     def _count_refusals(self):
         refused = {k: v for k, v in self.server.refused.items() if v}
@@ -552,6 +566,21 @@ def bind_control(addr, port, secret, trusted=(), hosts=None):
             time.sleep(0.25)
 
 
+def unguard(p, command, log):
+    """The host removes its own guard_ports table when its part of the run ends (a detached
+    run, a controller that died): the table is root's, so as root or through `sudo -n`, best
+    effort; what fails stays for stop.yml, which finds it by the GUARDED marker."""
+    marker = os.path.join(p["run_dir"], GUARDED)
+    if not os.path.exists(marker):
+        return
+    _out, why = command(guard.remove_argv(p["run_id"], os.geteuid()), timeout_s=10)
+    if why is None:
+        os.unlink(marker)
+        log("guard removed: %s" % guard.table_name(p["run_id"]))
+    else:
+        log("guard not removed (stop.yml removes it): %s" % why)
+
+
 def run(p, command):
     """The whole job of torchrun_job: returns its result dict, or raises ValueError with the
     sentence to fail with. `command` runs short commands (py-spy) for it: command.bounded."""
@@ -563,6 +592,8 @@ def run(p, command):
     # private to the run's user: the ranks' logs may hold what a script printed.
     for path in (run_dir, os.path.dirname(run_dir)):
         os.chmod(path, 0o700)
+    if p["guarded"]:  # the play guarded this host's ports for the run: this agent unguards
+        write_json(os.path.join(run_dir, GUARDED), {"table": guard.table_name(p["run_id"])})
     try:
         for name, content in p["files"].items():
             if os.sep in name or name.startswith("."):
@@ -615,5 +646,6 @@ def run(p, command):
     rc, reason = serve(agent, store, client, t)
     ended = time.time()
     write_json(os.path.join(run_dir, EXITCODE), {"rc": rc, "reason": reason, "ended": ended})
+    unguard(p, command, _logger(run_dir))
     return dict(changed=True, rc=rc, pid=proc.pid, reason=reason,
                 duration_s=round(ended - started, 3), argv=argv)

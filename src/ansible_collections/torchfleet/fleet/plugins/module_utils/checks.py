@@ -105,9 +105,10 @@ REGISTRY = (
          '`spares` that is not a whole number >= 0, or `nnodes + spares` larger than group '
          '`nodes`; reported before any host is touched',
          'the value to set'),
-    Unit(('input.max_restarts', 'input.restart_on'), INPUT,
-         '`max_restarts` that is not a whole number from 0 to 5, or `restart_on` neither '
-         '`host` nor `any`; reported before any host is touched',
+    Unit(('input.max_restarts', 'input.restart_on', 'input.detach'), INPUT,
+         '`max_restarts` that is not a whole number from 0 to 5, `restart_on` neither '
+         '`host` nor `any`, or `detach` with restarts (a detached run is not restarted); '
+         'reported before any host is touched',
          'the value to set'),
     Unit(('input.master_port', 'input.nproc_per_node', 'input.data_paths'), INPUT,
          'a value that makes no sense anywhere (port outside 1–65535, nproc not a positive '
@@ -214,6 +215,11 @@ REGISTRY = (
          'off from the hosts, or the master is down); no host is named; every host was '
          'stopped',
          'run again'),
+    Unit(('run.stopped_by_user',), RUN,
+         'the run was stopped on purpose: Ctrl-C, SIGTERM or SIGHUP to the controller (or '
+         'its ansible-playbook gone), or `stop.yml -e run_id=` / `torchfleet stop ID` of a '
+         'detached run; every host was stopped, then gathered',
+         'start it again when you want it to run'),
     Unit(('nccl.transport',), RUN,
          'with NCCL (the collective test, or `nccl_transport_check`): a host whose ranks used '
          'sockets (NET/Socket) where IB was expected (`network: ib`, or `auto` chose it); a '

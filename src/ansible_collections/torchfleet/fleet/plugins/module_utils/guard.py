@@ -27,6 +27,13 @@ def table_name(run_id):
     return PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", run_id)
 
 
+def remove_argv(run_id, euid):
+    """The command that removes a run's table on a host, for an agent of the run's user: nft
+    itself as root, else through sudo without a password prompt (it fails, never waits)."""
+    argv = ["nft", "delete", "table", "inet", table_name(run_id)]
+    return argv if euid == 0 else ["sudo", "-n"] + argv
+
+
 def ruleset(run_id, ports, allow, ephemeral=None):
     """The nft script of a run's guard; ValueError naming a value that makes no sense.
     ephemeral: (low, high) to guard for new connections, or None."""

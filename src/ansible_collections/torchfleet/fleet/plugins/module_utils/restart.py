@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import read_json
 from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import (
-    CONTROLLER_LOST, FAILED, LOST, NOT_STARTED, SUCCEEDED)
+    CONTROLLER_LOST, FAILED, LOST, NOT_STARTED, STOPPED_BY_USER, SUCCEEDED)
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
 RESTART_ON = ("host", "any")
@@ -71,6 +71,9 @@ def after_attempt(record, attempt, max_restarts, restart_on, candidates, hosts, 
     out["cause"] = {"host": host, "reason": reason, "id": CAUSE_ID.get(reason, "run." + str(reason))}
     if reason == CONTROLLER_LOST:
         out["why"] = "not restarted: the controller lost the run"
+        return out
+    if reason == STOPPED_BY_USER:
+        out["why"] = "not restarted: the run was stopped by the user"
         return out
     # Everything the attempt found counts: a host lost or never started (a failure of the
     # record beside the first) or unreachable at the gather explains the failure, whatever

@@ -7,6 +7,10 @@ modules:
         control.json    on the master: the run's state record (runstate.py), kept by its agent
         lease           on the master: made and touched by the controller's watch at each
                         look; stale means the controller is gone
+        detached        on the master: the run was detached (detach=true); its lease is off
+                        and the master judges the run alone
+        guarded         this host's guard_ports table is up (the agent removes the table and
+                        this file when it ends; stop.yml removes what a killed agent left)
         start_failed.json  on the master: {host: Ansible's reason} of the hosts whose start
                         task failed, written by the watch's look for the run's store
         agent.log       on the master: what its store decided and refused, one line each
@@ -41,6 +45,8 @@ CONTROL = "control.json"
 LEASE = "lease"
 START_FAILED = "start_failed.json"
 STOP_REQUEST = "stop_request.json"  # the controller is ending: the master stops the run now
+DETACHED = "detached"
+GUARDED = "guarded"
 AGENT_LOG = "agent.log"
 TORCHRUN_LOG = "torchrun.log"
 LOGS = "logs"

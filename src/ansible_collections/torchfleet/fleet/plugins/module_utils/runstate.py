@@ -60,7 +60,8 @@ LOST = "lost"                # a host stopped answering (host.lost)
 HANG = "hung"                # no rank anywhere made progress for hang_timeout_s
 TIMEOUT = "timeout"          # the run outlived job_timeout_s
 CONTROLLER_LOST = "controller_lost"  # the controller stopped watching (lease ran out)
-RUN_WIDE = (HANG, TIMEOUT, CONTROLLER_LOST)  # failures of the run, not of one host
+STOPPED_BY_USER = "stopped_by_user"  # Ctrl-C, SIGTERM or SIGHUP to the controller, stop.yml
+RUN_WIDE = (HANG, TIMEOUT, CONTROLLER_LOST, STOPPED_BY_USER)  # failures of the run, not a host's
 
 # host state
 PENDING = "pending"      # not heard from yet
@@ -78,7 +79,7 @@ OUTCOMES = (SUCCEEDED, FAILED, HANG, LOST, TIMEOUT, ABORTED, RUNNING, UNKNOWN)
 _OWN_OUTCOME = {FAILED: FAILED, NOT_STARTED: FAILED, LOST: LOST}
 # How a run that ended in a phase ended, in the same words (the watch's `outcome`).
 PHASE_OUTCOME = {SUCCEEDED: SUCCEEDED, FAILED: FAILED, NOT_STARTED: FAILED, HANG: HANG,
-                 LOST: LOST, TIMEOUT: TIMEOUT, CONTROLLER_LOST: ABORTED}
+                 LOST: LOST, TIMEOUT: TIMEOUT, CONTROLLER_LOST: ABORTED, STOPPED_BY_USER: ABORTED}
 
 # Message kinds on the control channel.
 HELLO, BEAT, EXIT, NOT_STARTED_MSG = "hello", "beat", "exit", "not_started"  # agent -> master

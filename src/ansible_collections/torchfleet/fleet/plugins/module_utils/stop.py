@@ -8,7 +8,7 @@ import re
 import time
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.procs import run_processes, stop_run
-from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import ATTEMPT_GLOB, PIDFILE, RUN_ID, read_json
+from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import ATTEMPT_GLOB, GUARDED, PIDFILE, RUN_ID, read_json
 
 # Ansible's job ids: "j" + digits + "." + PID; never a path.
 JID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -62,7 +62,8 @@ def stop_checked(module, p):
 
 def stop_runs(p, check_mode=False):
     """Stop what p (rundir.STOP_SPEC's arguments, checked by argument_error) names; returns
-    {"stopped": [one entry per run that had live processes], "async_removed": path or None}.
+    {"stopped": [one entry per run that had live processes], "async_removed": path or None,
+    "guarded": [the GUARDED markers of guard tables still up]}.
     In check mode it only lists."""
     host_dir = os.path.join(glob.escape(p["runs_root"]), p["run_id"] or "*",
                             glob.escape(p["host_dir"]) if p["host_dir"] else "*")
@@ -85,4 +86,7 @@ def stop_runs(p, check_mode=False):
     removed = None
     if p["async_jid"] and not check_mode:
         removed = remove_async_record(os.path.join(p["async_dir"], p["async_jid"]))
-    return {"stopped": stopped, "async_removed": removed}
+    # Guard tables an agent could not remove itself (killed, or no root): stop.yml removes them.
+    guarded = sorted(glob.glob(os.path.join(host_dir, GUARDED)) + glob.glob(
+        os.path.join(host_dir, ATTEMPT_GLOB, GUARDED)))
+    return {"stopped": stopped, "async_removed": removed, "guarded": guarded}

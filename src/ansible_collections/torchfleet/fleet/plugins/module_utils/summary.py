@@ -20,7 +20,8 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.report import poi
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import (
     STACK_DUMP, TORCHRUN_LOG, failed_ranks, read_json, tail)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import (
-    CONTROLLER_LOST, HANG, LOST, STATE_FILE, SUCCEEDED, TIMEOUT, UNKNOWN, collective_words,
+    CONTROLLER_LOST, HANG, LOST, STATE_FILE, STOPPED_BY_USER, SUCCEEDED, TIMEOUT, UNKNOWN,
+    collective_words,
     failure_text, host_rows)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.table import render, spread, spread_of
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
@@ -29,6 +30,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 RUN_WIDE = {
     TIMEOUT: "raise job_timeout_s if the run needs longer",
     CONTROLLER_LOST: "the play was interrupted or the controller lost the master; run again",
+    STOPPED_BY_USER: "start it again when you want it to run",
 }
 
 ARGUMENT_SPEC = dict(

@@ -10,7 +10,8 @@ store names them, with Ansible's reason, as the run's failures), waits on the ho
 wait_s for the run's phase to change, and answers the run's summary: the same few fields at
 any number of hosts. It answers the whole record with full, and once the record is final (the
 end, once: the watcher needs no further look to take it). With stop, it asks the master's
-store to stop the run now (the controller is ending) and renews nothing.
+store to stop the run now (the controller is ending) and renews nothing. With detach, it tells
+the master's store that the run is detached: no controller holds its lease from then on.
 """
 from __future__ import annotations
 
@@ -18,14 +19,14 @@ import os
 import time
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import (
-    CONTROL, LEASE, START_FAILED, STOP_REQUEST, read_json, write_json)
+    CONTROL, DETACHED, LEASE, START_FAILED, STOP_REQUEST, read_json, write_json)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import summary
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
 POLL_S = 0.2
 
 DEFAULTS = {"touch_lease": True, "async_jid": None, "async_dir": "~/.ansible_async",
-            "wait_s": 0.0, "full": False, "start_failed": {}, "stop": ""}
+            "wait_s": 0.0, "full": False, "start_failed": {}, "stop": "", "detach": False}
 
 # The torchrun_watch module's arguments; the action plugin validates these and its own.
 ARGUMENT_SPEC = dict(
@@ -38,7 +39,13 @@ ARGUMENT_SPEC = dict(
     full=dict(type="bool", default=DEFAULTS["full"]),
     start_failed=dict(type="dict", default={}),
     stop=dict(type="str", default=DEFAULTS["stop"]),
+    detach=dict(type="bool", default=DEFAULTS["detach"]),
 )
+# How the action plugin follows the run: attached (to its end; its controller's end stops the
+# run), detach (until every rank runs, then the run is detached), detached (a detached run,
+# to its end, without a lease: the watch's end leaves the run running), or look (one look at
+# the whole record, renewing nothing: status).
+MODES = ("attached", "detach", "detached", "look")
 ACTION_SPEC = dict(
     ARGUMENT_SPEC,
     python=dict(type="str"),
@@ -51,6 +58,9 @@ ACTION_SPEC = dict(
     settle_s=dict(type="float"),  # unset: defaults.watch_settle_s(lost_after_s)
     progress_file=dict(type="path"),
     state_file=dict(type="path"),
+    mode=dict(type="str", choices=list(MODES), default=MODES[0]),
+    stop_now=dict(type="str", default=""),
+    attempt=dict(type="int", default=0),
 )
 
 
@@ -79,6 +89,8 @@ def look(params):
         # now instead of at the end of its lease.
         write_json(os.path.join(p["run_dir"], STOP_REQUEST), {"why": str(p["stop"])[:300]})
         p["touch_lease"] = False
+    if p["detach"] and os.path.isdir(p["run_dir"]):
+        write_json(os.path.join(p["run_dir"], DETACHED), {"at": time.time()})
     if p["touch_lease"]:
         touch_lease(p["run_dir"])
     start_failed = os.path.join(p["run_dir"], START_FAILED)
@@ -97,7 +109,8 @@ def look(params):
             break
     if p["touch_lease"] and p["wait_s"]:
         touch_lease(p["run_dir"])
-    result = dict(changed=False, state="pending", msg="", summary=None, record=None)
+    result = dict(changed=False, state="pending", msg="", summary=None, record=None,
+                  missing=not os.path.isdir(p["run_dir"]), now=time.time())
     if record is not None:
         result.update(state="final" if record["final"] else record["phase"],
                       summary=summary(record, time.time()),

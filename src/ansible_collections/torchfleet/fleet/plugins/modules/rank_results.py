@@ -108,6 +108,12 @@ async_removed:
   description: With O(stop) and its async_jid, the async job record removed; null when none.
   returned: when stop is given
   type: str
+guarded:
+  description: With O(stop), the markers of guard tables still up (M(torchfleet.fleet.torchrun_stop)'s
+    C(guarded)).
+  returned: when stop is given
+  type: list
+  elements: str
 """
 
 import base64

@@ -159,9 +159,17 @@ options:
     default: {}
   lease_s:
     description: On the master, stop the run when O(run_dir)/lease is older than this. 0 turns
-      the switch off.
+      the switch off, and so does O(run_dir)/detached once a look with C(detach) made it
+      (M(torchfleet.fleet.torchrun_watch)) - a detached run is judged by the master alone.
     type: float
     default: 120
+  guarded:
+    description: The play guarded this host's ports for the run (M(torchfleet.fleet.port_guard)).
+      The agent marks it in O(run_dir)/guarded and removes the run's table itself when its part
+      of the run ends (as root, else with C(sudo -n)); a table it could not remove stays marked
+      for M(torchfleet.fleet.torchrun_stop) to report.
+    type: bool
+    default: false
   stack_dump:
     description: How a hang's stacks are taken. C(auto) uses py-spy where it can attach to the
       ranks (root, C(kernel.yama.ptrace_scope) 0, or py-spy with CAP_SYS_PTRACE), else each
@@ -273,6 +281,7 @@ ARGUMENT_SPEC = dict(
     max_restarts=dict(type="int", default=defaults.default("torchrun_max_restarts")),
     env=dict(type="dict", default=defaults.default("env")),
     lease_s=dict(type="float", default=defaults.default("lease_s")),
+    guarded=dict(type="bool", default=False),
     stack_dump=dict(type="str", choices=["auto", "py-spy", "faulthandler"], default=defaults.default("stack_dump")),
     flight_recorder=dict(type="int", default=defaults.default("flight_recorder")),
 )

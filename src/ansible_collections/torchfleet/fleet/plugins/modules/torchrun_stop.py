@@ -80,6 +80,14 @@ stopped:
   type: list
   elements: dict
   sample: [{"run_id": "20261122-0301-ab12", "pid": 4242, "signalled": [4242], "killed": [4250]}]
+guarded:
+  description: The C(guarded) markers in the runs' host directories - a guard_ports table an agent
+    did not remove itself (killed, or without root or passwordless sudo); stop.yml then removes
+    the guard tables with become, and the markers.
+  returned: always
+  type: list
+  elements: str
+  sample: [/home/u/.torchfleet/runs/20261122-0301-ab12/node0/guarded]
 async_removed:
   description: The async job record removed, with O(async_jid); null when there was none.
   returned: always

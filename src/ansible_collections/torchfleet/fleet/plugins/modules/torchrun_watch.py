@@ -61,6 +61,33 @@ options:
       every host at once (C(controller_lost), with this reason). The lease is not renewed.
     type: str
     default: ""
+  detach:
+    description: Mark the run detached (O(run_dir)/detached) - the master's store stops awaiting
+      the controller's looks (its lease is off) and judges and ends the run alone.
+    type: bool
+    default: false
+  mode:
+    description:
+      - Action plugin only. C(attached) follows the run to its end; the controller's end (Ctrl-C,
+        SIGTERM, ansible-playbook gone) stops the run.
+      - C(detach) follows it until every rank of every host runs, then detaches it (O(detach))
+        and returns with RV(outcome) C(detached); a run that fails or ends before is followed
+        to its end as C(attached).
+      - C(detached) follows a run detached before to its end without renewing its lease; the
+        watch's end, or a cut longer than O(lease_s), fails the task and leaves the run running.
+      - C(look) makes one look with O(full), renewing nothing, and answers it (status).
+    type: str
+    choices: [attached, detach, detached, look]
+    default: attached
+  stop_now:
+    description: Action plugin only. Ask the master to stop the run at the first look, with
+      this reason (O(stop)), then follow it to its end (stop.yml of a detached run).
+    type: str
+    default: ""
+  attempt:
+    description: Action plugin only. The run's attempt, shown by O(mode=look).
+    type: int
+    default: 0
   starts:
     description: Action plugin only. Each host of the run (in rank order) with its registered
       start result; the hosts whose start failed or were unreachable go to the master as
@@ -142,6 +169,24 @@ msg:
   description: Why the master's agent failed, with state start_failed or master_died.
   returned: always
   type: str
+status:
+  description: Action plugin only, with O(mode=look) - the run at a glance (phase, attempt,
+    elapsed, first failure; per host its state, ranks alive, last line and when the master last
+    heard from it).
+  returned: with O(mode=look) and a record
+  type: dict
+table:
+  description: Action plugin only, with O(mode=look) - RV(status) as a table.
+  returned: with O(mode=look) and a record
+  type: str
+now:
+  description: The host's clock (UNIX time) at the look, to read the record's times against.
+  returned: always
+  type: float
+missing:
+  description: The run's directory O(run_dir) does not exist on this host.
+  returned: always
+  type: bool
 summary:
   description: The run at a glance; null before the master's agent kept any state.
   returned: always
@@ -156,7 +201,7 @@ record:
   type: dict
 outcome:
   description: Action plugin only. How the run ended (succeeded, failed, hung, lost, timeout,
-    aborted), read from the master's record.
+    aborted), read from the master's record; C(detached) when O(mode=detach) detached it.
   returned: from the action plugin
   type: str
 master_lost:

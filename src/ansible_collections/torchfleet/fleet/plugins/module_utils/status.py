@@ -1,0 +1,68 @@
+"""A run's status at a glance, from the master's record as one look read it (status.yml,
+`torchfleet status ID`): the run's phase, attempt and elapsed time, and per host its state,
+ranks alive, last line and when the master last heard from it.
+
+The record comes from another host: every field is checked here, never assumed (a missing or
+garbled field reads as unknown, and nothing raises).
+"""
+from __future__ import annotations
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import failure_text
+from ansible_collections.torchfleet.fleet.plugins.module_utils.table import render
+
+LINE_MAX = 120
+
+
+def _num(value):
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else None
+
+
+def _text(value, limit=LINE_MAX):
+    return value[-limit:] if isinstance(value, str) else ""
+
+
+def view(record, now, attempt=0):
+    """{run_id, phase, final, attempt, elapsed_s, failure (words), hosts: [{host, state,
+    ranks_alive, last_line, last_heard_s}]} of a record read at `now` (the master's clock)."""
+    record = record if isinstance(record, dict) else {}
+    now = _num(now)
+    started = _num(record.get("started"))
+    hosts = []
+    for h in record.get("hosts") if isinstance(record.get("hosts"), list) else []:
+        if not isinstance(h, dict):
+            continue
+        seen = _num(h.get("last_seen"))
+        alive = h.get("alive")
+        hosts.append({
+            "host": _text(h.get("host"), 255),
+            "state": _text(h.get("state"), 32) or "unknown",
+            "ranks_alive": alive if isinstance(alive, int) and not isinstance(alive, bool) else 0,
+            "last_line": _text(h.get("last_line")),
+            "last_heard_s": round(now - seen, 1) if now is not None and seen is not None
+            else None})
+    failure = record.get("failure")
+    try:
+        words = failure_text(failure)[:1000] if isinstance(failure, dict) else ""
+    except (TypeError, ValueError, KeyError, AttributeError):  # a garbled failure
+        words = _text(failure.get("detail"), 1000) or "unreadable"
+    return {"run_id": _text(record.get("run_id"), 64), "phase": _text(record.get("phase"), 32)
+            or "unknown", "final": record.get("final") is True, "attempt": attempt,
+            "elapsed_s": round(now - started, 1) if now is not None and started is not None
+            else None,
+            "failure": words,
+            "hosts": hosts}
+
+
+def text(v):
+    """The view as people read it: one line for the run, one row per host."""
+    elapsed = "%.0f s" % v["elapsed_s"] if v["elapsed_s"] is not None else "-"
+    head = "run %s  %s%s  attempt %d  elapsed %s" % (
+        v["run_id"], v["phase"], " (final)" if v["final"] else "", v["attempt"], elapsed)
+    if v["failure"]:
+        head += "\nfirst failure: %s" % v["failure"]
+    rows = [(h["host"], h["state"], h["ranks_alive"],
+             "-" if h["last_heard_s"] is None else "%.0f s ago" % h["last_heard_s"],
+             h["last_line"]) for h in v["hosts"]]
+    return head + "\n" + render(("HOST", "STATE", "RANKS ALIVE", "LAST HEARD", "LAST LINE"),
+                                rows)
