@@ -94,6 +94,10 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
         "The controller's lease: a run the controller has not looked at for this long "
         "(interrupted, killed, or cut off from the hosts) is stopped by its master on every "
         "host; the controller's watch rides out a cut from the hosts this long."))),
+    (("detach", "bool", False), dict(description=(
+        "train.yml and collective.yml return once every rank of every host runs, printing the "
+        "run id; the hosts then judge and end the run alone (no lease). attach.yml -e run_id= "
+        "(torchfleet attach) follows it again, gathers it and writes its verdict."))),
     (("lost_after_s", "int", 30), dict(description=(
         "A host whose agent is silent this long is host.lost; a host that cannot hear the "
         "master this long stops by itself."))),

@@ -1,0 +1,246 @@
+"""The record of a detached run on the controller, runs/<run_id>/run.json, and the attach lock.
+
+A detached run (detach=true) belongs to its hosts once every rank runs; what the controller
+knew then is written here, so that attach, status, logs and stop find the run's hosts, master,
+directories and settings by its id alone (`-i` is accepted, never required):
+
+    {"version": 1, "run_id", "kind": "train" | "collective", "run_dir", "runs_root",
+     "detached_at": UNIX time, "inventory": [the inventory sources],
+     "master": host, "hosts": {host: {"remote_dir", "async_jid", "connection": {ansible_* vars}}},
+     "watch": {the watch's and the stop's settings}, "attempts": [...], "restarts": [...],
+     "preflight": preflight's result}
+
+The file is the controller user's (0600): it holds the hosts' connection variables (never a
+password: CONNECTION names what is kept). `attach.lock` in the same directory holds the
+attaching ansible-playbook's PID while it follows the run: a second attach is refused while
+that process lives.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import RUN_ID
+
+RECORD = "run.json"
+LOCK = "attach.lock"
+VERSION = 1
+# What a host's connection needs, as Ansible names it; passwords are never written.
+CONNECTION = ("ansible_host", "ansible_port", "ansible_user", "ansible_connection",
+              "ansible_ssh_private_key_file", "ansible_ssh_common_args",
+              "ansible_ssh_extra_args", "ansible_python_interpreter", "ansible_become",
+              "ansible_become_method", "ansible_become_user", "python")
+# A record bigger than this is not one torchfleet wrote (512 hosts' record is ~1 MiB).
+MAX_BYTES = 64 * 1024 * 1024
+
+ARGUMENT_SPEC = dict(
+    state=dict(type="str", choices=["present", "attached", "read", "released"],
+               default="attached"),
+    run_id=dict(type="str", required=True),
+    runs_root=dict(type="path", required=True),
+    record=dict(type="dict", default={}),
+    inventory_hosts=dict(type="list", elements="str", default=[]),
+    owner_pid=dict(type="int"),
+    stop=dict(type="bool", default=False),
+    rank=dict(type="int"),
+    host=dict(type="str"),
+)
+
+
+def run_dir(runs_root, run_id):
+    if not RUN_ID.match(run_id or ""):
+        raise ValueError("run_id %r is not a torchfleet run id (letters, digits, '.', '_', '-'; "
+                         "as `torchfleet status` lists them)" % (run_id,))
+    return os.path.join(runs_root, run_id)
+
+
+def write(path, record):
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(tmp, path)
+
+
+def read(runs_root, run_id):
+    """The run's record; ValueError with the one sentence to say when there is none to use."""
+    where = run_dir(runs_root, run_id)
+    path = os.path.join(where, RECORD)
+    if not os.path.isdir(where):
+        raise ValueError("no run %s under %s; `torchfleet status` lists the runs there (or pass "
+                         "-e runs_root=DIR where the run was started)" % (run_id, runs_root))
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise ValueError("run %s was not detached (%s has no %s): it was followed to its end "
+                         "by the play that started it; its report is in %s"
+                         % (run_id, where, RECORD, where)) from None
+    try:
+        record = json.loads(raw) if len(raw) <= MAX_BYTES else None
+    except ValueError:
+        record = None
+    if not (isinstance(record, dict) and record.get("version") == VERSION
+            and record.get("run_id") == run_id and isinstance(record.get("hosts"), dict)
+            and record.get("master") in record["hosts"]):
+        raise ValueError("%s is not a record torchfleet wrote for run %s; remove it and stop "
+                         "the run with stop.yml -e run_id=%s -i <its inventory>"
+                         % (path, run_id, run_id))
+    return record
+
+
+class Locked(Exception):
+    """Another live process holds the attach lock."""
+
+    def __init__(self, text, pid):
+        super().__init__(text)
+        self.pid = pid
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _holder(path):
+    """The PID in a lock file, 0 when it holds none."""
+    try:
+        with open(path) as f:
+            holder = json.loads(f.read(4096))
+        return int(holder["pid"]), holder
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0, {}
+
+
+def attached_by(where):
+    """The PID of the live process attached to the run in `where`, else 0."""
+    pid = _holder(os.path.join(where, LOCK))[0]
+    return pid if pid and _alive(pid) else 0
+
+
+def _drop_stale(path):
+    if not attached_by(os.path.dirname(path)):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def lock(where, owner_pid):
+    """Take the attach lock for owner_pid; Locked naming the holder when it lives."""
+    path = os.path.join(where, LOCK)
+    for _attempt in range(2):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as exc:
+            if exc.errno != errno.EEXIST:
+                raise
+            pid, holder = _holder(path)
+            if pid and pid != owner_pid and _alive(pid):
+                raise Locked("run %s is already attached (process %d follows it, since %s); "
+                             "wait for it, or stop the run" % (
+                                 os.path.basename(where), pid,
+                                 time.strftime("%H:%M:%S", time.localtime(
+                                     float(holder.get("since") or 0)))), pid) from None
+            try:  # the holder is gone: its lock is stale
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump({"pid": owner_pid, "since": time.time()}, f)
+        return path
+    raise ValueError("cannot take the attach lock %s: another attach keeps taking it" % path)
+
+
+def release(where, owner_pid):
+    path = os.path.join(where, LOCK)
+    if _holder(path)[0] == owner_pid:
+        try:
+            os.unlink(path)
+            return True
+        except FileNotFoundError:
+            pass
+    return False
+
+
+def hosts_in_rank_order(record):
+    """The run's hosts, node rank 0 first (preflight's nodes; the record's order else)."""
+    nodes = (record.get("preflight") or {}).get("nodes") or []
+    order = [n.get("host") for n in nodes if isinstance(n, dict)]
+    return order if sorted(order) == sorted(record["hosts"]) else list(record["hosts"])
+
+
+def place(record, rank=None, host=None):
+    """Where a rank's log is: {host, local_rank, rank}; rank 0 when neither is given, a host's
+    first local rank with host alone. ValueError with the sentence for a rank or host the run
+    does not have."""
+    order = hosts_in_rank_order(record)
+    try:
+        nproc = max(1, int((record.get("watch") or {}).get("nproc_per_node") or 1))
+    except (TypeError, ValueError):
+        nproc = 1
+    world = nproc * len(order)
+    if host is not None:
+        if host not in order:
+            raise ValueError("run %s has no host %s; its hosts: %s" % (
+                record["run_id"], host, ", ".join(order[:8]) + (" ..." if len(order) > 8 else "")))
+        first = order.index(host) * nproc
+        if rank is None:
+            rank = first
+        elif not first <= rank < first + nproc:
+            raise ValueError("rank %d does not run on %s (its ranks are %d to %d)"
+                             % (rank, host, first, first + nproc - 1))
+    rank = 0 if rank is None else rank
+    if not 0 <= rank < world:
+        raise ValueError("run %s has ranks 0 to %d; rank %d is not one of them"
+                         % (record["run_id"], world - 1, rank))
+    return {"host": order[rank // nproc], "local_rank": rank % nproc, "rank": rank}
+
+
+def decide(p):
+    """run_record's answer."""
+    where = run_dir(p["runs_root"], p["run_id"])
+    owner = p["owner_pid"] or os.getppid()
+    if p["state"] == "present":
+        record = dict(p["record"], version=VERSION, run_id=p["run_id"], detached_at=time.time())
+        write(os.path.join(where, RECORD), record)
+        return {"file": os.path.join(where, RECORD), "record": {}}
+    if p["state"] == "released":
+        return {"file": os.path.join(where, LOCK), "record": {},
+                "released": release(where, owner)}
+    record = read(p["runs_root"], p["run_id"])
+    if p["state"] == "read":  # status and logs: no lock
+        report = os.path.join(where, "%s.json" % record.get("kind"))
+        return {"file": os.path.join(where, RECORD), "record": record,
+                "reported": report if os.path.exists(report) else "",
+                "place": place(record, p["rank"], p["host"])}
+    known = set(p["inventory_hosts"])
+    if known:
+        missing = [h for h in record["hosts"] if h not in known]
+        if missing:
+            raise ValueError("run %s ran on %s, which the inventory given does not hold; attach "
+                             "without -i (the run's record names its hosts) or with the "
+                             "inventory the run was started with (%s)" % (
+                                 p["run_id"], ", ".join(missing[:5]),
+                                 ", ".join(record.get("inventory") or ["unknown"])))
+    report = os.path.join(where, "%s.json" % record.get("kind"))
+    if os.path.exists(report):  # gathered already: nothing to follow, nothing to lock
+        _drop_stale(os.path.join(where, LOCK))  # the attach that reported failed the play
+        return {"file": os.path.join(where, RECORD), "record": record, "reported": report}
+    answer = {"file": os.path.join(where, RECORD), "record": record, "reported": "",
+              "followed_by": 0}
+    try:
+        lock(where, owner)
+    except Locked as exc:
+        if not p["stop"]:
+            raise ValueError(str(exc)) from None
+        answer["followed_by"] = exc.pid  # stop.yml: that attach gathers the stopped run
+    return answer
