@@ -1,4 +1,4 @@
-"""torchfleet preflight|collective|train|stop|report|checks|variables|fabric|transport|health|collection.
+"""torchfleet preflight|collective|train|attach|status|logs|stop|report|checks|variables|fabric|transport|health|collection.
 
 Exit status: 0 ok, 1 a check or the run failed, 2 usage or internal error. --json prints the
 Result (see docs/api.md) on stdout and nothing else.
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 
@@ -15,7 +16,7 @@ import yaml
 from ansible_collections.torchfleet.fleet.plugins.module_utils import checks as registry
 from ansible_collections.torchfleet.fleet.plugins.module_utils import rdma
 
-from torchfleet import api, fabric_cli, health_cli, html_report
+from torchfleet import api, fabric_cli, health_cli, html_report, rundirs
 from torchfleet import variables as public_variables
 from torchfleet.progress import Progress
 from torchfleet.results import Result
@@ -56,9 +57,34 @@ def build_parser() -> argparse.ArgumentParser:
                            "times, with a spare in place of a host that failed it")
             p.add_argument("--restart-on", choices=("host", "any"), help="restart only a "
                            "failure a host explains (host, the default) or any failure")
+            p.add_argument("--detach", action="store_true", default=None, help="return once "
+                           "every rank runs; the hosts end the run alone (torchfleet attach ID)")
         p.add_argument("--run-id", help="name of the run directory (default: time + random)")
-    p = sub.add_parser("stop", parents=[common], help="stop a run (or every run) on every host")
+    p = sub.add_parser("stop", parents=[common], help="stop a run (or every run) on every host; "
+                       "a detached run is then gathered and reported")
     p.add_argument("run_id", nargs="?", help="the run to stop; every torchfleet run if omitted")
+    by_id = argparse.ArgumentParser(add_help=False)
+    by_id.add_argument("-i", "--inventory", help="an inventory holding the run's hosts (default: "
+                       "the hosts the run's record names)")
+    by_id.add_argument("--runs-root", help="where run directories are (default ./runs)")
+    p = sub.add_parser("attach", parents=[by_id], help="follow a detached run to its end, then "
+                       "gather it and write its verdict (Ctrl-C leaves it running)")
+    p.add_argument("run_id", help="the run's id")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p = sub.add_parser("status", parents=[by_id], help="a run at a glance (its master's record); "
+                       "without an id, the runs under runs/ with their phase")
+    p.add_argument("run_id", nargs="?", help="the run's id")
+    p.add_argument("--json", action="store_true", help="print it as JSON")
+    p = sub.add_parser("logs", parents=[by_id], help="a rank's log: from its host while the run "
+                       "goes on, from runs/<id>/logs once it was gathered")
+    p.add_argument("run_id", help="the run's id")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--rank", type=int, help="the rank (default 0)")
+    which.add_argument("--host", help="a host of the run (its first rank)")
+    p.add_argument("--tail", type=int, default=50, help="start with the last N lines (default "
+                   "%(default)s)")
+    p.add_argument("--follow", "-f", action="store_true", help="read on until the rank's host "
+                   "ends its part of the run (Ctrl-C stops reading, never the run)")
     p = sub.add_parser("report", help="write a self-contained HTML report of a run")
     p.add_argument("run_dir", help="a run directory (runs/<run_id>)")
     p.add_argument("-o", "--output", help="HTML file (default RUN_DIR/report.html)")
@@ -94,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def summary(result: Result) -> str:
     lines = ["torchfleet %s  (run %s, %s)" % (result.verdict, result.run_id, result.run_dir)]
+    if result.detached and not result.hosts:
+        lines += ["  %-16s torchfleet %s %s" % (what, verb, result.run_id) for what, verb in (
+            ("at a glance:", "status"), ("a rank's log:", "logs --follow --rank 0"),
+            ("follow, gather:", "attach"), ("stop it:", "stop"))]
     for h in result.hosts:
         if h.outcome:
             lines.append("  %-16s %s" % (h.host, h.outcome))
@@ -185,8 +215,20 @@ def main(argv: list[str] | None = None) -> int:
             return ERROR
         print(path)
         return OK
+    if args.command in ("status", "logs"):
+        return by_id_command(args)
+    if args.command == "attach":
+        progress = Progress(sys.stderr) if not args.json else None
+        try:
+            with progress or contextlib.nullcontext():
+                result = api.attach(args.run_id, args.inventory, runs_root=args.runs_root,
+                                    on_event=progress)
+        except (ValueError, TypeError) as exc:
+            print("torchfleet attach: %s" % exc, file=sys.stderr)
+            return ERROR
+        return finish(args, result)
     variables = dict(args.vars)
-    for name in ("nnodes", "spares", "max_restarts", "restart_on"):
+    for name in ("nnodes", "spares", "max_restarts", "restart_on", "detach"):
         if getattr(args, name, None) is not None:
             variables[name] = getattr(args, name)
     # --json keeps stderr quiet too: what it prints is the whole answer.
@@ -203,6 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as exc:
         print("torchfleet %s: %s" % (args.command, exc), file=sys.stderr)
         return ERROR
+    if args.command == "stop":  # stopped as asked: the stopped run's verdict is no error
+        finish(args, result)
+        return OK if result.ansible_status == "successful" else ERROR
+    return finish(args, result)
+
+
+def finish(args: argparse.Namespace, result: Result) -> int:
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))
     else:
@@ -210,6 +259,34 @@ def main(argv: list[str] | None = None) -> int:
     if any(c.id == "ansible.error" for c in result.checks):
         return ERROR
     return OK if result.ok else FAILED
+
+
+def by_id_command(args: argparse.Namespace) -> int:
+    """status and logs: what they print is the answer (no progress)."""
+    try:
+        if args.command == "status" and args.run_id is None:
+            listed = api.runs(args.runs_root)
+            if args.json:
+                print(json.dumps([dataclasses.asdict(r) for r in listed], indent=2))
+            else:
+                for r in listed:
+                    print("%-28s %-10s %-10s %s" % (r.run_id, r.kind, r.phase, r.verdict))
+            return OK
+        if args.command == "status":
+            status = api.status(args.run_id, args.inventory, runs_root=args.runs_root)
+            print(json.dumps(status.to_dict(), indent=2) if args.json else rundirs.text(status))
+            return OK
+        api.logs(args.run_id, args.inventory, rank=args.rank, host=args.host, tail=args.tail,
+                 follow=args.follow, runs_root=args.runs_root, on_text=write_out)
+        return OK
+    except (ValueError, TypeError) as exc:
+        print("torchfleet %s: %s" % (args.command, exc), file=sys.stderr)
+        return ERROR
+
+
+def write_out(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -209,6 +209,8 @@ class Result:
     preflight: Result | None = None
     attempts: list[Attempt] = field(default_factory=list)
     cancelled: bool = False
+    # A detached run (detach=true): it runs on its hosts alone; attach(run_id) follows it.
+    detached: bool = False
     ansible_status: str = ""
     ansible_rc: int | None = None
 
@@ -216,6 +218,9 @@ class Result:
     def verdict(self) -> str:
         """How it ended, in one sentence: the sentence of the play and of the JSON report,
         rendered by the same function (plugins/module_utils/report.py)."""
+        if self.detached and not self.hosts:  # no report yet: the run goes on
+            return "%s detached: run %s goes on on its hosts (torchfleet attach %s)" % (
+                self.kind, self.run_id, self.run_id)
         checks = [c for c in self.preflight.checks if not c.ok] if self.preflight else []
         checks += self.checks
         failure = self.first_failure

@@ -166,14 +166,15 @@ def run_playbook(playbook: str, *, inventory: Path, extravars: dict[str, Any], r
                  on_event: Callable[[Event], None] | None = None,
                  cancel: Callable[[], bool] | None = None,
                  on_module_result: Callable[[str, str, dict], None] | None = None,
-                 interruptible: bool = True) -> Outcome:
+                 interruptible: bool = True, log_name: str = "ansible.log",
+                 tick: Callable[[], None] | None = None) -> Outcome:
     """Run `playbook` (a root-level playbook of the package) and wait for it.
 
     on_module_result(action, host, result) sees every module result that ended ok.
     cancel() is asked about once a second; True, or Ctrl-C when `interruptible`, stops
     ansible-playbook (the caller then stops what it started on the hosts); a clean-up run is
     not interruptible, Ctrl-C is then ignored until it ends. ansible-playbook's own output goes
-    to run_dir/ansible.log.
+    to run_dir/<log_name> (ansible.log). tick() is called about every 0.25 s while it runs.
     """
     import ansible_runner  # imported here: `import torchfleet` stays light
 
@@ -225,13 +226,15 @@ def run_playbook(playbook: str, *, inventory: Path, extravars: dict[str, Any], r
             while thread.is_alive():
                 thread.join(0.25)
                 follower.poll()
+                if tick:
+                    tick()
             follower.poll()
             cancelled = runner.status == "canceled" or interrupted.is_set()
             if cancelled:  # what runner's kill missed
                 forks.kill_left(left + forks.stray_forks(marker))
             stdout = Path(runner.config.artifact_dir) / "stdout"
             log = stdout.read_text(errors="replace") if stdout.is_file() else ""
-            (run_dir / "ansible.log").write_text(log)
+            (run_dir / log_name).write_text(log)
             return Outcome(status=runner.status, rc=runner.rc, cancelled=cancelled,
                            error=first_error(log) if runner.rc else "")
     finally:
