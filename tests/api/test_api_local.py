@@ -118,6 +118,45 @@ def test_cancel_during_train_stops_torchrun_on_every_host(runs_root):
     assert processes_matching("hang_rank1.py") == []
 
 
+def test_a_detached_run_is_read_by_id_attached_cancelled_and_attached_to_its_end(
+        runs_root, tmp_path):
+    go = tmp_path / "go"
+    result = torchfleet.train(runs_root=runs_root, master_port=free_port(), detach=True,
+                              script=str(FIXTURES / "scripts" / "steps_until_file.py"),
+                              script_args=[str(go)])
+    run_id = result.run_id
+    try:
+        assert result.ok and result.detached and result.verdict.startswith("train detached")
+        assert [(r.run_id, r.phase) for r in torchfleet.runs(runs_root)
+                if r.run_id == run_id] == [(run_id, "detached")]
+        status = torchfleet.status(run_id, runs_root=runs_root)
+        assert status.phase == "running" and status.source == "master"
+        assert [(h.host, h.state) for h in status.hosts] == [("node0", "running"),
+                                                             ("node1", "running")]
+        pieces = []
+        text = torchfleet.logs(run_id, rank=1, tail=3, runs_root=runs_root,
+                               on_text=pieces.append)
+        assert "[rank 1] step" in text and "[rank 0]" not in text and "".join(pieces) == text
+        with pytest.raises(ValueError, match="ranks 0 to 1; rank 7"):
+            torchfleet.logs(run_id, rank=7, runs_root=runs_root)
+        # An attach cancelled once it saw the run: the run goes on.
+        looked = []
+        left = torchfleet.attach(run_id, runs_root=runs_root,
+                                 on_event=lambda e: looked.append(e.kind == "run"),
+                                 cancel=lambda: any(looked))
+        assert left.cancelled and left.detached and not left.ok
+        assert torchfleet.status(run_id, runs_root=runs_root).phase == "running"
+        go.touch()
+        done = torchfleet.attach(run_id, runs_root=runs_root)
+    finally:
+        go.touch()
+    assert done.ok and [h.outcome for h in done.hosts] == ["succeeded", "succeeded"]
+    assert processes_matching(run_id) == []
+    assert torchfleet.status(run_id, runs_root=runs_root).source == "report"
+    assert "[rank 0] last step" in torchfleet.logs(run_id, rank=0, tail=2, runs_root=runs_root)
+    assert torchfleet.attach(run_id, runs_root=runs_root).ok  # gathered: its report, at once
+
+
 # SIGINT as a terminal's Ctrl-C finds it: a test run started in the background (nohup, &)
 # would otherwise pass on an ignored SIGINT, which torchfleet leaves ignored.
 TRAIN_THEN_REPORT = """

@@ -1,0 +1,158 @@
+"""Runs that outlive their controller, on the lab with real SSH and torchrun: a detached
+3-host training loop runs on with no controller anywhere (past its lease), is read by id
+(status, a rank's log) and attached again to its end; a rank that dies in a detached run stops
+every host and attach names it; a detached run is stopped by id. The hosts remove their own
+port guard when the run ends."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+
+from tests.conftest import processes_matching
+from tests.integration.playbook import BIN, ROOT
+from tests.lab.test_guard_lab import guard_tables
+from tests.lab.test_reliability_lab import REMOTE_RUNS, processes_of, wait_until
+from lab.ports import free_port
+
+pytestmark = pytest.mark.lab
+SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "steps_until_file.py"
+LEASE_S = 10  # short, so that the run outlives it many times within the test
+
+
+def torchfleet(*args, timeout_s=300):
+    proc = subprocess.run([str(BIN / "torchfleet"), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
+                          env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])))
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def detach(lab, tmp_path, run_id, *script_args, guard=False):
+    """train --detach on 3 lab hosts; returns once every rank runs, as a user sees it."""
+    rc, out, err = torchfleet(
+        "train", "-i", str(lab.inventory), "--nnodes", "3", "--detach", "--run-id", run_id,
+        "--runs-root", str(tmp_path / "runs"), "-e", "script=%s" % SCRIPT,
+        "-e", "script_args=%s" % json.dumps([str(a) for a in script_args]),
+        "-e", "lease_s=%d" % LEASE_S, "-e", "master_port=%d" % free_port(),
+        "-e", "guard_ports=%s" % str(guard).lower())
+    assert rc == 0, (out + err)[-3000:]
+    assert "train detached: run %s goes on" % run_id in out and "torchfleet attach" in out
+    return tmp_path / "runs"
+
+
+def master_record(run_id):
+    try:
+        return json.loads((REMOTE_RUNS / run_id / "node0" / "control.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def test_a_detached_run_needs_no_controller_and_is_attached_again(healthy_lab, tmp_path):
+    run_id, go = "detach-%d" % os.getpid(), tmp_path / "go"
+    runs = detach(healthy_lab, tmp_path, run_id, go, guard=True)
+    try:
+        # No process of the controller is left, and the run outlives its lease three times.
+        assert not [p for p in processes_matching(str(runs)) if "ansible-playbook" in p]
+        assert wait_until(lambda: master_record(run_id).get("updated", 0)
+                          - master_record(run_id).get("started", 0) > 3 * LEASE_S, 120)
+        assert master_record(run_id)["phase"] == "running"
+
+        rc, out, err = torchfleet("status", run_id, "--runs-root", str(runs))
+        assert rc == 0, err
+        assert "run %s  running" % run_id in out
+        assert [line.split()[1] for line in out.splitlines() if line.startswith("node")] \
+            == ["running"] * 3
+        rc, listed, _ = torchfleet("status", "--runs-root", str(runs))
+        assert rc == 0 and run_id in listed and "detached" in listed
+
+        rc, out, err = torchfleet("logs", run_id, "--rank", "2", "--tail", "5",
+                                  "--runs-root", str(runs))
+        assert rc == 0, err
+        assert "[rank 2] step" in out and "[rank 0]" not in out
+
+        attach = subprocess.Popen(
+            [str(BIN / "torchfleet"), "attach", run_id, "--runs-root", str(runs)], cwd=ROOT,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])))
+        assert wait_until(lambda: (runs / run_id / "attach.lock").exists(), 120)
+        rc, out, err = torchfleet("attach", run_id, "--runs-root", str(runs))
+        assert rc == 2 and "is already attached" in err and len(err.splitlines()) == 1
+
+        go.touch()
+        # Every host ends its part and removes its own guard before any gather.
+        assert wait_until(lambda: not processes_of(run_id), 120), processes_of(run_id)
+        assert all(guard_tables(n.ns) == [] for n in healthy_lab.nodes)
+        out, _ = attach.communicate(timeout=300)
+        assert attach.returncode == 0, out[-3000:]
+    finally:
+        go.touch()
+    report = json.loads((runs / run_id / "train.json").read_text())
+    assert [h["outcome"] for h in report["hosts"]] == ["succeeded"] * 3
+    for rank in range(3):
+        rc, out, _ = torchfleet("logs", run_id, "--rank", str(rank), "--tail", "2",
+                                "--runs-root", str(runs))
+        assert rc == 0 and "[rank %d] last step" % rank in out
+
+
+def test_a_rank_that_dies_in_a_detached_run_stops_every_host_and_attach_names_it(
+        healthy_lab, tmp_path):
+    run_id, go = "detach-die-%d" % os.getpid(), tmp_path / "go"
+    runs = detach(healthy_lab, tmp_path, run_id, go, 2)
+    go.touch()
+    try:
+        assert wait_until(lambda: not processes_of(run_id), 60), processes_of(run_id)
+    finally:
+        subprocess.run(["pkill", "-f", run_id], check=False)
+    record = master_record(run_id)
+    assert record["final"] and record["failure"]["host"] == "node2"
+    rc, out, err = torchfleet("attach", run_id, "--runs-root", str(runs))
+    assert rc == 1, (out + err)[-3000:]
+    assert "first failure on node2, rank 2" in out and "exited with 3" in out
+
+
+def test_a_detached_run_is_stopped_by_id_gathered_and_reported(healthy_lab, tmp_path):
+    run_id, go = "detach-stop-%d" % os.getpid(), tmp_path / "go"
+    runs = detach(healthy_lab, tmp_path, run_id, go, guard=True)
+    try:
+        rc, out, err = torchfleet("stop", run_id, "-i", str(healthy_lab.inventory),
+                                  "--runs-root", str(runs))
+        assert rc == 0, (out + err)[-3000:]
+        assert "stopped by the user" in out
+        assert not processes_of(run_id)
+        assert all(guard_tables(n.ns) == [] for n in healthy_lab.nodes)
+    finally:
+        go.touch()
+    report = json.loads((runs / run_id / "train.json").read_text())
+    assert report["first_failure"]["reason"].startswith("stopped by the user")
+    for bad, words in (("nosuch", "no run nosuch under"), ("../x", "is not a torchfleet run id")):
+        rc, out, err = torchfleet("attach", bad, "--runs-root", str(runs))
+        assert rc == 2 and words in err and len(err.strip().splitlines()) == 1
+
+
+def test_stop_without_the_runs_variables_removes_a_guard_its_killed_agents_left(healthy_lab,
+                                                                                tmp_path):
+    """A guarded run whose every process is killed (SIGKILL: no agent removes its guard): a
+    plain stop.yml, knowing nothing of the run, finds the guards by their markers and removes
+    them."""
+    run_id, go = "detach-kill-%d" % os.getpid(), tmp_path / "go"
+    detach(healthy_lab, tmp_path, run_id, go, guard=True)
+    try:
+        # Each host's agent is torchrun's parent; killed, torchrun follows it (PDEATHSIG).
+        for pidfile in REMOTE_RUNS.glob("%s/*/torchrun.pid" % run_id):
+            torchrun = json.loads(pidfile.read_text())["pid"]
+            with open("/proc/%d/stat" % torchrun) as f:
+                os.kill(int(f.read().rsplit(")", 1)[1].split()[1]), signal.SIGKILL)
+        assert wait_until(lambda: not processes_of(run_id), 60), processes_of(run_id)
+        assert all(guard_tables(n.ns) for n in healthy_lab.nodes[:3])
+        stop = subprocess.run([str(BIN / "ansible-playbook"), "stop.yml", "-i",
+                               str(healthy_lab.inventory)], cwd=ROOT, capture_output=True,
+                              text=True, timeout=300,
+                              env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])))
+        assert stop.returncode == 0, (stop.stdout + stop.stderr)[-3000:]
+        assert all(guard_tables(n.ns) == [] for n in healthy_lab.nodes)
+        assert not list(REMOTE_RUNS.glob("%s/*/guarded" % run_id))
+    finally:
+        go.touch()

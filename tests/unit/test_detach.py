@@ -1,0 +1,147 @@
+"""A detached run: the master's store stops awaiting the controller once a look detached it
+(driven as the master's loop drives it, tests/unit/test_clock_step.py's clocks), and the run's
+record on the controller (runs/<id>/run.json) with its attach lock and where a rank's log is."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils import detach, report, runstate, watch
+from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import DETACHED
+
+from tests.unit.test_clock_step import Clocks, seconds, store_of
+
+
+def test_a_detached_run_outlives_its_controller_and_is_still_judged(tmp_path):
+    clocks = Clocks()
+    store = store_of(tmp_path, clocks)
+    seconds(store, clocks, 5)
+    answer = watch.look({"run_dir": str(tmp_path), "run_id": "r1", "detach": True})
+    assert not answer.get("failed") and (tmp_path / DETACHED).exists()
+    # Ten minutes without a look: far past the lease (30 s here); the run goes on.
+    seconds(store, clocks, 600, look=False)
+    assert store.detached and store.state.phase == runstate.RUNNING
+    # The hosts still judge it: a silent host is lost after lost_after_s.
+    for _ in range(40):
+        clocks.wall += 1.0
+        clocks.mono += 1.0
+        store.handle("node0", {"t": runstate.BEAT, "alive": 1, "idle_s": 0.0, "last_line": "s",
+                               "pid": 1})
+        store.step(clocks.mono)
+    assert store.state.failure["reason"] == runstate.LOST
+    assert store.state.failure["host"] == "node1"
+
+
+def test_an_attached_run_without_looks_is_stopped_at_its_lease(tmp_path):
+    clocks = Clocks()
+    store = store_of(tmp_path, clocks)
+    seconds(store, clocks, 5)
+    seconds(store, clocks, 40, look=False)
+    assert store.state.failure["reason"] == runstate.CONTROLLER_LOST
+
+
+def record_of(hosts=("node0", "node1", "node2"), nproc=2, **extra):
+    return dict({"kind": "train", "run_dir": "/x", "runs_root": "", "inventory": ["inv.yml"],
+                 "master": hosts[0],
+                 "hosts": {h: {"remote_dir": "~/.torchfleet/runs/r1/%s" % h, "async_jid": "j1.1",
+                               "connection": {"ansible_host": "10.0.0.%d" % i}}
+                           for i, h in enumerate(hosts)},
+                 "watch": {"nproc_per_node": nproc},
+                 "preflight": {"nodes": [{"host": h} for h in hosts]}}, **extra)
+
+
+def params(root, **p):
+    return dict({"state": "attached", "run_id": "r1", "runs_root": str(root), "record": {},
+                 "inventory_hosts": [], "owner_pid": os.getpid(), "stop": False, "rank": None,
+                 "host": None}, **p)
+
+
+def test_the_record_is_written_private_read_back_and_locked_once(tmp_path):
+    (tmp_path / "r1").mkdir()
+    detach.decide(params(tmp_path, state="present", record=record_of()))
+    path = tmp_path / "r1" / detach.RECORD
+    assert path.stat().st_mode & 0o777 == 0o600
+    got = detach.decide(params(tmp_path))
+    assert got["record"]["master"] == "node0" and got["reported"] == ""
+    assert json.loads((tmp_path / "r1" / detach.LOCK).read_text())["pid"] == os.getpid()
+    # Another live process (this test's parent) holds it: a second attach is one sentence.
+    with pytest.raises(ValueError, match="already attached"):
+        detach.decide(params(tmp_path, owner_pid=os.getppid()))
+    # stop.yml is no attach: the holder is named, and gathers the run.
+    stopping = detach.decide(params(tmp_path, owner_pid=os.getppid(), stop=True))
+    assert stopping["followed_by"] == os.getpid()
+    assert detach.decide(params(tmp_path, state="released"))["released"]
+    assert not (tmp_path / "r1" / detach.LOCK).exists()
+
+
+def test_a_lock_whose_holder_is_gone_is_taken(tmp_path):
+    (tmp_path / "r1").mkdir()
+    detach.decide(params(tmp_path, state="present", record=record_of()))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    (tmp_path / "r1" / detach.LOCK).write_text(json.dumps({"pid": int(gone.stdout), "since": 1}))
+    assert detach.decide(params(tmp_path))["record"]["run_id"] == "r1"
+
+
+@pytest.mark.parametrize("run_id, setup, words", [
+    ("nosuch", None, "no run nosuch under"),
+    ("../etc", None, "is not a torchfleet run id"),
+    ("r1", "attached", "was not detached"),
+    ("r1", "garbled", "is not a record torchfleet wrote"),
+    ("r1", "foreign", "is not a record torchfleet wrote"),
+])
+def test_bad_run_ids_are_one_sentence_and_touch_nothing(tmp_path, run_id, setup, words):
+    if setup:
+        (tmp_path / "r1").mkdir()
+        (tmp_path / "r1" / "train.json").write_text("{}")
+    if setup == "garbled":
+        (tmp_path / "r1" / detach.RECORD).write_text("{not json")
+    if setup == "foreign":
+        (tmp_path / "r1" / detach.RECORD).write_text(json.dumps(dict(record_of(), version=1,
+                                                                     run_id="other")))
+    with pytest.raises(ValueError, match=words):
+        detach.decide(params(tmp_path, run_id=run_id))
+    assert not list(tmp_path.rglob(detach.LOCK))
+
+
+def test_an_inventory_without_the_runs_hosts_is_refused(tmp_path):
+    (tmp_path / "r1").mkdir()
+    detach.decide(params(tmp_path, state="present", record=record_of()))
+    with pytest.raises(ValueError, match="ran on node2, which the inventory given does not hold"):
+        detach.decide(params(tmp_path, inventory_hosts=["node0", "node1"]))
+
+
+def test_a_gathered_run_is_answered_with_its_report_and_no_lock(tmp_path):
+    (tmp_path / "r1").mkdir()
+    detach.decide(params(tmp_path, state="present", record=record_of()))
+    (tmp_path / "r1" / "train.json").write_text("{}")
+    got = detach.decide(params(tmp_path))
+    assert got["reported"].endswith("train.json")
+    assert not (tmp_path / "r1" / detach.LOCK).exists()
+
+
+def test_where_a_ranks_log_is():
+    rec = dict(record_of(), run_id="r1")
+    assert detach.place(rec) == {"host": "node0", "local_rank": 0, "rank": 0}
+    assert detach.place(rec, rank=3) == {"host": "node1", "local_rank": 1, "rank": 3}
+    assert detach.place(rec, host="node2") == {"host": "node2", "local_rank": 0, "rank": 4}
+    for kwargs, words in (({"rank": 6}, "ranks 0 to 5; rank 6"),
+                          ({"host": "node9"}, "no host node9"),
+                          ({"rank": 1, "host": "node2"}, "rank 1 does not run on node2")):
+        with pytest.raises(ValueError, match=words):
+            detach.place(rec, **kwargs)
+
+
+def test_pruning_keeps_a_detached_run_until_it_is_gathered(tmp_path):
+    names = ["20261126-10000%d-aaaa" % i for i in range(4)]
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "train.json").write_text("{}")
+    os.remove(tmp_path / names[0] / "train.json")
+    (tmp_path / names[0] / detach.RECORD).write_text("{}")
+    removed = report.prune_runs(str(tmp_path), 2)
+    assert removed == [names[1]] and (tmp_path / names[0]).is_dir()
