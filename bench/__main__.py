@@ -16,9 +16,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import (diagnosis, fail_fast, flood, fuzz, harness_overhead, health_cost, isolate,
-                   launch_overhead, output_lines, preflight_cost, recording_cost, report_scale,
-                   restart_cost, spares_cost, start_skew, watch_cpu)
+from bench import (detach_cost, diagnosis, fail_fast, flood, fuzz, harness_overhead, health_cost,
+                   isolate, launch_overhead, output_lines, preflight_cost, recording_cost,
+                   report_scale, restart_cost, spares_cost, start_skew, watch_cpu)
 from bench.harness import RESULTS, machine, markdown, merge, write
 
 BENCHES = {
@@ -38,10 +38,11 @@ BENCHES = {
     "restart_cost": restart_cost.run,
     "health_cost": health_cost.run,
     "recording_cost": recording_cost.run,
+    "detach_cost": detach_cost.run,
 }
 NEEDS_ROOT = {"launch_overhead", "fail_fast", "watch_cpu", "diagnosis", "harness_overhead",
               "isolate", "flood", "start_skew", "output_lines", "spares_cost",
-              "restart_cost", "health_cost"}
+              "restart_cost", "health_cost", "detach_cost"}
 
 
 def main():
@@ -56,6 +57,8 @@ def main():
     parser.add_argument("--watch-sizes", type=int, nargs="*", default=[2, 8, 16])
     parser.add_argument("--watch-window-s", type=float, default=30,
                         help="how long watch_cpu samples the controller during the watch")
+    parser.add_argument("--detach-steps", type=int, default=400,
+                        help="train_steps of the detach_cost runs")
     parser.add_argument("--isolate-size", type=int, default=8,
                         help="lab hosts of the isolate bench")
     parser.add_argument("--flood-size", type=int, default=16, help="lab hosts of flood")

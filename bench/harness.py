@@ -275,6 +275,15 @@ def markdown(results):
                      "%.2fx [%.2f-%.2f] | <= 1.3x |" % (
                          rc["hosts"], rng(rc["restart_s"]), rng(rc["fresh_s"]), rc["ratio"],
                          rc["ratio_min"], rc["ratio_max"]))
+    dc = results.get("detach_cost")
+    if dc:
+        lines.append("| train.yml -e detach=true + status.yml + attach.yml (to the end, gathered) "
+                     "vs the same run attached, %d lab hosts, %d steps | %s s | %s s | %s | "
+                     "<= 1.3x |" % (dc["hosts"], dc["steps"], rng(dc["detached_total_s"]),
+                                     rng(dc["attached_s"]), rng(dc["ratio"]) + "x"))
+        lines.append("| status.yml -e run_id= (one look at the master) vs `ansible node0 -m ping` "
+                     "| %s s | %s s | %s | <= 2x |" % (rng(dc["status_s"]), rng(dc["ping_s"]),
+                                                      rng(dc["status_ratio"]) + "x"))
     fz = results.get("fuzz")
     if fz:
         lines.append("| control channel fuzz: inputs fed to the master's end / the agent's end "
