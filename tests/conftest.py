@@ -57,6 +57,32 @@ SERIAL_UNITS = ("tests/unit/test_listener.py", "tests/unit/test_probe_modules.py
 BESIDE_TESTS = ("::test_ansible_test_sanity_passes_on_the_built_collection",)  # CPU only
 
 
+def end_unattended(run_dir, timeout_s=120):
+    """Kill (SIGKILL) the controller's unattended finisher of a detached run, as a controller
+    shut down would: the ansible-playbook holding runs/<id>/attach.lock once it took it, and
+    the async job around it. Returns its PID."""
+    import json
+    import signal
+    import time
+
+    lock = Path(run_dir) / "attach.lock"
+    end = time.monotonic() + timeout_s
+    while not lock.exists() and time.monotonic() < end:
+        time.sleep(0.2)
+    pid = json.loads(lock.read_text())["pid"]
+    with open("/proc/%d/stat" % pid) as f:
+        wrapper = int(f.read().rsplit(")", 1)[1].split()[1])
+    for victim in (pid, wrapper):
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    marker = '"run_id": "%s"' % Path(run_dir).name  # its -e (the launch's to_json)
+    while processes_matching(marker) and time.monotonic() < end:
+        time.sleep(0.2)
+    return pid
+
+
 def runs_beside(nodeid: str) -> bool:
     return (nodeid.startswith(BESIDE) and not nodeid.startswith(SERIAL_UNITS)) \
         or nodeid.endswith(BESIDE_TESTS)

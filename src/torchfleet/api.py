@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any, Callable
 
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults as _defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils import detach as _detach
 from ansible_collections.torchfleet.fleet.plugins.module_utils import report as _report
 from ansible_collections.torchfleet.fleet.plugins.module_utils import rundir as _rundir
@@ -174,6 +176,13 @@ def stop(run_id: str | None = None, inventory: str | Path | None = None, *,
     detached = run_id is not None and _waiting(root / str(run_id))
     result = _stop(run_id, _inventory(inventory), root, on_event, variables,
                    interruptible=True)
+    if detached:
+        # Another attach (the controller's unattended finisher) followed the run: it gathers
+        # and reports it once every host has stopped.
+        end = time.monotonic() + _defaults.STOP_REPORT_WAIT_S
+        while (_waiting(root / str(run_id)) and _detach.attached_by(str(root / str(run_id)))
+               and time.monotonic() < end):
+            time.sleep(0.5)
     gathered = load(root / str(run_id), None) if detached else None
     if gathered is not None and gathered.kind != "preflight":
         gathered.ansible_status, gathered.ansible_rc = result.ansible_status, result.ansible_rc
@@ -213,8 +222,10 @@ def attach(run_id: str, inventory: str | Path | None = None, *,
         return done
     holder = _detach.attached_by(str(run_dir))
     if holder:
-        raise ValueError("run %s is already attached (process %d follows it); wait for it, or "
-                         "stop the run" % (run_id, holder))
+        raise ValueError("run %s is already attached: process %d follows it (the controller "
+                         "that detached it finishes it unattended, or another attach); read it "
+                         "with `torchfleet status %s` / `torchfleet logs %s --follow`, or stop "
+                         "it" % (run_id, holder, run_id, run_id))
     extravars: dict[str, Any] = {"run_id": str(run_id), "runs_root": str(root),
                                  "attach_check_inventory": inventory is not None}
     outcome = run_playbook("attach.yml", inventory=_inventory(inventory), extravars=extravars,

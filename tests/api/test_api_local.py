@@ -6,13 +6,14 @@ import os
 import socket
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
 import torchfleet
 from lab.ports import free_port
-from tests.conftest import FIXTURES, processes_matching
+from tests.conftest import FIXTURES, end_unattended, processes_matching
 
 pytestmark = pytest.mark.integration
 
@@ -127,6 +128,13 @@ def test_a_detached_run_is_read_by_id_attached_cancelled_and_attached_to_its_end
     run_id = result.run_id
     try:
         assert result.ok and result.detached and result.verdict.startswith("train detached")
+        # The controller's unattended finisher holds the run: one attach at a time.
+        lock, deadline = runs_root / run_id / "attach.lock", time.monotonic() + 120
+        while not lock.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        with pytest.raises(ValueError, match="is already attached"):
+            torchfleet.attach(run_id, runs_root=runs_root)
+        end_unattended(runs_root / run_id)
         assert [(r.run_id, r.phase) for r in torchfleet.runs(runs_root)
                 if r.run_id == run_id] == [(run_id, "detached")]
         status = torchfleet.status(run_id, runs_root=runs_root)

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import processes_matching
+from tests.conftest import end_unattended, processes_matching
 from tests.integration.playbook import BIN, ROOT
 from tests.lab.test_guard_lab import guard_tables
 from tests.lab.test_reliability_lab import REMOTE_RUNS, processes_of, wait_until
@@ -54,8 +54,11 @@ def test_a_detached_run_needs_no_controller_and_is_attached_again(healthy_lab, t
     run_id, go = "detach-%d" % os.getpid(), tmp_path / "go"
     runs = detach(healthy_lab, tmp_path, run_id, go, guard=True)
     try:
-        # No process of the controller is left, and the run outlives its lease three times.
-        assert not [p for p in processes_matching(str(runs)) if "ansible-playbook" in p]
+        # The controller's unattended finisher killed (the controller shut down): no process of
+        # the controller is left, and the run outlives its lease three times.
+        end_unattended(runs / run_id)
+        assert not [p for p in processes_matching(str(runs)) + processes_matching(run_id)
+                    if "ansible" in p]
         assert wait_until(lambda: master_record(run_id).get("updated", 0)
                           - master_record(run_id).get("started", 0) > 3 * LEASE_S, 120)
         assert master_record(run_id)["phase"] == "running"
@@ -101,6 +104,7 @@ def test_a_rank_that_dies_in_a_detached_run_stops_every_host_and_attach_names_it
         healthy_lab, tmp_path):
     run_id, go = "detach-die-%d" % os.getpid(), tmp_path / "go"
     runs = detach(healthy_lab, tmp_path, run_id, go, 2)
+    end_unattended(runs / run_id)  # no controller anywhere
     go.touch()
     try:
         assert wait_until(lambda: not processes_of(run_id), 60), processes_of(run_id)
@@ -114,8 +118,11 @@ def test_a_rank_that_dies_in_a_detached_run_stops_every_host_and_attach_names_it
 
 
 def test_a_detached_run_is_stopped_by_id_gathered_and_reported(healthy_lab, tmp_path):
+    """With the controller's unattended finisher following it: stop asks the master, the
+    finisher gathers and reports, and stop answers with that report."""
     run_id, go = "detach-stop-%d" % os.getpid(), tmp_path / "go"
     runs = detach(healthy_lab, tmp_path, run_id, go, guard=True)
+    assert wait_until(lambda: (runs / run_id / "attach.lock").exists(), 120)
     try:
         rc, out, err = torchfleet("stop", run_id, "-i", str(healthy_lab.inventory),
                                   "--runs-root", str(runs))
@@ -138,7 +145,8 @@ def test_stop_without_the_runs_variables_removes_a_guard_its_killed_agents_left(
     plain stop.yml, knowing nothing of the run, finds the guards by their markers and removes
     them."""
     run_id, go = "detach-kill-%d" % os.getpid(), tmp_path / "go"
-    detach(healthy_lab, tmp_path, run_id, go, guard=True)
+    runs = detach(healthy_lab, tmp_path, run_id, go, guard=True)
+    end_unattended(runs / run_id)
     try:
         # Each host's agent is torchrun's parent; killed, torchrun follows it (PDEATHSIG).
         for pidfile in REMOTE_RUNS.glob("%s/*/torchrun.pid" % run_id):

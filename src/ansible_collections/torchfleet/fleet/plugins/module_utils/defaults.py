@@ -218,6 +218,7 @@ POLL_S = 5.0            # the longest wait of one look of the controller at the 
 PROGRESS_EVERY_S = 10.0  # the controller prints progress at least this often
 STOP_GRACE_S = 10.0     # SIGTERM to SIGKILL of a stopped run's process group
 GATHER_CONNECT_TIMEOUT_S = 3.0  # SSH connect to a host judged lost, gathered after the run
+STOP_REPORT_WAIT_S = 300.0  # stop ID of a detached run: the wait for its follower's report
 ASYNC_SLACK_S = 600.0   # Ansible's async job outlives job_timeout_s by this much
 JOIN_BASE_S = 60.0      # join_timeout_s when unset: this, plus JOIN_PER_BATCH_S for each fork
 JOIN_PER_BATCH_S = 10.0  # batch past the first (the agents start batch after batch)
