@@ -16,8 +16,8 @@ pytestmark = pytest.mark.integration
 
 CHECK_KEYS = {"host", "id", "ok", "detail", "hint", "severity", "gpu"}  # preflight.json's own
 RESULT_KEYS = {"kind", "ok", "run_id", "run_dir", "checks", "hosts", "ranks", "busbw",
-               "isolation", "first_failure", "preflight", "cancelled", "ansible_status",
-               "ansible_rc", "failures", "verdict", "attempts"}
+               "isolation", "first_failure", "preflight", "cancelled", "detached",
+               "ansible_status", "ansible_rc", "failures", "verdict", "attempts"}
 
 
 def torchfleet(*args, cwd):

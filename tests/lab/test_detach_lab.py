@@ -43,6 +43,14 @@ def detach(lab, tmp_path, run_id, *script_args, guard=False):
     return tmp_path / "runs"
 
 
+def holder(run_dir):
+    """The PID in the run's attach lock, None without one."""
+    try:
+        return json.loads((run_dir / "attach.lock").read_text())["pid"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def master_record(run_id):
     try:
         return json.loads((REMOTE_RUNS / run_id / "node0" / "control.json").read_text())
@@ -53,10 +61,11 @@ def master_record(run_id):
 def test_a_detached_run_needs_no_controller_and_is_attached_again(healthy_lab, tmp_path):
     run_id, go = "detach-%d" % os.getpid(), tmp_path / "go"
     runs = detach(healthy_lab, tmp_path, run_id, go, guard=True)
+    attach = None
     try:
         # The controller's unattended finisher killed (the controller shut down): no process of
         # the controller is left, and the run outlives its lease three times.
-        end_unattended(runs / run_id)
+        finisher = end_unattended(runs / run_id)
         assert not [p for p in processes_matching(str(runs)) + processes_matching(run_id)
                     if "ansible" in p]
         assert wait_until(lambda: master_record(run_id).get("updated", 0)
@@ -78,9 +87,10 @@ def test_a_detached_run_needs_no_controller_and_is_attached_again(healthy_lab, t
 
         attach = subprocess.Popen(
             [str(BIN / "torchfleet"), "attach", run_id, "--runs-root", str(runs)], cwd=ROOT,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
             env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])))
-        assert wait_until(lambda: (runs / run_id / "attach.lock").exists(), 120)
+        # Once the new attach holds the lock (the killed finisher's is stale).
+        assert wait_until(lambda: holder(runs / run_id) not in (None, finisher), 120)
         rc, out, err = torchfleet("attach", run_id, "--runs-root", str(runs))
         assert rc == 2 and "is already attached" in err and len(err.splitlines()) == 1
 
@@ -92,6 +102,9 @@ def test_a_detached_run_needs_no_controller_and_is_attached_again(healthy_lab, t
         assert attach.returncode == 0, out[-3000:]
     finally:
         go.touch()
+        if attach is not None and attach.poll() is None:
+            os.killpg(attach.pid, signal.SIGKILL)
+            attach.communicate()
     report = json.loads((runs / run_id / "train.json").read_text())
     assert [h["outcome"] for h in report["hosts"]] == ["succeeded"] * 3
     for rank in range(3):
@@ -108,10 +121,12 @@ def test_a_rank_that_dies_in_a_detached_run_stops_every_host_and_attach_names_it
     go.touch()
     try:
         assert wait_until(lambda: not processes_of(run_id), 60), processes_of(run_id)
+        # The master's agent closes its record once every host reported its end.
+        assert wait_until(lambda: master_record(run_id).get("final"), 120), master_record(run_id)
     finally:
         subprocess.run(["pkill", "-f", run_id], check=False)
     record = master_record(run_id)
-    assert record["final"] and record["failure"]["host"] == "node2"
+    assert record["failure"]["host"] == "node2", record["failure"]
     rc, out, err = torchfleet("attach", run_id, "--runs-root", str(runs))
     assert rc == 1, (out + err)[-3000:]
     assert "first failure on node2, rank 2" in out and "exited with 3" in out
