@@ -145,3 +145,21 @@ def test_pruning_keeps_a_detached_run_until_it_is_gathered(tmp_path):
     (tmp_path / names[0] / detach.RECORD).write_text("{}")
     removed = report.prune_runs(str(tmp_path), 2)
     assert removed == [names[1]] and (tmp_path / names[0]).is_dir()
+
+
+def test_a_hosts_record_keeps_what_connects_to_it_and_never_a_password():
+    from ansible_collections.torchfleet.fleet.plugins.filter.run_host import FilterModule
+
+    run_host = FilterModule().filters()["run_host"]
+    got = run_host({"launch_remote_dir": "~/.torchfleet/runs/r1/node3",
+                    "launch_job": {"ansible_job_id": "j1.42"}, "ansible_host": "10.0.0.3",
+                    "ansible_user": "u", "ansible_password": "secret",
+                    "ansible_become_password": "secret", "ansible_port": None, "other": 1})
+    assert got == {"remote_dir": "~/.torchfleet/runs/r1/node3", "async_jid": "j1.42",
+                   "connection": {"ansible_host": "10.0.0.3", "ansible_user": "u"}}
+    # The playbooks' add_host of a run's hosts sets exactly these variables.
+    run_hosts = (detach.__file__.rsplit("/plugins/", 1)[0] + "/playbooks/tasks/run_hosts.yml")
+    with open(run_hosts) as f:
+        text = f.read()
+    for name in detach.CONNECTION:
+        assert "%s: \"{{ item.value.connection.%s | default(omit) }}\"" % (name, name) in text
