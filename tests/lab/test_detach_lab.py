@@ -143,7 +143,8 @@ def test_a_detached_run_is_stopped_by_id_gathered_and_reported(healthy_lab, tmp_
                                   "--runs-root", str(runs))
         assert rc == 0, (out + err)[-3000:]
         assert "stopped by the user" in out
-        assert not processes_of(run_id)
+        # The finisher that reported it ends just after its report.
+        assert wait_until(lambda: not processes_of(run_id), 60), processes_of(run_id)
         assert all(guard_tables(n.ns) == [] for n in healthy_lab.nodes)
     finally:
         go.touch()
