@@ -113,7 +113,7 @@ def _run(kind: str, playbook: str, inventory, runs_root, run_id, on_event, cance
         _stop(run_id, inv, run_dir.parent, None, {}, interruptible=False)
     result = load(run_dir, kind)
     if kind != "preflight" and not outcome.cancelled and outcome.status == "successful" and \
-            _waiting(run_dir):
+            _detach.waiting(run_dir):
         # Detached: every rank runs; the report comes with attach(run_id).
         result = Result(kind=kind, ok=True, run_id=run_id, run_dir=run_dir, detached=True,
                         preflight=load(run_dir, "preflight"))
@@ -173,14 +173,14 @@ def stop(run_id: str | None = None, inventory: str | Path | None = None, *,
     if run_id is not None and not RUN_ID.match(str(run_id)):
         raise ValueError("run_id %r is not a torchfleet run id" % run_id)
     root = _runs_root(runs_root)
-    detached = run_id is not None and _waiting(root / str(run_id))
+    detached = run_id is not None and _detach.waiting(root / str(run_id))
     result = _stop(run_id, _inventory(inventory), root, on_event, variables,
                    interruptible=True)
     if detached:
         # Another attach (the controller's unattended finisher) followed the run: it gathers
         # and reports it once every host has stopped.
         end = time.monotonic() + _defaults.STOP_REPORT_WAIT_S
-        while (_waiting(root / str(run_id)) and _detach.attached_by(str(root / str(run_id)))
+        while (_detach.waiting(root / str(run_id)) and _detach.attached_by(str(root / str(run_id)))
                and time.monotonic() < end):
             time.sleep(0.5)
     gathered = load(root / str(run_id), None) if detached else None
@@ -188,11 +188,6 @@ def stop(run_id: str | None = None, inventory: str | Path | None = None, *,
         gathered.ansible_status, gathered.ansible_rc = result.ansible_status, result.ansible_rc
         return gathered
     return result
-
-
-def _waiting(run_dir: Path) -> bool:
-    """A detached run whose report is not written yet."""
-    return (run_dir / _detach.RECORD).is_file() and not _rundirs.report_of(run_dir)[0]
 
 
 def _record(run_id: str, root: Path) -> dict:
@@ -215,7 +210,7 @@ def attach(run_id: str, inventory: str | Path | None = None, *,
     root = _runs_root(runs_root)
     record = _record(run_id, root)
     run_dir = root / str(run_id)
-    if not record or not _waiting(run_dir):
+    if not record or not _detach.waiting(run_dir):
         done = load(run_dir, record.get("kind") if record else None)
         if done is None:
             raise ValueError("run %s has no report in %s" % (run_id, run_dir))

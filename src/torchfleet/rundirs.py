@@ -11,7 +11,7 @@ from typing import Any
 from ansible_collections.torchfleet.fleet.plugins.module_utils import detach, ranklog
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import RUN_ID
 
-KINDS = ("train", "collective")
+KINDS = detach.KINDS
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import RUN
 
 RECORD = "run.json"
 LOCK = "attach.lock"
+KINDS = ("train", "collective")  # a run's report: <kind>.json beside its record
 VERSION = 1
 # What a host's connection needs, as Ansible names it; passwords are never written.
 CONNECTION = ("ansible_host", "ansible_port", "ansible_user", "ansible_connection",
@@ -54,6 +55,14 @@ def run_dir(runs_root, run_id):
         raise ValueError("run_id %r is not a torchfleet run id (letters, digits, '.', '_', '-'; "
                          "as `torchfleet status` lists them)" % (run_id,))
     return os.path.join(runs_root, run_id)
+
+
+def waiting(where):
+    """A detached run whose report is not written yet (its record without a report): attach
+    still has to gather it, and nothing may prune it."""
+    where = str(where)
+    return (os.path.exists(os.path.join(where, RECORD))
+            and not any(os.path.exists(os.path.join(where, "%s.json" % kind)) for kind in KINDS))
 
 
 def write(path, record):

@@ -7,7 +7,7 @@ import re
 import shutil
 import tempfile
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.detach import RECORD
+from ansible_collections.torchfleet.fleet.plugins.module_utils import detach
 
 RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
 
@@ -110,13 +110,6 @@ def _write_report(run_dir, name, data, runs_root):
     return path
 
 
-def _detached(run_dir):
-    """A detached run whose report is not written yet (its record without its report)."""
-    return (os.path.exists(os.path.join(run_dir, RECORD))
-            and not any(os.path.exists(os.path.join(run_dir, "%s.json" % kind))
-                        for kind in ("train", "collective")))
-
-
 def prune_runs(runs_root, keep):
     """Remove all but the newest `keep` run directories under runs_root; returns removed names.
 
@@ -128,7 +121,7 @@ def prune_runs(runs_root, keep):
                   if RUN_ID_RE.match(d)
                   and os.path.isdir(os.path.join(runs_root, d))
                   and not os.path.islink(os.path.join(runs_root, d))
-                  and not _detached(os.path.join(runs_root, d)))
+                  and not detach.waiting(os.path.join(runs_root, d)))
     removed = runs[:-keep] if keep > 0 else []
     for name in removed:
         shutil.rmtree(os.path.join(runs_root, name), ignore_errors=True)
