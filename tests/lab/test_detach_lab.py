@@ -30,14 +30,14 @@ def torchfleet(*args, timeout_s=300):
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def detach(lab, tmp_path, run_id, *script_args, guard=False):
+def detach(lab, tmp_path, run_id, *script_args, guard=False, extra=()):
     """train --detach on 3 lab hosts; returns once every rank runs, as a user sees it."""
     rc, out, err = torchfleet(
         "train", "-i", str(lab.inventory), "--nnodes", "3", "--detach", "--run-id", run_id,
         "--runs-root", str(tmp_path / "runs"), "-e", "script=%s" % SCRIPT,
         "-e", "script_args=%s" % json.dumps([str(a) for a in script_args]),
         "-e", "lease_s=%d" % LEASE_S, "-e", "master_port=%d" % free_port(),
-        "-e", "guard_ports=%s" % str(guard).lower())
+        "-e", "guard_ports=%s" % str(guard).lower(), *extra)
     assert rc == 0, (out + err)[-3000:]
     assert "train detached: run %s goes on" % run_id in out and "torchfleet attach" in out
     return tmp_path / "runs"
@@ -130,6 +130,56 @@ def test_a_rank_that_dies_in_a_detached_run_stops_every_host_and_attach_names_it
     rc, out, err = torchfleet("attach", run_id, "--runs-root", str(runs))
     assert rc == 1, (out + err)[-3000:]
     assert "first failure on node2, rank 2" in out and "exited with 3" in out
+
+
+def run_record(runs, run_id):
+    try:
+        return json.loads((runs / run_id / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def kill_agent(run_id, host):
+    """SIGKILL of a host's agent (torchrun's parent; torchrun and its rank follow it): the host
+    falls silent as a host that died would."""
+    pidfile = REMOTE_RUNS / run_id / host / "torchrun.pid"
+    torchrun = json.loads(pidfile.read_text())["pid"]
+    with open("/proc/%d/stat" % torchrun) as f:
+        os.kill(int(f.read().rsplit(")", 1)[1].split()[1]), signal.SIGKILL)
+
+
+def test_a_detached_run_restarts_on_a_spare_with_no_launching_play(healthy_lab, tmp_path):
+    """detach with a spare and max_restarts=1: node2 dies after the launching play returned.
+    The controller's unattended finisher re-checks the candidates and starts the run again,
+    detached, on node0, node1 and the spare node3 (status, logs and attach by id follow the new
+    attempt), then gathers and reports it: ok after 1 restart."""
+    run_id, go = "detach-restart-%d" % os.getpid(), tmp_path / "go"
+    runs = detach(healthy_lab, tmp_path, run_id, go, extra=(
+        "-e", "spares=1", "-e", "max_restarts=1", "-e", "lost_after_s=5"))
+    try:
+        assert list(run_record(runs, run_id)["hosts"]) == ["node0", "node1", "node2"]
+        kill_agent(run_id, "node2")
+        assert wait_until(lambda: run_record(runs, run_id).get("watch", {}).get("attempt") == 1,
+                          240), (runs / run_id / "attach-unattended.log").read_text()[-3000:]
+        assert list(run_record(runs, run_id)["hosts"]) == ["node0", "node1", "node3"]
+        rc, out, err = torchfleet("status", run_id, "--runs-root", str(runs))
+        assert rc == 0, err
+        assert sorted(line.split()[0] for line in out.splitlines()
+                      if line.startswith("node")) == ["node0", "node1", "node3"], out
+        go.touch()
+        assert wait_until(lambda: (runs / run_id / "train.json").exists(), 240), \
+            (runs / run_id / "attach-unattended.log").read_text()[-3000:]
+        assert wait_until(lambda: not processes_of(run_id), 60), processes_of(run_id)
+    finally:
+        go.touch()
+    report = json.loads((runs / run_id / "train.json").read_text())
+    assert report["verdict"] == "train ok after 1 restart: node2 host.lost, replaced by node3"
+    first, second = report["attempts"]
+    assert (first["hosts"], first["outcomes"]["node2"]) == (["node0", "node1", "node2"], "lost")
+    assert (second["hosts"], second["ok"]) == (["node0", "node1", "node3"], True)
+    rc, out, _ = torchfleet("logs", run_id, "--host", "node3", "--tail", "2",
+                            "--runs-root", str(runs))
+    assert rc == 0 and "[rank 2] last step" in out, out
 
 
 def test_a_detached_run_is_stopped_by_id_gathered_and_reported(healthy_lab, tmp_path):

@@ -87,6 +87,23 @@ def test_a_lock_whose_holder_is_gone_is_taken(tmp_path):
     assert detach.decide(params(tmp_path))["record"]["run_id"] == "r1"
 
 
+def test_a_lock_held_by_a_killed_attach_not_reaped_yet_is_taken(tmp_path):
+    """A finisher killed with its parent waits as a zombie until init reaps it: not alive."""
+    (tmp_path / "r1").mkdir()
+    detach.decide(params(tmp_path, state="present", record=record_of()))
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "r1" / detach.LOCK).write_text(json.dumps({"pid": child.pid, "since": 1}))
+        assert detach.attached_by(str(tmp_path / "r1")) == child.pid
+        child.kill()
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped
+        assert detach.attached_by(str(tmp_path / "r1")) == 0
+        assert detach.decide(params(tmp_path))["record"]["run_id"] == "r1"
+    finally:
+        child.kill()
+        child.wait()
+
+
 @pytest.mark.parametrize("run_id, setup, words", [
     ("nosuch", None, "no run nosuch under"),
     ("../etc", None, "is not a torchfleet run id"),
@@ -154,12 +171,36 @@ def test_a_hosts_record_keeps_what_connects_to_it_and_never_a_password():
     got = run_host({"launch_remote_dir": "~/.torchfleet/runs/r1/node3",
                     "launch_job": {"ansible_job_id": "j1.42"}, "ansible_host": "10.0.0.3",
                     "ansible_user": "u", "ansible_password": "secret",
-                    "ansible_become_password": "secret", "ansible_port": None, "other": 1})
+                    "ansible_become_password": "secret", "ansible_port": None, "other": 1},
+                   {})
     assert got == {"remote_dir": "~/.torchfleet/runs/r1/node3", "async_jid": "j1.42",
-                   "connection": {"ansible_host": "10.0.0.3", "ansible_user": "u"}}
+                   "connection": {"ansible_host": "10.0.0.3", "ansible_user": "u"},
+                   "settings": {}}
     # The playbooks' add_host of a run's hosts sets exactly these variables.
     run_hosts = (detach.__file__.rsplit("/plugins/", 1)[0] + "/playbooks/tasks/run_hosts.yml")
     with open(run_hosts) as f:
         text = f.read()
     for name in detach.CONNECTION:
-        assert "%s: \"{{ item.value.connection.%s | default(omit) }}\"" % (name, name) in text
+        assert "%s: \"{{ item.1.connection.%s | default(" % (name, name) in text
+
+
+def test_a_runs_settings_are_every_public_variable_and_a_host_keeps_what_differs():
+    """What a restart from the record resolves its settings from: the controller's variables
+    with every default written (so the inventory a later play loads cannot stand in for one),
+    and per host only what its own inventory changed."""
+    from ansible_collections.torchfleet.fleet.plugins.filter.run_host import FilterModule
+    from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+
+    run_host = FilterModule().filters()["run_host"]
+    run = run_host({"nnodes": 3, "max_restarts": 1, "inventory_file": "x"})["settings"]
+    assert set(run) == set(defaults.BY_NAME)
+    assert (run["nnodes"], run["max_restarts"], run["lease_s"], run["control_port"]) == (
+        3, 1, defaults.default("lease_s"), None)
+    host = run_host({"nnodes": 3, "max_restarts": 1, "backend": "gloo", "python": "/p"},
+                    run)["settings"]
+    assert host == {"backend": "gloo", "python": "/p"}
+    # An attach's restart writes the record again: the recorded settings come first.
+    again = run_host({detach.SETTINGS: dict(run, master_port=29600), "master_port": 1}, run)
+    assert again["settings"] == {"master_port": 29600}
+
+

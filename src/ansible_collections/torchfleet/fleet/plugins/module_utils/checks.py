@@ -105,10 +105,9 @@ REGISTRY = (
          '`spares` that is not a whole number >= 0, or `nnodes + spares` larger than group '
          '`nodes`; reported before any host is touched',
          'the value to set'),
-    Unit(('input.max_restarts', 'input.restart_on', 'input.detach'), INPUT,
-         '`max_restarts` that is not a whole number from 0 to 5, `restart_on` neither '
-         '`host` nor `any`, or `detach` with restarts (a detached run is not restarted); '
-         'reported before any host is touched',
+    Unit(('input.max_restarts', 'input.restart_on'), INPUT,
+         '`max_restarts` that is not a whole number from 0 to 5, or `restart_on` neither '
+         '`host` nor `any`; reported before any host is touched',
          'the value to set'),
     Unit(('input.master_port', 'input.nproc_per_node', 'input.data_paths'), INPUT,
          'a value that makes no sense anywhere (port outside 1–65535, nproc not a positive '

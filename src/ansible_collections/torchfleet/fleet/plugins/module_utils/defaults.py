@@ -97,7 +97,8 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
     (("detach", "bool", False), dict(description=(
         "train.yml and collective.yml return once every rank of every host runs, printing the "
         "run id; the hosts then judge and end the run alone (no lease). attach.yml -e run_id= "
-        "(torchfleet attach) follows it again, gathers it and writes its verdict."))),
+        "(torchfleet attach) follows it again, restarts it (max_restarts), gathers it and "
+        "writes its verdict."))),
     (("lost_after_s", "int", 30), dict(description=(
         "A host whose agent is silent this long is host.lost; a host that cannot hear the "
         "master this long stops by itself."))),

@@ -6,9 +6,13 @@ directories and settings by its id alone (`-i` is accepted, never required):
 
     {"version": 1, "run_id", "kind": "train" | "collective", "run_dir", "runs_root",
      "detached_at": UNIX time, "inventory": [the inventory sources],
-     "master": host, "hosts": {host: {"remote_dir", "async_jid", "connection": {ansible_* vars}}},
+     "master": host, "hosts": {host: {"remote_dir", "async_jid", "connection": {ansible_* vars},
+                                      "settings": {public variable: value}}},
      "watch": {the watch's and the stop's settings}, "attempts": [...], "restarts": [...],
-     "preflight": preflight's result}
+     "preflight": preflight's result,
+     for a restart: "settings": {the controller's public variables}, "candidates": [the hosts
+     preflight checked, in inventory order], "spares": {the others, as "hosts"},
+     "excluded": [hosts a restart left out for good]}
 
 The file is the controller user's (0600): it holds the hosts' connection variables (never a
 password: CONNECTION names what is kept). `attach.lock` in the same directory holds the
@@ -33,6 +37,10 @@ CONNECTION = ("ansible_host", "ansible_port", "ansible_user", "ansible_connectio
               "ansible_ssh_private_key_file", "ansible_ssh_common_args",
               "ansible_ssh_extra_args", "ansible_python_interpreter", "ansible_become",
               "ansible_become_method", "ansible_become_user", "python")
+# The host variable (and controller fact) holding the run's recorded public variables in a play
+# that continues the run from its record: the lookup torchfleet.fleet.default reads it after the
+# play's own variables.
+SETTINGS = "torchfleet_run_settings"
 # A record bigger than this is not one torchfleet wrote (512 hosts' record is ~1 MiB).
 MAX_BYTES = 64 * 1024 * 1024
 
@@ -115,7 +123,12 @@ def _alive(pid):
         return False
     except PermissionError:
         return True
-    return True
+    # A killed attach whose parent is gone too waits as a zombie until init reaps it.
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _holder(path):

@@ -31,7 +31,6 @@ ARGUMENT_SPEC = dict(
     spares=dict(type="raw", default=defaults.default("spares")),
     max_restarts=dict(type="raw", default=defaults.default("max_restarts")),
     restart_on=dict(type="raw", default=defaults.default("restart_on")),
-    detach=dict(type="bool", default=defaults.default("detach")),
     inventory_size=dict(type="int", default=0),
     health=dict(type="raw", default=defaults.default("health")),
     **{name: dict(type="raw", default=defaults.default(name)) for name in (
@@ -183,13 +182,6 @@ def restart_errors(params):
                              "restart_on=%s is neither host nor any" % (params["restart_on"],),
                              "set -e restart_on=host (restart a failure a host explains, the "
                              "default) or any (every failure)"))
-    if params.get("detach") and restarts:
-        # A restart re-checks the spares from the controller, which a detached run has left.
-        errors.append(_error("input.detach",
-                             "detach=true with max_restarts=%s: a detached run is not restarted "
-                             "(no controller is there to re-check the spares)" % raw,
-                             "set -e max_restarts=0 to detach, or run attached (detach=false) "
-                             "for restarts"))
     return errors
 
 

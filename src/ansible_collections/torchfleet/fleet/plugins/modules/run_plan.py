@@ -86,11 +86,6 @@ options:
     description: C(host) or C(any), as given; anything else is C(input.restart_on).
     type: raw
     default: host
-  detach:
-    description: The run is to be detached; with O(max_restarts) above 0 that is
-      C(input.detach) (a detached run is not restarted).
-    type: bool
-    default: false
   inventory_size:
     description: How many hosts group C(nodes) has; 0 when unknown (not compared).
     type: int
