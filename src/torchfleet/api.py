@@ -203,7 +203,8 @@ def attach(run_id: str, inventory: str | Path | None = None, *,
            runs_root: str | Path | None = None, on_event: EventHandler | None = None,
            cancel: CancelCheck | None = None) -> Result:
     """Follow a detached run to its end (live progress through on_event), then stop what is
-    left, gather every host and write its report: the Result an attached run would have had.
+    left, gather every host, restart it where a host failed it (its max_restarts, spares) and
+    write its report: the Result an attached run would have had.
     A run gathered already returns its report at once. cancel() or Ctrl-C ends the attach and
     leaves the run running (Result.cancelled). The run's hosts come from its record; an
     inventory given must hold them."""
