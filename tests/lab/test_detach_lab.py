@@ -182,6 +182,41 @@ def test_a_detached_run_restarts_on_a_spare_with_no_launching_play(healthy_lab, 
     assert rc == 0 and "[rank 2] last step" in out, out
 
 
+def test_attach_restarts_a_detached_run_that_failed_with_no_controller(healthy_lab, tmp_path):
+    """The same restart done by a user's attach: the finisher killed, node2 dies, every host
+    stops; `torchfleet attach` gathers the failed attempt, restarts the run on the spare (run.json
+    then names it) and follows it to its end: exit 0, ok after 1 restart."""
+    run_id, go = "detach-reattach-%d" % os.getpid(), tmp_path / "go"
+    runs = detach(healthy_lab, tmp_path, run_id, go, extra=(
+        "-e", "spares=1", "-e", "max_restarts=1", "-e", "lost_after_s=5"))
+    end_unattended(runs / run_id)
+    attach = None
+    try:
+        kill_agent(run_id, "node2")
+        assert wait_until(lambda: master_record(run_id).get("final"), 120), master_record(run_id)
+        assert wait_until(lambda: not processes_of(run_id), 60), processes_of(run_id)
+        attach = subprocess.Popen(
+            [str(BIN / "torchfleet"), "attach", run_id, "--runs-root", str(runs)], cwd=ROOT,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])))
+        assert wait_until(lambda: run_record(runs, run_id).get("watch", {}).get("attempt") == 1
+                          or attach.poll() is not None, 240)
+        assert list(run_record(runs, run_id)["hosts"]) == ["node0", "node1", "node3"]
+        go.touch()
+        out, _ = attach.communicate(timeout=300)
+        assert attach.returncode == 0, out[-3000:]
+        assert "train ok after 1 restart: node2 host.lost, replaced by node3" in out
+        assert wait_until(lambda: not processes_of(run_id), 60), processes_of(run_id)
+    finally:
+        go.touch()
+        if attach is not None and attach.poll() is None:
+            os.killpg(attach.pid, signal.SIGKILL)
+            attach.communicate()
+    report = json.loads((runs / run_id / "train.json").read_text())
+    assert [a["hosts"] for a in report["attempts"]] == [["node0", "node1", "node2"],
+                                                        ["node0", "node1", "node3"]]
+
+
 def test_a_detached_run_is_stopped_by_id_gathered_and_reported(healthy_lab, tmp_path):
     """With the controller's unattended finisher following it: stop asks the master, the
     finisher gathers and reports, and stop answers with that report."""
