@@ -176,6 +176,10 @@ def test_a_hosts_record_keeps_what_connects_to_it_and_never_a_password():
     assert got == {"remote_dir": "~/.torchfleet/runs/r1/node3", "async_jid": "j1.42",
                    "connection": {"ansible_host": "10.0.0.3", "ansible_user": "u"},
                    "settings": {}}
+    # Where no interpreter was set, the one Ansible discovered there.
+    found = run_host({"ansible_facts": {"discovered_interpreter_python": "/usr/bin/python3.12"}},
+                     {})
+    assert found["connection"] == {"ansible_python_interpreter": "/usr/bin/python3.12"}
     # The playbooks' add_host of a run's hosts sets exactly these variables.
     run_hosts = (detach.__file__.rsplit("/plugins/", 1)[0] + "/playbooks/tasks/run_hosts.yml")
     with open(run_hosts) as f:

@@ -46,6 +46,12 @@ def _run_host(hostvars, run_settings=None):
     for name in CONNECTION:
         if name in hostvars and hostvars[name] is not None:
             connection[name] = hostvars[name]
+    # The interpreter Ansible found there, where none was set: a later play's inventory (a host
+    # of the same name in ansible.cfg's default) must not choose it.
+    facts = hostvars.get("ansible_facts")
+    found = facts.get("discovered_interpreter_python") if isinstance(facts, dict) else None
+    if "ansible_python_interpreter" not in connection and isinstance(found, str) and found:
+        connection["ansible_python_interpreter"] = found
     # The public variables this host has; in a play that continues the run from its record (an
     # attach's restart), the recorded ones first.
     recorded = hostvars.get(SETTINGS)
