@@ -57,6 +57,12 @@ SERIAL_UNITS = ("tests/unit/test_listener.py", "tests/unit/test_probe_modules.py
 BESIDE_TESTS = ("::test_ansible_test_sanity_passes_on_the_built_collection",)  # CPU only
 
 
+def parent_of(pid: int) -> int:
+    """The PID of a process's parent (/proc/<pid>/stat's fourth field)."""
+    with open("/proc/%d/stat" % pid) as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def end_unattended(run_dir, timeout_s=120):
     """Kill (SIGKILL) the controller's unattended finisher of a detached run, as a controller
     shut down would: the ansible-playbook holding runs/<id>/attach.lock once it took it, and
@@ -70,9 +76,7 @@ def end_unattended(run_dir, timeout_s=120):
     while not lock.exists() and time.monotonic() < end:
         time.sleep(0.2)
     pid = json.loads(lock.read_text())["pid"]
-    with open("/proc/%d/stat" % pid) as f:
-        wrapper = int(f.read().rsplit(")", 1)[1].split()[1])
-    for victim in (pid, wrapper):
+    for victim in (pid, parent_of(pid)):
         try:
             os.kill(victim, signal.SIGKILL)
         except ProcessLookupError:

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import end_unattended, processes_matching
+from tests.conftest import end_unattended, parent_of, processes_matching
 from tests.integration.playbook import BIN, ROOT
 from tests.lab.test_guard_lab import guard_tables
 from tests.lab.test_reliability_lab import REMOTE_RUNS, processes_of, wait_until
@@ -51,6 +51,21 @@ def holder(run_dir):
         return None
 
 
+def attach_in_background(runs, run_id):
+    """`torchfleet attach ID` as a user starts it, in a session of its own."""
+    return subprocess.Popen(
+        [str(BIN / "torchfleet"), "attach", run_id, "--runs-root", str(runs)], cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])))
+
+
+def end_attach(attach):
+    """What a test's attach left running, killed (its whole session)."""
+    if attach is not None and attach.poll() is None:
+        os.killpg(attach.pid, signal.SIGKILL)
+        attach.communicate()
+
+
 def master_record(run_id):
     try:
         return json.loads((REMOTE_RUNS / run_id / "node0" / "control.json").read_text())
@@ -85,10 +100,7 @@ def test_a_detached_run_needs_no_controller_and_is_attached_again(healthy_lab, t
         assert rc == 0, err
         assert "[rank 2] step" in out and "[rank 0]" not in out
 
-        attach = subprocess.Popen(
-            [str(BIN / "torchfleet"), "attach", run_id, "--runs-root", str(runs)], cwd=ROOT,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-            env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])))
+        attach = attach_in_background(runs, run_id)
         # Once the new attach holds the lock (the killed finisher's is stale).
         assert wait_until(lambda: holder(runs / run_id) not in (None, finisher), 120)
         rc, out, err = torchfleet("attach", run_id, "--runs-root", str(runs))
@@ -102,9 +114,7 @@ def test_a_detached_run_needs_no_controller_and_is_attached_again(healthy_lab, t
         assert attach.returncode == 0, out[-3000:]
     finally:
         go.touch()
-        if attach is not None and attach.poll() is None:
-            os.killpg(attach.pid, signal.SIGKILL)
-            attach.communicate()
+        end_attach(attach)
     report = json.loads((runs / run_id / "train.json").read_text())
     assert [h["outcome"] for h in report["hosts"]] == ["succeeded"] * 3
     for rank in range(3):
@@ -142,10 +152,8 @@ def run_record(runs, run_id):
 def kill_agent(run_id, host):
     """SIGKILL of a host's agent (torchrun's parent; torchrun and its rank follow it): the host
     falls silent as a host that died would."""
-    pidfile = REMOTE_RUNS / run_id / host / "torchrun.pid"
-    torchrun = json.loads(pidfile.read_text())["pid"]
-    with open("/proc/%d/stat" % torchrun) as f:
-        os.kill(int(f.read().rsplit(")", 1)[1].split()[1]), signal.SIGKILL)
+    torchrun = json.loads((REMOTE_RUNS / run_id / host / "torchrun.pid").read_text())["pid"]
+    os.kill(parent_of(torchrun), signal.SIGKILL)
 
 
 def test_a_detached_run_restarts_on_a_spare_with_no_launching_play(healthy_lab, tmp_path):
@@ -195,10 +203,7 @@ def test_attach_restarts_a_detached_run_that_failed_with_no_controller(healthy_l
         kill_agent(run_id, "node2")
         assert wait_until(lambda: master_record(run_id).get("final"), 120), master_record(run_id)
         assert wait_until(lambda: not processes_of(run_id), 60), processes_of(run_id)
-        attach = subprocess.Popen(
-            [str(BIN / "torchfleet"), "attach", run_id, "--runs-root", str(runs)], cwd=ROOT,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-            env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])))
+        attach = attach_in_background(runs, run_id)
         assert wait_until(lambda: run_record(runs, run_id).get("watch", {}).get("attempt") == 1
                           or attach.poll() is not None, 240)
         assert list(run_record(runs, run_id)["hosts"]) == ["node0", "node1", "node3"]
@@ -209,9 +214,7 @@ def test_attach_restarts_a_detached_run_that_failed_with_no_controller(healthy_l
         assert wait_until(lambda: not processes_of(run_id), 60), processes_of(run_id)
     finally:
         go.touch()
-        if attach is not None and attach.poll() is None:
-            os.killpg(attach.pid, signal.SIGKILL)
-            attach.communicate()
+        end_attach(attach)
     report = json.loads((runs / run_id / "train.json").read_text())
     assert [a["hosts"] for a in report["attempts"]] == [["node0", "node1", "node2"],
                                                         ["node0", "node1", "node3"]]
@@ -251,9 +254,7 @@ def test_stop_without_the_runs_variables_removes_a_guard_its_killed_agents_left(
     try:
         # Each host's agent is torchrun's parent; killed, torchrun follows it (PDEATHSIG).
         for pidfile in REMOTE_RUNS.glob("%s/*/torchrun.pid" % run_id):
-            torchrun = json.loads(pidfile.read_text())["pid"]
-            with open("/proc/%d/stat" % torchrun) as f:
-                os.kill(int(f.read().rsplit(")", 1)[1].split()[1]), signal.SIGKILL)
+            kill_agent(run_id, pidfile.parent.name)
         assert wait_until(lambda: not processes_of(run_id), 60), processes_of(run_id)
         assert all(guard_tables(n.ns) for n in healthy_lab.nodes[:3])
         stop = subprocess.run([str(BIN / "ansible-playbook"), "stop.yml", "-i",
