@@ -204,7 +204,9 @@ def attach(run_id: str, inventory: str | Path | None = None, *,
            cancel: CancelCheck | None = None) -> Result:
     """Follow a detached run to its end (live progress through on_event), then stop what is
     left, gather every host, restart it where a host failed it (its max_restarts, spares) and
-    write its report: the Result an attached run would have had.
+    write its report: the Result an attached run would have had. Where another attach owns the
+    run (the controller's unattended finisher, an earlier attach), this one follows beside it
+    and returns the report it writes; it takes over when that owner is gone.
     A run gathered already returns its report at once. cancel() or Ctrl-C ends the attach and
     leaves the run running (Result.cancelled). The run's hosts come from its record; an
     inventory given must hold them."""
@@ -216,12 +218,6 @@ def attach(run_id: str, inventory: str | Path | None = None, *,
         if done is None:
             raise ValueError("run %s has no report in %s" % (run_id, run_dir))
         return done
-    holder = _detach.attached_by(str(run_dir))
-    if holder:
-        raise ValueError("run %s is already attached: process %d follows it (the controller "
-                         "that detached it finishes it unattended, or another attach); read it "
-                         "with `torchfleet status %s` / `torchfleet logs %s --follow`, or stop "
-                         "it" % (run_id, holder, run_id, run_id))
     extravars: dict[str, Any] = {"run_id": str(run_id), "runs_root": str(root),
                                  "attach_check_inventory": inventory is not None}
     outcome = run_playbook("attach.yml", inventory=_inventory(inventory), extravars=extravars,

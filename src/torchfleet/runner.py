@@ -106,10 +106,15 @@ def translate(event: dict) -> list[Event]:
 
 class ProgressFollower:
     """Reads the lines torchrun_watch appends to progress.jsonl (one per look at the master) and
-    turns them into events."""
+    turns them into events: those written from now on (an attach of a run that has gone on for
+    weeks does not replay its history)."""
 
     def __init__(self, path: Path, emit: Callable[[Event], None]):
-        self._path, self._emit, self._offset, self._partial = path, emit, 0, b""
+        self._path, self._emit, self._partial = path, emit, b""
+        try:
+            self._offset = path.stat().st_size
+        except OSError:
+            self._offset = 0
 
     def poll(self) -> None:
         try:

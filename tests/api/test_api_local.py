@@ -2,6 +2,7 @@
 runs of the bundled playbooks (two nodes on this machine, gloo over loopback)."""
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
@@ -128,12 +129,18 @@ def test_a_detached_run_is_read_by_id_attached_cancelled_and_attached_to_its_end
     run_id = result.run_id
     try:
         assert result.ok and result.detached and result.verdict.startswith("train detached")
-        # The controller's unattended finisher holds the run: one attach at a time.
+        # The controller's unattended finisher owns the run; an attach follows beside it with
+        # the finisher's live progress, and its cancel (Ctrl-C) ends that attach only.
         lock, deadline = runs_root / run_id / "attach.lock", time.monotonic() + 120
         while not lock.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
-        with pytest.raises(ValueError, match="is already attached"):
-            torchfleet.attach(run_id, runs_root=runs_root)
+        finisher = json.loads(lock.read_text())["pid"]
+        seen: list = []
+        beside = torchfleet.attach(run_id, runs_root=runs_root,
+                                   on_event=lambda e: seen.append(e.kind == "run"),
+                                   cancel=lambda: any(seen))
+        assert beside.cancelled and not beside.ok and any(seen)
+        assert json.loads(lock.read_text())["pid"] == finisher
         end_unattended(runs_root / run_id)
         assert [(r.run_id, r.phase) for r in torchfleet.runs(runs_root)
                 if r.run_id == run_id] == [(run_id, "detached")]

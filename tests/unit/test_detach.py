@@ -68,14 +68,78 @@ def test_the_record_is_written_private_read_back_and_locked_once(tmp_path):
     got = detach.decide(params(tmp_path))
     assert got["record"]["master"] == "node0" and got["reported"] == ""
     assert json.loads((tmp_path / "r1" / detach.LOCK).read_text())["pid"] == os.getpid()
-    # Another live process (this test's parent) holds it: a second attach is one sentence.
-    with pytest.raises(ValueError, match="already attached"):
-        detach.decide(params(tmp_path, owner_pid=os.getppid()))
+    # Another live process (this test's) holds it: a second attach follows beside it.
+    second = detach.decide(params(tmp_path, owner_pid=os.getppid()))
+    assert second["followed_by"] == os.getpid() and second["record"]["master"] == "node0"
     # stop.yml is no attach: the holder is named, and gathers the run.
     stopping = detach.decide(params(tmp_path, owner_pid=os.getppid(), stop=True))
     assert stopping["followed_by"] == os.getpid()
     assert detach.decide(params(tmp_path, state="released"))["released"]
     assert not (tmp_path / "r1" / detach.LOCK).exists()
+
+
+def owner_process():
+    """A live process standing for the attach that owns a run (its ansible-playbook)."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+
+
+def test_a_follower_shows_the_owners_progress_and_ends_with_its_report(tmp_path):
+    (tmp_path / "r1").mkdir()
+    detach.decide(params(tmp_path, state="present", record=record_of()))
+    progress = tmp_path / "r1" / "progress.jsonl"
+    progress.write_text(json.dumps({"phase": "running", "elapsed_s": 1.0}) + "\n")  # history
+    owner = owner_process()
+    try:
+        detach.lock(str(tmp_path / "r1"), owner.pid)
+        seen, polls = [], []
+
+        def sleep(_s):  # the owner's watch and report, as the follower polls
+            polls.append(1)
+            if len(polls) == 1:
+                with open(progress, "a") as f:
+                    f.write(json.dumps({"phase": "running", "elapsed_s": 9.0}) + "\n{\"pha")
+            elif len(polls) == 2:
+                with open(progress, "a") as f:
+                    f.write('se": "failed", "elapsed_s": 10.0}\nnot json\n[1]\n')
+            elif len(polls) == 3:
+                report.write_report(str(tmp_path / "r1"), "train.json",
+                                    {"ok": False, "verdict": "train failed: node2 rank 4"})
+        got = detach.follow(str(tmp_path), record_of(run_id="r1"), os.getppid(), seen.append,
+                            sleep=sleep)
+        assert [line["elapsed_s"] for line in seen] == [9.0, 10.0]  # no history, no junk
+        assert got["reported"].endswith("r1/train.json") and got["report"] == {
+            "ok": False, "verdict": "train failed: node2 rank 4"}
+        assert detach.attached_by(str(tmp_path / "r1")) == owner.pid  # the owner's lock stays
+    finally:
+        owner.kill()
+        owner.wait()
+
+
+def test_a_follower_takes_over_from_the_record_when_the_owner_dies(tmp_path):
+    (tmp_path / "r1").mkdir()
+    detach.decide(params(tmp_path, state="present", record=record_of()))
+    owner = owner_process()
+    try:
+        detach.lock(str(tmp_path / "r1"), owner.pid)
+        polls = []
+
+        def sleep(_s):  # the owner restarts the run on a spare, then is killed
+            polls.append(1)
+            if len(polls) == 2:
+                detach.decide(params(tmp_path, state="present", record=record_of(
+                    hosts=("node0", "node1", "node3"), watch={"nproc_per_node": 2,
+                                                             "attempt": 1})))
+                owner.kill()
+                owner.wait()
+        got = detach.follow(str(tmp_path), record_of(run_id="r1"), os.getpid(), sleep=sleep)
+        # The attempt the owner started is followed (the record read again), never restarted.
+        assert got["reported"] == "" and got["followed_by"] == 0
+        assert sorted(got["record"]["hosts"]) == ["node0", "node1", "node3"]
+        assert got["record"]["watch"]["attempt"] == 1
+        assert detach.attached_by(str(tmp_path / "r1")) == os.getpid()
+    finally:
+        owner.kill()
+        owner.wait()
 
 
 def test_a_lock_whose_holder_is_gone_is_taken(tmp_path):
@@ -162,6 +226,20 @@ def test_pruning_keeps_a_detached_run_until_it_is_gathered(tmp_path):
     (tmp_path / names[0] / detach.RECORD).write_text("{}")
     removed = report.prune_runs(str(tmp_path), 2)
     assert removed == [names[1]] and (tmp_path / names[0]).is_dir()
+
+
+def test_runs_latest_stays_on_the_newest_run_started_when_an_older_one_reports(tmp_path):
+    """A detached run's finisher writes its report after a newer run started from the same
+    runs root: runs/latest keeps naming the newer run."""
+    older, newer = str(tmp_path / "20261126-101500-ab12"), str(tmp_path / "20261126-111500-cd34")
+    report.write_report(older, "preflight.json", {"ok": True}, runs_root=str(tmp_path))
+    assert os.path.realpath(tmp_path / "latest") == older
+    report.write_report(newer, "preflight.json", {"ok": True}, runs_root=str(tmp_path))
+    report.write_report(older, "train.json", {"ok": True}, runs_root=str(tmp_path))
+    assert os.path.realpath(tmp_path / "latest") == newer
+    os.unlink(tmp_path / "latest")  # removed by hand: the next report puts it back
+    report.write_report(older, "train.json", {"ok": True}, runs_root=str(tmp_path))
+    assert os.path.realpath(tmp_path / "latest") == older
 
 
 def test_a_hosts_record_keeps_what_connects_to_it_and_never_a_password():

@@ -86,6 +86,28 @@ def test_probe_python_reads_torch_without_importing_it():
     assert stack["executable"] == sys.executable
 
 
+def test_the_probe_reports_torch_version_as_torch_does_not_its_metadata(tmp_path):
+    """A CUDA build's metadata says '2.11.0' while torch.__version__ is '2.11.0+cu130'
+    (recorded on the H200 host, ../shared/recorded/h200-1gpu/README.md): two builds of one
+    release must not compare equal in version.torch. torch/version.py as that build writes it."""
+    pkg = tmp_path / "torch"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise SystemExit('imported')\n")
+    (pkg / "version.py").write_text(
+        "from typing import Optional\n\n__all__ = ['__version__', 'debug', 'cuda', 'git_version', 'hip']\n"
+        "__version__ = '2.11.0+cu130'\ndebug = False\ncuda: Optional[str] = '13.0'\n"
+        "hip: Optional[str] = None\n")
+    meta = tmp_path / "torch-2.11.0.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0\n")
+    out = subprocess.run([sys.executable, "-c", pystack.SNIPPET + "print(json.dumps(out))"],
+                         capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}).stdout
+    stack = json.loads(out)
+    assert (stack["torch_version"], stack["torch_cuda"], stack["torch_hip"]) == (
+        "2.11.0+cu130", "13.0", None)
+
+
 def test_probe_python_without_torch_and_without_interpreter(tmp_path):
     run = command_runner()
     assert "no such interpreter" in pystack.probe_python(str(tmp_path / "python9"), run)["error"]

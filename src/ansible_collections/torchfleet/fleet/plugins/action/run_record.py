@@ -1,11 +1,42 @@
 """Runs the run_record module in the controller's own process: the record of a detached run
-and the attach lock live on the controller (plugins/module_utils/detach.py holds the logic)."""
+and the attach lock live on the controller (plugins/module_utils/detach.py holds the logic).
+While an attach follows a run another attach owns (state followed), the owner's progress is
+shown here as the watch shows its own."""
 from __future__ import annotations
 
-from ansible_collections.torchfleet.fleet.plugins.plugin_utils.in_process import InProcessAction
+import time
+
+from ansible.utils.display import Display
+
+from ansible_collections.torchfleet.fleet.plugins.action.torchrun_watch import progress_text
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.detach import ARGUMENT_SPEC, decide
+from ansible_collections.torchfleet.fleet.plugins.plugin_utils.in_process import InProcessAction
+
+display = Display()
+
+
+class _Shown:
+    """Shows a progress line at most every PROGRESS_EVERY_S, and every change of phase."""
+
+    def __init__(self):
+        self.at, self.phase = float("-inf"), None
+
+    def __call__(self, line):
+        now = time.monotonic()
+        if now - self.at < defaults.PROGRESS_EVERY_S and line.get("phase") == self.phase:
+            return
+        try:
+            text = progress_text(line)
+        except (KeyError, TypeError, ValueError):  # not a line the watch wrote
+            return
+        self.at, self.phase = now, line.get("phase")
+        display.display(text)
 
 
 class ActionModule(InProcessAction):
     ARGUMENT_SPEC = ARGUMENT_SPEC
-    decide = staticmethod(decide)
+
+    @staticmethod
+    def decide(params):
+        return decide(params, on_progress=_Shown())

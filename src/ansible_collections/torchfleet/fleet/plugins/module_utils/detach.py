@@ -15,9 +15,11 @@ directories and settings by its id alone (`-i` is accepted, never required):
      "excluded": [hosts a restart left out for good]}
 
 The file is the controller user's (0600): it holds the hosts' connection variables (never a
-password: CONNECTION names what is kept). `attach.lock` in the same directory holds the
-attaching ansible-playbook's PID while it follows the run: a second attach is refused while
-that process lives.
+password: CONNECTION names what is kept). `attach.lock` in the same directory holds the PID of
+the ansible-playbook that owns the run's controller part (the gather, the restarts, the report):
+the unattended finisher where it runs, else the first attach. Any number of other attaches
+follow beside it (`follow`): they show the owner's progress, end with its report, and the first
+to see the owner gone takes the lock and carries on from the record.
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ SETTINGS = "torchfleet_run_settings"
 MAX_BYTES = 64 * 1024 * 1024
 
 ARGUMENT_SPEC = dict(
-    state=dict(type="str", choices=["present", "attached", "read", "released"],
+    state=dict(type="str", choices=["present", "attached", "followed", "read", "released"],
                default="attached"),
     run_id=dict(type="str", required=True),
     runs_root=dict(type="path", required=True),
@@ -193,6 +195,90 @@ def release(where, owner_pid):
     return False
 
 
+# The progress lines a follower reads from the owner's watch at one poll, at most.
+PROGRESS_READ_BYTES = 1024 * 1024
+
+
+def report_path(where, record):
+    return os.path.join(where, "%s.json" % record.get("kind"))
+
+
+def read_report(path):
+    """{ok, verdict} of a written report (bounded; a report it cannot read is not ok)."""
+    try:
+        with open(path, "rb") as f:
+            report = json.loads(f.read(MAX_BYTES))
+    except (OSError, ValueError):
+        report = None
+    if not isinstance(report, dict):
+        return {"ok": False, "verdict": "%s cannot be read as a torchfleet report" % path}
+    return {"ok": report.get("ok") is True, "verdict": str(report.get("verdict") or "")}
+
+
+class _Progress:
+    """The owner's progress.jsonl (one JSON line per look its watch makes), from its end at the
+    follower's start: only what is new is shown, however long the run has been going."""
+
+    def __init__(self, path):
+        self.path, self.partial = path, b""
+        try:
+            self.offset = os.path.getsize(path)
+        except OSError:
+            self.offset = 0
+
+    def new_lines(self):
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(PROGRESS_READ_BYTES)
+        except OSError:
+            return []
+        self.offset += len(data)
+        parts = (self.partial + data).split(b"\n")
+        self.partial = parts.pop()[-PROGRESS_READ_BYTES:]
+        lines = []
+        for part in parts:
+            try:
+                line = json.loads(part)
+            except ValueError:
+                continue
+            if isinstance(line, dict):
+                lines.append(line)
+        return lines
+
+
+def follow(runs_root, record, owner_pid, on_progress=None, poll_s=0.5, sleep=time.sleep):
+    """Follow a run whose controller part another live process owns (it holds the lock),
+    showing that owner's progress (on_progress(line) for each line its watch appends), until
+    the owner has written the run's report ({"reported": path, "report": {ok, verdict}}) or
+    is gone: then the lock is taken here and the run's record read again, as a restart may have
+    rewritten it ({"followed_by": 0, "record": ...}: this process carries on as the owner; a
+    gather the dead owner left half done is done again, the attempt it started is followed)."""
+    where = run_dir(runs_root, record["run_id"])
+    progress = _Progress(os.path.join(where, "progress.jsonl"))
+    report = report_path(where, record)
+    while True:
+        for line in progress.new_lines():
+            if on_progress is not None:
+                on_progress(line)
+        if os.path.exists(report):
+            return {"reported": report, "report": read_report(report), "followed_by": 0,
+                    "record": record}
+        if not attached_by(where):
+            try:
+                lock(where, owner_pid)
+            except Locked:
+                sleep(poll_s)  # another follower took over first: follow it
+                continue
+            if os.path.exists(report):  # written as the owner ended: nothing left to do
+                release(where, owner_pid)
+                return {"reported": report, "report": read_report(report), "followed_by": 0,
+                        "record": record}
+            return {"reported": "", "followed_by": 0,
+                    "record": read(runs_root, record["run_id"])}
+        sleep(poll_s)
+
+
 def hosts_in_rank_order(record):
     """The run's hosts, node rank 0 first (preflight's nodes; the record's order else)."""
     nodes = (record.get("preflight") or {}).get("nodes") or []
@@ -227,8 +313,11 @@ def place(record, rank=None, host=None):
     return {"host": order[rank // nproc], "local_rank": rank % nproc, "rank": rank}
 
 
-def decide(p):
-    """run_record's answer."""
+def decide(p, on_progress=None):
+    """run_record's answer; on_progress(line) sees the owner's progress while state followed
+    waits. Its paths are absolute: a relative runs root is the one ansible-playbook was started
+    in (this runs in its process), and the tasks that use them (a copy) run elsewhere."""
+    p = dict(p, runs_root=os.path.abspath(p["runs_root"]))
     where = run_dir(p["runs_root"], p["run_id"])
     owner = p["owner_pid"] or os.getppid()
     if p["state"] == "present":
@@ -240,7 +329,7 @@ def decide(p):
                 "released": release(where, owner)}
     record = read(p["runs_root"], p["run_id"])
     if p["state"] == "read":  # status and logs: no lock
-        report = os.path.join(where, "%s.json" % record.get("kind"))
+        report = report_path(where, record)
         return {"file": os.path.join(where, RECORD), "record": record,
                 "reported": report if os.path.exists(report) else "",
                 "place": place(record, p["rank"], p["host"])}
@@ -253,7 +342,10 @@ def decide(p):
                              "inventory the run was started with (%s)" % (
                                  p["run_id"], ", ".join(missing[:5]),
                                  ", ".join(record.get("inventory") or ["unknown"])))
-    report = os.path.join(where, "%s.json" % record.get("kind"))
+    report = report_path(where, record)
+    if p["state"] == "followed":
+        return dict(follow(p["runs_root"], record, owner, on_progress),
+                    file=os.path.join(where, RECORD))
     if os.path.exists(report):  # gathered already: nothing to follow, nothing to lock
         _drop_stale(os.path.join(where, LOCK))  # the attach that reported failed the play
         return {"file": os.path.join(where, RECORD), "record": record, "reported": report}
@@ -262,7 +354,7 @@ def decide(p):
     try:
         lock(where, owner)
     except Locked as exc:
-        if not p["stop"]:
-            raise ValueError(str(exc)) from None
-        answer["followed_by"] = exc.pid  # stop.yml: that attach gathers the stopped run
+        # The owner gathers and reports the run; this attach follows it (state followed), a
+        # stop asks the master to stop and leaves the rest to the owner.
+        answer["followed_by"] = exc.pid
     return answer

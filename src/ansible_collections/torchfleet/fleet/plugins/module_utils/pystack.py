@@ -29,9 +29,13 @@ if spec and spec.submodule_search_locations:
     try:
         with open(os.path.join(out["torch_path"], "version.py")) as f:
             text = f.read()
-        for key in ("cuda", "hip"):  # a build for one has None for the other
+        # __version__ as torch reports it ('2.11.0+cu130'; the package metadata says '2.11.0',
+        # so two builds of one release would compare equal); a build for CUDA has no HIP.
+        for key, field in (("__version__", "torch_version"), ("cuda", "torch_cuda"),
+                           ("hip", "torch_hip")):
             m = re.search(r"^%s\s*(?::[^=]*)?=\s*'([^']+)'" % key, text, re.M)
-            out["torch_" + key] = m.group(1) if m else None
+            if m or field != "torch_version":
+                out[field] = m.group(1) if m else None
     except OSError:
         pass
 for dist in ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"):

@@ -80,10 +80,13 @@ RUN_DIR_MODE, REPORT_MODE = 0o750, 0o640
 def make_run_dir(run_dir, runs_root=None):
     """Create a run directory (RUN_DIR_MODE; OSError when it cannot be; a directory the user
     named that exists already keeps its mode) and, in a runs root, point runs_root/latest at
-    it."""
+    it when the run starts here: runs/latest names the newest run started there, and a report
+    written later (a detached run's, gathered after a newer run started) does not move it back."""
+    started = not os.path.isdir(run_dir)
     os.makedirs(run_dir, mode=RUN_DIR_MODE, exist_ok=True)
-    if runs_root:
-        point_link(os.path.join(runs_root, "latest"), run_dir)
+    latest = os.path.join(runs_root, "latest") if runs_root else ""
+    if latest and (started or not os.path.lexists(latest)):
+        point_link(latest, run_dir)
 
 
 def point_link(link, target):

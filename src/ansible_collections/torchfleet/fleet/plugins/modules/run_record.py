@@ -12,11 +12,15 @@ description:
     and connection variables, its master, settings, attempts and preflight result) - so that
     attach, status, logs and stop find the run by its id alone.
   - With O(state=attached), reads and checks that record and takes the attach lock
-    (run.json's directory, attach.lock, holding the PID of the attaching ansible-playbook); it
-    fails with one sentence for an id that names no run, a run that was not detached, a
-    record torchfleet did not write, a run whose hosts O(inventory_hosts) does not hold, or a run
-    another live process is attached to. A run gathered already is answered with its report
-    (RV(reported)) and no lock.
+    (run.json's directory, attach.lock, holding the PID of the ansible-playbook that owns the
+    run's gather, restarts and report); it fails with one sentence for an id that names no run,
+    a run that was not detached, a record torchfleet did not write, or a run whose hosts
+    O(inventory_hosts) does not hold. Where another live process holds the lock, RV(followed_by)
+    names it. A run gathered already is answered with its report (RV(reported)) and no lock.
+  - With O(state=followed), follows a run whose lock another live process holds - showing that
+    owner's progress (runs/ID/progress.jsonl, from now on) - until the owner has written the
+    run's report (RV(reported), RV(report)), or is gone - then the lock is taken here and the
+    record read again (RV(followed_by) is 0), and the caller carries on as the owner.
   - With O(state=read), reads and checks the record without a lock, and answers where the log
     of O(rank) (or of O(host)'s first rank; rank 0 when neither is given) is - status and logs.
   - With O(state=released), removes the attach lock if this ansible-playbook holds it.
@@ -27,7 +31,7 @@ options:
   state:
     description: What to do with the record.
     type: str
-    choices: [present, attached, read, released]
+    choices: [present, attached, followed, read, released]
     default: attached
   run_id:
     description: The run's id.
@@ -48,8 +52,8 @@ options:
     elements: str
     default: []
   stop:
-    description: With O(state=attached), the caller stops the run (stop.yml) - a live attach
-      holding the lock is then no error; RV(followed_by) names it, and it gathers the run.
+    description: With O(state=attached), the caller stops the run (stop.yml); where a live attach
+      holds the lock (RV(followed_by)), that attach gathers the run.
     type: bool
     default: false
   rank:
@@ -104,13 +108,19 @@ record:
 reported:
   description: With O(state=attached) or O(state=read), the run's report (train.json or
     collective.json) when the run was gathered already (no lock is taken then); empty otherwise.
-  returned: with O(state=attached) or O(state=read)
+  returned: with O(state=attached), O(state=followed) or O(state=read)
   type: str
 followed_by:
-  description: With O(stop), the PID of the live attach that holds the lock (it gathers and
-    reports the run); 0 when the lock was taken here.
-  returned: with O(state=attached)
+  description: The PID of the live attach that holds the lock (it gathers and reports the
+    run); 0 when the lock was taken here.
+  returned: with O(state=attached) or O(state=followed)
   type: int
+report:
+  description: With O(state=followed), the report the owner wrote - whether the run succeeded
+    and its verdict.
+  returned: with O(state=followed) when RV(reported) is set
+  type: dict
+  sample: {"ok": false, "verdict": "train failed: first failure on node2, rank 4: ..."}
 place:
   description: With O(state=read), where the rank's log is.
   returned: with O(state=read)
