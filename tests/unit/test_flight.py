@@ -15,8 +15,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import flight, procs, runstate
+from ansible_collections.torchfleet.fleet.plugins.module_utils import flight, procs, runstate, summary
 
+from tests.conftest import FIXTURES
 from tests.unit.test_runstate import state as runstate_state
 
 RECORDED = {"0": {"0": [40, 39, "gloo:all_reduce", "[[1024]]", "Float"]},
@@ -290,3 +291,51 @@ def test_the_watcher_reads_the_nccl_dump_of_torchs_tutorial():
     assert watcher_reader()([dump], [dump]) == {"0": [1, 0, "nccl:all_reduce", "[[3, 4]]",
                                                       "Float"]}
     assert flight.nbytes("[[3, 4]]", "Float") == 48
+
+
+# Recorded on a real GPU host (tests/fixtures/h200-1gpu/hang-nccl/, one H200, NCCL 2.28.9):
+# after 20 all_reduces a GPU kernel spins, so all_reduce #21 is enqueued and never completes.
+H200_HANG = FIXTURES / "h200-1gpu" / "hang-nccl"
+
+
+def test_a_collective_every_rank_joined_that_never_completed_is_said_so_recorded_nccl(tmp_path):
+    position = json.loads((H200_HANG / "fr_position.json").read_text())
+    s = runstate.RunState("r1", ["gpuhost"], 1, now=1000.0, join_timeout_s=60,
+                          lost_after_s=30, hang_timeout_s=20, job_timeout_s=3600)
+    for t in range(1001, 1023):
+        s.report("gpuhost", t, {"t": runstate.BEAT, "alive": 1, "idle_s": t - 1001.0,
+                                "last_line": "warm: 20 all_reduce done", "pid": 1,
+                                "coll": {"0": position["pgs"]}, "steady": {"0": [30.0, True]}})
+        failure = s.tick(t)
+    assert failure["reason"] == runstate.HANG and failure["host"] is None
+    assert failure["detail"] == (
+        "hang at collective #21 (all_reduce, 4.0 MiB, group 0): every rank joined it and it "
+        "never completed: a GPU, NCCL or the network is stuck, not a rank")
+    # Where the rank waits, from its recorded py-spy dump gathered with its logs.
+    dump = tmp_path / "logs" / "gpuhost" / "attempt_0" / "0" / "py-spy-dump.txt"
+    dump.parent.mkdir(parents=True)
+    dump.write_text((H200_HANG / "py-spy-dump.txt").read_text())
+    first = summary.first_failure(s.record(), str(tmp_path), 20)
+    assert first["reason"].startswith(failure["detail"] + "; gpuhost rank 0 is in <module> "
+                                      "(gpu_hang.py:19)")
+    assert summary.hang_detail(failure, "gpuhost").startswith(
+        "its ranks waited in collective #21 (all_reduce), which every rank joined and none "
+        "completed")
+    # The recorded master's record kept the same finding (its words were the old ones).
+    kept = json.loads((H200_HANG / "run_state.json").read_text())["failure"]["collective"]
+    assert flight.all_in(kept) and flight.text(dict(kept, backend="nccl")) == \
+        failure["detail"][len("hang at "):]
+
+
+def test_every_rank_in_a_gloo_collective_that_stalled_blames_no_rank():
+    s = state()
+    pos = {str(r): {"0": [40, 39, "gloo:all_reduce", "[[256]]", "Float"]} for r in range(6)}
+    for t in range(1001, 1023):
+        beat(s, t, pos)
+        failure = s.tick(t)
+    assert failure["detail"].endswith("every rank joined it and it never completed: gloo or "
+                                      "the network is stuck, not a rank")
+    assert flight.culprits(failure["collective"]) == []
+    # A rank that died with every rank in the collective is no hang: its words stay its own.
+    assert runstate.collective_words({"reason": runstate.FAILED,
+                                      "collective": failure["collective"]}) == ""

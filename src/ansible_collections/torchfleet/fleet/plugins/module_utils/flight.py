@@ -413,6 +413,7 @@ def finding(ranks, world, failed_rank=None, moving=()):
             continue
         ref = next((at_top[r] for r in sorted(at_top) if signature.get(r) == common), None)
         out.update(group=g, seq=top, waiting=len(waiting),
+                   backend=ref[2].split(":", 1)[0] if ref and ":" in ref[2] else "",
                    op=common[0] if common else "",
                    bytes=nbytes(ref[3], ref[4]) if ref else None,
                    missing=[{"rank": r, "host": ranks[r][0], "seq": members[r][0]}
@@ -463,12 +464,26 @@ def culprits(f):
         [m["rank"] for m in f.get("mismatch") or []]
 
 
+# What is stuck when every rank joined a collective that never completed, by backend.
+STUCK_BELOW = {"nccl": "a GPU, NCCL or the network", "gloo": "gloo or the network"}
+
+
+def all_in(f):
+    """Every rank of the run waits in the finding's collective, none missing or at odds: the
+    collective itself never completed."""
+    return bool(f) and f.get("seq") is not None and not culprits(f) \
+        and f.get("waiting") == f.get("world") and f.get("recorded") == f.get("world")
+
+
 def text(f):
-    """The finding in words, '' when it names nobody."""
-    if not f or not culprits(f):
+    """The finding in words, '' when it says nothing about a collective."""
+    if not f or not (culprits(f) or all_in(f)):
         return ""
     head = "collective #%d (%s, %s, group %s)" % (
         f["seq"], f["op"] or "op unknown", human(f["bytes"]), f["group"])
+    if all_in(f):
+        return "%s: every rank joined it and it never completed: %s is stuck, not a rank" % (
+            head, STUCK_BELOW.get(f.get("backend") or "", "a device, the backend or the network"))
     parts = []
     for m in f["missing"][:4]:
         parts.append("%s rank %d never joined" % (m["host"], m["rank"]))

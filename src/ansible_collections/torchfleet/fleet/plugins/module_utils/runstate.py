@@ -170,7 +170,8 @@ def collective_words(failure):
     found = failure.get("collective") if failure else None
     if not found or failure.get("reason") == HANG:
         return ""
-    return flight.text(found) or found.get("others") or ""
+    # (Every rank in a collective that never completed is a hang's finding, not a failed rank's.)
+    return (flight.text(found) if flight.culprits(found) else "") or found.get("others") or ""
 
 
 def failure_text(failure):

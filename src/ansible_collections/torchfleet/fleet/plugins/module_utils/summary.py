@@ -14,7 +14,7 @@ import re
 import statistics
 
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible_collections.torchfleet.fleet.plugins.module_utils import fabric, isolate, nccl_log
+from ansible_collections.torchfleet.fleet.plugins.module_utils import fabric, flight, isolate, nccl_log
 from ansible_collections.torchfleet.fleet.plugins.module_utils.records import WARNING, check, failed
 from ansible_collections.torchfleet.fleet.plugins.module_utils.report import point_link, prune_runs, verdict, write_report
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import (
@@ -161,8 +161,11 @@ def hang_detail(abort, host):
     if found.get("missing") or found.get("mismatch"):
         return "its ranks waited in collective #%d (%s) for the ranks named; stacks in " \
             "py-spy-dump.txt" % (found["seq"], found["op"] or "op unknown")
-    return "no progress for %s; stacks in py-spy-dump.txt" % (abort or {}).get(
-        "detail", "hang_timeout_s")
+    if flight.all_in(found):
+        return "its ranks waited in collective #%d (%s), which every rank joined and none " \
+            "completed; stacks in py-spy-dump.txt" % (found["seq"], found["op"] or "op unknown")
+    return "%s; stacks in py-spy-dump.txt" % ((abort or {}).get("detail") or
+                                              "no progress for hang_timeout_s")
 
 
 def first_failure(record, run_dir, lines):
@@ -187,6 +190,12 @@ def first_failure(record, run_dir, lines):
         if named and named[0]["host"] in first:
             at = where(run_dir, named[0]["host"], named[0]["rank"] - first[named[0]["host"]])
             reason += "; it is in %s" % at if at else ""
+        elif flight.all_in(found):  # where the first few ranks wait (4,096 would be a page)
+            at = ["%s rank %d is in %s" % (h["host"], rank, spot)
+                  for h in record.get("hosts") or [] if h.get("ranks")
+                  for rank in range(h["ranks"][0], h["ranks"][1] + 1)
+                  for spot in [where(run_dir, h["host"], rank - h["ranks"][0])] if spot][:3]
+            reason += "".join("; " + a for a in at)
         elif found and found.get("note"):
             reason += " (%s)" % found["note"]
         out.update(reason=reason + "; stacks:",
