@@ -18,6 +18,7 @@ from pathlib import Path
 
 from lab import netns as labmod  # python -m bench runs from the repository root
 from torchfleet.paths import collection_root
+from torchfleet import ansible_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -65,7 +66,7 @@ TIMER_ENV = {"ANSIBLE_CALLBACKS_ENABLED": "bench_timer",
 
 
 def playbook(name, inventory, *extra, **envs):
-    return timed([str(BIN / "ansible-playbook"), "-i", str(inventory), name, *extra], **envs)
+    return timed([*ansible_cli.command("ansible-playbook"), "-i", str(inventory), name, *extra], **envs)
 
 
 def ping(inventory):

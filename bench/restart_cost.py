@@ -8,7 +8,8 @@ import time
 
 import yaml
 
-from bench.harness import BIN, ROOT, env, lab, lab_down, stats
+from bench.harness import ROOT, env, lab, lab_down, stats
+from torchfleet import ansible_cli
 
 
 def all_ranks_resumed(remote, hosts, attempt_dir):
@@ -47,7 +48,7 @@ def run(args, tmp):
         for i in range(args.runs):
             ckpt, remote = tmp / ("ckpt%d" % i), tmp / ("remote%d" % i)
             proc = subprocess.Popen(
-                [str(BIN / "ansible-playbook"), "-i", str(the_lab.inventory), "train.yml",
+                [*ansible_cli.command("ansible-playbook"), "-i", str(the_lab.inventory), "train.yml",
                  "-e", "nnodes=6", "-e", "spares=2", "-e", "max_restarts=1",
                  "-e", "lost_after_s=5", "-e", "train_steps=400",
                  "-e", "train_checkpoint_dir=%s" % ckpt, "-e", "remote_runs_root=%s" % remote,
@@ -69,7 +70,7 @@ def run(args, tmp):
             shutil.copy(ckpt / "ddp_train.pt", hand_ckpt / "ddp_train.pt")
             start = time.monotonic()
             proc = subprocess.Popen(
-                [str(BIN / "ansible-playbook"), "-i", str(hand_inventory), "train.yml",
+                [*ansible_cli.command("ansible-playbook"), "-i", str(hand_inventory), "train.yml",
                  "-e", "nnodes=6", "-e", "train_steps=400",
                  "-e", "train_checkpoint_dir=%s" % hand_ckpt,
                  "-e", "remote_runs_root=%s" % hand_remote, "-e", "run_dir=%s/fr-%d" % (tmp, i)],

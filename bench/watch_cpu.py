@@ -7,7 +7,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.harness import BIN, ROOT, env, lab, lab_down, stats
+from bench.harness import ROOT, env, lab, lab_down, stats
+from torchfleet import ansible_cli
 
 
 STEADY_SCRIPT = '''
@@ -54,7 +55,8 @@ def run(args, tmp):
             for i in range(args.runs):
                 started = time.time()
                 proc = subprocess.Popen(
-                    [str(BIN / "ansible-playbook"), "-i", str(the_lab.inventory), "train.yml",
+                    [*ansible_cli.command("ansible-playbook"), "-i", str(the_lab.inventory),
+                     "train.yml",
                      "-e", "nnodes=%d" % n, "-e", "run_dir=%s/wc%d-%d" % (tmp, n, i),
                      "-e", "script=%s" % script,
                      "-e", json.dumps({"script_args": [str(int(window_s) + 20)]})],

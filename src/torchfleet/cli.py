@@ -182,7 +182,7 @@ def health_command(args: argparse.Namespace) -> int:
         print("torchfleet health: %s" % exc, file=sys.stderr)
         return ERROR
     print(health_cli.as_json(view) if args.json else health_cli.health_text(view))
-    return OK if view["ok"] else FAILED
+    return health_cli.exit_status(view)
 
 
 def main(argv: list[str] | None = None) -> int:

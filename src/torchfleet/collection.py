@@ -9,13 +9,12 @@ ansible-galaxy packs it as it is; nothing is copied or rewritten on the way.
 """
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
+from torchfleet import ansible_cli
 from torchfleet.paths import collection_root
 
 
@@ -27,8 +26,7 @@ def build(out_dir: str | Path) -> Path:
     """Build DIR/torchfleet-fleet-<version>.tar.gz; returns its path."""
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    galaxy = shutil.which("ansible-galaxy") or str(Path(sys.executable).parent / "ansible-galaxy")
-    proc = subprocess.run([galaxy, "collection", "build", str(collection_root()),
+    proc = subprocess.run([*ansible_cli.command("ansible-galaxy"), "collection", "build", str(collection_root()),
                            "--output-path", str(out_dir), "--force"],
                           capture_output=True, text=True)
     if proc.returncode != 0:

@@ -8,6 +8,7 @@ from typing import Any
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, health, health_checks
 from ansible_collections.torchfleet.fleet.plugins.module_utils.records import ERROR as SEVERE
+from ansible_collections.torchfleet.fleet.plugins.module_utils.records import WARNING, check
 from ansible_collections.torchfleet.fleet.plugins.module_utils.table import render
 
 USAGE = ("Files read from DIR (each optional; what is absent is not checked):\n"
@@ -33,17 +34,29 @@ def read_bundle(directory: str) -> dict[str, str]:
 
 def health_view(directory: str, host: str = "", window_s: int | None = None,
                 limits: dict[str, Any] | None = None) -> dict[str, Any]:
-    files = read_bundle(directory)
+    files, problems = health.bundle_problems(read_bundle(directory))
     if window_s is None:
         window_s = defaults.default("health_xid_window_s")
     limits = health_checks.limits(limits)
     name = host or Path(directory).resolve().name
     # A saved log has no "now": the window ends at the log's own last line.
     facts = health.facts(files, window_s)
-    records = health_checks.checks(name, facts, limits)
+    records = [check("input.bundle", name, False, p["detail"], BUNDLE_HINT[p["kind"]] % (
+        p["name"], dict(health.BUNDLE)[p["name"]]), severity=WARNING) for p in problems]
+    records += health_checks.checks(name, facts, limits)
     return {"host": name, "dir": str(directory), "files": sorted(files), "facts": facts,
-            "checks": records, "ok": not any(not c["ok"] and c["severity"] == SEVERE
-                                             for c in records)}
+            "checks": records, "incomplete": [p["name"] for p in problems],
+            "ok": not any(not c["ok"] and c["severity"] == SEVERE for c in records)}
+
+
+BUNDLE_HINT = {"foreign": "save %s on the host again as the whole output of %s",
+               "partial": "save %s as the whole output of %s for a full verdict"}
+
+
+def exit_status(view: dict[str, Any]) -> int:
+    """1 when a check fails, else 2 when a file was partial or not its command's output (no
+    verdict is 'ok' over a file it could not read), else 0."""
+    return 1 if not view["ok"] else 2 if view["incomplete"] else 0
 
 
 def health_text(view: dict[str, Any]) -> str:
@@ -55,9 +68,14 @@ def health_text(view: dict[str, Any]) -> str:
     else:
         lines.append("no GPU and no host fact to check in these files")
     failed = [c for c in view["checks"] if not c["ok"] and c["severity"] == SEVERE]
-    lines.append("health %s: %s" % ("failed" if failed else "ok",
-                                    "; ".join("%s %s" % (c["id"], c["detail"]) for c in failed[:3])
-                                    if failed else "nothing that would break a run"))
+    if failed:
+        lines.append("health failed: %s" % "; ".join("%s %s" % (c["id"], c["detail"])
+                                                     for c in failed[:3]))
+    elif view["incomplete"]:
+        lines.append("health incomplete: %s could not be read as saved; nothing else would "
+                     "break a run" % ", ".join(view["incomplete"]))
+    else:
+        lines.append("health ok: nothing that would break a run")
     return "\n".join(lines)
 
 

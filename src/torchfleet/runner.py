@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from torchfleet import forks
+from torchfleet import ansible_cli, forks
 from torchfleet.paths import ansible_root, collections_path
 from torchfleet.results import Check
 
@@ -159,12 +159,15 @@ def ctrl_c_sets(flag: threading.Event | None):
         signal.signal(signal.SIGINT, previous)
 
 
-def _path() -> str:
-    """PATH with this interpreter's bin directory first: ansible-playbook is installed beside
-    torchfleet, and `.venv/bin/torchfleet` is often run without the venv on PATH."""
-    here = os.path.dirname(sys.executable)
-    return os.pathsep.join([here] + [p for p in os.environ.get("PATH", "").split(os.pathsep)
-                                     if p and p != here])
+def _path(private: Path) -> str:
+    """PATH for ansible-runner, which starts `ansible-playbook` by name: the folder of the one
+    ansible_cli finds first (a script written into `private` where ansible-core has none),
+    then this interpreter's bin directory (torchrun on the default inventory's local hosts:
+    `.venv/bin/torchfleet` is often run without the venv on PATH), then the user's PATH."""
+    first = [os.path.dirname(ansible_cli.executable("ansible-playbook", private)),
+             os.path.dirname(sys.executable)]
+    return os.pathsep.join(first + [p for p in os.environ.get("PATH", "").split(os.pathsep)
+                                    if p and p not in first])
 
 
 def run_playbook(playbook: str, *, inventory: Path, extravars: dict[str, Any], run_dir: Path,
@@ -226,7 +229,7 @@ def run_playbook(playbook: str, *, inventory: Path, extravars: dict[str, Any], r
                 # collections_path finds beside an installed copy of it.
                 envvars={"ANSIBLE_CONFIG": str(root / "ansible.cfg"),
                          "ANSIBLE_COLLECTIONS_PATH": str(collections_path()),
-                         "ANSIBLE_NOCOLOR": "1", "PYTHONUNBUFFERED": "1", "PATH": _path()},
+                         "ANSIBLE_NOCOLOR": "1", "PYTHONUNBUFFERED": "1", "PATH": _path(private)},
                 settings={"suppress_ansible_output": True})
             while thread.is_alive():
                 thread.join(0.25)

@@ -16,6 +16,7 @@ import pytest
 
 from lab.ports import free_port
 from tests.conftest import COLLECTION, ROOT, processes_matching
+from torchfleet import ansible_cli
 
 pytestmark = pytest.mark.integration
 BIN = Path(sys.executable).parent
@@ -35,7 +36,7 @@ def installed(tmp_path_factory):
                ANSIBLE_COLLECTIONS_PATH=str(base / "collections"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="false")
     env.pop("ANSIBLE_CONFIG", None)
-    install = subprocess.run([str(BIN / "ansible-galaxy"), "collection", "install", str(archive),
+    install = subprocess.run([*ansible_cli.command("ansible-galaxy"), "collection", "install", str(archive),
                               "-p", str(base / "collections")], cwd=base, env=env,
                              capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stderr[-3000:]
@@ -63,12 +64,12 @@ def test_the_archive_is_the_repositorys_collection_tree_unchanged(installed):
 
 def test_ansible_doc_renders_every_module_by_its_fqcn(installed):
     _, work, env = installed
-    proc = subprocess.run([str(BIN / "ansible-doc"), "--json",
+    proc = subprocess.run([*ansible_cli.command("ansible-doc"), "--json",
                            *("torchfleet.fleet.%s" % m for m in MODULES)], cwd=work, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "ERROR" not in proc.stderr, proc.stderr[-3000:]
     assert sorted(json.loads(proc.stdout)) == ["torchfleet.fleet.%s" % m for m in MODULES]
-    proc = subprocess.run([str(BIN / "ansible-doc"), "-t", "inventory", "--json",
+    proc = subprocess.run([*ansible_cli.command("ansible-doc"), "-t", "inventory", "--json",
                            "torchfleet.fleet.slurm"], cwd=work, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -77,7 +78,7 @@ def test_ansible_doc_renders_every_module_by_its_fqcn(installed):
 
 def playbook(installed, name, *extra):
     _, work, env = installed
-    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "inventory.yml",
+    proc = subprocess.run([*ansible_cli.command("ansible-playbook"), "-i", "inventory.yml",
                            "torchfleet.fleet.%s" % name, *extra], cwd=work, env=env,
                           capture_output=True, text=True, timeout=600,
                           stdin=subprocess.DEVNULL)
@@ -128,7 +129,7 @@ def test_ansible_test_sanity_passes_on_the_built_collection(installed, tmp_path)
     (cache / ("get_pip_%s.py" % pip_version.replace(".", "_"))).write_text(
         GET_PIP % sys.executable)
     tree = archive.parent.parent / "collections" / "ansible_collections" / "torchfleet" / "fleet"
-    proc = subprocess.run([str(BIN / "ansible-test"), "sanity", "--venv", "--python",
+    proc = subprocess.run([*ansible_cli.command("ansible-test"), "sanity", "--venv", "--python",
                            "%d.%d" % sys.version_info[:2], "--requirements", "--color", "no"],
                           cwd=tree, env=dict(env, HOME=str(tmp_path / "home")),
                           capture_output=True, text=True, timeout=1200)

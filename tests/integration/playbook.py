@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.conftest import ROOT
+from torchfleet import ansible_cli
 
 BIN = Path(sys.executable).parent
 
@@ -41,7 +42,7 @@ class Run:
 
 def playbook(name, tmp_path, *args, inventory=None, timeout_s=300):
     run_dir = tmp_path / "run"
-    argv = [str(BIN / "ansible-playbook"), name, "-e", "run_dir=%s" % run_dir, *args]
+    argv = [*ansible_cli.command("ansible-playbook"), name, "-e", "run_dir=%s" % run_dir, *args]
     if inventory is not None:
         argv += ["-i", str(inventory)]
     env = dict(os.environ, PATH="%s:%s" % (BIN, os.environ.get("PATH", "")),

@@ -15,6 +15,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils import procs
 from tests.conftest import FIXTURES, processes_matching
 from tests.integration.playbook import BIN, ROOT, playbook
 from lab.ports import free_port
+from torchfleet import ansible_cli
 
 pytestmark = pytest.mark.integration
 SCRIPTS = FIXTURES / "scripts"
@@ -164,7 +165,7 @@ def test_stop_during_a_run_stops_everything_and_never_signals_a_foreign_pid(tmp_
     run_dir, run_id = tmp_path / "run", "stop-test-%d" % os.getpid()
     with open(log, "w") as out:  # a file, not a pipe nobody reads while the play runs
         train = subprocess.Popen(
-            [str(BIN / "ansible-playbook"), "train.yml", "-e", "nnodes=2", "-e",
+            [*ansible_cli.command("ansible-playbook"), "train.yml", "-e", "nnodes=2", "-e",
              "train_steps=500000", "-e", "master_port=%d" % free_port(), "-e",
              "run_dir=%s" % run_dir, "-e", "run_id=%s" % run_id], cwd=ROOT, env=dict(os.environ, PATH=env_path),
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -236,7 +237,7 @@ def test_a_killed_master_agent_is_the_master_lost_and_nothing_is_left(tmp_path):
     lost, not a traceback; node1's agent stops by itself after lost_after_s."""
     run_id = "killmaster-%d" % os.getpid()
     pidfile = Path.home() / ".torchfleet" / "runs" / run_id / "node0" / "torchrun.pid"
-    argv = [str(BIN / "ansible-playbook"), "train.yml", "-e", "nnodes=2",
+    argv = [*ansible_cli.command("ansible-playbook"), "train.yml", "-e", "nnodes=2",
             "-e", "master_port=%d" % free_port(), "-e", "train_steps=1000000",
             "-e", "lost_after_s=10", "-e", "run_id=%s" % run_id,
             "-e", "run_dir=%s" % (tmp_path / "run")]
@@ -273,7 +274,7 @@ def test_a_controller_killed_or_hung_up_leaves_nothing_running(tmp_path, sig):
     long before its lease (120 s) would have."""
     run_id = "killctl-%s-%d" % (sig.name, os.getpid())
     run_dir = Path.home() / ".torchfleet" / "runs" / run_id
-    argv = [str(BIN / "ansible-playbook"), "train.yml", "-e", "nnodes=2",
+    argv = [*ansible_cli.command("ansible-playbook"), "train.yml", "-e", "nnodes=2",
             "-e", "master_port=%d" % free_port(), "-e", "train_steps=1000000",
             "-e", "run_id=%s" % run_id, "-e", "run_dir=%s" % (tmp_path / "run")]
     proc = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (

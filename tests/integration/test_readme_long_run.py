@@ -20,6 +20,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils import detach
 from lab.ports import free_port
 from tests.conftest import FIXTURES, ROOT, end_unattended, parent_of, processes_matching
 from tests.integration.playbook import BIN
+from torchfleet import ansible_cli
 
 pytestmark = pytest.mark.integration
 ENV = dict(os.environ, PATH="%s:%s" % (BIN, os.environ.get("PATH", "")), ANSIBLE_NOCOLOR="1")
@@ -53,7 +54,7 @@ def lock_holder(run_dir):
 
 def test_the_readme_long_run_flow_with_attaches_beside_the_finisher(tmp_path):
     go = tmp_path / "go"
-    started = typed("ansible-playbook", "train.yml", "-e", "nnodes=2", "-e", "detach=true",
+    started = typed(*ansible_cli.command("ansible-playbook"), "train.yml", "-e", "nnodes=2", "-e", "detach=true",
                     "-e", "script=%s" % (FIXTURES / "scripts" / "steps_until_file.py"),
                     "-e", json.dumps({"script_args": [str(go)]}),
                     "-e", "master_port=%d" % free_port())
@@ -65,7 +66,7 @@ def test_the_readme_long_run_flow_with_attaches_beside_the_finisher(tmp_path):
         assert wait_until(lambda: lock_holder(run_dir) is not None, 120)
         progress = run_dir / "progress.jsonl"
         followers = [typed(str(BIN / "torchfleet"), "attach", run_id, background=True),
-                     typed("ansible-playbook", "attach.yml", "-e", "run_id=%s" % run_id,
+                     typed(*ansible_cli.command("ansible-playbook"), "attach.yml", "-e", "run_id=%s" % run_id,
                            background=True)]
         # Both follow beside the finisher (they wait, and the finisher keeps watching).
         def size():
@@ -84,7 +85,7 @@ def test_the_readme_long_run_flow_with_attaches_beside_the_finisher(tmp_path):
             except (OSError, TypeError):
                 return False
         assert wait_until(taken_over, 60), lock_holder(run_dir)
-        end = typed("ansible-playbook", "stop.yml", "-e", "run_id=%s" % run_id)
+        end = typed(*ansible_cli.command("ansible-playbook"), "stop.yml", "-e", "run_id=%s" % run_id)
         assert end.returncode == 0, end.stdout[-3000:]
         outs = [f.communicate(timeout=300)[0] for f in followers]
     finally:

@@ -17,6 +17,7 @@ from tests.integration.playbook import BIN, ROOT
 from tests.lab.test_guard_lab import guard_tables
 from tests.lab.test_reliability_lab import REMOTE_RUNS, processes_of, wait_until
 from lab.ports import free_port
+from torchfleet import ansible_cli
 
 pytestmark = pytest.mark.lab
 SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "steps_until_file.py"
@@ -260,7 +261,7 @@ def test_stop_without_the_runs_variables_removes_a_guard_its_killed_agents_left(
             kill_agent(run_id, pidfile.parent.name)
         assert wait_until(lambda: not processes_of(run_id), 60), processes_of(run_id)
         assert all(guard_tables(n.ns) for n in healthy_lab.nodes[:3])
-        stop = subprocess.run([str(BIN / "ansible-playbook"), "stop.yml", "-i",
+        stop = subprocess.run([*ansible_cli.command("ansible-playbook"), "stop.yml", "-i",
                                str(healthy_lab.inventory)], cwd=ROOT, capture_output=True,
                               text=True, timeout=300,
                               env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])))

@@ -13,6 +13,7 @@ import pytest
 from tests.integration.playbook import BIN, ROOT, Run
 from tests.lab.test_reliability_lab import REMOTE_RUNS, wait_until
 from lab.ports import free_port
+from torchfleet import ansible_cli
 
 pytestmark = pytest.mark.lab
 SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "wait_for_file.py"
@@ -36,7 +37,7 @@ def test_guarded_ports_answer_only_the_runs_hosts_and_no_rule_is_left(healthy_la
     go, master_port, control_port = tmp_path / "go", free_port(), free_port()
     started = time.time()
     proc = subprocess.Popen(
-        [str(BIN / "ansible-playbook"), "train.yml", "-i", str(healthy_lab.inventory),
+        [*ansible_cli.command("ansible-playbook"), "train.yml", "-i", str(healthy_lab.inventory),
          "-e", "nnodes=2", "-e", "guard_ports=true", "-e", "master_port=%d" % master_port,
          "-e", "control_port=%d" % control_port, "-e", "script=%s" % SCRIPT,
          "-e", json.dumps({"script_args": [str(go)]}), "-e", "run_dir=%s" % (tmp_path / "run")],

@@ -21,6 +21,7 @@ from tests.integration.playbook import BIN, playbook
 from tests.lab.conftest import LAB_DIR, lab_unavailable
 from tests.lab.test_reliability_lab import wait_until
 from torchfleet import html_report
+from torchfleet import ansible_cli
 
 pytestmark = pytest.mark.lab
 TAG = 5  # tests 1, molecule 2, bench 3, the scale lab 4
@@ -113,7 +114,7 @@ def test_a_pair_cut_during_the_rounds_is_a_slow_link_with_its_error_and_the_rest
     gloo's error, and every other pair and round still reports. Nothing is left running."""
     run_id = "cut-pair-%d" % os.getpid()
     proc = subprocess.Popen(
-        [str(BIN / "ansible-playbook"), "collective.yml", "-i", str(healthy_lab.inventory),
+        [*ansible_cli.command("ansible-playbook"), "collective.yml", "-i", str(healthy_lab.inventory),
          *ISOLATE, "-e", "nnodes=4", "-e", "collective_timeout_s=10", "-e", "run_id=%s" % run_id,
          # 16 MiB pairs: a round lasts long enough for the cut to land between rounds 0 and 2.
          "-e", "collective_pair_size=16M",

@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import processes_matching
 from tests.integration.playbook import BIN, ROOT, Run, playbook
+from torchfleet import ansible_cli
 
 pytestmark = pytest.mark.lab
 REMOTE_RUNS = Path.home() / ".torchfleet" / "runs"
@@ -41,7 +42,7 @@ def test_train_across_two_lab_nodes(healthy_lab, tmp_path):
 def test_torchrun_killed_on_one_node_stops_the_others(healthy_lab, tmp_path):
     started = time.time()
     proc = subprocess.Popen(
-        [str(BIN / "ansible-playbook"), "train.yml", "-i", str(healthy_lab.inventory),
+        [*ansible_cli.command("ansible-playbook"), "train.yml", "-i", str(healthy_lab.inventory),
          "-e", "nnodes=2", "-e", "train_steps=1000000", "-e", "run_dir=%s" % (tmp_path / "run")],
         cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

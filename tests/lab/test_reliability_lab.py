@@ -20,6 +20,7 @@ from tests.integration.playbook import BIN, ROOT, Run, playbook
 from bench.fuzz_control import Flood
 from lab.ports import free_port
 from ansible_collections.torchfleet.fleet.plugins.module_utils import procs
+from torchfleet import ansible_cli
 
 
 pytestmark = pytest.mark.lab
@@ -43,7 +44,7 @@ def start_long_train(lab, tmp_path, *extra, nnodes=2, inventory=None, runs=REMOT
     runs: where the hosts keep their run directories (the login's ~/.torchfleet/runs)."""
     started = time.time()
     proc = subprocess.Popen(
-        [str(BIN / "ansible-playbook"), "train.yml", "-i", str(inventory or lab.inventory),
+        [*ansible_cli.command("ansible-playbook"), "train.yml", "-i", str(inventory or lab.inventory),
          "-e", "nnodes=%d" % nnodes,
          "-e", "train_steps=100000000", "-e", "run_dir=%s" % (tmp_path / "run"), *extra],
         cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])),
@@ -107,7 +108,7 @@ def test_a_ranks_own_exit_is_named_though_its_sibling_takes_seconds_to_stop(heal
     node1, rank 3, with its own code, not node0's consequence."""
     go = tmp_path / "go"
     proc = subprocess.Popen(
-        [str(BIN / "ansible-playbook"), "train.yml", "-i", str(healthy_lab.inventory),
+        [*ansible_cli.command("ansible-playbook"), "train.yml", "-i", str(healthy_lab.inventory),
          "-e", "nnodes=2", "-e", "nproc_per_node=2",
          "-e", "script=%s" % (ROOT / "tests" / "fixtures" / "scripts" / "slow_sibling.py"),
          "-e", json.dumps({"script_args": [str(go)]}), "-e", "run_dir=%s" % (tmp_path / "run")],
@@ -144,7 +145,7 @@ def test_a_minute_cut_between_the_controller_and_the_hosts_loses_nothing(healthy
     go = tmp_path / "go"
     started = time.time()
     proc = subprocess.Popen(
-        [str(BIN / "ansible-playbook"), "train.yml", "-i", str(healthy_lab.inventory),
+        [*ansible_cli.command("ansible-playbook"), "train.yml", "-i", str(healthy_lab.inventory),
          "-e", "nnodes=3", "-e", "script=%s" % (ROOT / "tests" / "fixtures" / "scripts"
                                                 / "wait_for_file.py"),
          "-e", json.dumps({"script_args": [str(go)]}), "-e", "run_dir=%s" % (tmp_path / "run")],

@@ -21,6 +21,7 @@ from tests.integration.playbook import BIN, ROOT, Run, playbook
 from tests.lab.conftest import LAB_DIR, lab_unavailable
 from tests.lab.test_reliability_lab import wait_until
 from lab import netns as labmod
+from torchfleet import ansible_cli
 
 pytestmark = pytest.mark.lab
 NODES = 12  # the rank-order run's
@@ -80,7 +81,7 @@ def test_spares_skip_a_firewalled_worker_and_replace_one_cut_off_mid_run_from_it
     ckpt, remote = tmp_path / "ckpt", tmp_path / "remote"
     lab40.block_egress("node1", 29500)
     proc = subprocess.Popen(
-        [str(BIN / "ansible-playbook"), "train.yml", "-i", str(lab40.inventory),
+        [*ansible_cli.command("ansible-playbook"), "train.yml", "-i", str(lab40.inventory),
          "-e", "nnodes=4", "-e", "spares=2", "-e", "max_restarts=1", "-e", "lost_after_s=5",
          "-e", "train_steps=%d" % RESTART_STEPS, "-e", "train_checkpoint_dir=%s" % ckpt,
          "-e", "remote_runs_root=%s" % remote, "-e", "run_dir=%s" % (tmp_path / "run")],

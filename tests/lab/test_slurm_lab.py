@@ -20,6 +20,7 @@ from tests.lab.conftest import LAB_DIR, lab_unavailable
 from lab import netns as labmod
 from lab.slurm import TOOLS, SlurmLab
 from torchfleet.paths import ansible_root
+from torchfleet import ansible_cli
 
 pytestmark = pytest.mark.lab
 TAG = 5  # tests 1, molecule 2, bench 3, rank order 4
@@ -61,7 +62,7 @@ def slurm_env(cluster, job_id=None):
 def test_inventory_is_the_jobs_nodes_in_slurm_order_with_its_gpus(slurm):
     job = slurm.allocate("-N", "2", "--gres=gpu:2")
     try:
-        out = subprocess.run([os.path.join(BIN, "ansible-inventory"), "-i",
+        out = subprocess.run([*ansible_cli.command("ansible-inventory"), "-i",
                               str(slurm.lab.root / "slurm.yml"), "--list"], cwd=ROOT,
                              env=slurm_env(slurm, job), capture_output=True, text=True)
         assert out.returncode == 0, out.stderr

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT
+from torchfleet import ansible_cli
 
-BIN = Path(sys.executable).parent
 
 
 def adhoc(module, args):
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    proc = subprocess.run([str(BIN / "ansible"), "localhost", "-m", "torchfleet.fleet." + module, "-a", args],
+    proc = subprocess.run([*ansible_cli.command("ansible"), "localhost", "-m", "torchfleet.fleet." + module, "-a", args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     return proc.returncode, proc.stdout + proc.stderr
 

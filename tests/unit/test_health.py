@@ -25,6 +25,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.connect import co
 from ansible_collections.torchfleet.fleet.plugins.module_utils.listener import start_listener, stop_listener
 from ansible_collections.torchfleet.fleet.plugins.module_utils.records import ERROR, WARNING
 from tests.conftest import FIXTURES
+from torchfleet import health_cli
 
 REC = FIXTURES / "health"
 LIMITS = {"health_ecc_corrected_max": 10000, "health_disk_min_gb": 10.0}
@@ -495,3 +496,45 @@ def test_any_bytes_on_the_port_give_a_finite_clock_or_none(sent):
         theirs.close()
         clock = read_clock(ours, time.time(), time.monotonic(), wait_s=0.2)
     assert clock is None or all(abs(v) < 1e11 for v in clock.values())
+
+
+# What users save by hand on hosts without the command (recorded: the H200 host had no
+# systemctl, so its saved fabricmanager.txt is a shell's error; tests/fixtures/h200-1gpu/).
+NO_RDMA = "ls: cannot access '/sys/class/infiniband': No such file or directory\n"
+NO_SMI = "bash: nvidia-smi: command not found\n"
+FABRIC_GREP = ("    Fabric\n        State                                          : In Progress\n"
+               "        Status                                         : N/A\n")
+
+
+@pytest.mark.parametrize("files, status, words", [
+    ({"infiniband.txt": NO_RDMA, "ulimit-l.txt": "64\n"}, 2, "infiniband.txt could not be read"),
+    ({"nvidia-smi-q.txt": NO_SMI}, 2, "nvidia-smi-q.txt could not be read"),
+    ({"nvidia-smi-q.txt": FABRIC_GREP}, 1,
+     "gpu.fabric GPU 0 (unknown): NVSwitch fabric In Progress"),
+])
+def test_a_saved_file_that_is_not_its_commands_output_is_named_never_judged(
+        tmp_path, files, status, words):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    view = health_cli.health_view(str(tmp_path))
+    assert health_cli.exit_status(view) == status
+    text = health_cli.health_text(view)
+    assert words in text and "health ok" not in text
+    bundle = [c for c in view["checks"] if c["id"] == "input.bundle"]
+    assert [c["detail"].split(" ", 1)[0] for c in bundle] == [
+        n for n in files if n != "ulimit-l.txt"]
+    # A saved error message is never the host's failure: no memlock verdict from it.
+    assert not [c for c in view["checks"] if c["id"] == "host.memlock" and not c["ok"]]
+
+
+def test_the_recorded_h200_bundle_is_read_and_its_saved_error_named():
+    view = health_cli.health_view(str(FIXTURES / "h200-1gpu"))
+    assert view["ok"] and view["incomplete"] == ["fabricmanager.txt"]
+    assert health_cli.exit_status(view) == 2
+    assert {c["id"] for c in view["checks"] if c["ok"]} >= {"gpu.smi", "gpu.ecc", "gpu.xid"}
+
+
+@given(st.text(max_size=400))
+def test_any_saved_text_is_sorted_without_raising(text):
+    fit, problems = health.bundle_problems({name: text for name in health.FILES})
+    assert set(fit) | {p["name"] for p in problems} == set(health.FILES)

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
+from torchfleet import ansible_cli
 
 MODULES = sorted(p.stem for p in (ROOT / "library").glob("*.py"))
 BIN = Path(sys.executable).parent
@@ -20,7 +21,7 @@ BIN = Path(sys.executable).parent
 
 def test_every_module_renders_in_ansible_doc():
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    proc = subprocess.run([str(BIN / "ansible-doc"), "-M", str(ROOT / "library"), "--json",
+    proc = subprocess.run([*ansible_cli.command("ansible-doc"), "-M", str(ROOT / "library"), "--json",
                            *MODULES], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0 and "ERROR" not in proc.stderr, proc.stderr[-3000:]
@@ -58,7 +59,7 @@ def test_every_description_is_text(name):
 
 def test_the_slurm_inventory_plugin_renders_in_ansible_doc():
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    proc = subprocess.run([str(BIN / "ansible-doc"), "-t", "inventory", "--json", "torchfleet.fleet.slurm"],
+    proc = subprocess.run([*ansible_cli.command("ansible-doc"), "-t", "inventory", "--json", "torchfleet.fleet.slurm"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "WARNING" not in proc.stderr, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)["torchfleet.fleet.slurm"]

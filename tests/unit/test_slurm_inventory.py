@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from ansible_collections.torchfleet.fleet.plugins.inventory import slurm as slurm_inventory
 from torchfleet.paths import ansible_root
 from torchfleet.runner import first_error
+from torchfleet import ansible_cli
 
 ROOT = ansible_root()
 slurm = slurm_inventory
@@ -58,7 +57,7 @@ def inventory(tmp_path, text, **env):
     source = tmp_path / "slurm.yml"
     source.write_text(text)
     environ = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-inventory"), "-i",
+    proc = subprocess.run([*ansible_cli.command("ansible-inventory"), "-i",
                            str(source), "--list"], cwd=ROOT, env=dict(environ, **env),
                           capture_output=True, text=True)
     return proc.returncode, proc.stdout + proc.stderr

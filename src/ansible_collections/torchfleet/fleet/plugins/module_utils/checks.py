@@ -180,6 +180,12 @@ REGISTRY = (
          'copy is more than `health_slow_pct` below the median of its model across the fleet, '
          'or below a floor of `health_floors`; a measurement that failed',
          "cooling, power cap and clocks of that host, or what else runs there; drain it"),
+    Unit(('input.bundle',), API,
+         '`torchfleet health --from DIR`: a saved file that is not (all of) its command\'s '
+         'output (a saved error message, a grep of part of it); a foreign one is not judged, '
+         'a partial one is judged for what it holds',
+         'save the whole output of the command the file is named for, on the host (as the '
+         'usage lists)'),
     Unit(('input.health',), INPUT,
          '`health` other than off / basic / full, or a `health_*` threshold that is not a '
          'number (floors not a mapping of model to numbers); reported before any host is '

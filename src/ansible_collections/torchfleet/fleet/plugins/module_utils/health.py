@@ -43,6 +43,57 @@ AMD_STATIC = "amd-smi-static.json"  # also what node_probe counts AMD GPUs from 
 MAX_FILE = 16 << 20
 
 
+# A line a shell or a tool prints instead of the output asked for: what `cmd > file 2>&1`
+# saves on a host without that command, device or permission.
+SAVED_ERROR = re.compile(r"command not found|No such file or directory|cannot access|"
+                         r"Permission denied|Operation not permitted|not found\s*$|"
+                         r"has failed because|couldn't communicate", re.I | re.M)
+SMI_Q_HEAD = re.compile(r"^=+NVSMI LOG=+\s*$", re.M)
+SMI_Q_GPU = re.compile(r"^GPU [0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]\s*$", re.M)
+SMI_Q_FIELD = re.compile(r"^ {4,}\S[^:]*?\s:\s", re.M)
+RDMA_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+# Where a partial `nvidia-smi -q` is judged, it stands for a GPU of unknown address.
+UNKNOWN_GPU = "GPU unknown"
+
+
+def bundle_problems(files):
+    """Which saved files are not (all of) their command's output: ({name: text fit to judge},
+    [{"name", "kind": "foreign" | "partial", "detail"}]). A foreign file (a saved error message,
+    another command's output) is left out, never read as the host's state; a partial
+    `nvidia-smi -q` (what `| grep -A2 Fabric` keeps) is judged for what it says, as one GPU
+    of unknown address."""
+    fit, problems = {}, []
+    what = dict(BUNDLE)
+    for name, text in files.items():
+        lines = [line for line in text.splitlines() if line.strip()]
+        first = lines[0].strip()[:160] if lines else ""
+        if name == "nvidia-smi-q.txt":
+            if SMI_Q_HEAD.search(text) and SMI_Q_GPU.search(text):
+                fit[name] = text
+            elif SMI_Q_FIELD.search(text) and not SAVED_ERROR.search(first):
+                fit[name] = text if SMI_Q_GPU.search(text) else UNKNOWN_GPU + "\n" + text
+                problems.append({"name": name, "kind": "partial", "detail": (
+                    "%s is part of %s (%s): only what it holds was judged" % (
+                        name, what[name], "no NVSMI LOG header" if SMI_Q_GPU.search(text)
+                        else "no NVSMI LOG header and no GPU section"))})
+            else:
+                problems.append({"name": name, "kind": "foreign", "detail": (
+                    "%s is not %s's output: %r" % (name, what[name], first))})
+            continue
+        if name == "infiniband.txt":
+            bad = next((line for line in lines if not RDMA_NAME.match(line.strip())), None)
+        elif name == "ulimit-l.txt":
+            bad = first if lines and parse_memlock(text) is None else None
+        else:
+            bad = first if lines and len(lines) <= 3 and SAVED_ERROR.search(first) else None
+        if bad is None:
+            fit[name] = text
+        else:
+            problems.append({"name": name, "kind": "foreign", "detail": (
+                "%s is not %s's output: %r" % (name, what[name], bad.strip()[:160]))})
+    return fit, problems
+
+
 def bundle_help():
     return "\n".join("  %-24s %s" % (name, what) for name, what in BUNDLE)
 
