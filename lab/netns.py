@@ -463,6 +463,21 @@ class Lab:
         self._start_sshd(node, extra=["SetEnv %s=%s" % (key, value)])
         self.wait_for_ssh()
 
+    def hide_ip(self, name: str) -> None:
+        """A node whose SSH sessions cannot run iproute2's `ip` (a GPU container or a minimal
+        image without it): their PATH is a folder of the lab's with every command of the
+        system's PATH but `ip`. heal() gives the node its sshd without it again."""
+        node = self.node(name)
+        folder = self.node_dir(node) / "bin-without-ip"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for where in ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin",
+                      "/bin"):
+            for tool in sorted(os.listdir(where)) if os.path.isdir(where) else []:
+                if tool != "ip" and not (folder / tool).exists():
+                    (folder / tool).symlink_to(os.path.join(where, tool))
+        self.set_env(name, "PATH=%s" % folder)
+
     def _stop_sshd(self, node: Node) -> None:
         kill_namespace_processes(node.ns, only_sshd=True)
         close_control_masters(self.root)

@@ -166,3 +166,61 @@ def test_health_full_names_the_host_whose_cpu_is_limited_and_spares_skip_it(heal
     limited = perf_records(report)["node2"]
     assert not limited["ok"] and "below the fleet median" in limited["detail"]
     assert all(c["ok"] for h, c in perf_records(report).items() if h != "node2")
+
+
+# Read in a lab node's own network (its namespace), as node_probe reads it there.
+KERNEL_VS_IP = """
+import json, subprocess, sys
+from ansible_collections.torchfleet.fleet.plugins.module_utils import net, netlink
+def ip(*args):
+    return subprocess.run(["ip", "-j", *args], capture_output=True, text=True, check=True).stdout
+print(json.dumps({
+    "nics": [netlink.interfaces(), net.parse_ip_addr(ip("addr"))],
+    "default": [netlink.default_route_dev(), net.parse_default_route_dev(ip("route", "show", "default"))],
+    "routes": [[netlink.route_get(a), net.parse_ip_route_get(ip("route", "get", a))]
+               for a in sys.argv[1:]]}))
+"""
+
+
+def test_the_kernel_answers_as_ip_does_on_every_lab_host(healthy_lab):
+    """netlink (for hosts without iproute2) against `ip -j` in each node's own network: its
+    interfaces and addresses, its default route, and the kernel's route to the master, to a
+    peer, to itself and to loopback."""
+    import json
+    import subprocess
+    import sys
+
+    nodes = healthy_lab.nodes
+    for node in nodes:
+        out = subprocess.run(
+            ["ip", "netns", "exec", node.ns, sys.executable, "-c", KERNEL_VS_IP,
+             nodes[0].address, nodes[-1].address, node.address, "127.0.0.1"],
+            capture_output=True, text=True, check=True).stdout
+        seen = json.loads(out)
+        assert seen["nics"][0] == seen["nics"][1] and "eth0" in [n["name"] for n in seen["nics"][0]]
+        assert seen["default"] == ["eth0", "eth0"]
+        for kernel, by_ip in seen["routes"]:
+            assert kernel == by_ip
+
+
+def test_a_host_without_iproute2_is_checked_as_fully_as_the_others(healthy_lab, tmp_path):
+    """node1's SSH sessions cannot run `ip` (as on the recorded H200 host): its interfaces,
+    addresses and routes come from the kernel, with the same verdicts."""
+    import subprocess
+
+    from torchfleet import ansible_cli
+
+    healthy_lab.hide_ip("node1")
+    there = subprocess.run([*ansible_cli.command("ansible"), "-i", str(healthy_lab.inventory),
+                            "node1", "-m", "ansible.builtin.shell", "-a", "command -v ip"],
+                           capture_output=True, text=True, timeout=120)
+    assert there.returncode != 0, there.stdout  # `ip` cannot be run there
+    run = preflight(healthy_lab, tmp_path, "-e", "nnodes=2")
+    assert run.rc == 0, run.out
+    report = run.report()
+    assert [(h["host"], h["address"], h["socket_ifname"]) for h in report["hosts"]] == [
+        (n.name, n.address, "eth0") for n in healthy_lab.nodes[:2]]
+    passed = {(c["id"], c["host"]) for c in report["checks"] if c["ok"]}
+    for cid in ("nic.missing", "nic.address", "nic.route", "port.blocked", "python.torch"):
+        assert (cid, "node1") in passed, cid
+    assert not [c for c in report["checks"] if c["id"] == "host.probe"]

@@ -128,10 +128,17 @@ def test_an_unreachable_master_leaves_the_workers_checked():
     assert [n["host"] for n in nodes] == ["n1", "n2", "n3"] and resolved["master_addr"] is None
 
 
-def test_probe_failure_is_reported_as_python_torch():
+def test_a_probe_that_fails_is_host_probe_with_the_fix_its_error_names():
     probes, connects = cluster()
     probes["n1"] = {"failed": True, "msg": "/usr/bin/python3: not found"}
-    assert failing(run(probes, connects)[0]) == [("python.torch", "n1")]
+    probes["n2"] = {"failed": True, "probe_fix": "install iproute2 on this host",
+                    "msg": "cannot list network interfaces: neither `ip -j addr` (ip: not "
+                           "found) nor netlink ([Errno 13] Permission denied) lists them"}
+    checks = run(probes, connects)[0]
+    assert failing(checks) == [("host.probe", "n1"), ("host.probe", "n2")]
+    hints = {c["host"]: c["hint"] for c in checks if c["id"] == "host.probe"}
+    assert hints == {"n1": "install python3 on n1 or set ansible_python_interpreter",
+                     "n2": "install iproute2 on this host"}
 
 
 def test_no_torch_on_one_host():

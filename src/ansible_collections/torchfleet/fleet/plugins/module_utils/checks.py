@@ -24,6 +24,11 @@ REGISTRY = (
          'two inventory names for one machine (same hostname and addresses): two agents '
          'would start there',
          'remove the duplicate or fix its address'),
+    Unit(('host.probe',), PREFLIGHT,
+         "the host's probe could not run (no Python for Ansible, no way to list its network "
+         'interfaces); names what failed',
+         'the fix its error names: install python3 or set `ansible_python_interpreter`; '
+         'install iproute2 where netlink is refused too'),
     Unit(('python.torch',), PREFLIGHT,
          'no interpreter with torch (or no usable Python) on the host',
          'install torch for that interpreter or set `python`'),

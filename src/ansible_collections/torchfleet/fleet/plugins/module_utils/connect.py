@@ -11,7 +11,10 @@ import socket
 import threading
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.net import nic_holding, parse_ip_addr, parse_ip_route_get
+from ansible_collections.torchfleet.fleet.plugins.module_utils import netlink
+from ansible_collections.torchfleet.fleet.plugins.module_utils.command import missing
+from ansible_collections.torchfleet.fleet.plugins.module_utils.net import (
+    nic_holding, parse_default_route_dev, parse_ip_addr, parse_ip_route_get)
 
 RETRY_INTERVAL_S = 0.05
 
@@ -109,17 +112,49 @@ def connect_all(addr, ports, timeout_s):
     return Connector(addr, ports, timeout_s).results()
 
 
+def interfaces(run):
+    """(parse_ip_addr's list, None), or (None, why): from `ip -j addr`, else, where iproute2
+    is not installed, from the kernel itself (netlink.py gives the same answer)."""
+    out, err = run(["ip", "-j", "addr"])
+    if out is not None:
+        return parse_ip_addr(out), None
+    try:
+        return netlink.interfaces(), None
+    except OSError as exc:
+        return None, "neither `ip -j addr` (%s) nor netlink (%s) lists them" % (err, exc)
+
+
+def default_dev(run):
+    """The default route's interface (`ip -j route show default`, else netlink), or None."""
+    out, err = run(["ip", "-j", "route", "show", "default"])
+    if out is not None or not missing(err):
+        return parse_default_route_dev(out)
+    try:
+        return netlink.default_route_dev()
+    except OSError:
+        return None
+
+
 def route_to(addr, run, nics=None):
     """(route, error): how traffic to addr leaves this host, naming the NIC that holds it when
     addr is local (from `nics`, parse_ip_addr's list, when the caller already has it). `run` is
-    the module's command runner (command.bounded)."""
+    the module's command runner (command.bounded). Without iproute2, the kernel's own lookup
+    (netlink RTM_GETROUTE, policy routing included)."""
     out, err = run(["ip", "-j", "route", "get", addr])
-    route = parse_ip_route_get(out) if out is not None else None
+    if out is not None:
+        route = parse_ip_route_get(out)
+    elif missing(err):
+        try:
+            route = netlink.route_get(addr)
+        except (OSError, ValueError) as exc:
+            route, err = None, str(exc)
+    else:
+        route = None
     if route is None:
         return None, err or "no route"
     route["nic"] = route["dev"]
     if route["local"]:
         if nics is None:
-            nics = parse_ip_addr(run(["ip", "-j", "addr"])[0])
+            nics = interfaces(run)[0] or []
         route["nic"] = nic_holding(nics, addr) or route["dev"]
     return route, None

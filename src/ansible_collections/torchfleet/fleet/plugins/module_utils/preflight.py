@@ -296,6 +296,19 @@ def health_records(reachable, connects, master, settings, network=None):
     return records
 
 
+def probe_failed(host, probe):
+    """host.probe: the host's probe failed; the fix is the one its error names (node_probe's
+    probe_fix), else the interpreter's where none could run it."""
+    said = " ".join(str(probe.get(k) or "") for k in ("msg", "module_stderr", "module_stdout"))
+    no_python = "python" in said.lower() and ("not found" in said or "No such file" in said)
+    fix = probe.get("probe_fix") or (
+        "install python3 on %s or set ansible_python_interpreter" % host if no_python else
+        "run `ansible-playbook preflight.yml -v --limit %s` and mend what the probe's error "
+        "names" % host)
+    return check("host.probe", host, False,
+                 "the probe could not run: %s" % str(probe.get("msg") or "")[:300], fix)
+
+
 def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
     """All check records plus the per-node plan: (checks, nodes, resolved settings)."""
     checks = world_checks(nnodes, inventory_size, hosts)
@@ -314,9 +327,7 @@ def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
             continue
         checks.append(check("host.unreachable", host, True, "reached"))
         if probe.get("failed"):
-            checks.append(check("python.torch", host, False,
-                                "the probe could not run: %s" % probe.get("msg", "")[:300],
-                                "install python3 on %s or set ansible_python_interpreter" % host))
+            checks.append(probe_failed(host, probe))
             continue
         reachable[host] = probe
     if not reachable:

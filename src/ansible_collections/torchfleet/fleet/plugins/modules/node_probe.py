@@ -311,15 +311,16 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.torchfleet.fleet.plugins.module_utils.command import bounded, missing
-from ansible_collections.torchfleet.fleet.plugins.module_utils.connect import Connector, route_to
+from ansible_collections.torchfleet.fleet.plugins.module_utils.connect import Connector, interfaces, route_to
+from ansible_collections.torchfleet.fleet.plugins.module_utils.connect import default_dev as default_route_dev
 from ansible_collections.torchfleet.fleet.plugins.module_utils.fingerprint import fingerprint
 from ansible_collections.torchfleet.fleet.plugins.module_utils.gpu import (
     AMD_SMI_ARGV, NVIDIA_SMI_ARGV, RCCL_HEADERS, ROCM_SMI_ARGV, ROCM_VERSION_FILE, kfd_gpus,
     parse_amd_smi_static, parse_gpu_csv, parse_rocm_smi_json)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.listener import start_listener, stop_listener
 from ansible_collections.torchfleet.fleet.plugins.module_utils.net import (
-    choose_master_addr, ephemeral_range, is_loopback, listening_ports, parse_default_route_dev, parse_ip_addr,
-    parse_proc_net_tcp, processes_holding)
+    choose_master_addr, ephemeral_range, is_loopback, listening_ports, parse_proc_net_tcp,
+    processes_holding)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.pystack import NCCL_HEADER, parse_nccl_header, probe_python
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rdma import read_devices
 from ansible_collections.torchfleet.fleet.plugins.module_utils.stacks import attach_facts, probe_attach
@@ -470,12 +471,12 @@ def main():
     if params["connect_addr"] and params["master_port"] is None:
         # Workers dial at once: the master's listener may be up before their facts are.
         connector = start_connector(params)
-    addr_out, addr_err = run(["ip", "-j", "addr"])
-    if addr_out is None:
-        module.fail_json(msg="cannot list network interfaces with `ip -j addr` (%s); install "
-                             "iproute2 on this host" % addr_err)
-    nics = parse_ip_addr(addr_out)
-    default_dev = parse_default_route_dev(run(["ip", "-j", "route", "show", "default"])[0])
+    nics, nics_error = interfaces(run)
+    if nics is None:
+        module.fail_json(msg="cannot list network interfaces: %s" % nics_error,
+                         probe_fix="install iproute2 on this host, or let the module's user "
+                                   "open a netlink socket")
+    default_dev = default_route_dev(run)
     master = None
     if params["master_port"] is not None:
         # First thing on the master: the workers are already dialling.
