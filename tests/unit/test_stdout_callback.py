@@ -1,6 +1,7 @@
-"""The stdout callback (plugins/callback/torchfleet.py) on a real ansible-playbook run: one line
-per task with counts, every failure in full with the default callback's text, what a task
-shows on purpose (debug) in full, and ANSIBLE_STDOUT_CALLBACK=default gives Ansible's own."""
+"""The stdout callback (plugins/callback/torchfleet.py) on a real ansible-playbook run: what a
+task shows on purpose (debug), every failure in full with the default callback's text under
+its banners, one line per task with counts with -v (and in the run's play.log), and
+ANSIBLE_STDOUT_CALLBACK=default gives Ansible's own."""
 from __future__ import annotations
 
 import os
@@ -11,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from tests.conftest import ROOT
+from torchfleet import ansible_cli
 
 HOSTS = ["h%02d" % i for i in range(8)]
 FAILING = ["h03", "h07"]
@@ -23,7 +25,7 @@ PLAY = [{"name": "A play over many hosts", "hosts": "all", "gather_facts": False
 ]}]
 
 
-def run(tmp_path: Path, callback: str | None) -> str:
+def run(tmp_path: Path, callback: str | None, *args: str) -> str:
     (tmp_path / "play.yml").write_text(yaml.safe_dump(PLAY, sort_keys=False))
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {
         h: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
@@ -32,29 +34,38 @@ def run(tmp_path: Path, callback: str | None) -> str:
     env.pop("ANSIBLE_STDOUT_CALLBACK", None)
     if callback:
         env["ANSIBLE_STDOUT_CALLBACK"] = callback
-    bin_dir = Path(sys.executable).parent
-    proc = subprocess.run([str(bin_dir / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"),
-                           str(tmp_path / "play.yml")], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300, stdin=subprocess.DEVNULL)
+    proc = subprocess.run([*ansible_cli.command("ansible-playbook"), "-i",
+                           str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml"), *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
     assert proc.returncode == 2, proc.stdout + proc.stderr  # two hosts failed
     return proc.stdout
 
 
-def test_one_line_per_task_and_every_failure_in_full(tmp_path):
+def test_what_a_task_says_and_every_failure_in_full_the_rest_with_v(tmp_path):
     out = run(tmp_path, None)  # the project's ansible.cfg chooses torchfleet
     lines = out.splitlines()
-    assert "TASK [Count this host] ok %d, failed 0" % len(HOSTS) in lines
-    # No line per host: the one "ok: [h00]" is the debug task's, shown on purpose.
-    assert [line for line in lines if line.startswith("ok: [h")] == ["ok: [h00] => "]
-    for host in FAILING:  # in full, as the default callback words it
+    assert not [line for line in lines if line.startswith("TASK [Count this host]")]
+    # No line per host: the debug task's message alone, shown on purpose.
+    assert not [line for line in lines if line.startswith("ok: [h")]
+    assert lines.index("TABLE-LINE-1") + 1 == lines.index("TABLE-LINE-2")
+    for host in FAILING:  # in full, as the default callback words it, under its banners
         assert "fatal: [%s]: FAILED! => " % host in out
+    assert out.index("PLAY [A play over many hosts]") < out.index("TASK [Fail on two hosts]") \
+        < out.index("fatal: [h03]")
     assert "  => ok 0, skipped %d, failed 2" % (len(HOSTS) - 2) in lines
-    assert "TABLE-LINE-1" in out and "TABLE-LINE-2" in out
+    assert "(every task's line: -v)" in lines  # (this play writes no report: no run directory)
     recap = out.split("PLAY RECAP", 1)[1].splitlines()[1:]
     assert [line.split()[0] for line in recap if line.startswith("h")] == FAILING
     others = len(HOSTS) - 2  # one ok each, the debug's once, one skipped each
     assert "%d other host(s) : ok=%d changed=0 unreachable=0 failed=0 skipped=%d" % (
         others, others + 1, others) in out
+    verbose = run(tmp_path, None, "-v").splitlines()
+    # With -v every task's banner, its hosts' results and its counts, as before.
+    count = verbose.index("  => ok %d, failed 0" % len(HOSTS))
+    banner = max(i for i, line in enumerate(verbose[:count])
+                 if line.startswith("TASK [Count this host] "))
+    assert {"ok: [%s] => " % h for h in HOSTS} <= set(verbose[banner:count])
 
 
 def test_ansible_stdout_callback_default_gives_ansibles_own(tmp_path):

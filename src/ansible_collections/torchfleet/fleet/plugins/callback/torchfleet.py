@@ -5,15 +5,17 @@ DOCUMENTATION = r"""
 ---
 name: torchfleet
 type: stdout
-short_description: One line per task with counts of hosts; every failure in full
+short_description: What a run says on purpose, every failure in full, the tasks in the run's log
 description:
   - Ansible's default output prints a line per host per task, thousands of lines for a preflight
-    of a hundred hosts before the table that matters. This callback prints, per task, one line
-    with how many hosts were ok, changed, skipped, failed and unreachable, and every failure or
-    unreachable host in full, with the same text as the default callback.
-  - What a task prints on purpose (debug messages such as torchfleet's summary tables) is shown
-    in full, as is the watch's progress; the recap lists the hosts that failed or were
-    unreachable and counts the rest.
+    of a hundred hosts before the table that matters. This callback prints what a task prints on
+    purpose (debug messages such as torchfleet's summary tables, the message alone) and the
+    watch's progress, and every failure or unreachable host in full, with the same text as the
+    default callback, under its play's and task's banners.
+  - Every task's line - how many hosts were ok, changed, skipped, failed and unreachable - goes
+    to the run's log, C(play.log) in the run's directory (its path is printed at the end); with
+    C(-v) they are printed too. The recap lists the hosts that failed or were unreachable and
+    counts the rest.
   - C(ANSIBLE_STDOUT_CALLBACK=default) gives Ansible's own output back.
 version_added: "0.1.0"
 author: torchfleet developers (@torchfleet)
@@ -22,9 +24,14 @@ extends_documentation_fragment:
   - result_format_callback
 """
 
+import os
+
 from ansible.plugins.callback.default import CallbackModule as Default
 
 COUNTS = ("ok", "changed", "skipped", "failed", "unreachable", "ignored")
+# The run's log of every task's line, in its run directory (the one its report is in).
+PLAY_LOG = "play.log"
+PLAY_LOG_LINES = 200000  # a bound: a play of 512 hosts has a few hundred tasks
 # Tasks whose output is their purpose: shown in full, as the default callback shows it.
 SHOWN = frozenset(("debug", "ansible.builtin.debug", "ansible.legacy.debug"))
 META = frozenset(("meta", "ansible.builtin.meta", "ansible.legacy.meta"))
@@ -42,6 +49,20 @@ class CallbackModule(Default):
         self._headed = False
         self._prefix = "TASK"
         self._play_pending = None
+        self._log = []  # every task's and play's line: the run's play.log
+        self._play_unshown = None  # a play whose banner waits for a failure to show
+        self._run_dir = None  # where the play's report was written
+
+    def _all(self):
+        """Every task's line on the screen too (-v and more)."""
+        return self._display.verbosity >= 1
+
+    def _line(self, text, shown=False):
+        """A line of the run's log; on the screen too when shown or with -v."""
+        if len(self._log) < PLAY_LOG_LINES:
+            self._log.append(text)
+        if shown or self._all():
+            self._display.display(text)
 
     # ---- a task's line -------------------------------------------------------------------
     def _close_task(self):
@@ -56,21 +77,32 @@ class CallbackModule(Default):
             self._flush_play()
         counts = ", ".join("%s %s" % (k, v) for k, v in self._counts.items()
                            if v or k in ("ok", "failed"))
+        name = "%s [%s]" % (self._prefix, self._open.get_name().strip())
         if self._headed:  # its banner and full output are above
-            self._display.display("  => %s" % counts)
+            self._line("  => %s" % counts, shown=True)
+            self._log[-1] = "%s %s" % (name, counts)
         else:
-            self._display.display("%s [%s] %s" % (self._prefix, self._open.get_name().strip(),
-                                                  counts))
+            self._line("%s %s" % (name, counts))
         self._open = None
 
     def _flush_play(self):
         play, self._play_pending = self._play_pending, None
-        if play is not None:
-            super().v2_playbook_on_play_start(play)
+        if play is None:
+            return
+        if len(self._log) < PLAY_LOG_LINES:
+            self._log.append("PLAY [%s]" % play.get_name().strip())
+        if self._all():
+            Default.v2_playbook_on_play_start(self, play)
+        else:
+            self._play_unshown = play
 
     def _head(self):
-        """The default callback's banner, printed once, before the first full output."""
+        """The default callback's banners of the play and the task, printed once each, before
+        the first full output of a failure (or of any task with -v)."""
         self._flush_play()
+        if self._play_unshown is not None:
+            play, self._play_unshown = self._play_unshown, None
+            Default.v2_playbook_on_play_start(self, play)
         if self._open is not None and not self._headed:
             self._headed = True
             self._print_task_banner(self._open)
@@ -99,6 +131,7 @@ class CallbackModule(Default):
 
     def v2_playbook_on_stats(self, stats):
         self._close_task()
+        self._write_log()
         hosts = sorted(stats.processed.keys())
         summary = {h: stats.summarize(h) for h in hosts}
         self._display.banner("PLAY RECAP")
@@ -122,13 +155,48 @@ class CallbackModule(Default):
                                   if changed else ""))
         self._display.display("", screen_only=True)
 
+    def _write_log(self):
+        if not self._run_dir:
+            if not self._all():
+                self._display.display("(every task's line: -v)")
+            return
+        path = os.path.join(self._run_dir, PLAY_LOG)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+            with os.fdopen(fd, "a") as f:
+                f.write("\n".join(self._log) + "\n")
+        except OSError as exc:
+            self._display.display("(the run's log %s could not be written: %s)" % (path, exc))
+            return
+        self._display.display("every task: %s (-v prints them here)" % path)
+
+    def _said(self, result):
+        """What a debug task says on purpose: its message alone, without -v."""
+        msg = result._result.get("msg")
+        if self._all() or not isinstance(msg, str):
+            self._head()
+            return False
+        self._flush_play()
+        self._display.display(msg)
+        return True
+
+    def _found_report(self, result):
+        """The run's directory: where the play wrote its report (preflight.json, train.json)."""
+        report = result._result.get("report")
+        if isinstance(report, str) and report.endswith(".json") and os.path.isabs(report):
+            self._run_dir = os.path.dirname(report)
+
     # ---- per host: counted; failures and what a task shows on purpose, in full ---------
     def _count(self, key):
         self._counts[key] += 1
 
     def v2_runner_on_ok(self, result):
         self._count("changed" if result._result.get("changed") else "ok")
-        if result._task.action in SHOWN or self._run_is_verbose(result):
+        self._found_report(result)
+        if result._task.action in SHOWN:
+            if not self._said(result):
+                super().v2_runner_on_ok(result)
+        elif self._run_is_verbose(result):
             self._head()
             super().v2_runner_on_ok(result)
 
@@ -146,8 +214,7 @@ class CallbackModule(Default):
         self._count("skipped")
 
     def v2_runner_item_on_ok(self, result):
-        if result._task.action in SHOWN:
-            self._head()
+        if result._task.action in SHOWN and not self._said(result):
             super().v2_runner_item_on_ok(result)
 
     def v2_runner_item_on_failed(self, result):
