@@ -106,7 +106,9 @@ def test_positions_read_only_what_a_rank_wrote_sanely(tmp_path):
         flight.FILE_MAX), "", ""]}}))
     coll, steady = flight.positions({0: str(good), 1: str(bad), 2: str(huge), 3: "/nx"}, {},
                                     procs.alive, now=1000.0)
-    assert coll == {"4": RECORDED["0"]} and steady == {"4": [10.0, True]}
+    # A position written without the last started collective (as this one, recorded before
+    # the watcher kept it) reads as unknown: -1.
+    assert coll == {"4": {"0": RECORDED["0"]["0"] + [-1]}} and steady == {"4": [10.0, True]}
 
 
 def test_a_dead_ranks_position_held_still_only_until_it_was_seen_dead(tmp_path):
@@ -278,18 +280,18 @@ def test_the_watcher_reads_a_recorded_gloo_dump_of_a_rank_waiting_in_a_collectiv
     read = watcher_reader()
     status = json.loads((FLIGHT / "gloo_2.13_rank0_waiting_in_4_status.json").read_text())
     full = json.loads((FLIGHT / "gloo_2.13_rank0_waiting_in_4.json").read_text())
-    assert read([status], []) == {"0": [4, 3, "", "", ""]}
-    assert read([status], [full]) == {"0": [4, 3, "gloo:all_reduce", "[[1024]]", "Float"]}
+    assert read([status], []) == {"0": [4, 3, "", "", "", -1]}  # gloo starts nothing apart
+    assert read([status], [full]) == {"0": [4, 3, "gloo:all_reduce", "[[1024]]", "Float", -1]}
     assert flight.clean_groups(read([status], [full])) is not None
 
 
 def test_the_watcher_reads_the_nccl_dump_of_torchs_tutorial():
     dump = json.loads((FLIGHT / "nccl_tutorial_dump.json").read_text())
-    assert watcher_reader()([dump], [dump]) == {"0": [2, 2, "", "", ""]}  # #2 done: not pending
+    assert watcher_reader()([dump], [dump]) == {"0": [2, 2, "", "", "", -1]}  # #2 done
     dump["pg_status"]["0"]["last_enqueued_collective"] = 1  # changed: #1 pending
     dump["pg_status"]["0"]["last_completed_collective"] = 0
     assert watcher_reader()([dump], [dump]) == {"0": [1, 0, "nccl:all_reduce", "[[3, 4]]",
-                                                      "Float"]}
+                                                      "Float", -1]}
     assert flight.nbytes("[[3, 4]]", "Float") == 48
 
 
@@ -339,3 +341,25 @@ def test_every_rank_in_a_gloo_collective_that_stalled_blames_no_rank():
     # A rank that died with every rank in the collective is no hang: its words stay its own.
     assert runstate.collective_words({"reason": runstate.FAILED,
                                       "collective": failure["collective"]}) == ""
+
+
+def test_with_nccl_timing_the_rank_whose_gpu_never_started_the_collective_is_named():
+    """Recorded on the H200 (tests/fixtures/h200-1gpu/flight/): all_reduce #21 queued behind a
+    spinning kernel. With TORCH_NCCL_ENABLE_TIMING=1, pg_status says enqueued 21 / started 20
+    / completed 20: that rank's GPU never started #21. Without timing, started is -1 and
+    nobody is named."""
+    read = watcher_reader()
+    timed = json.loads((FIXTURES / "h200-1gpu" / "flight" / "stuck_timing_during.json").read_text())
+    plain = json.loads((FIXTURES / "h200-1gpu" / "flight" / "stuck_plain_during.json").read_text())
+    timed_pos, plain_pos = read([timed], [timed]), read([plain], [plain])
+    assert timed_pos["0"][:2] + timed_pos["0"][5:] == [21, 20, 20]
+    assert plain_pos["0"][5] == -1
+    found = flight.finding({0: ("gpuhost", flight.clean_groups(timed_pos))}, 1)
+    assert found["not_started"] == [{"rank": 0, "host": "gpuhost"}]
+    assert flight.text(found) == (
+        "collective #21 (all_reduce, 4.0 MiB, group 0): every rank joined it and it never "
+        "completed: it never started on the GPU of gpuhost rank 0 (a GPU still busy with "
+        "earlier work, or stuck), not a rank")
+    untimed = flight.finding({0: ("gpuhost", flight.clean_groups(plain_pos))}, 1)
+    assert untimed["not_started"] == [] and "a GPU, NCCL or the network is stuck" in \
+        flight.text(untimed)

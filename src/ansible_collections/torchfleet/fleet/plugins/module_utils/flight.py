@@ -47,24 +47,27 @@ FILE_MAX = 16 << 10
 WATCHER = r'''
 
 def _torchfleet_pgs(status_dumps, entry_dumps):
-    """torchfleet: {group: [last enqueued, last completed, op, shapes, dtypes]} from the
-    recorder's JSON dumps (gloo's and NCCL's have the same pg_status; gloo writes its numbers
-    as strings); the op of each group's newest collective from entry_dumps, when given."""
+    """torchfleet: {group: [last enqueued, last completed, op, shapes, dtypes, last started]}
+    from the recorder's JSON dumps (gloo's and NCCL's have the same pg_status; gloo writes its
+    numbers as strings; last started is -1 unless NCCL times its collectives,
+    TORCH_NCCL_ENABLE_TIMING=1); the op of each group's newest collective from entry_dumps,
+    when given."""
     import json
     pgs = {}
     for d in status_dumps:
         for pg, s in (d.get("pg_status") or {}).items():
             seq = int(s.get("last_enqueued_collective", -1))
             done = int(s.get("last_completed_collective", -1))
+            started = int(s.get("last_started_collective", -1))
             if str(pg) not in pgs or seq > pgs[str(pg)][0]:  # -1: none yet
-                pgs[str(pg)] = [seq, done, "", "", ""]
+                pgs[str(pg)] = [seq, done, "", "", "", started]
     for d in entry_dumps:
         for e in d.get("entries") or []:
             v = pgs.get(str(e.get("pg_id")))
             if v and not e.get("is_p2p") and e.get("collective_seq_id") == v[0]:
-                v[2:] = [str(e.get("profiling_name") or ""),
-                         json.dumps(e.get("input_sizes"))[:120],
-                         ",".join(map(str, e.get("input_dtypes") or []))[:60]]
+                v[2:5] = [str(e.get("profiling_name") or ""),
+                          json.dumps(e.get("input_sizes"))[:120],
+                          ",".join(map(str, e.get("input_dtypes") or []))[:60]]
     return pgs
 
 
@@ -227,19 +230,22 @@ def _int(value):
 
 
 def clean_groups(pgs):
-    """A rank's {group: [seq, done, op, shapes, dtypes]} checked and bounded, or None. At most
+    """A rank's {group: [seq, done, op, shapes, dtypes, started]} checked and bounded, or
+    None (started: -1 when unknown, and for a position written without it). At most
     MAX_GROUPS groups: those with a collective pending first, then by group id."""
     if not isinstance(pgs, dict):
         return None
     out = {}
     for pg, v in pgs.items():
         if not (isinstance(pg, str) and 0 < len(pg) <= PG_MAX and isinstance(v, list)
-                and len(v) == 5):
+                and len(v) in (5, 6)):
             return None
         seq, done = _int(v[0]), _int(v[1])
-        if seq is None or done is None or not all(isinstance(s, str) for s in v[2:]):
+        started = _int(v[5]) if len(v) == 6 else -1
+        if seq is None or done is None or started is None \
+                or not all(isinstance(s, str) for s in v[2:5]):
             return None
-        out[pg] = [seq, done, v[2][:OP_MAX], v[3][:SHAPE_MAX], v[4][:DTYPE_MAX]]
+        out[pg] = [seq, done, v[2][:OP_MAX], v[3][:SHAPE_MAX], v[4][:DTYPE_MAX], started]
     keep = sorted(out, key=lambda g: (out[g][0] <= out[g][1], len(g), g))[:MAX_GROUPS]
     return {g: out[g] for g in sorted(keep, key=lambda g: (len(g), g))}
 
@@ -369,11 +375,13 @@ def finding(ranks, world, failed_rank=None, moving=()):
     are not one moment's (a rank running twenty collectives a second is seen a beat late).
 
     Returns {"recorded", "world", "group", "seq", "op", "bytes", "missing": [{rank, host,
-    seq}], "mismatch": [{rank, host, op, bytes, dtypes}], "waiting", "others", "note"}: missing
+    seq}], "mismatch": [{rank, host, op, bytes, dtypes}], "waiting", "others", "note",
+    "backend", "not_started": [{rank, host}]}: missing
     and mismatch name ranks only when every rank of the run has a position; otherwise note
     says why nothing is named."""
     out = {"recorded": len(ranks), "world": world, "group": None, "seq": None, "op": "",
            "bytes": None, "missing": [], "mismatch": [], "waiting": 0, "others": "",
+           "backend": "", "not_started": [],
            "note": ""}
     if not ranks:
         out["note"] = ("no rank's collectives were recorded (flight_recorder=0, a torch "
@@ -397,7 +405,7 @@ def finding(ranks, world, failed_rank=None, moving=()):
     for g in groups:
         members = {r: pgs[g] for r, (_h, pgs) in ranks.items() if g in pgs}
         if g == "0":  # every rank is in the default group: one without it has not used it
-            members = {r: members.get(r, [-1, -1, "", "", ""]) for r in ranks}
+            members = {r: members.get(r, [-1, -1, "", "", "", -1]) for r in ranks}
         top = max(v[0] for v in members.values())
         at_top = {r: v for r, v in members.items() if v[0] == top}
         waiting = [r for r, v in at_top.items() if v[0] > v[1]]
@@ -414,6 +422,10 @@ def finding(ranks, world, failed_rank=None, moving=()):
         ref = next((at_top[r] for r in sorted(at_top) if signature.get(r) == common), None)
         out.update(group=g, seq=top, waiting=len(waiting),
                    backend=ref[2].split(":", 1)[0] if ref and ":" in ref[2] else "",
+                   # With NCCL's timing (last started known, >= 0): the ranks whose GPU never
+                   # started the collective they all wait in.
+                   not_started=[{"rank": r, "host": ranks[r][0]} for r in sorted(at_top)
+                                if len(at_top[r]) > 5 and 0 <= at_top[r][5] < top],
                    op=common[0] if common else "",
                    bytes=nbytes(ref[3], ref[4]) if ref else None,
                    missing=[{"rank": r, "host": ranks[r][0], "seq": members[r][0]}
@@ -482,6 +494,12 @@ def text(f):
     head = "collective #%d (%s, %s, group %s)" % (
         f["seq"], f["op"] or "op unknown", human(f["bytes"]), f["group"])
     if all_in(f):
+        idle = f.get("not_started") or []
+        if idle:
+            return "%s: every rank joined it and it never completed: it never started on the " \
+                "GPU of %s%s (a GPU still busy with earlier work, or stuck), not a rank" % (
+                    head, ", ".join("%s rank %d" % (m["host"], m["rank"]) for m in idle[:4]),
+                    " and %d more" % (len(idle) - 4) if len(idle) > 4 else "")
         return "%s: every rank joined it and it never completed: %s is stuck, not a rank" % (
             head, STUCK_BELOW.get(f.get("backend") or "", "a device, the backend or the network"))
     parts = []
