@@ -49,10 +49,11 @@ def playbook(name, tmp_path, *args, inventory=None, timeout_s=300):
                ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout_s, stdin=subprocess.DEVNULL)
-    # What ran: every task's line, which the run's play.log keeps (printed with -v).
+    # What ran: every task's line, which the run's play.log keeps (printed with -v); first,
+    # so that the output's own recap stays last.
     tasks = run_dir / "play.log"
-    return Run(proc.returncode, proc.stdout + proc.stderr + (
-        tasks.read_text() if tasks.exists() else ""), run_dir)
+    return Run(proc.returncode, (tasks.read_text() if tasks.exists() else "")
+               + proc.stdout + proc.stderr, run_dir)
 
 
 def local_inventory(tmp_path, hosts):
