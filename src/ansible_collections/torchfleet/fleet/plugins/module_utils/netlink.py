@@ -161,7 +161,7 @@ def _ask(kind, flags, body):
                     code = struct.unpack_from("=i", payload)[0]
                     if code:
                         raise OSError(-code, os.strerror(-code))
-            if not flags & NLM_F_DUMP or any(k in (NLMSG_DONE, NLMSG_ERROR) for k, _ in kinds):
+            if not flags & NLM_F_DUMP or any(k in (NLMSG_DONE, NLMSG_ERROR) for k, _payload in kinds):
                 break
         return b"".join(chunks)
 
