@@ -78,68 +78,60 @@ def test_the_record_is_written_private_read_back_and_locked_once(tmp_path):
     assert not (tmp_path / "r1" / detach.LOCK).exists()
 
 
-def owner_process():
-    """A live process standing for the attach that owns a run (its ansible-playbook)."""
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-
-
-def test_a_follower_shows_the_owners_progress_and_ends_with_its_report(tmp_path):
+@pytest.fixture
+def owner(tmp_path):
+    """Run r1's record, and a live process holding its lock: the attach that owns the run (its
+    ansible-playbook)."""
     (tmp_path / "r1").mkdir()
     detach.decide(params(tmp_path, state="present", record=record_of()))
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    detach.lock(str(tmp_path / "r1"), proc.pid)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_follower_shows_the_owners_progress_and_ends_with_its_report(tmp_path, owner):
     progress = tmp_path / "r1" / "progress.jsonl"
     progress.write_text(json.dumps({"phase": "running", "elapsed_s": 1.0}) + "\n")  # history
-    owner = owner_process()
-    try:
-        detach.lock(str(tmp_path / "r1"), owner.pid)
-        seen, polls = [], []
+    seen, polls = [], []
 
-        def sleep(_s):  # the owner's watch and report, as the follower polls
-            polls.append(1)
-            if len(polls) == 1:
-                with open(progress, "a") as f:
-                    f.write(json.dumps({"phase": "running", "elapsed_s": 9.0}) + "\n{\"pha")
-            elif len(polls) == 2:
-                with open(progress, "a") as f:
-                    f.write('se": "failed", "elapsed_s": 10.0}\nnot json\n[1]\n')
-            elif len(polls) == 3:
-                report.write_report(str(tmp_path / "r1"), "train.json",
-                                    {"ok": False, "verdict": "train failed: node2 rank 4"})
-        got = detach.follow(str(tmp_path), record_of(run_id="r1"), os.getppid(), seen.append,
-                            sleep=sleep)
-        assert [line["elapsed_s"] for line in seen] == [9.0, 10.0]  # no history, no junk
-        assert got["reported"].endswith("r1/train.json") and got["report"] == {
-            "ok": False, "verdict": "train failed: node2 rank 4"}
-        assert detach.attached_by(str(tmp_path / "r1")) == owner.pid  # the owner's lock stays
-    finally:
-        owner.kill()
-        owner.wait()
+    def sleep(_s):  # the owner's watch and report, as the follower polls
+        polls.append(1)
+        if len(polls) == 1:
+            with open(progress, "a") as f:
+                f.write(json.dumps({"phase": "running", "elapsed_s": 9.0}) + "\n{\"pha")
+        elif len(polls) == 2:
+            with open(progress, "a") as f:
+                f.write('se": "failed", "elapsed_s": 10.0}\nnot json\n[1]\n')
+        elif len(polls) == 3:
+            report.write_report(str(tmp_path / "r1"), "train.json",
+                                {"ok": False, "verdict": "train failed: node2 rank 4"})
+    got = detach.follow(str(tmp_path), record_of(run_id="r1"), os.getppid(), seen.append,
+                        sleep=sleep)
+    assert [line["elapsed_s"] for line in seen] == [9.0, 10.0]  # no history, no junk
+    assert got["reported"].endswith("r1/train.json") and got["report"] == {
+        "ok": False, "verdict": "train failed: node2 rank 4"}
+    assert detach.attached_by(str(tmp_path / "r1")) == owner.pid  # the owner's lock stays
 
 
-def test_a_follower_takes_over_from_the_record_when_the_owner_dies(tmp_path):
-    (tmp_path / "r1").mkdir()
-    detach.decide(params(tmp_path, state="present", record=record_of()))
-    owner = owner_process()
-    try:
-        detach.lock(str(tmp_path / "r1"), owner.pid)
-        polls = []
+def test_a_follower_takes_over_from_the_record_when_the_owner_dies(tmp_path, owner):
+    polls = []
 
-        def sleep(_s):  # the owner restarts the run on a spare, then is killed
-            polls.append(1)
-            if len(polls) == 2:
-                detach.decide(params(tmp_path, state="present", record=record_of(
-                    hosts=("node0", "node1", "node3"), watch={"nproc_per_node": 2,
-                                                             "attempt": 1})))
-                owner.kill()
-                owner.wait()
-        got = detach.follow(str(tmp_path), record_of(run_id="r1"), os.getpid(), sleep=sleep)
-        # The attempt the owner started is followed (the record read again), never restarted.
-        assert got["reported"] == "" and got["followed_by"] == 0
-        assert sorted(got["record"]["hosts"]) == ["node0", "node1", "node3"]
-        assert got["record"]["watch"]["attempt"] == 1
-        assert detach.attached_by(str(tmp_path / "r1")) == os.getpid()
-    finally:
-        owner.kill()
-        owner.wait()
+    def sleep(_s):  # the owner restarts the run on a spare, then is killed
+        polls.append(1)
+        if len(polls) == 2:
+            detach.decide(params(tmp_path, state="present", record=record_of(
+                hosts=("node0", "node1", "node3"), watch={"nproc_per_node": 2,
+                                                         "attempt": 1})))
+            owner.kill()
+            owner.wait()
+    got = detach.follow(str(tmp_path), record_of(run_id="r1"), os.getpid(), sleep=sleep)
+    # The attempt the owner started is followed (the record read again), never restarted.
+    assert got["reported"] == "" and got["followed_by"] == 0
+    assert sorted(got["record"]["hosts"]) == ["node0", "node1", "node3"]
+    assert got["record"]["watch"]["attempt"] == 1
+    assert detach.attached_by(str(tmp_path / "r1")) == os.getpid()
 
 
 def test_a_lock_whose_holder_is_gone_is_taken(tmp_path):
