@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ansible_collections.torchfleet.fleet.plugins.module_utils import detach as _detach
 from torchfleet import ansible_cli, forks
 from torchfleet.paths import ansible_root, collections_path
 from torchfleet.results import Check
@@ -105,32 +106,15 @@ def translate(event: dict) -> list[Event]:
 
 
 class ProgressFollower:
-    """Reads the lines torchrun_watch appends to progress.jsonl (one per look at the master) and
-    turns them into events: those written from now on (an attach of a run that has gone on for
-    weeks does not replay its history)."""
+    """Turns the lines torchrun_watch appends to progress.jsonl (one per look at the master)
+    into events: those written from now on (an attach of a run that has gone on for weeks does
+    not replay its history)."""
 
     def __init__(self, path: Path, emit: Callable[[Event], None]):
-        self._path, self._emit, self._partial = path, emit, b""
-        try:
-            self._offset = path.stat().st_size
-        except OSError:
-            self._offset = 0
+        self._lines, self._emit = _detach.ProgressLines(str(path)), emit
 
     def poll(self) -> None:
-        try:
-            with open(self._path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except OSError:
-            return
-        self._offset += len(data)
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
-        for line in lines:
-            try:
-                raw = json.loads(line)
-            except ValueError:
-                continue
+        for raw in self._lines.new_lines():
             self._emit(Event(kind="run", status=raw.get("phase"), summary=raw,
                              elapsed_s=raw.get("elapsed_s")))
 

@@ -215,9 +215,10 @@ def read_report(path):
     return {"ok": report.get("ok") is True, "verdict": str(report.get("verdict") or "")}
 
 
-class _Progress:
-    """The owner's progress.jsonl (one JSON line per look its watch makes), from its end at the
-    follower's start: only what is new is shown, however long the run has been going."""
+class ProgressLines:
+    """A run's progress.jsonl (one JSON line per look its watch makes), read from its end at
+    the reader's start: only what is new is shown, however long the run has been going. The
+    one reader of that file (an attach that follows another, the API's events)."""
 
     def __init__(self, path):
         self.path, self.partial = path, b""
@@ -255,15 +256,15 @@ def follow(runs_root, record, owner_pid, on_progress=None, poll_s=0.5, sleep=tim
     rewritten it ({"followed_by": 0, "record": ...}: this process carries on as the owner; a
     gather the dead owner left half done is done again, the attempt it started is followed)."""
     where = run_dir(runs_root, record["run_id"])
-    progress = _Progress(os.path.join(where, "progress.jsonl"))
+    progress = ProgressLines(os.path.join(where, "progress.jsonl"))
     report = report_path(where, record)
+    reported = {"reported": report, "followed_by": 0, "record": record}
     while True:
         for line in progress.new_lines():
             if on_progress is not None:
                 on_progress(line)
         if os.path.exists(report):
-            return {"reported": report, "report": read_report(report), "followed_by": 0,
-                    "record": record}
+            return dict(reported, report=read_report(report))
         if not attached_by(where):
             try:
                 lock(where, owner_pid)
@@ -272,8 +273,7 @@ def follow(runs_root, record, owner_pid, on_progress=None, poll_s=0.5, sleep=tim
                 continue
             if os.path.exists(report):  # written as the owner ended: nothing left to do
                 release(where, owner_pid)
-                return {"reported": report, "report": read_report(report), "followed_by": 0,
-                        "record": record}
+                return dict(reported, report=read_report(report))
             return {"reported": "", "followed_by": 0,
                     "record": read(runs_root, record["run_id"])}
         sleep(poll_s)

@@ -68,19 +68,17 @@ def bundle_problems(files):
         lines = [line for line in text.splitlines() if line.strip()]
         first = lines[0].strip()[:160] if lines else ""
         if name == "nvidia-smi-q.txt":
-            if SMI_Q_HEAD.search(text) and SMI_Q_GPU.search(text):
-                fit[name] = text
-            elif SMI_Q_FIELD.search(text) and not SAVED_ERROR.search(first):
-                fit[name] = text if SMI_Q_GPU.search(text) else UNKNOWN_GPU + "\n" + text
+            whole, section = SMI_Q_HEAD.search(text), SMI_Q_GPU.search(text)
+            if SMI_Q_FIELD.search(text) and not SAVED_ERROR.search(first) and not (
+                    whole and section):
+                fit[name] = text if section else UNKNOWN_GPU + "\n" + text
                 problems.append({"name": name, "kind": "partial", "detail": (
                     "%s is part of %s (%s): only what it holds was judged" % (
-                        name, what[name], "no NVSMI LOG header" if SMI_Q_GPU.search(text)
+                        name, what[name], "no NVSMI LOG header" if section
                         else "no NVSMI LOG header and no GPU section"))})
-            else:
-                problems.append({"name": name, "kind": "foreign", "detail": (
-                    "%s is not %s's output: %r" % (name, what[name], first))})
-            continue
-        if name == "infiniband.txt":
+                continue
+            bad = None if whole and section else first
+        elif name == "infiniband.txt":
             bad = next((line for line in lines if not RDMA_NAME.match(line.strip())), None)
         elif name == "ulimit-l.txt":
             bad = first if lines and parse_memlock(text) is None else None

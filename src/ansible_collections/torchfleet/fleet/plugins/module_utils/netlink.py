@@ -166,17 +166,19 @@ def _ask(kind, flags, body):
         return b"".join(chunks)
 
 
-def interfaces():
-    """parse_ip_addr's answer, from the kernel."""
-    links = parse_links(_ask(RTM_GETLINK, NLM_F_DUMP, IFINFO.pack(socket.AF_UNSPEC, 0, 0, 0, 0)))
-    addresses = parse_addresses(_ask(RTM_GETADDR, NLM_F_DUMP,
-                                     IFADDR.pack(socket.AF_UNSPEC, 0, 0, 0, 0)))
-    return nics_of(links, addresses)
+def _links():
+    return parse_links(_ask(RTM_GETLINK, NLM_F_DUMP, IFINFO.pack(socket.AF_UNSPEC, 0, 0, 0, 0)))
 
 
 def _names():
-    return {index: name for index, name, _flags in parse_links(
-        _ask(RTM_GETLINK, NLM_F_DUMP, IFINFO.pack(socket.AF_UNSPEC, 0, 0, 0, 0)))}
+    return {index: name for index, name, _flags in _links()}
+
+
+def interfaces():
+    """parse_ip_addr's answer, from the kernel."""
+    addresses = parse_addresses(_ask(RTM_GETADDR, NLM_F_DUMP,
+                                     IFADDR.pack(socket.AF_UNSPEC, 0, 0, 0, 0)))
+    return nics_of(_links(), addresses)
 
 
 def default_route_dev():

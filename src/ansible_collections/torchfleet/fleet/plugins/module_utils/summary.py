@@ -9,6 +9,7 @@ play.
 from __future__ import annotations
 
 import glob
+import itertools
 import os
 import re
 import statistics
@@ -191,11 +192,11 @@ def first_failure(record, run_dir, lines):
             at = where(run_dir, named[0]["host"], named[0]["rank"] - first[named[0]["host"]])
             reason += "; it is in %s" % at if at else ""
         elif flight.all_in(found):  # where the first few ranks wait (4,096 would be a page)
-            at = ["%s rank %d is in %s" % (h["host"], rank, spot)
+            at = ("%s rank %d is in %s" % (h["host"], rank, spot)
                   for h in record.get("hosts") or [] if h.get("ranks")
                   for rank in range(h["ranks"][0], h["ranks"][1] + 1)
-                  for spot in [where(run_dir, h["host"], rank - h["ranks"][0])] if spot][:3]
-            reason += "".join("; " + a for a in at)
+                  for spot in [where(run_dir, h["host"], rank - h["ranks"][0])] if spot)
+            reason += "".join("; " + a for a in itertools.islice(at, 3))  # stacks read: 3
         elif found and found.get("note"):
             reason += " (%s)" % found["note"]
         out.update(reason=reason + "; stacks:",
