@@ -92,6 +92,15 @@ def test_where_the_others_were_when_a_rank_died():
     pos["5"] = {"0": [87, 87, "", "", ""]}
     assert flight.finding(ranks_of(pos), 6, failed_rank=5)["others"] == \
         "all of the other 5 ranks were in all_reduce #88"
+    two = {"0": {"0": [4, 3, "gloo:broadcast", "[[4]]", "Float"]}, "1": {"0": [3, 3, "", "", ""]}}
+    assert flight.finding(ranks_of(two), 2, failed_rank=1)["others"] == \
+        "the other rank was in broadcast #4"
+
+
+def test_ranks_computing_past_their_collectives_say_nothing_of_a_death():
+    # Whether the recorder saw them before the death is timing; it explains nothing either way.
+    pos = {r: {"0": [1, 1, "", "", ""]} for r in "01"}
+    assert flight.finding(ranks_of(pos), 2, failed_rank=1)["others"] == ""
 
 
 def test_positions_read_only_what_a_rank_wrote_sanely(tmp_path):

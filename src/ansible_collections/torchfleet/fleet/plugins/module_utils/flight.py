@@ -448,7 +448,9 @@ def _majority(signature):
 
 
 def _others(ranks, failed_rank):
-    """Where the ranks other than failed_rank were: their most common newest collective."""
+    """Where the ranks other than failed_rank were: their most common collective, when they
+    waited in one (ranks past every collective they called were computing: that says nothing
+    of the failure, and whether the recorder saw them there is a matter of timing)."""
     if failed_rank is None:
         return ""
     where = {}
@@ -457,16 +459,16 @@ def _others(ranks, failed_rank):
             continue
         g = "0" if "0" in pgs else sorted(pgs, key=lambda k: (len(k), k))[0]
         seq, done, op = pgs[g][0], pgs[g][1], op_name(pgs[g][2])
-        where.setdefault((g, seq, seq > done, op), []).append(r)
+        if seq > done:
+            where.setdefault((g, seq, op), []).append(r)
     if not where:
         return ""
-    (g, seq, pending, op), rs = max(where.items(), key=lambda kv: (len(kv[1]), kv[0][1]))
+    (g, seq, op), rs = max(where.items(), key=lambda kv: (len(kv[1]), kv[0][1]))
     others = len(ranks) - (1 if failed_rank in ranks else 0)
-    what = "%s #%d" % (op or "collective", seq) if pending else "past collective #%d" % seq
-    return "%s of the other %d ranks %s %s%s" % (
-        "all" if len(rs) == others else "%d" % len(rs), others,
-        "was" if len(rs) == 1 else "were", "in " if pending else "", what) + (
-            "" if g == "0" else " (group %s)" % g)
+    who = ("the other rank was" if others == 1 else
+           "all of the other %d ranks were" % others if len(rs) == others else
+           "%d of the other %d ranks %s" % (len(rs), others, "was" if len(rs) == 1 else "were"))
+    return "%s in %s #%d%s" % (who, op or "collective", seq, "" if g == "0" else " (group %s)" % g)
 
 
 def culprits(f):
