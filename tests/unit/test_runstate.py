@@ -112,6 +112,23 @@ def test_no_progress_anywhere_for_hang_timeout_is_a_hang():
     assert {host_outcome(s.phase, s.failures, h) for h in s.record()["hosts"]} == {"hung"}
 
 
+def test_a_start_slower_than_hang_timeout_is_no_hang_silence_counts_from_the_ranks_up():
+    """A loaded host's torchrun imports torch for longer than hang_timeout_s before its ranks
+    exist (seen in CI with hang_timeout_s=6): starting, not hung, and no stacks to take."""
+    s = state(hang_timeout_s=100)
+    for t in range(1001, 1200, 10):  # the agents beat; no rank is alive yet
+        for h in HOSTS:
+            s.beat(h, t, alive=0, pid=1)
+        assert s.tick(t) is None
+    all_beat(s, 1201, progress_ts=1201)  # the ranks are up, then silent
+    for t in range(1211, 1301, 10):
+        all_beat(s, t, progress_ts=1201)
+        assert s.tick(t) is None
+    all_beat(s, 1302, progress_ts=1201)
+    failure = s.tick(1302)
+    assert failure["reason"] == runstate.HANG and "for 101 s" in failure["detail"]
+
+
 def test_one_rank_progressing_anywhere_is_no_hang():
     s = state(hang_timeout_s=100)
     for t in range(1001, 1300, 10):

@@ -27,7 +27,7 @@ collective.json), the Python API, the CLI and the HTML report read that copy:
     {"run_id", "phase", "started", "updated", "final", "nnodes", "nproc_per_node",
      "failure": null | FAILURE, "failures": [FAILURE, ...], "channel": {"refused": {...}},
      "hosts": [{"host", "node_rank", "ranks": [first, last], "state", "rc", "alive",
-                "progress_ts", "last_line", "last_seen", "pid", "elapsed_s"}]}
+                "progress_ts", "ranks_at", "last_line", "last_seen", "pid", "elapsed_s"}]}
     FAILURE = {"host", "node_rank", "reason", "detail", "rc", "rank", "local_rank",
                "exitcode", "root_cause", "consequence", "last_line", "at_s", "detected_s"}
 
@@ -247,6 +247,7 @@ class RunState:
         self.hosts = {h: {"host": h, "node_rank": i,
                           "ranks": [i * self.nproc, i * self.nproc + self.nproc - 1],
                           "state": PENDING, "rc": None, "alive": 0, "progress_ts": None,
+                          "ranks_at": None,
                           "last_line": "", "last_seen": None, "pid": None, "elapsed_s": None,
                           "coll": {}, "coll_ts": None, "coll_since": {}}
                       for i, h in enumerate(self.order)}
@@ -331,6 +332,8 @@ class RunState:
         self.closed_at.pop(host, None)
         rec.update(state=STARTED, alive=int(alive), last_seen=now, pid=pid,
                    elapsed_s=round(now - self.started, 3))
+        if int(alive) and rec.get("ranks_at") is None:
+            rec["ranks_at"] = now  # the first report of its ranks alive
         if idle_s is not None:
             rec["progress_ts"] = max(now - idle_s, rec["progress_ts"] or 0)
         if last_line:
@@ -431,10 +434,14 @@ class RunState:
                              "run in the %.0f s after its start (interrupted or lost during "
                              "the start); every host was stopped" % elapsed)
         running = [r for r in self.hosts.values() if r["state"] == STARTED]
-        if running and elapsed > self.hang_timeout_s:
+        # Silence counts once every running host's ranks were up: a torchrun still importing
+        # torch or in its rendezvous is starting, not hung (the rendezvous' own timeout and
+        # job_timeout_s end a start that never ends).
+        ranks_up = [r.get("ranks_at") for r in running]
+        if running and None not in ranks_up and elapsed > self.hang_timeout_s:
             # Progress is a log written or a collective advanced, anywhere.
             last = max([r["progress_ts"] or 0 for r in self.hosts.values()] +
-                       [self.last_advance(), self.started])
+                       [self.last_advance(), self.started, max(ranks_up)])
             silent = now - last > self.hang_timeout_s
             if silent or self.collectives_stalled(now):
                 found = self.finding(now)
