@@ -19,13 +19,17 @@ def main(argv: list[str] | None = None) -> int:
     up_p = sub.add_parser("up", help="create the lab and print its inventory path")
     up_p.add_argument("--nodes", type=int, default=2)
     up_p.add_argument("--tag", type=int, default=0,
-                      help="lab number 0-9: names tflab<N>-*, addresses 10.77.<N>.0/24")
+                      help="lab number 0-%d: names tflab<N>-*, addresses 10.77.<N>.0/24"
+                      % (netns.MAX_LABS - 1))
     up_p.add_argument("--user", action="store_true",
                       help="also a non-root login on every node (tflab<N>-user)")
     up_p.add_argument("--slurm", action="store_true",
                       help="also a Slurm cluster of the nodes (slurmctld, a slurmd per node)")
     down_p = sub.add_parser("down", help="remove the lab (found by its name prefix, also "
                                          "after a crash) and its directory")
+    down_p.add_argument("--tag", type=int, default=None,
+                        help="the lab's number, for a lab whose directory is gone (else read "
+                             "from the directory)")
     down_p.add_argument("--all", action="store_true", help="remove every lab's leftovers")
     sub.add_parser("heal", help="undo every fault")
     fault = sub.add_parser("fault", help="inject a fault on one node")
@@ -57,8 +61,16 @@ def main(argv: list[str] | None = None) -> int:
             netns.require_root()
             start = time.monotonic()
             state = args.dir / "state.json"
-            tag = None if args.all or not state.exists() else json.loads(
-                state.read_text()).get("tag", 0)
+            if args.all:
+                tag = None
+            elif state.exists():
+                tag = json.loads(state.read_text()).get("tag", 0)
+            elif args.tag is not None:
+                tag = args.tag
+            else:  # other labs may be up on this machine: remove none of theirs
+                print("lab down: no lab at %s (its --tag N, or --all for every lab's leftovers)"
+                      % args.dir)
+                return 0
             removed = netns.down(args.dir, tag)
             print("lab down: removed %d item(s) in %.1f s" % (len(removed),
                                                                 time.monotonic() - start))
