@@ -23,6 +23,8 @@ def test_listener_accepts_then_exits_after_expected_peers():
     port = free_port()
     started = start_listener([port], expect=2, idle_s=30)
     assert started["ports"] == [{"port": port, "bound": True, "error": None}]
+    with open("/proc/%d/cmdline" % started["pid"], "rb") as f:  # named by its ports
+        assert b"torchfleet-port-listener\0%d\0" % port in f.read()
     for _ in range(2):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
     assert wait_gone(started["pid"])

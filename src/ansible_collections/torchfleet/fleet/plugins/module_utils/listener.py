@@ -23,11 +23,12 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils import procs
 
 MARKER = "torchfleet-port-listener"
 
-# Runs in a fresh interpreter: argv = [marker, expect, idle_s, fd, fd, ...].
+# Runs in a fresh interpreter: argv = [marker, ports, expect, idle_s, fd, fd, ...]; the ports
+# (29500,29501) only name it, for whoever reads the process table.
 ACCEPT_LOOP = r"""
 import select, socket, sys, time
-expect, idle_s = int(sys.argv[2]), float(sys.argv[3])
-socks = {socket.socket(fileno=int(fd)): 0 for fd in sys.argv[4:]}
+expect, idle_s = int(sys.argv[3]), float(sys.argv[4])
+socks = {socket.socket(fileno=int(fd)): 0 for fd in sys.argv[5:]}
 end = time.monotonic() + idle_s
 while socks and time.monotonic() < end:
     ready, _, _ = select.select(list(socks), [], [], max(0.0, end - time.monotonic()))
@@ -77,7 +78,8 @@ def start_listener(ports, expect, idle_s, address="0.0.0.0"):
     try:
         # Detached and with no inherited stdio: Ansible must not wait for it to close pipes.
         child = subprocess.Popen(
-            [sys.executable, "-c", ACCEPT_LOOP, MARKER, str(expect), str(idle_s)]
+            [sys.executable, "-c", ACCEPT_LOOP, MARKER, ",".join(map(str, bound)), str(expect),
+             str(idle_s)]
             + [str(fd) for fd in fds],
             pass_fds=fds, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True)
