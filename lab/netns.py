@@ -46,7 +46,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils import procs  # t
 SLOW_CPU_PCT = 10  # a throttled node in the lab: a tenth of one CPU (below its share of one)
 SLOW_RATE = "400mbit"  # a slowed NIC or link in the lab: ~10x below what a lab pair carries
 PREFIX = "tflab"  # every lab: tflab<N>-node0 (netns), tflab<N>-v0 (veth), tflab<N>-br
-MAX_LABS = 10  # lab N uses 10.77.N.0/24, so several labs (tests, molecule) can coexist
+MAX_LABS = 16  # lab N uses 10.77.N.0/24, so several labs (tests, molecule) can coexist
 MAX_NODES = 200
 DEFAULT_DIR = Path("/tmp/torchfleet-lab")
 SSHD = "/usr/sbin/sshd"
@@ -147,6 +147,9 @@ class Lab:
     nodes: list[Node] = field(default_factory=list)
     tag: int = 0
     user: bool = False
+    # Where the root login's runs live on the nodes (remote_runs_root in the inventory), when
+    # not ~/.torchfleet/runs: the nodes share this machine's filesystem with other labs.
+    runs_root: Path | None = None
 
     @property
     def bridge(self) -> str:
@@ -211,19 +214,20 @@ class Lab:
             raise LabError("no lab at %s; start one with `python -m lab up`" % root)
         saved = json.loads(state.read_text())
         tag = saved.get("tag", 0)
+        runs = saved.get("runs_root")
         return cls(root, [Node(name, i, tag) for i, name in enumerate(saved["nodes"])], tag,
-                   saved.get("user", False))
+                   saved.get("user", False), Path(runs) if runs else None)
 
     @classmethod
     def up(cls, nodes: int, root: Path = DEFAULT_DIR, tag: int = 0,
-           user: bool = False) -> "Lab":
+           user: bool = False, runs_root: Path | None = None) -> "Lab":
         require_root()
         if not 1 <= nodes <= MAX_NODES:
             raise LabError("--nodes must be between 1 and %d, not %d" % (MAX_NODES, nodes))
         if not 0 <= tag < MAX_LABS:
             raise LabError("--tag must be between 0 and %d, not %d" % (MAX_LABS - 1, tag))
         down(root, tag)  # a crashed earlier lab with this tag must not be in the way
-        lab = cls(root, [Node("node%d" % i, i, tag) for i in range(nodes)], tag, user)
+        lab = cls(root, [Node("node%d" % i, i, tag) for i in range(nodes)], tag, user, runs_root)
         try:
             lab._build()
         except BaseException:
@@ -254,7 +258,8 @@ class Lab:
         for node in self.nodes:
             self._add_node(node)
         (self.root / "state.json").write_text(json.dumps(
-            {"nodes": [n.name for n in self.nodes], "tag": self.tag, "user": self.user}))
+            {"nodes": [n.name for n in self.nodes], "tag": self.tag, "user": self.user,
+             "runs_root": str(self.runs_root) if self.runs_root else None}))
         self._write_inventory()
         self.wait_for_ssh()
 
@@ -383,6 +388,7 @@ class Lab:
             "backend": "gloo",
             "code_dir": str(self.code_dir),
             "data_paths": [str(self.data_dir)],
+            **({"remote_runs_root": str(self.runs_root)} if self.runs_root else {}),
         }
 
     def _write_inventory(self) -> None:
@@ -391,7 +397,9 @@ class Lab:
             "vars": self.node_vars()}}}}
         self.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
         if self.user:
-            user_vars = dict(self.node_vars(), ansible_user=user_name(self.tag),
+            # Its runs stay under its own home (the default), where it may write.
+            user_vars = dict({k: v for k, v in self.node_vars().items()
+                              if k != "remote_runs_root"}, ansible_user=user_name(self.tag),
                              ansible_python_interpreter=str(self.user_python),
                              python=str(self.user_python))
             inventory["all"]["children"]["nodes"]["vars"] = user_vars

@@ -45,16 +45,22 @@ def processes_matching(marker, netns=None):
     return found
 
 
-# `bash tests/run` runs pytest in two workers (pytest-xdist). Tests that start what other
-# tests look for on the whole machine (the lab, ansible-playbook runs of the default inventory,
-# torchrun, the port listener) run one after another in one worker, in order; the tests that
-# only read, parse or start processes nobody else looks for run beside them, and so does a lab
-# of its own whose hosts keep their runs apart (own namespaces, own remote_runs_root) and whose
-# processes the others' checks do not count (they look in their own network namespaces).
-BESIDE_LABS = ("tests/lab/test_scale_lab.py", "tests/lab/test_isolate_lab.py")  # a lab each
-BESIDE = ("tests/unit/",) + BESIDE_LABS
-SERIAL_UNITS = ("tests/unit/test_listener.py", "tests/unit/test_probe_modules.py")  # listeners
-BESIDE_TESTS = ("::test_ansible_test_sanity_passes_on_the_built_collection",)  # CPU only
+def run_processes(run_id):
+    """'PID command line' of every live process of run `run_id` on this machine, whichever lab
+    or test started it: its id on the command line (torchrun's --rdzv-id, a play's -e) or in
+    its environment (TORCHFLEET_RUN_ID, which every rank carries): tests running beside each
+    other run the same scripts, so a script's name says nothing of whose it is."""
+    from ansible_collections.torchfleet.fleet.plugins.module_utils import procs
+
+    want = run_id.encode()
+    found = []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        line = procs.cmdline(pid).strip()
+        if pid == os.getpid() or not line:
+            continue
+        if run_id in line or procs.environ(pid).get(procs.RUN_ID_ENV.encode()) == want:
+            found.append("%d %s" % (pid, line))
+    return found
 
 
 def parent_of(pid: int) -> int:
@@ -87,20 +93,51 @@ def end_unattended(run_dir, timeout_s=120):
     return pid
 
 
-def runs_beside(nodeid: str) -> bool:
-    return (nodeid.startswith(BESIDE) and not nodeid.startswith(SERIAL_UNITS)) \
-        or nodeid.endswith(BESIDE_TESTS)
+# `bash tests/run` runs pytest in several workers (pytest-xdist): most tests wait (for ranks
+# to start, a lease, a cut) far more than they compute, so they run beside each other. What
+# they share is kept apart: each lab module has a lab of its own (tests/lab/conftest.py), each
+# run its own id, free master port and, where it stops "everything", its own runs root; a check
+# for leftovers looks for its own run id, lab or port, never a script's name.
+#
+# The unit of work given to a worker (xdist's scope): a module whose tests share a lab or a
+# run made once for them; one test where nothing is shared.
+ONE_BY_ONE = ("tests/unit/", "tests/integration/test_launch_local.py",
+              "tests/api/test_api_local.py")
+# On the default inventory with the default master port (29500 on this machine): one after
+# another. (A lab's 29500 is in its own namespaces.)
+DEFAULT_PORT = ("tests/integration/test_preflight_local.py",
+                "tests/integration/test_check_mode.py", "tests/integration/test_bad_input.py")
+# The longest units first, so that no long one starts last (seconds on this 2-CPU VM).
+LONGEST = ("tests/lab/test_scale_lab.py", "tests/lab/test_reliability_lab.py",
+           "tests/lab/test_detach_lab.py", "tests/api/test_collection.py",
+           "tests/lab/test_preflight_lab.py", "tests/lab/test_isolate_lab.py",
+           "tests/lab/test_hang_lab.py", "tests/integration/test_preflight_local.py")
+
+
+def scope_of(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    if path.startswith(DEFAULT_PORT):
+        return "default port"
+    return nodeid if path.startswith(ONE_BY_ONE) else path
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        path = item.nodeid.split("::", 1)[0]
+        return (LONGEST.index(path) if path in LONGEST else len(LONGEST),
+                path.startswith("tests/unit/"))
+    items.sort(key=rank)  # stable: each module's own order is kept
 
 
 def pytest_xdist_make_scheduler(config, log):
     # xdist's own loadgroup mode renames nodeids in a way this pytest no longer reads, so the
-    # grouping is a scheduler of ours: one work unit for every test that touches hosts.
+    # grouping is a scheduler of ours.
     from xdist.scheduler import LoadScopeScheduling
 
-    class HostsInOneWorker(LoadScopeScheduling):
-        def _split_scope(self, nodeid):
-            if nodeid.startswith(BESIDE_LABS):  # a lab of its own is made once, in one worker
-                return nodeid.split("::", 1)[0]
-            return nodeid if runs_beside(nodeid) else "hosts"
+    config.option.loadscopereorder = False  # LONGEST's order, not the units' test counts
 
-    return HostsInOneWorker(config, log)
+    class Scoped(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return scope_of(nodeid)
+
+    return Scoped(config, log)

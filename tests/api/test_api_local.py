@@ -14,7 +14,7 @@ import pytest
 
 import torchfleet
 from lab.ports import free_port
-from tests.conftest import FIXTURES, end_unattended, processes_matching
+from tests.conftest import FIXTURES, end_unattended, run_processes
 
 pytestmark = pytest.mark.integration
 
@@ -116,8 +116,7 @@ def test_cancel_during_train_stops_torchrun_on_every_host(runs_root):
                               script=str(FIXTURES / "scripts" / "hang_rank1.py"))
     assert result.cancelled is True and result.ok is False
     assert ("controller", "run.cancelled") in {(c.host, c.id) for c in result.failures}
-    assert processes_matching(result.run_id) == []
-    assert processes_matching("hang_rank1.py") == []
+    assert run_processes(result.run_id) == []
 
 
 def test_a_detached_run_is_read_by_id_attached_cancelled_and_attached_to_its_end(
@@ -166,7 +165,7 @@ def test_a_detached_run_is_read_by_id_attached_cancelled_and_attached_to_its_end
     finally:
         go.touch()
     assert done.ok and [h.outcome for h in done.hosts] == ["succeeded", "succeeded"]
-    assert processes_matching(run_id) == []
+    assert run_processes(run_id) == []
     assert torchfleet.status(run_id, runs_root=runs_root).source == "report"
     assert "[rank 0] last step" in torchfleet.logs(run_id, rank=0, tail=2, runs_root=runs_root)
     assert torchfleet.attach(run_id, runs_root=runs_root).ok  # gathered: its report, at once
@@ -210,8 +209,7 @@ def test_ctrl_c_during_train_stops_torchrun_on_every_host_then_returns(runs_root
         proc.kill()
     assert proc.returncode == 0
     assert json.loads(out.strip().splitlines()[-1]) == {"cancelled": True, "ok": False}
-    assert processes_matching(run_id) == []
-    assert processes_matching("hang_rank1.py") == []
+    assert run_processes(run_id) == []
 
 
 @pytest.mark.parametrize("call, message", [

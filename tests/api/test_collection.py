@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from lab.ports import free_port
-from tests.conftest import COLLECTION, ROOT, processes_matching
+from tests.conftest import COLLECTION, ROOT, run_processes
 from torchfleet import ansible_cli
 
 pytestmark = pytest.mark.integration
@@ -93,14 +93,16 @@ def test_the_collections_playbooks_run_from_any_folder(installed):
     # train's roles and modules resolve by FQCN; under --check it starts nothing and says so.
     rc, out = playbook(installed, "train", "-e", "master_port=%d" % free_port(), "--check")
     assert rc == 0 and "nothing was started on any host" in out, out[-3000:]
+    # The hosts' runs under a root of this test's own: the stop below stops everything there.
+    remote = ("-e", "remote_runs_root=%s" % (work / "hosts"))
     rc, out = playbook(installed, "collective", "-e", "master_port=%d" % free_port(),
                        "-e", "collective_sizes=4K", "-e", "collective_iters=2",
-                       "-e", "run_id=%s" % run_id)
+                       "-e", "run_id=%s" % run_id, *remote)
     assert rc == 0, out[-3000:]
     report = json.loads((work / "runs" / run_id / "collective.json").read_text())
     assert report["ok"] and [h["node_rank"] for h in report["hosts"]] == [0, 1]
-    assert processes_matching(run_id) == []
-    rc, out = playbook(installed, "stop")
+    assert run_processes(run_id) == []
+    rc, out = playbook(installed, "stop", *remote)
     assert rc == 0 and "nothing of torchfleet was running here" in out, out[-3000:]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import processes_matching
+from tests.conftest import run_processes
 from tests.integration.playbook import playbook
 
 pytestmark = pytest.mark.integration
@@ -37,7 +37,7 @@ def test_a_check_run_starts_nothing_and_says_so(tmp_path):
     assert run.rc == 0, run.out[-3000:]
     assert "--check: preflight checked every host above; nothing was started on any host" in run.out
     run_id = run.report()["run_id"]
-    assert processes_matching(run_id) == []
+    assert run_processes(run_id) == []
     assert not (run.run_dir / "train.json").exists()
     assert not (run.run_dir / "collective.json").exists()
     assert host_files() == []

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 from ansible_collections.torchfleet.fleet.plugins.module_utils import procs
 
-from tests.conftest import FIXTURES, processes_matching
+from tests.conftest import FIXTURES, run_processes
 from tests.integration.playbook import BIN, ROOT, playbook
 from lab.ports import free_port
 from torchfleet import ansible_cli
@@ -20,8 +19,6 @@ from torchfleet import ansible_cli
 pytestmark = pytest.mark.integration
 SCRIPTS = FIXTURES / "scripts"
 
-
-run_processes = processes_matching
 
 
 def launch(name, tmp_path, *args):
@@ -74,7 +71,7 @@ def test_a_failing_rank_stops_every_host_and_is_named_with_its_log(tmp_path):
     assert "first failure on %s, rank 1" % failure["host"] in run.out
     # Rank 0 would have slept two minutes: it was stopped, not left to finish.
     assert took < 120 and "finished" not in run.out
-    assert run_processes("fail_rank1.py") == []
+    assert run_processes(report["run_id"]) == []
 
 
 def test_a_cascade_names_the_rank_that_failed_in_every_output(tmp_path):
@@ -94,7 +91,7 @@ def test_a_cascade_names_the_rank_that_failed_in_every_output(tmp_path):
     assert report["verdict"] == sentence and sentence in run.out
     assert {h["host"]: h["outcome"] for h in report["hosts"]} == {"node0": "aborted",
                                                                   "node1": "failed"}
-    assert run_processes("cascade_last_rank.py") == []
+    assert run_processes(report["run_id"]) == []
 
 
 @pytest.mark.parametrize("method", ["auto", "faulthandler"])
@@ -124,7 +121,7 @@ def test_a_hang_is_diagnosed_with_stacks_then_stopped(tmp_path, method):
     assert sorted(p.name for p in run.run_dir.glob("logs/*/attempt_0/*/fr_trace_rank_*")) == [
         "fr_trace_rank_0", "fr_trace_rank_1"]  # torch's own format, beside the stacks
     assert "None" not in report["verdict"] and "?" not in report["verdict"]
-    assert run_processes("hang_rank1.py") == []
+    assert run_processes(report["run_id"]) == []
 
 
 def test_hostile_arguments_and_env_reach_the_script_verbatim(tmp_path):
@@ -159,52 +156,70 @@ def test_single_node(tmp_path):
     assert report["world_size"] == 1 and [h["host"] for h in report["hosts"]] == ["node0"]
 
 
+# A run that lasts until it is stopped: its ranks all-reduce a step every 0.2 s, waiting in
+# their collectives as a real loop does, without the built-in workload's busy loop (which
+# would take the CPUs from the tests running beside).
+UNTIL_STOPPED = ("-e", "script=%s" % (SCRIPTS / "steps_until_file.py"), "-e",
+                 json.dumps({"script_args": ["/nonexistent/torchfleet-never"]}))
+
+
+def ranks(run_id):
+    """The run's rank processes: its script's, with the run's id in their environment (the
+    ansible-playbook that started the run names both on its command line)."""
+    return [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+            if "/steps_until_file.py" in procs.cmdline(pid)
+            and procs.environ(pid).get(procs.RUN_ID_ENV.encode()) == run_id.encode()]
+
+
 def test_stop_during_a_run_stops_everything_and_never_signals_a_foreign_pid(tmp_path):
+    """stop.yml with no run_id stops whatever runs under the hosts' runs root: a root of this
+    test's own (the default one's runs are other tests')."""
     env_path = "%s:%s" % (BIN, os.environ.get("PATH", ""))
     log = tmp_path / "train.log"
     run_dir, run_id = tmp_path / "run", "stop-test-%d" % os.getpid()
+    remote = ("-e", "remote_runs_root=%s" % (tmp_path / "hosts" / "runs"))
     with open(log, "w") as out:  # a file, not a pipe nobody reads while the play runs
         train = subprocess.Popen(
-            [*ansible_cli.command("ansible-playbook"), "train.yml", "-e", "nnodes=2", "-e",
-             "train_steps=500000", "-e", "master_port=%d" % free_port(), "-e",
-             "run_dir=%s" % run_dir, "-e", "run_id=%s" % run_id], cwd=ROOT, env=dict(os.environ, PATH=env_path),
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            [*ansible_cli.command("ansible-playbook"), "train.yml", "-e", "nnodes=2",
+             *UNTIL_STOPPED, "-e", "master_port=%d" % free_port(), "-e",
+             "run_dir=%s" % run_dir, "-e", "run_id=%s" % run_id, *remote], cwd=ROOT,
+            env=dict(os.environ, PATH=env_path), stdout=out, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 180
         while (time.monotonic() < deadline and train.poll() is None
-               and len(run_processes("/train.py")) < 2):
+               and len(ranks(run_id)) < 2):
             time.sleep(1)
-        assert len(run_processes("/train.py")) >= 2, log.read_text()[-3000:]
+        assert len(ranks(run_id)) >= 2, log.read_text()[-3000:]
         # The run's files on a host are its user's alone.
-        host_dir = Path.home() / ".torchfleet" / "runs" / run_id / "node0"
+        host_dir = tmp_path / "hosts" / "runs" / run_id / "node0"
         assert host_dir.stat().st_mode & 0o777 == 0o700
         assert host_dir.parent.stat().st_mode & 0o777 == 0o700
         assert (host_dir / "torchrun.pid").stat().st_mode & 0o777 == 0o600
-        stop = playbook("stop.yml", tmp_path / "stop")
+        stop = playbook("stop.yml", tmp_path / "stop", *remote)
         assert stop.rc == 0, stop.out
         assert "stopped run(s)" in stop.out
         train.wait(timeout=120)
     finally:
         train.kill()
     assert train.returncode != 0
-    assert run_processes("/train.py") == []
+    assert run_processes(run_id) == []
     assert (run_dir / "train.json").stat().st_mode & 0o777 == 0o640
     assert run_dir.stat().st_mode & 0o777 == 0o750
     # Stopping again finds nothing, and a run record whose PID now belongs to another process
     # (a recycled PID) is never signalled.
     bystander = subprocess.Popen(["sleep", "120"])
-    fake = Path.home() / ".torchfleet" / "runs" / "recycled-pid-test" / "node0"
+    fake = tmp_path / "hosts" / "runs" / "recycled-pid-test" / "node0"
     fake.mkdir(parents=True, exist_ok=True)
     (fake / "torchrun.pid").write_text(json.dumps({
         "pid": bystander.pid, "run_id": "recycled-pid-test", "host": "node0", "argv": [],
         "started": 0}))
     try:
-        again = playbook("stop.yml", tmp_path / "again")
+        again = playbook("stop.yml", tmp_path / "again", *remote)
         assert again.rc == 0 and "nothing of torchfleet was running here" in again.out, again.out
         assert bystander.poll() is None
     finally:
         bystander.kill()
-        shutil.rmtree(fake.parent)
 
 
 def test_a_rerun_after_a_failure_in_fork_batches_starts_clean_with_rank_order_kept(tmp_path):
@@ -238,7 +253,7 @@ def test_a_killed_master_agent_is_the_master_lost_and_nothing_is_left(tmp_path):
     run_id = "killmaster-%d" % os.getpid()
     pidfile = Path.home() / ".torchfleet" / "runs" / run_id / "node0" / "torchrun.pid"
     argv = [*ansible_cli.command("ansible-playbook"), "train.yml", "-e", "nnodes=2",
-            "-e", "master_port=%d" % free_port(), "-e", "train_steps=1000000",
+            "-e", "master_port=%d" % free_port(), *UNTIL_STOPPED,
             "-e", "lost_after_s=10", "-e", "run_id=%s" % run_id,
             "-e", "run_dir=%s" % (tmp_path / "run")]
     proc = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (
@@ -262,7 +277,7 @@ def test_a_killed_master_agent_is_the_master_lost_and_nothing_is_left(tmp_path):
     assert {h["host"]: h["outcome"] for h in report["hosts"]} == {"node0": "lost",
                                                                   "node1": "aborted"}
     assert ("host.lost", "node0") in {(c["id"], c["host"]) for c in report["checks"]}
-    assert run_processes(run_id) == [] and run_processes("/train.py") == []
+    assert run_processes(run_id) == []
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP])
@@ -275,7 +290,7 @@ def test_a_controller_killed_or_hung_up_leaves_nothing_running(tmp_path, sig):
     run_id = "killctl-%s-%d" % (sig.name, os.getpid())
     run_dir = Path.home() / ".torchfleet" / "runs" / run_id
     argv = [*ansible_cli.command("ansible-playbook"), "train.yml", "-e", "nnodes=2",
-            "-e", "master_port=%d" % free_port(), "-e", "train_steps=1000000",
+            "-e", "master_port=%d" % free_port(), *UNTIL_STOPPED,
             "-e", "run_id=%s" % run_id, "-e", "run_dir=%s" % (tmp_path / "run")]
     proc = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (
         BIN, os.environ["PATH"])), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

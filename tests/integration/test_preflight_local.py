@@ -21,13 +21,15 @@ PER_HOST_IDS = {"host.unreachable", "python.torch", "gpu.count", "nic.missing", 
                 "shm.size", "version.python", "version.torch"}
 
 
-def listener_processes():
-    """The default inventory's listeners: in this machine's network, not in a lab's."""
-    return processes_matching("torchfleet-port-listener", netns=this_netns())
+def listener_processes(port):
+    """The listeners on `port` in this machine's network (not a lab's): its command line names
+    the ports it holds, first the master port."""
+    return processes_matching("torchfleet-port-listener %d" % port, netns=this_netns())
 
 
 def test_healthy_default_passes_every_check_and_changes_nothing(tmp_path):
-    run = playbook("preflight.yml", tmp_path, "-e", "master_port=%d" % free_port())
+    port = free_port()
+    run = playbook("preflight.yml", tmp_path, "-e", "master_port=%d" % port)
     assert run.rc == 0, run.out
     report = run.report()
     assert report["ok"] is True and report["run_id"]
@@ -39,7 +41,7 @@ def test_healthy_default_passes_every_check_and_changes_nothing(tmp_path):
     assert ("port.in_use", "node0") in {(c["id"], c["host"]) for c in report["checks"]}
     assert "ok: " in run.out and "NCCL/GLOO_SOCKET_IFNAME" in run.out
     assert all(row["changed"] == 0 and row["failed"] == 0 for row in run.recap().values())
-    assert listener_processes() == []
+    assert listener_processes(port) == []
 
 
 def test_check_mode_runs_clean(tmp_path):

@@ -18,7 +18,7 @@ import pytest
 from ansible_collections.torchfleet.fleet.plugins.module_utils import detach
 
 from lab.ports import free_port
-from tests.conftest import FIXTURES, ROOT, end_unattended, parent_of, processes_matching
+from tests.conftest import FIXTURES, ROOT, end_unattended, parent_of, run_processes
 from tests.integration.playbook import BIN
 from torchfleet import ansible_cli
 
@@ -100,5 +100,5 @@ def test_the_readme_long_run_flow_with_attaches_beside_the_finisher(tmp_path):
     for follower, out in zip(followers, outs, strict=True):
         assert follower.returncode != 0 and report["verdict"] in out, out[-3000:]
     assert detach.attached_by(str(run_dir)) == 0  # (a failed owner's play leaves a stale lock)
-    assert processes_matching(run_id) == []
+    assert run_processes(run_id) == []
     shutil.rmtree(run_dir)

@@ -1,16 +1,44 @@
-"""One 4-node lab for the whole session; every test heals the faults it injected."""
+"""A lab per test module, made once for its tests and removed after them; every test heals the
+faults it injected.
+
+Each module's lab has its own tag (namespaces, links, addresses, users, cgroups carry it), its
+own directory and its own runs root on the hosts (the nodes share this machine's filesystem, so
+~/.torchfleet/runs would be one directory for every lab and the default inventory): the modules
+run beside each other (tests/conftest.py) and a test that finds its run by a glob or a stop.yml
+without a run_id sees its own lab only."""
 from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import netns_of, processes_matching
 from lab import netns as labmod
 
-LAB_DIR = labmod.DEFAULT_DIR.with_name("torchfleet-lab-tests")
-LAB_TAG = 1  # molecule's lab scenario uses 2, a lab made by hand 0
+# Tags: 0 a lab made by hand, 2 molecule's lab scenario, 3 bench/; the tests' own below.
+LABS = {  # module: (tag, nodes, with the non-root login)
+    "test_preflight_lab": (1, 4, False),
+    "test_scale_lab": (4, 40, False),
+    "test_isolate_lab": (5, 4, False),
+    "test_reliability_lab": (6, 4, False),
+    "test_detach_lab": (7, 4, False),
+    "test_hang_lab": (8, 4, False),
+    "test_launch_lab": (9, 4, False),
+    "test_guard_lab": (10, 4, False),
+    "test_user_lab": (11, 4, True),
+    "test_slurm_lab": (12, 3, False),
+}
+
+
+def lab_dir(module: str) -> Path:
+    return labmod.DEFAULT_DIR.with_name("torchfleet-lab-" + module[len("test_"):])
+
+
+def runs_root(module: str) -> Path:
+    """Where the hosts of `module`'s lab keep their run directories (remote_runs_root)."""
+    return lab_dir(module).with_name(lab_dir(module).name + "-runs")
 
 
 def lab_unavailable() -> str | None:
@@ -27,26 +55,36 @@ def lab_netns(tag) -> set[int]:
     return {netns_of("/run/netns/" + ns) for ns in labmod.our_namespaces(tag)}
 
 
-def leftovers() -> list[str]:
-    """Anything of the test lab's still on this machine: namespaces, links, sshd."""
-    found = ["netns " + ns for ns in labmod.our_namespaces(LAB_TAG)]
-    found += ["link " + link for link in labmod.our_links(LAB_TAG)]
-    found += ["user " + u for u in labmod.our_users(LAB_TAG)]
-    found += ["mount " + m for m in labmod.mounts_under(LAB_DIR)]
-    return found + processes_matching(str(LAB_DIR))
+def leftovers(tag: int, root: Path) -> list[str]:
+    """Anything of lab `tag` still on this machine: namespaces, links, users, mounts, processes."""
+    found = ["netns " + ns for ns in labmod.our_namespaces(tag)]
+    found += ["link " + link for link in labmod.our_links(tag)]
+    found += ["user " + u for u in labmod.our_users(tag)]
+    found += ["mount " + m for m in labmod.mounts_under(root)]
+    return found + processes_matching(str(root))
 
 
-@pytest.fixture(scope="session")
-def lab():
+def module_lab(module: str, nodes: int | None = None):
+    """Bring up `module`'s lab (a generator for a fixture): yields it, then removes it and
+    checks that nothing of it is left, no port listener in its namespaces either."""
     reason = lab_unavailable()
     if reason:
         pytest.skip(reason)
-    the_lab = labmod.Lab.up(4, LAB_DIR, LAB_TAG, user=True)
+    tag, default_nodes, user = LABS[module]
+    root, runs = lab_dir(module), runs_root(module)
+    shutil.rmtree(runs, ignore_errors=True)
+    the_lab = labmod.Lab.up(nodes or default_nodes, root, tag, user=user, runs_root=runs)
     yield the_lab
-    # Looked for in the lab's own namespaces (another lab may run beside it), so before down.
-    listeners = processes_matching("torchfleet-port-listener", netns=lab_netns(LAB_TAG))
-    labmod.down(LAB_DIR, LAB_TAG)
-    assert listeners == [] and leftovers() == []
+    # Looked for in the lab's own namespaces (other labs run beside it), so before down.
+    listeners = processes_matching("torchfleet-port-listener", netns=lab_netns(tag))
+    labmod.down(root, tag)
+    shutil.rmtree(runs, ignore_errors=True)
+    assert listeners == [] and leftovers(tag, root) == []
+
+
+@pytest.fixture(scope="module")
+def lab(request):
+    yield from module_lab(request.module.__name__.rsplit(".", 1)[-1])
 
 
 @pytest.fixture

@@ -9,17 +9,20 @@ import json
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import end_unattended, parent_of, processes_matching
+from tests.conftest import end_unattended, parent_of, processes_matching, run_processes
 from tests.integration.playbook import BIN, ROOT
 from tests.lab.test_guard_lab import guard_tables
-from tests.lab.test_reliability_lab import REMOTE_RUNS, processes_of, wait_until
+from tests.lab.conftest import runs_root
+from tests.lab.test_reliability_lab import processes_of, wait_until
 from lab.ports import free_port
 from torchfleet import ansible_cli
 
 pytestmark = pytest.mark.lab
+REMOTE_RUNS = runs_root(Path(__file__).stem)  # its lab's remote_runs_root
 SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "steps_until_file.py"
 LEASE_S = 10  # short, so that the run outlives it many times within the test
 
@@ -82,7 +85,7 @@ def test_a_detached_run_needs_no_controller_and_is_attached_again(healthy_lab, t
         # The controller's unattended finisher killed (the controller shut down): no process of
         # the controller is left, and the run outlives its lease three times.
         finisher = end_unattended(runs / run_id)
-        assert not [p for p in processes_matching(str(runs)) + processes_matching(run_id)
+        assert not [p for p in processes_matching(str(runs)) + run_processes(run_id)
                     if "ansible" in p]
         assert wait_until(lambda: master_record(run_id).get("updated", 0)
                           - master_record(run_id).get("started", 0) > 3 * LEASE_S, 120)

@@ -7,15 +7,18 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.integration.playbook import BIN, ROOT, Run
-from tests.lab.test_reliability_lab import REMOTE_RUNS, wait_until
+from tests.lab.conftest import runs_root
+from tests.lab.test_reliability_lab import wait_until
 from lab.ports import free_port
 from torchfleet import ansible_cli
 
 pytestmark = pytest.mark.lab
+REMOTE_RUNS = runs_root(Path(__file__).stem)  # its lab's remote_runs_root
 SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "wait_for_file.py"
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import FIXTURES, processes_matching
+from tests.conftest import FIXTURES, run_processes
 from tests.integration.playbook import playbook
 from torchfleet.results import load
 
@@ -46,7 +46,7 @@ def test_a_hang_names_the_rank_the_collective_and_where_it_is(healthy_lab, tmp_p
     assert found.seq == AT
     # Every rank's recording, in torch's format, beside its stack.
     assert len(list(run.run_dir.glob("logs/*/attempt_0/*/fr_trace_rank_*"))) == 6
-    assert processes_matching("collective_fault.py") == []
+    assert run_processes(report["run_id"]) == []
 
 
 def test_a_size_mismatch_under_gloo_is_the_abort_of_the_rank_that_received_it(healthy_lab,
@@ -62,7 +62,7 @@ def test_a_size_mismatch_under_gloo_is_the_abort_of_the_rank_that_received_it(he
     assert failure["exit_code"] == -6 and "exited with -6" in report["verdict"], report["verdict"]
     assert "never joined" not in report["verdict"] and "called" not in report["verdict"]
     assert "Received data size doesn't match expected size" in failure["tail"]
-    assert processes_matching("collective_fault.py") == []
+    assert run_processes(report["run_id"]) == []
 
 
 def test_a_clean_run_names_nothing_and_every_rank_reported_its_collectives(healthy_lab,
@@ -73,4 +73,4 @@ def test_a_clean_run_names_nothing_and_every_rank_reported_its_collectives(healt
     assert report["ok"] and report["first_failure"] is None
     state = (run.run_dir / "run_state.json").read_text()
     assert '"coll": {}' not in state  # every host's ranks reached the master's record
-    assert processes_matching("collective_fault.py") == []
+    assert run_processes(report["run_id"]) == []

@@ -3,51 +3,29 @@ named node.slow and nothing else is; a rate-limited pair of nodes (htb by destin
 named link.slow and nothing else is; a clean lab names nothing. The report's heat map is
 rendered by headless chromium.
 
-A 4-node lab of its own (tag 5), with its own remote_runs_root: these tests run beside the
-serial worker's (tests/conftest.py), and nothing of theirs is seen by the other lab's checks."""
+The module's 4-node lab is its own (tests/lab/conftest.py)."""
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from tests.api.test_report_browser import chromium
-from lab import netns as labmod
-from tests.conftest import ROOT, processes_matching
+from tests.conftest import ROOT, run_processes
 from tests.integration.playbook import BIN, playbook
-from tests.lab.conftest import LAB_DIR, lab_unavailable
+from tests.lab.conftest import runs_root
 from tests.lab.test_reliability_lab import wait_until
 from torchfleet import html_report
 from torchfleet import ansible_cli
 
 pytestmark = pytest.mark.lab
-TAG = 5  # tests 1, molecule 2, bench 3, the scale lab 4
-ROOT_DIR = LAB_DIR.with_name("torchfleet-lab-pairs")
-REMOTE_RUNS = ROOT_DIR.with_name("torchfleet-lab-pairs-runs")
+REMOTE_RUNS = runs_root(Path(__file__).stem)  # its lab's remote_runs_root
 # A small world sweep: the pair rounds are what these tests look at.
 ISOLATE = ("-e", "collective_isolate=true", "-e", "collective_sizes=64K", "-e",
-           "collective_iters=3", "-e", "remote_runs_root=%s" % REMOTE_RUNS)
-
-
-@pytest.fixture(scope="module")
-def pairs_lab():
-    reason = lab_unavailable()
-    if reason:
-        pytest.skip(reason)
-    the_lab = labmod.Lab.up(4, ROOT_DIR, TAG)
-    yield the_lab
-    labmod.down(ROOT_DIR, TAG)
-    shutil.rmtree(REMOTE_RUNS, ignore_errors=True)
-    assert labmod.our_namespaces(TAG) == [] and processes_matching(str(ROOT_DIR)) == []
-
-
-@pytest.fixture
-def healthy_lab(pairs_lab):
-    yield pairs_lab
-    pairs_lab.heal()
+           "collective_iters=3")
 
 
 def failed(report, *ids):
@@ -59,7 +37,7 @@ def run_isolate(lab, tmp_path, nnodes=4):
     run = playbook("collective.yml", tmp_path, *ISOLATE, "-e", "nnodes=%d" % nnodes,
                    inventory=lab.inventory)
     report = run.report("collective.json")
-    assert processes_matching(report["run_id"]) == []
+    assert run_processes(report["run_id"]) == []
     return run, report
 
 
@@ -133,4 +111,4 @@ def test_a_pair_cut_during_the_rounds_is_a_slow_link_with_its_error_and_the_rest
     assert "Timed out" in pairs[("node1", "node3")]["error"]
     assert len(pairs) == 6 and all(p["busbw_gbs"] for k, p in pairs.items()
                                    if k != ("node1", "node3"))
-    assert processes_matching(run_id) == []
+    assert run_processes(run_id) == []

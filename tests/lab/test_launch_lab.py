@@ -12,12 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import processes_matching
+from tests.lab.conftest import runs_root
+from tests.conftest import run_processes
 from tests.integration.playbook import BIN, ROOT, Run, playbook
+from tests.lab.test_reliability_lab import STEPS
+from lab import netns as labmod
 from torchfleet import ansible_cli
 
 pytestmark = pytest.mark.lab
-REMOTE_RUNS = Path.home() / ".torchfleet" / "runs"
+REMOTE_RUNS = runs_root(Path(__file__).stem)  # its lab's remote_runs_root
 
 
 def test_train_across_two_lab_nodes(healthy_lab, tmp_path):
@@ -43,7 +46,9 @@ def test_torchrun_killed_on_one_node_stops_the_others(healthy_lab, tmp_path):
     started = time.time()
     proc = subprocess.Popen(
         [*ansible_cli.command("ansible-playbook"), "train.yml", "-i", str(healthy_lab.inventory),
-         "-e", "nnodes=2", "-e", "train_steps=1000000", "-e", "run_dir=%s" % (tmp_path / "run")],
+         "-e", "nnodes=2", "-e", "script=%s" % STEPS,  # a step every 0.2 s until stopped
+         "-e", json.dumps({"script_args": [str(tmp_path / "never")]}),
+         "-e", "run_dir=%s" % (tmp_path / "run")],
         cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -70,5 +75,17 @@ def test_torchrun_killed_on_one_node_stops_the_others(healthy_lab, tmp_path):
     assert report["first_failure"]["host"] == "node1"
     assert "node1" in run.out and "-9" in run.out
     run_id = report["run_id"]
-    assert processes_matching(run_id) == [] and processes_matching("/train.py") == []
+    assert run_processes(run_id) == []
     assert (run.run_dir / "logs" / "node0" / "torchrun.log").exists()
+
+
+def test_taking_down_a_lab_that_is_not_there_leaves_the_others(healthy_lab, tmp_path):
+    """molecule's destroy runs `down` before its lab exists: the labs running beside it (this
+    one) keep every namespace."""
+    import sys
+
+    before = labmod.our_namespaces(healthy_lab.tag)
+    proc = subprocess.run([sys.executable, "-m", "lab", "--dir", str(tmp_path / "none"), "down"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "no lab at" in proc.stdout, proc.stdout + proc.stderr
+    assert labmod.our_namespaces(healthy_lab.tag) == before and len(before) == 4

@@ -143,6 +143,7 @@ def perf_records(report):
     return {c["host"]: c for c in report["checks"] if c["id"] == "cpu.perf"}
 
 
+@pytest.mark.alone  # four nodes' CPUs measured against each other: tests beside would skew it
 def test_health_full_names_the_host_whose_cpu_is_limited_and_spares_skip_it(healthy_lab,
                                                                             tmp_path):
     """The lab's nodes have no GPU: health=full measures each one's CPU (one thread) at the

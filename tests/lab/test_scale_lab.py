@@ -16,32 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import processes_matching
+from tests.conftest import run_processes
 from tests.integration.playbook import BIN, ROOT, Run, playbook
-from tests.lab.conftest import LAB_DIR, lab_unavailable
 from tests.lab.test_reliability_lab import wait_until
-from lab import netns as labmod
 from torchfleet import ansible_cli
 
 pytestmark = pytest.mark.lab
-NODES = 12  # the rank-order run's
-LAB_NODES = 40
-TAG = 4  # tests 1, molecule 2, bench 3
-ROOT_DIR = LAB_DIR.with_name("torchfleet-lab-scale")
+NODES = 12  # the rank-order run's (of the module's 40-node lab: tests/lab/conftest.py)
 # Attempt 0 has 250 steps to go when its checkpoint of step 50 is seen (~30 steps/s here).
 RESTART_STEPS = 300
 SCRIPT = Path(__file__).resolve().parents[1] / "fixtures" / "scripts" / "rank_identity.py"
-
-
-@pytest.fixture(scope="module")
-def lab40():
-    reason = lab_unavailable()
-    if reason:
-        pytest.skip(reason)
-    the_lab = labmod.Lab.up(LAB_NODES, ROOT_DIR, TAG)
-    yield the_lab
-    labmod.down(ROOT_DIR, TAG)
-    assert labmod.our_namespaces(TAG) == [] and processes_matching(str(ROOT_DIR)) == []
 
 
 def train_with_spares(lab, tmp_path, *args):
@@ -55,33 +39,33 @@ def ranks_of(run):
     return [(h["host"], h["node_rank"]) for h in run.report("train.json")["hosts"]]
 
 
-def test_a_broken_first_host_makes_the_second_the_master(lab40, tmp_path):
-    lab40.unreachable("node0")
+def test_a_broken_first_host_makes_the_second_the_master(lab, tmp_path):
+    lab.unreachable("node0")
     try:
-        run, pre = train_with_spares(lab40, tmp_path)
+        run, pre = train_with_spares(lab, tmp_path)
     finally:
-        lab40.heal()
+        lab.heal()
     assert run.rc == 0, run.out[-4000:]
     assert ranks_of(run) == [("node1", 0), ("node2", 1), ("node3", 2), ("node4", 3)]
     # The ports were tested again against node1, which the run then used as its master.
-    assert pre["master_addr"] == lab40.node("node1").address
+    assert pre["master_addr"] == lab.node("node1").address
     assert [c["host"] for c in pre["checks"] if c["id"] == "port.blocked" and c["ok"]] == [
         "node1", "node2", "node3", "node4"]
     assert pre["spares"]["skipped"] == {"node0": ["host.unreachable"]}
-    assert processes_matching(pre["run_id"]) == []
+    assert run_processes(pre["run_id"]) == []
 
 
 def test_spares_skip_a_firewalled_worker_and_replace_one_cut_off_mid_run_from_its_checkpoint(
-        lab40, tmp_path):
+        lab, tmp_path):
     # One run, two faults: node1 cannot reach the master's port (preflight skips it: the run
     # uses node0, node2, node3, node4), then node2's network is cut once the built-in DDP
     # workload saved its first checkpoint (every 50 steps, on storage every host sees): the
     # restart re-checks node1 (still skipped) and takes node5. lost_after_s=5: the mechanism is
     # the default 30 s's, the test 25 s shorter.
     ckpt, remote = tmp_path / "ckpt", tmp_path / "remote"
-    lab40.block_egress("node1", 29500)
+    lab.block_egress("node1", 29500)
     proc = subprocess.Popen(
-        [*ansible_cli.command("ansible-playbook"), "train.yml", "-i", str(lab40.inventory),
+        [*ansible_cli.command("ansible-playbook"), "train.yml", "-i", str(lab.inventory),
          "-e", "nnodes=4", "-e", "spares=2", "-e", "max_restarts=1", "-e", "lost_after_s=5",
          "-e", "train_steps=%d" % RESTART_STEPS, "-e", "train_checkpoint_dir=%s" % ckpt,
          "-e", "remote_runs_root=%s" % remote, "-e", "run_dir=%s" % (tmp_path / "run")],
@@ -93,12 +77,12 @@ def test_spares_skip_a_firewalled_worker_and_replace_one_cut_off_mid_run_from_it
                 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert (ckpt / "ddp_train.pt").exists(), "attempt 0 never saved a checkpoint"
-        lab40.cut_network("node2")
+        lab.cut_network("node2")
         out, _ = proc.communicate(timeout=400)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
-        lab40.heal()
+        lab.heal()
     run = Run(proc.returncode, out, tmp_path / "run")
     assert run.rc == 0, out[-5000:]
     # Preflight: the firewalled worker is named and skipped, in inventory order.
@@ -131,31 +115,31 @@ def test_spares_skip_a_firewalled_worker_and_replace_one_cut_off_mid_run_from_it
     assert (run.run_dir / "logs" / "node5" / "torchrun.log").exists()
     assert os.readlink(run.run_dir / "logs") == "attempt_1/logs"
     # node2, cut off, stops its own torchrun once it cannot hear the master.
-    assert wait_until(lambda: not processes_matching(report["run_id"]), 60), \
-        processes_matching(report["run_id"])
+    assert wait_until(lambda: not run_processes(report["run_id"]), 60), \
+        run_processes(report["run_id"])
 
 
-def test_twelve_hosts_get_ranks_in_inventory_order_in_fork_batches(lab40, tmp_path):
+def test_twelve_hosts_get_ranks_in_inventory_order_in_fork_batches(lab, tmp_path):
     # forks=6: two batches for launch, stop and gather; the watch is one task on the master.
     # The hosts keep this run under a root of its own: the lab shares this machine's files
     # with the tests that run beside it (stop.yml on the default stops node0's runs).
     remote_root = tmp_path / "remote-runs"
     run = playbook("train.yml", tmp_path, "-f", "6", "-e", "nnodes=%d" % NODES,
                    "-e", "script=%s" % SCRIPT, "-e", "remote_runs_root=%s" % remote_root,
-                   inventory=lab40.inventory)
+                   inventory=lab.inventory)
     assert run.rc == 0, run.out[-4000:]
     report = run.report("train.json")
     names = ["node%d" % i for i in range(NODES)]
     assert [(h["host"], h["node_rank"], h["ranks"]) for h in report["hosts"]] == [
         (n, i, [i]) for i, n in enumerate(names)]
-    assert sorted(lab40.node(n).address for n in names) != [lab40.node(n).address for n in names]
+    assert sorted(lab.node(n).address for n in names) != [lab.node(n).address for n in names]
     remote = remote_root / report["run_id"]
     seen = [json.loads(p.read_text()) for p in remote.glob("*/results/identity-*.json")]
     assert sorted((s["rank"], s["node_rank"], s["host"]) for s in seen) == [
         (i, i, n) for i, n in enumerate(names)]
     # Every rank saw the same world: rank i is node rank i.
     assert all(s["world"] == list(range(NODES)) for s in seen)
-    assert processes_matching(report["run_id"]) == []
+    assert run_processes(report["run_id"]) == []
 
 
 def tmux(*argv: str, socket: str) -> str:
@@ -163,19 +147,19 @@ def tmux(*argv: str, socket: str) -> str:
                           text=True).stdout
 
 
-def test_progress_fits_a_24_row_terminal_at_40_hosts_and_names_every_failing_host(lab40,
+def test_progress_fits_a_24_row_terminal_at_40_hosts_and_names_every_failing_host(lab,
                                                                                    tmp_path):
     if not shutil.which("tmux"):
         pytest.skip("needs tmux (.ci/run installs it)")
     failing = ["node5", "node17", "node33"]
     for name in failing:
-        lab40.hostname_loopback(name)
-    lab40.unreachable("node21")
+        lab.hostname_loopback(name)
+    lab.unreachable("node21")
     failing.append("node21")
     socket = "torchfleet-test-%d" % os.getpid()
     conf = tmp_path / "tmux.conf"
     conf.write_text("set -g history-limit 50000\n")
-    argv = [str(Path(sys.executable).with_name("torchfleet")), "preflight", "-i", str(lab40.inventory), "--runs-root",
+    argv = [str(Path(sys.executable).with_name("torchfleet")), "preflight", "-i", str(lab.inventory), "--runs-root",
             str(tmp_path / "runs")]
     command = "%s; echo TORCHFLEET-DONE rc=$?; sleep 900" % shlex.join(argv)
     try:
@@ -190,7 +174,7 @@ def test_progress_fits_a_24_row_terminal_at_40_hosts_and_names_every_failing_hos
                       socket=socket)
     finally:
         subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
-        lab40.heal()
+        lab.heal()
     assert re.search(r"TORCHFLEET-DONE rc=1$", screen, re.M), screen
     lines = screen.splitlines()
     # The live block was redrawn in place: its phase line is on the screen once, not once a

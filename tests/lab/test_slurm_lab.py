@@ -15,40 +15,30 @@ import pytest
 import yaml
 
 import torchfleet
-from tests.conftest import processes_matching
-from tests.lab.conftest import LAB_DIR, lab_unavailable
-from lab import netns as labmod
+from tests.conftest import run_processes
 from lab.slurm import TOOLS, SlurmLab
 from torchfleet.paths import ansible_root
 from torchfleet import ansible_cli
 
-pytestmark = pytest.mark.lab
-TAG = 5  # tests 1, molecule 2, bench 3, rank order 4
-ROOT_DIR = LAB_DIR.with_name("torchfleet-lab-slurm")
+pytestmark = [pytest.mark.lab, pytest.mark.skipif(
+    not all(map(shutil.which, TOOLS)),
+    reason="the Slurm lab needs slurm-wlm and munge (.ci/run installs them)")]
 ROOT = ansible_root()
 SBATCH = ROOT / "examples" / "slurm" / "train.sbatch"
 BIN = str(Path(sys.executable).parent)
 
 
 @pytest.fixture(scope="module")
-def slurm():
-    reason = lab_unavailable() or ("the Slurm lab needs slurm-wlm and munge (.ci/run installs "
-                                   "them)" if not all(map(shutil.which, TOOLS)) else None)
-    if reason:
-        pytest.skip(reason)
-    lab = labmod.Lab.up(3, ROOT_DIR, TAG)
-    try:
-        cluster = SlurmLab(lab).start()
-        # The user's side of it: inventory/slurm.yml as shipped, their connection settings in
-        # group_vars beside it.
-        shutil.copy(ROOT / "inventory" / "slurm.yml", lab.root / "slurm.yml")
-        (lab.root / "group_vars").mkdir()
-        (lab.root / "group_vars" / "nodes.yml").write_text(yaml.safe_dump(lab.node_vars()))
-        cluster.allocate("-J", "other-user", "-w", "node0")  # held for the whole module
-        yield cluster
-    finally:
-        labmod.down(ROOT_DIR, TAG)
-    assert labmod.our_namespaces(TAG) == [] and processes_matching(str(ROOT_DIR)) == []
+def slurm(lab):
+    """A Slurm cluster of the module's 3-node lab; the lab's removal ends its daemons."""
+    cluster = SlurmLab(lab).start()
+    # The user's side of it: inventory/slurm.yml as shipped, their connection settings in
+    # group_vars beside it.
+    shutil.copy(ROOT / "inventory" / "slurm.yml", lab.root / "slurm.yml")
+    (lab.root / "group_vars").mkdir()
+    (lab.root / "group_vars" / "nodes.yml").write_text(yaml.safe_dump(lab.node_vars()))
+    cluster.allocate("-J", "other-user", "-w", "node0")  # held for the whole module
+    return cluster
 
 
 def slurm_env(cluster, job_id=None):
@@ -101,7 +91,7 @@ def test_sbatch_example_trains_on_the_allocation_and_the_job_ends_as_the_play(sl
     assert [(h["host"], h["node_rank"], h["ranks"]) for h in report["hosts"]] == [
         ("node1", 0, [0, 1]), ("node2", 1, [2, 3])]
     assert report["ok"] is True
-    assert processes_matching(report["run_id"]) == []
+    assert run_processes(report["run_id"]) == []
 
     # A play that fails makes a failed job, with the play's exit status.
     bad = sbatch("too-many", "-e", "nnodes=3", "-e", "run_dir=%s" % (tmp_path / "bad"))

@@ -64,7 +64,8 @@ def test_a_hang_as_a_non_root_user_is_diagnosed_with_stacks(healthy_lab, tmp_pat
 
 def test_stop_as_a_non_root_user(healthy_lab, tmp_path):
     proc, run_id = start_long_train(healthy_lab, tmp_path, inventory=healthy_lab.user_inventory,
-                                    runs=user_runs(healthy_lab))
+                                    runs=user_runs(healthy_lab),
+                                    script=user_script(healthy_lab, "steps_until_file.py"))
     try:
         stop = playbook("stop.yml", tmp_path / "stop", "-e", "run_id=%s" % run_id,
                         inventory=healthy_lab.user_inventory)

@@ -45,6 +45,17 @@ def test_the_lease_rides_out_a_minute_cut_and_a_dead_controllers_run_ends_within
     assert d.default("lease_s") + d.LOOK_S + d.STOP_GRACE_S + d.ABORT_GRACE_S < 180
 
 
+def test_the_lab_tests_shorter_cut_keeps_the_defaults_relations():
+    """tests/lab/test_reliability_lab.py cuts for CUT_S against a lease of CUT_LEASE_S: still
+    shorter than the lease by two polls, still longer than SSH takes to give up on a host."""
+    from tests.lab.test_reliability_lab import CUT_LEASE_S, CUT_S
+
+    ssh, _ = ssh_options()
+    assert CUT_LEASE_S >= CUT_S + 2 * d.POLL_S and CUT_LEASE_S >= 3 * d.POLL_S
+    assert CUT_S > max(ssh["ServerAliveInterval"] * ssh["ServerAliveCountMax"],
+                       ssh["ConnectTimeout"])
+
+
 def test_ssh_gives_up_on_a_cut_host_before_lost_after_s():
     ssh, _ = ssh_options()
     assert ssh["ServerAliveInterval"] * ssh["ServerAliveCountMax"] < LOST_AFTER_S
