@@ -8,7 +8,6 @@ import socket
 import stat
 import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
@@ -19,14 +18,20 @@ from tests.conftest import FIXTURES, end_unattended, run_processes
 pytestmark = pytest.mark.integration
 
 
-def runner_dirs():
-    return set(Path(tempfile.gettempdir()).glob("torchfleet-runner-*"))
-
-
-def test_preflight_ok_with_every_hosts_checks_as_events(runs_root):
-    before = runner_dirs()
+def test_preflight_ok_with_every_hosts_checks_as_events(runs_root, tmp_path, monkeypatch):
+    # The runner's private data dir goes to this test's own temporary directory (other tests'
+    # runs make theirs beside it at the same time in the machine's).
+    private_parent = tmp_path / "tmp"
+    private_parent.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private_parent))
+    during = []
     events = []
-    result = torchfleet.preflight(on_event=events.append, runs_root=runs_root,
+
+    def on_event(event):
+        during.append(len(list(private_parent.glob("torchfleet-runner-*"))))
+        events.append(event)
+
+    result = torchfleet.preflight(on_event=on_event, runs_root=runs_root,
                                   master_port=free_port())
     assert result.ok is True and result.failures == []
     assert result.kind == "preflight" and result.run_dir == runs_root / result.run_id
@@ -38,7 +43,7 @@ def test_preflight_ok_with_every_hosts_checks_as_events(runs_root):
     assert {("node0", "port.in_use"), ("node1", "port.blocked")} <= seen
     assert {e.host for e in events if e.kind == "task"} >= {"node0", "node1"}
     # Nothing of ansible-runner is left: no private data dir, no env files, no keys.
-    assert runner_dirs() == before
+    assert during and during[0] == 1 and list(private_parent.iterdir()) == []
     names = {p.name for p in result.run_dir.rglob("*")}
     assert names == {"preflight.json", "ansible.log"}
     assert "PRIVATE KEY" not in (result.run_dir / "ansible.log").read_text()
