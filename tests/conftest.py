@@ -48,19 +48,28 @@ def processes_matching(marker, netns=None):
 def run_processes(run_id):
     """'PID command line' of every live process of run `run_id` on this machine, whichever lab
     or test started it: its id on the command line (torchrun's --rdzv-id, a play's -e) or in
-    its environment (TORCHFLEET_RUN_ID, which every rank carries): tests running beside each
-    other run the same scripts, so a script's name says nothing of whose it is."""
+    its environment (procs.run_processes: TORCHFLEET_RUN_ID, which every rank carries): tests
+    running beside each other run the same scripts, so a script's name says nothing of whose
+    it is."""
     from ansible_collections.torchfleet.fleet.plugins.module_utils import procs
 
-    want = run_id.encode()
-    found = []
-    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+    found = {int(p.split(" ", 1)[0]): p for p in processes_matching(run_id)}
+    for pid in procs.run_processes(run_id):
         line = procs.cmdline(pid).strip()
-        if pid == os.getpid() or not line:
-            continue
-        if run_id in line or procs.environ(pid).get(procs.RUN_ID_ENV.encode()) == want:
-            found.append("%d %s" % (pid, line))
-    return found
+        if line:
+            found.setdefault(pid, "%d %s" % (pid, line))
+    return [found[pid] for pid in sorted(found)]
+
+
+def until_stopped(script=None):
+    """train.yml's -e arguments for a run that lasts until it is stopped: its ranks all-reduce a
+    step every 0.2 s (steps_until_file.py, for a file never made; `script`: a copy of it where
+    another login can read it), waiting in their collectives as a real loop does, without the
+    built-in workload's busy loop, which would take the CPUs from the tests running beside."""
+    import json
+
+    return ("-e", "script=%s" % (script or FIXTURES / "scripts" / "steps_until_file.py"),
+            "-e", json.dumps({"script_args": ["/nonexistent/torchfleet-never"]}))
 
 
 def parent_of(pid: int) -> int:

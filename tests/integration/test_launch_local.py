@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from ansible_collections.torchfleet.fleet.plugins.module_utils import procs
 
-from tests.conftest import FIXTURES, run_processes
+from tests.conftest import FIXTURES, run_processes, until_stopped
 from tests.integration.playbook import BIN, ROOT, playbook
 from lab.ports import free_port
 from torchfleet import ansible_cli
@@ -156,19 +156,11 @@ def test_single_node(tmp_path):
     assert report["world_size"] == 1 and [h["host"] for h in report["hosts"]] == ["node0"]
 
 
-# A run that lasts until it is stopped: its ranks all-reduce a step every 0.2 s, waiting in
-# their collectives as a real loop does, without the built-in workload's busy loop (which
-# would take the CPUs from the tests running beside).
-UNTIL_STOPPED = ("-e", "script=%s" % (SCRIPTS / "steps_until_file.py"), "-e",
-                 json.dumps({"script_args": ["/nonexistent/torchfleet-never"]}))
-
-
 def ranks(run_id):
     """The run's rank processes: its script's, with the run's id in their environment (the
     ansible-playbook that started the run names both on its command line)."""
-    return [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
-            if "/steps_until_file.py" in procs.cmdline(pid)
-            and procs.environ(pid).get(procs.RUN_ID_ENV.encode()) == run_id.encode()]
+    return [pid for pid in procs.run_processes(run_id)
+            if "/steps_until_file.py" in procs.cmdline(pid)]
 
 
 def test_stop_during_a_run_stops_everything_and_never_signals_a_foreign_pid(tmp_path):
@@ -181,7 +173,7 @@ def test_stop_during_a_run_stops_everything_and_never_signals_a_foreign_pid(tmp_
     with open(log, "w") as out:  # a file, not a pipe nobody reads while the play runs
         train = subprocess.Popen(
             [*ansible_cli.command("ansible-playbook"), "train.yml", "-e", "nnodes=2",
-             *UNTIL_STOPPED, "-e", "master_port=%d" % free_port(), "-e",
+             *until_stopped(), "-e", "master_port=%d" % free_port(), "-e",
              "run_dir=%s" % run_dir, "-e", "run_id=%s" % run_id, *remote], cwd=ROOT,
             env=dict(os.environ, PATH=env_path), stdout=out, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL)
@@ -253,7 +245,7 @@ def test_a_killed_master_agent_is_the_master_lost_and_nothing_is_left(tmp_path):
     run_id = "killmaster-%d" % os.getpid()
     pidfile = Path.home() / ".torchfleet" / "runs" / run_id / "node0" / "torchrun.pid"
     argv = [*ansible_cli.command("ansible-playbook"), "train.yml", "-e", "nnodes=2",
-            "-e", "master_port=%d" % free_port(), *UNTIL_STOPPED,
+            "-e", "master_port=%d" % free_port(), *until_stopped(),
             "-e", "lost_after_s=10", "-e", "run_id=%s" % run_id,
             "-e", "run_dir=%s" % (tmp_path / "run")]
     proc = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (
@@ -290,7 +282,7 @@ def test_a_controller_killed_or_hung_up_leaves_nothing_running(tmp_path, sig):
     run_id = "killctl-%s-%d" % (sig.name, os.getpid())
     run_dir = Path.home() / ".torchfleet" / "runs" / run_id
     argv = [*ansible_cli.command("ansible-playbook"), "train.yml", "-e", "nnodes=2",
-            "-e", "master_port=%d" % free_port(), *UNTIL_STOPPED,
+            "-e", "master_port=%d" % free_port(), *until_stopped(),
             "-e", "run_id=%s" % run_id, "-e", "run_dir=%s" % (tmp_path / "run")]
     proc = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (
         BIN, os.environ["PATH"])), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

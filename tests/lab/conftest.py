@@ -64,27 +64,24 @@ def leftovers(tag: int, root: Path) -> list[str]:
     return found + processes_matching(str(root))
 
 
-def module_lab(module: str, nodes: int | None = None):
-    """Bring up `module`'s lab (a generator for a fixture): yields it, then removes it and
-    checks that nothing of it is left, no port listener in its namespaces either."""
+@pytest.fixture(scope="module")
+def lab(request):
+    """The module's lab: brought up for its first test; after its last, removed and checked
+    that nothing of it is left, no port listener in its namespaces either."""
     reason = lab_unavailable()
     if reason:
         pytest.skip(reason)
-    tag, default_nodes, user = LABS[module]
+    module = request.module.__name__.rsplit(".", 1)[-1]
+    tag, nodes, user = LABS[module]
     root, runs = lab_dir(module), runs_root(module)
     shutil.rmtree(runs, ignore_errors=True)
-    the_lab = labmod.Lab.up(nodes or default_nodes, root, tag, user=user, runs_root=runs)
+    the_lab = labmod.Lab.up(nodes, root, tag, user=user, runs_root=runs)
     yield the_lab
     # Looked for in the lab's own namespaces (other labs run beside it), so before down.
     listeners = processes_matching("torchfleet-port-listener", netns=lab_netns(tag))
     labmod.down(root, tag)
     shutil.rmtree(runs, ignore_errors=True)
     assert listeners == [] and leftovers(tag, root) == []
-
-
-@pytest.fixture(scope="module")
-def lab(request):
-    yield from module_lab(request.module.__name__.rsplit(".", 1)[-1])
 
 
 @pytest.fixture

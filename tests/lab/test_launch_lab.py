@@ -7,15 +7,15 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.lab.conftest import runs_root
-from tests.conftest import run_processes
+from tests.conftest import run_processes, until_stopped
 from tests.integration.playbook import BIN, ROOT, Run, playbook
-from tests.lab.test_reliability_lab import STEPS
 from lab import netns as labmod
 from torchfleet import ansible_cli
 
@@ -46,8 +46,7 @@ def test_torchrun_killed_on_one_node_stops_the_others(healthy_lab, tmp_path):
     started = time.time()
     proc = subprocess.Popen(
         [*ansible_cli.command("ansible-playbook"), "train.yml", "-i", str(healthy_lab.inventory),
-         "-e", "nnodes=2", "-e", "script=%s" % STEPS,  # a step every 0.2 s until stopped
-         "-e", json.dumps({"script_args": [str(tmp_path / "never")]}),
+         "-e", "nnodes=2", *until_stopped(),
          "-e", "run_dir=%s" % (tmp_path / "run")],
         cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -82,8 +81,6 @@ def test_torchrun_killed_on_one_node_stops_the_others(healthy_lab, tmp_path):
 def test_taking_down_a_lab_that_is_not_there_leaves_the_others(healthy_lab, tmp_path):
     """molecule's destroy runs `down` before its lab exists: the labs running beside it (this
     one) keep every namespace."""
-    import sys
-
     before = labmod.our_namespaces(healthy_lab.tag)
     proc = subprocess.run([sys.executable, "-m", "lab", "--dir", str(tmp_path / "none"), "down"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.lab.conftest import runs_root
-from tests.conftest import WORKLOADS, run_processes
+from tests.conftest import WORKLOADS, run_processes, until_stopped
 from tests.integration.playbook import BIN, ROOT, Run, playbook
 from bench.fuzz_control import Flood
 from lab.ports import free_port
@@ -26,7 +26,6 @@ from torchfleet import ansible_cli
 
 pytestmark = pytest.mark.lab
 REMOTE_RUNS = runs_root(Path(__file__).stem)  # its lab's remote_runs_root
-STEPS = ROOT / "tests" / "fixtures" / "scripts" / "steps_until_file.py"
 
 
 processes_of = run_processes
@@ -42,18 +41,14 @@ def wait_until(predicate, timeout_s, interval_s=0.5):
 
 
 def start_long_train(lab, tmp_path, *extra, nnodes=2, inventory=None, runs=REMOTE_RUNS,
-                     script=STEPS):
+                     script=None):
     """train.yml with a run that lasts until it is stopped; returns (process, run id) once it
-    trains. runs: where the hosts keep their run directories (the lab's remote_runs_root).
-
-    Its ranks all-reduce a step every 0.2 s (steps_until_file.py, for a file never made):
-    a loop that waits in its collectives as a real one does, without the built-in workload's
-    busy loop, which would take the CPUs from the tests running beside this one."""
+    trains (tests.conftest.until_stopped; script: where the login can read steps_until_file.py).
+    runs: where the hosts keep their run directories (the lab's remote_runs_root)."""
     started = time.time()
     proc = subprocess.Popen(
         [*ansible_cli.command("ansible-playbook"), "train.yml", "-i", str(inventory or lab.inventory),
-         "-e", "nnodes=%d" % nnodes, "-e", "script=%s" % script,
-         "-e", json.dumps({"script_args": [str(tmp_path / "never")]}),
+         "-e", "nnodes=%d" % nnodes, *until_stopped(script),
          "-e", "run_dir=%s" % (tmp_path / "run"), *extra],
         cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
