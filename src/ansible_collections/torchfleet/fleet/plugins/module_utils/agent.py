@@ -32,10 +32,10 @@ import signal
 import subprocess
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import exits, flight, guard, procs, runstate, stacks
+from ansible_collections.torchfleet.fleet.plugins.module_utils import exits, flight, guard, hwwatch, procs, runstate, stacks
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.control import Client, Server
-from ansible_collections.torchfleet.fleet.plugins.module_utils.procs import HOST_ENV, RUN_ID_ENV, run_processes, stop_run
+from ansible_collections.torchfleet.fleet.plugins.module_utils.procs import HOST_ENV, RUN_ID_ENV, stop_run
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import (
     AGENT_LOG, CONTROL, DETACHED, EXITCODE, GUARDED, LEASE, LOGS, PIDFILE, RESULTS, STACK_DUMP, START_FAILED,
     STOP_REQUEST, TORCHRUN_LOG, peer_loss, rank_dirs, read_json, root_cause, tail, write_json)
@@ -84,22 +84,12 @@ def torchrun_argv(p, script):
     ]
 
 
-def worker_pids(run_id, torchrun_pid):
-    """{local_rank: (pid, global rank)} of the live workers this host's torchrun started."""
-    workers = {}
-    for pid in run_processes(run_id, torchrun_pid, orphans=False):
-        if pid == torchrun_pid:
-            continue
-        env = procs.environ(pid)
-        if b"LOCAL_RANK" in env and env.get(b"TORCHELASTIC_RUN_ID") is not None:
-            workers.setdefault(int(env[b"LOCAL_RANK"]), (pid, int(env.get(b"RANK", b"-1"))))
-    return workers
-
-
 class RankDeaths:
-    """When each of torchrun's ranks (its direct children) was first seen dead, looked at every
-    step of the agent's loop: a rank's death is known when it happens, not when torchrun ends
-    (which a sibling slow to stop can delay past the abort that ends the run)."""
+    """This host's ranks (torchrun's direct children), found here only: their PIDs (for a
+    hang's stacks, for the hardware watch's OOM victims and GPU holders), and when each was
+    first seen dead, looked at every step of the agent's loop: a rank's death is known when it
+    happens, not when torchrun ends (which a sibling slow to stop can delay past the abort that
+    ends the run)."""
 
     def __init__(self):
         self.ranks = {}   # pid -> (local_rank, rank)
@@ -129,6 +119,11 @@ class RankDeaths:
 
     def pid_of(self, local_rank):
         return next((pid for pid, (lr, _r) in self.ranks.items() if lr == local_rank), None)
+
+    def live(self):
+        """{local_rank: (pid, rank)} of the ranks alive now."""
+        return {lr: (pid, r) for pid, (lr, r) in self.ranks.items()
+                if pid not in self.dead and procs.alive(pid)}
 
 
 def live_children(pid):
@@ -176,8 +171,9 @@ def failure_evidence(run_dir):
 class HostAgent:
     """This host's part: its torchrun, its reports, obeying the master."""
 
-    def __init__(self, p, proc, command, timings, send):
+    def __init__(self, p, proc, command, timings, send, watch):
         self.p, self.proc, self.command, self.t = p, proc, command, timings
+        self.watch = watch          # hwwatch.HostWatch: this host's hardware since the start
         self.send = send            # a report to the master: True once it is on its way
         self.host = p["host"]
         self.started_m = time.monotonic()
@@ -200,12 +196,16 @@ class HostAgent:
         rc = self.proc.poll()
         beat = rc is None and now_m >= self.next_beat
         self.deaths.look(self.proc.pid, now_m, self.stopping is not None, refresh=beat)
+        if beat or rc is not None and not self.exit_sent:
+            # (Before an exit too: the OOM killer's line is written before torchrun sees it.)
+            self.watch.look(now_m, self.deaths.ranks)
         if beat:
             self.next_beat = now_m + self.t.BEAT_S
             status = local_status(self.p["run_dir"], self.proc.pid,
                                   first_dead=self.first_dead)
             self.most_workers = max(self.most_workers, status["alive"])
-            self.send(dict(status, t=runstate.BEAT))
+            self.send(dict(status, t=runstate.BEAT, hw=self.watch.take(now_m),
+                           watch=self.watch.status()))
         if rc is None and self.stop_at is not None and now_m >= self.stop_at:
             self._stop()
             rc = self.proc.poll()
@@ -224,7 +224,8 @@ class HostAgent:
             return
         self.stopping, self.reason = message, "aborted"
         if message.get("dump"):  # every live rank's stack, before anything is stopped
-            workers = worker_pids(self.p["run_id"], self.proc.pid)
+            self.deaths.look(self.proc.pid, time.monotonic(), True, refresh=True)
+            workers = self.deaths.live()
             dirs = rank_dirs(self.p["run_dir"])
             if self.recording:  # the recordings are written beside, while the stacks are taken
                 flight.ask_dump(self.p["run_dir"])
@@ -282,7 +283,8 @@ class HostAgent:
         return {"t": runstate.EXIT, "rc": rc, "stopped": stopped, "root_cause": cause,
                 "consequence": consequence, "age_s": round(age_s, 3),
                 "last_line": status["last_line"], "coll": status.get("coll"),
-                "steady": status.get("steady")}
+                "steady": status.get("steady"), "hw": self.watch.take(now_m),
+                "watch": self.watch.status()}
 
 
 class Clock:
@@ -629,6 +631,8 @@ def run(p, command):
         report_not_started(p, secret, str(exc))
         raise
     argv = torchrun_argv(p, script)
+    # The kernel log from before torchrun starts: nothing of the run's is missed.
+    watch = hwwatch.HostWatch(p["kernel_log"], p["rdma_sysfs"], command)
     started = time.time()
     proc = start_torchrun(p, argv)
     write_json(os.path.join(run_dir, PIDFILE), {"pid": proc.pid, "run_id": p["run_id"],
@@ -638,12 +642,15 @@ def run(p, command):
     if server is not None:
         store = MasterStore(p, t, server, state, _logger(run_dir), clock)
         agent = HostAgent(p, proc, command, t,
-                          lambda body: store.handle(p["host"], body) is not None)
+                          lambda body: store.handle(p["host"], body) is not None, watch)
         store.agents.append(agent)
         state.beat(p["host"], clock(), pid=proc.pid)
     else:
-        agent = HostAgent(p, proc, command, t, client.send)
-    rc, reason = serve(agent, store, client, t)
+        agent = HostAgent(p, proc, command, t, client.send, watch)
+    try:
+        rc, reason = serve(agent, store, client, t)
+    finally:
+        watch.close()
     ended = time.time()
     write_json(os.path.join(run_dir, EXITCODE), {"rc": rc, "reason": reason, "ended": ended})
     unguard(p, command, _logger(run_dir))

@@ -217,6 +217,23 @@ REGISTRY = (
          "no rank of the run wrote to its logs for `hang_timeout_s`; every rank's py-spy "
          'stack is in its log directory',
          'read where each rank was stuck'),
+    Unit(('run.hardware',), RUN,
+         'a fatal hardware event on a host during the run (an Xid that drains, an uncorrected '
+         'PCIe AER error, an mlx5 health error, an AMD GPU reset, climbing uncorrected ECC, an '
+         'RDMA port that went down and stayed down): the cause, named first; warnings (clocks '
+         'held down, a link that flapped, other Xids) never fail a run',
+         'drain the host (listed in `drain`; `slurm_drain=true` drains it in Slurm) and look '
+         'at the device named; the restart skips it'),
+    Unit(('run.oom',), RUN,
+         "the kernel's OOM killer ended a rank (global or its memory cgroup), from the line "
+         'the kernel wrote, by its PID',
+         'give the ranks more memory or use less; the host is not drained '
+         '(`restart_on=any` restarts the run)'),
+    Unit(('host.kmsg',), RUN,
+         "the kernel log could not be read during the run (a non-root agent where "
+         '`kernel.dmesg_restrict=1`): hardware events are not seen there',
+         'run the agents as root, `sysctl kernel.dmesg_restrict=0`, add the user to group '
+         'adm / systemd-journal, or set `kernel_log` to a readable file'),
     Unit(('run.timeout',), RUN,
          'the run outlived `job_timeout_s`',
          'raise `job_timeout_s`'),

@@ -89,6 +89,13 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
         "Entries of torch's Flight Recorder in every rank (TORCH_FR_BUFFER_SIZE, gloo and NCCL): "
         "a hang or a failure names the collective where the ranks diverge and the rank that "
         "never joined it. 0 turns recording off."))),
+    (("kernel_log", "str", "/dev/kmsg"), dict(description=(
+        "The kernel log each host's agent follows during a run (Xids, AER, mlx5, AMD GPU "
+        "resets, the OOM killer): /dev/kmsg, else a file followed like tail -F (a container "
+        "that sees the host's log elsewhere)."))),
+    (("slurm_drain", "bool", False), dict(description=(
+        "On a Slurm allocation, drain a host with a fatal hardware cause with scontrol (where "
+        "the controller's user may)."))),
     (("job_timeout_s", "int", 86400), dict(description="The longest a run may take.")),
     (("lease_s", "int", 120), dict(description=(
         "The controller's lease: a run the controller has not looked at for this long "
@@ -211,6 +218,7 @@ TEARDOWN_S = 2.0        # an aborted torchrun already ending after a rank's deat
 ABORT_GRACE_S = 0.5     # after the first failure, before an agent stops its own torchrun
 SETTLE_SLACK_S = 5.0    # the master waits this much past the stops for the last reports
 CLOSED_LOST_S = 3.0     # an agent's connection closed without its exit, not back within: lost
+HW_SLACK_S = 2.0        # a rank's death this soon before its host's hardware event is its consequence
 PYSPY_TIMEOUT_S = 60.0  # one py-spy dump of a rank's stack (a host's ranks are dumped at once)
 FR_DUMP_S = 5.0         # after the stacks, each rank's Flight Recorder dump may take this long
 DUMP_S = PYSPY_TIMEOUT_S + FR_DUMP_S + 10.0  # the master waits this long for a hang's stacks

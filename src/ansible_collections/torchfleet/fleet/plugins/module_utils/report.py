@@ -36,7 +36,9 @@ def _verdict(kind, checks, first_failure):
     failures = [c for c in checks if not c["ok"] and c.get("severity", "error") == "error"]
     if first_failure:  # the master's record judged it (runstate.py); rendered, not re-judged
         host, rank = first_failure.get("host"), first_failure.get("rank")
-        if not host:  # a failure of the run as a whole: a hang, the job's limit, the lease
+        if not host or first_failure.get("names_host"):
+            # a failure of the run as a whole (a hang, the job's limit, the lease), or words
+            # that name the host themselves (a hardware event, the OOM killer)
             return "%s failed: %s" % (kind, first_failure["reason"])
         return "%s failed: first failure on %s%s: %s" % (
             kind, host, "" if rank is None else ", rank %d" % rank, first_failure["reason"])

@@ -2,11 +2,14 @@
 one place that decides it. How the attempt ended is not decided here: the master's record
 (runstate.py) judged that; this reads its first failure and the re-check's choice.
 
-A restart answers a failure a host explains: a host lost during the run, whose start failed or
-that the gather could not reach (left out of every later attempt, whatever the first failure
-names), or a rank's death on a host that then fails its re-check.
+A restart answers a failure a host explains: a host lost during the run, whose start failed,
+that the gather could not reach or that had a fatal hardware event (left out of every later
+attempt, whatever the first failure names), a rank that never joined the collective the
+others died in (its host stays a candidate unless its re-check fails), or a rank's death on a
+host that then fails its re-check.
 A failure no host explains (a rank's error on a host that passes its re-check, a hang, the
-job's time limit) is not retried unless restart_on=any. Two steps, with the playbook's re-check
+job's time limit, the OOM killer ending a rank: the workload's memory, not the host's) is not
+retried unless restart_on=any. Two steps, with the playbook's re-check
 (preflight's probe and port test of the remaining candidates) between them:
 
     after_attempt(...)   -> {"recheck", "hosts", "exclude", "suspect", "cause", "why"}
@@ -16,14 +19,15 @@ from __future__ import annotations
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import read_json
 from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import (
-    CONTROLLER_LOST, FAILED, LOST, NOT_STARTED, STOPPED_BY_USER, SUCCEEDED)
+    CONTROLLER_LOST, FAILED, HARDWARE, LOST, NOT_STARTED, OOM, STOPPED_BY_USER, SUCCEEDED)
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
 RESTART_ON = ("host", "any")
 # playbooks/attempt.yml is imported once per attempt: this many restarts at most.
 MAX_RESTARTS = 5
 # The words a failure's reason has in the verdict ("node2 host.lost, replaced by node4").
-CAUSE_ID = {LOST: "host.lost", NOT_STARTED: "host.not_started", FAILED: "run.exit"}
+CAUSE_ID = {LOST: "host.lost", NOT_STARTED: "host.not_started", FAILED: "run.exit",
+            HARDWARE: "run.hardware", OOM: "run.oom"}
 
 
 def _text(failure, key):
@@ -35,12 +39,13 @@ def _text(failure, key):
 
 def _left_out(record, unreachable):
     """{host: why} of the hosts no later attempt may use: lost or never started (the record's
-    own failures of theirs, not consequences), or unreachable when the attempt was stopped and
-    gathered."""
+    own failures of theirs, not consequences), with a fatal hardware event (even one after the
+    first failure), or unreachable when the attempt was stopped and gathered."""
     out = {}
     for f in record.get("failures") if isinstance(record.get("failures"), list) else []:
         host, reason = _text(f, "host"), _text(f, "reason")
-        if host and reason in (LOST, NOT_STARTED) and not f.get("consequence"):
+        if host and (reason in (LOST, NOT_STARTED) and not f.get("consequence")
+                     or reason == HARDWARE):
             out.setdefault(host, CAUSE_ID[reason])
     for host in unreachable:
         out.setdefault(host, "host.unreachable")
@@ -68,12 +73,18 @@ def after_attempt(record, attempt, max_restarts, restart_on, candidates, hosts, 
             out["why"] = "not restarted: max_restarts=%d used" % max_restarts
         return out
     host, reason = _text(failure, "host"), _text(failure, "reason")
-    out["cause"] = {"host": host, "reason": reason, "id": CAUSE_ID.get(reason, "run." + str(reason))}
+    out["cause"] = {"host": host, "reason": reason,
+                    "id": "run.hang" if failure.get("stalled") else CAUSE_ID.get(
+                        reason, "run." + str(reason))}
     if reason == CONTROLLER_LOST:
         out["why"] = "not restarted: the controller lost the run"
         return out
     if reason == STOPPED_BY_USER:
         out["why"] = "not restarted: the run was stopped by the user"
+        return out
+    if reason == OOM and restart_on != "any":
+        out["why"] = ("not restarted: the kernel's OOM killer ended a rank on %s, the workload's "
+                      "memory rather than the host's (restart_on=any restarts it)" % host)
         return out
     # Everything the attempt found counts: a host lost or never started (a failure of the
     # record beside the first) or unreachable at the gather explains the failure, whatever
@@ -84,7 +95,9 @@ def after_attempt(record, attempt, max_restarts, restart_on, candidates, hosts, 
                       "restarts it)" % reason)
         return out
     exclude = list(dict.fromkeys(list(excluded) + list(left_out)))
-    if reason == FAILED and host not in exclude and not left_out:
+    # A rank that never joined the collective the others died in explains the failure: its
+    # host is re-checked like every candidate, not suspected.
+    if reason == FAILED and host not in exclude and not left_out and not failure.get("stalled"):
         out["suspect"] = host
     remaining = [h for h in candidates if h not in exclude]
     out.update(exclude=exclude, left_out=left_out)
@@ -127,9 +140,10 @@ def after_recheck(plan, recheck, hosts, restart_on):
                  % ", ".join(skipped.get(old) or ["a check"])}
                 for old, by in zip(gone, new, strict=True)]
     words = ["%s %s, replaced by %s" % (r["host"], r["reason"], r["by"]) for r in replaced]
-    if not words:  # restart_on=any: the same hosts again
-        words = ["%s %s, the same hosts again (restart_on=any)"
-                 % (cause.get("host") or "the run", cause.get("id", "failed"))]
+    if not words:  # the same hosts again
+        words = ["%s %s, the same hosts again (%s)"
+                 % (cause.get("host") or "the run", cause.get("id", "failed"),
+                    "restart_on=any" if restart_on == "any" else "it passed its re-check")]
     return {"restart": True, "hosts": chosen, "replaced": replaced, "why": "; ".join(words)}
 
 

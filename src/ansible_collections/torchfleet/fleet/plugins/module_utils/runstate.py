@@ -43,6 +43,7 @@ the watch's look.
 """
 from __future__ import annotations
 
+import re
 import time
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, exits, flight
@@ -61,6 +62,9 @@ HANG = "hung"                # no rank anywhere made progress for hang_timeout_s
 TIMEOUT = "timeout"          # the run outlived job_timeout_s
 CONTROLLER_LOST = "controller_lost"  # the controller stopped watching (lease ran out)
 STOPPED_BY_USER = "stopped_by_user"  # Ctrl-C, SIGTERM or SIGHUP to the controller, stop.yml
+HARDWARE = "hardware"        # a fatal hardware event on a host (run.hardware)
+OOM = "oom"                  # the kernel's OOM killer ended a rank (run.oom)
+HW_REASONS = (HARDWARE, OOM)
 RUN_WIDE = (HANG, TIMEOUT, CONTROLLER_LOST, STOPPED_BY_USER)  # failures of the run, not a host's
 
 # host state
@@ -76,10 +80,11 @@ DONE = (EXITED, STOPPED, HOST_LOST)
 ABORTED = "aborted"      # stopped, or its ranks died, because the run failed elsewhere
 OUTCOMES = (SUCCEEDED, FAILED, HANG, LOST, TIMEOUT, ABORTED, RUNNING, UNKNOWN)
 # The outcome of a host whose own failure is the given reason.
-_OWN_OUTCOME = {FAILED: FAILED, NOT_STARTED: FAILED, LOST: LOST}
+_OWN_OUTCOME = {FAILED: FAILED, NOT_STARTED: FAILED, LOST: LOST, HARDWARE: FAILED, OOM: FAILED}
 # How a run that ended in a phase ended, in the same words (the watch's `outcome`).
 PHASE_OUTCOME = {SUCCEEDED: SUCCEEDED, FAILED: FAILED, NOT_STARTED: FAILED, HANG: HANG,
-                 LOST: LOST, TIMEOUT: TIMEOUT, CONTROLLER_LOST: ABORTED, STOPPED_BY_USER: ABORTED}
+                 LOST: LOST, TIMEOUT: TIMEOUT, CONTROLLER_LOST: ABORTED, STOPPED_BY_USER: ABORTED,
+                 HARDWARE: FAILED, OOM: FAILED}
 
 # Message kinds on the control channel.
 HELLO, BEAT, EXIT, NOT_STARTED_MSG = "hello", "beat", "exit", "not_started"  # agent -> master
@@ -87,6 +92,13 @@ ACK, ABORT = "ack", "abort"                                                  # m
 
 LINE_MAX = 300
 DETAIL_MAX = 1000
+# A host's hardware events (hwwatch.py): what the record keeps of them.
+EVENT_SOURCES = ("kmsg", "nvml", "sysfs")
+EVENT_KINDS = ("xid", "aer", "amdgpu", "mlx5", "oom", "ecc", "remap", "clocks", "recovery",
+               "link")
+EVENTS_PER_MESSAGE, EVENTS_PER_HOST, EVENTS_MAX = 8, 64, 512
+AGE_MAX_S = 3600.0
+_PCI = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 
 def _text(value, limit):
@@ -101,6 +113,36 @@ def _int(value):
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def events(value):
+    """A message's hardware events (hwwatch.py) checked and bounded: the rest is dropped.
+    The host's name, the rank's range and the time are the master's to add."""
+    out = []
+    for e in value[:EVENTS_PER_MESSAGE] if isinstance(value, list) else []:
+        if not isinstance(e, dict) or e.get("source") not in EVENT_SOURCES \
+                or e.get("kind") not in EVENT_KINDS:
+            continue
+        code = e.get("code")
+        bus = e.get("pci_bus")
+        out.append({
+            "source": e["source"], "kind": e["kind"],
+            "code": code if _int(code) is not None else _text(code, 32) or None,
+            "gpu": _int(e.get("gpu")), "rank": _int(e.get("rank")), "pid": _int(e.get("pid")),
+            "pci_bus": bus if isinstance(bus, str) and _PCI.match(bus) else None,
+            "fatal": e.get("fatal") is True, "what": _text(e.get("what"), 160),
+            "line": _text(e.get("line"), LINE_MAX),
+            "age_s": min(AGE_MAX_S, max(0.0, _number(e.get("age_s"), 0.0)))})
+    return out
+
+
+def watch_status(value):
+    """A host's hardware watch as its agent says it (hwwatch.HostWatch.status), bounded."""
+    value = value if isinstance(value, dict) else {}
+    return {"kmsg": _text(value.get("kmsg"), 200) or None,
+            "kmsg_error": _text(value.get("kmsg_error"), 400) or None,
+            "gpu": _text(value.get("gpu"), 20) or None,
+            "dropped": max(0, _int(value.get("dropped")) or 0)}
+
+
 def message(body):
     """An agent's verified message with its fields checked and bounded, or None. A signed
     message still comes from another host: nothing in it may break the master's loop."""
@@ -109,7 +151,8 @@ def message(body):
         return {"t": BEAT, "alive": max(0, _int(body.get("alive")) or 0),
                 "idle_s": _number(body.get("idle_s")), "pid": _int(body.get("pid")),
                 "last_line": _text(body.get("last_line"), LINE_MAX), "coll": body.get("coll"),
-                "steady": body.get("steady")}
+                "steady": body.get("steady"), "hw": events(body.get("hw")),
+                "watch": watch_status(body.get("watch")) if "watch" in body else None}
     if kind == EXIT:
         cause = body.get("root_cause")
         if isinstance(cause, dict) and all(_int(cause.get(k)) is not None
@@ -126,7 +169,8 @@ def message(body):
                 "consequence": body.get("consequence") is True, "root_cause": cause,
                 "age_s": max(0.0, _number(body.get("age_s"), 0.0)),
                 "last_line": _text(body.get("last_line"), LINE_MAX), "coll": body.get("coll"),
-                "steady": body.get("steady")}
+                "steady": body.get("steady"), "hw": events(body.get("hw")),
+                "watch": watch_status(body.get("watch")) if "watch" in body else None}
     if kind == NOT_STARTED_MSG:
         return {"t": NOT_STARTED_MSG, "detail": _text(body.get("detail"), DETAIL_MAX)}
     if kind == HELLO:
@@ -174,11 +218,36 @@ def collective_words(failure):
     return (flight.text(found) if flight.culprits(found) else "") or found.get("others") or ""
 
 
+def _clock(at):
+    return time.strftime("%H:%M:%S", time.localtime(at))
+
+
+def hardware_words(failure):
+    """A hardware or OOM cause in words: the host, the device, the event and when (on the
+    master's clock), the rank that died of it where one did, and what follows from it."""
+    e = failure.get("event") or {}
+    host, rank = failure.get("host") or "a host", failure.get("rank")
+    when = _clock(e["at"]) if _number(e.get("at")) is not None else "an unknown time"
+    if failure.get("reason") == OOM:
+        return "%s rank %s was %s at %s" % (host, "?" if rank is None else rank,
+                                            e.get("what") or "killed by the OOM killer", when)
+    device = ("GPU %d (%s)" % (e["gpu"], e.get("pci_bus") or "PCI unknown")
+              if e.get("gpu") is not None else e.get("pci_bus") or "")
+    died = rank if rank is not None else failure.get("died")
+    return "%s%s: %s, at %s%s; every other failure follows from it; drain %s" % (
+        host, " " + device if device else "", e.get("what") or e.get("line") or "a fatal event",
+        when, "; rank %d stopped there" % died if died is not None else "", host)
+
+
 def failure_text(failure):
     """The first failure in words, for people: the host (or the run), the rank when one is
     known, and what happened. Never a None or a '?'."""
     if not failure:
         return ""
+    if failure.get("reason") in HW_REASONS:
+        return hardware_words(failure)
+    if failure.get("stalled"):
+        return "%s, %s" % (failure.get("host"), failure.get("detail"))
     who = failure.get("host") or "the run as a whole"
     extra = collective_words(failure)
     extra = "; " + extra if extra else ""
@@ -225,9 +294,15 @@ def master_lost(record, master, detail):
 
 
 def _judged(f):
-    """The order of the judge: a cause before a consequence, then the earliest, then the
-    lowest node rank (the run as a whole first)."""
-    return f["consequence"], f["at_s"], -1 if f["node_rank"] is None else f["node_rank"]
+    """The order of the judge: a cause before a consequence (a hardware event after the first
+    failure is neither: late), then the earliest, a hardware event first by HW_SLACK_S (the
+    rank that died of it may be seen before the kernel's line is read) and before a hang it
+    came during, then the lowest node rank (the run as a whole first)."""
+    hardware = f["reason"] in HW_REASONS and not f.get("late")
+    at = float("-inf") if hardware and f.get("in_hang") else \
+        f["at_s"] - (defaults.HW_SLACK_S if hardware else 0.0)
+    return (f["consequence"] or bool(f.get("late")), at,
+            -1 if f["node_rank"] is None else f["node_rank"])
 
 
 class RunState:
@@ -249,9 +324,11 @@ class RunState:
                           "state": PENDING, "rc": None, "alive": 0, "progress_ts": None,
                           "ranks_at": None,
                           "last_line": "", "last_seen": None, "pid": None, "elapsed_s": None,
-                          "coll": {}, "coll_ts": None, "coll_since": {}}
+                          "coll": {}, "coll_ts": None, "coll_since": {}, "watch": None,
+                          "events": 0}
                       for i, h in enumerate(self.order)}
         self.closed_at = {}  # host -> when its connection closed without an exit
+        self.events = []     # every host's hardware events (hwwatch.py), dated on this clock
 
     # -- what the agents report -------------------------------------------------------------
 
@@ -261,15 +338,19 @@ class RunState:
         msg = message(body) if isinstance(body, dict) else None
         if msg is None or host not in self.hosts:
             return None
+        made = None
         if msg["t"] in (BEAT, EXIT):
             self.positions_of(host, now, msg["coll"], msg["steady"])
+            if msg["watch"] is not None and self.hosts[host]["state"] not in DONE:
+                self.hosts[host]["watch"] = msg["watch"]
+            made = self.hardware(host, now, msg["hw"])
         if msg["t"] == BEAT:
             return self.beat(host, now, msg["alive"], msg["idle_s"], msg["last_line"],
-                             msg["pid"])
+                             msg["pid"]) or made
         if msg["t"] == EXIT:
             return self.exited(host, now, msg["rc"], stopped=msg["stopped"],
                                root_cause=msg["root_cause"], last_line=msg["last_line"],
-                               consequence=msg["consequence"], age_s=msg["age_s"])
+                               consequence=msg["consequence"], age_s=msg["age_s"]) or made
         if msg["t"] == NOT_STARTED_MSG:
             return self.not_started(host, now, msg["detail"])
         self.closed_at.pop(host, None)  # hello: the host is (back) on the channel
@@ -368,6 +449,31 @@ class RunState:
             self.phase = SUCCEEDED
         return None
 
+    def hardware(self, host, now, found):
+        """A host's hardware events (checked by events()): each kept, dated on this clock from
+        the age the host measured; a fatal one, or the OOM killer ending one of its ranks, is
+        a cause. Returns the failure it made the run's first, if it did. After the record is
+        final nothing changes."""
+        rec = self.hosts.get(host)
+        if rec is None or self.final or not found:
+            return None
+        first, last = rec["ranks"]
+        made = None
+        for e in found:
+            if rec["events"] >= EVENTS_PER_HOST or len(self.events) >= EVENTS_MAX:
+                break
+            rec["events"] += 1
+            rank = e["rank"] if e["rank"] is not None and first <= e["rank"] <= last else None
+            e = dict(e, host=host, rank=rank, at=round(now - e.pop("age_s"), 3))
+            self.events.append(e)
+            if e["kind"] == "oom" and rank is not None:
+                detail = "rank %d was %s" % (rank, e["what"])
+                made = self.fail(host, OOM, now, detail, at=e["at"], event=e, rank=rank) or made
+            elif e["fatal"] and e["kind"] != "oom":
+                made = self.fail(host, HARDWARE, now, e["what"] or e["line"], at=e["at"],
+                                 event=e, rank=rank) or made
+        return made
+
     def not_started(self, host, now, detail):
         rec = self.hosts.get(host)
         if rec is None or rec["state"] in DONE:
@@ -461,33 +567,83 @@ class RunState:
     # -- the judge ----------------------------------------------------------------------------
 
     def fail(self, host, reason, now, detail, rc=None, root_cause=None, consequence=False,
-             at=None, collective=None):
+             at=None, collective=None, event=None, rank=None):
         """Keep a failure and judge the run's first again; returns the failure when it is the
-        first of the run (the run fails now: every host is told to stop), else None."""
+        first of the run (the run fails now: every host is told to stop), else None.
+        event: the hardware event of a HARDWARE or OOM cause; rank: its rank, when known."""
         if self.final or self.phase == SUCCEEDED:
             return None
         rec = self.hosts.get(host) or {}
         cause = root_cause or {}
+        rank = cause.get("rank", rank)
         found, waited = collective, False  # (a hang's finding: made by its caller)
-        if found is None and reason == FAILED and cause.get("rank") is not None:
-            found = self.finding(now, cause.get("rank"))
-            waited = self._waited(cause.get("rank"), found)
+        if found is None and reason == FAILED and rank is not None:
+            found = self.finding(now, rank)
+            waited = self._waited(rank, found)
             consequence = consequence or waited
+        local_rank = cause.get("local_rank")
+        if local_rank is None and rank is not None and rec:
+            local_rank = rank - rec["ranks"][0]
         entry = {"host": host, "node_rank": rec.get("node_rank"), "reason": reason,
-                 "detail": detail[-DETAIL_MAX:], "rc": rc, "rank": cause.get("rank"),
-                 "local_rank": cause.get("local_rank"), "exitcode": cause.get("exitcode"),
+                 "detail": detail[-DETAIL_MAX:], "rc": rc, "rank": rank,
+                 "local_rank": local_rank, "exitcode": cause.get("exitcode"),
                  "root_cause": root_cause, "consequence": bool(consequence),
                  "last_line": rec.get("last_line", ""),
                  "at_s": round((now if at is None else at) - self.started, 3),
                  "detected_s": round(now - self.started, 3), "collective": found,
-                 "waited": waited}
+                 "waited": waited, "event": event}
+        if reason in HW_REASONS and self.failure is not None:
+            if self.phase == HANG:
+                entry["in_hang"] = True  # the hang it came during is its consequence
+            elif entry["at_s"] > self.failure["at_s"] + defaults.HW_SLACK_S:
+                entry["late"] = True     # after the first failure: kept, not its cause
         self.failures.append(entry)
+        if waited:
+            self._culprit(found, entry, now)
+        self._explain()
         first_of_run = self.failure is None
         self.failure = min(self.failures, key=_judged)
         if self.failure["collective"] is None:  # where the ranks were when it was judged
             self.failure["collective"] = self.finding(now, self.failure["rank"])
         self.phase, self.updated = self.failure["reason"], now
         return entry if first_of_run else None
+
+    def _culprit(self, found, waited, now):
+        """A rank died waiting in a collective that another rank never joined: that rank (the
+        first the finding names) is the cause, on its host, at the same moment, and explains
+        the failure for a restart (restart.py); kept once."""
+        named = (found.get("missing") or found.get("mismatch") or [None])[0]
+        if not named or named.get("host") not in self.hosts or any(
+                f.get("stalled") and f["rank"] == named["rank"] for f in self.failures):
+            return
+        rec = self.hosts[named["host"]]
+        verb = ("called %s" % named["op"]) if named.get("op") else "never joined"
+        detail = "rank %d %s collective #%d (%s, %s, group %s), which rank %d on %s died " \
+            "waiting in" % (named["rank"], verb, found["seq"], found.get("op") or "op unknown",
+                            flight.human(found.get("bytes")), found.get("group"),
+                            waited["rank"], waited["host"])
+        self.failures.append({
+            "host": named["host"], "node_rank": rec["node_rank"], "reason": FAILED,
+            "detail": detail, "rc": None, "rank": named["rank"],
+            "local_rank": named["rank"] - rec["ranks"][0], "exitcode": None,
+            "root_cause": None, "consequence": False, "last_line": rec.get("last_line", ""),
+            "at_s": waited["at_s"], "detected_s": round(now - self.started, 3),
+            "collective": found, "waited": False, "event": None, "stalled": True})
+
+    def _explain(self):
+        """A rank's death on a host with a hardware cause at most HW_SLACK_S before it (on the
+        same rank when the event names one) is that cause's consequence; the cause keeps which
+        rank died of it."""
+        causes = [f for f in self.failures if f["reason"] in HW_REASONS and not f.get("late")]
+        for f in self.failures:
+            if f["reason"] != FAILED or f["rank"] is None or f.get("stalled"):
+                continue
+            for c in causes:
+                if c["host"] == f["host"] and (c["rank"] is None or c["rank"] == f["rank"]) \
+                        and f["at_s"] >= c["at_s"] - defaults.HW_SLACK_S:
+                    f["consequence"] = True
+                    if c.get("died") is None:
+                        c["died"] = f["rank"]
 
     def _waited(self, rank, found):
         """Whether a dead rank was waiting in the collective that the finding names other
@@ -510,7 +666,7 @@ class RunState:
                 "updated": self.updated, "final": self.final, "nnodes": len(self.order),
                 "nproc_per_node": self.nproc, "failure": self.failure,
                 "failures": self.failures, "channel": {"refused": dict(self.refused)},
-                "hosts": [self.hosts[h] for h in self.order]}
+                "events": self.events, "hosts": [self.hosts[h] for h in self.order]}
 
 
 def summary(record, now):

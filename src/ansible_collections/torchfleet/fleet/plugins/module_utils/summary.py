@@ -21,9 +21,8 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.report import poi
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import (
     STACK_DUMP, TORCHRUN_LOG, failed_ranks, read_json, tail)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import (
-    CONTROLLER_LOST, HANG, LOST, STATE_FILE, STOPPED_BY_USER, SUCCEEDED, TIMEOUT, UNKNOWN,
-    collective_words,
-    failure_text, host_rows)
+    CONTROLLER_LOST, HANG, HARDWARE, HW_REASONS, LOST, STATE_FILE, STOPPED_BY_USER,
+    SUCCEEDED, TIMEOUT, UNKNOWN, collective_words, failure_text, host_rows)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.table import render, spread, spread_of
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
@@ -178,12 +177,18 @@ def first_failure(record, run_dir, lines):
         return None
     host, local_rank = failure.get("host"), failure.get("local_rank")
     found = failure.get("collective")
-    extra = collective_words(failure)
+    extra = "" if failure.get("stalled") else collective_words(failure)
     reason = failure.get("detail") or failure["reason"]
+    whole = failure["reason"] in HW_REASONS  # its words name the host themselves
+    if whole:
+        reason = failure_text(failure)
+        if failure["reason"] == HARDWARE and flight.text(found):
+            reason += "; the ranks were at " + flight.text(found)  # a hang's finding, kept
     out = {"host": host, "node_rank": failure.get("node_rank"), "rank": failure.get("rank"),
            "local_rank": local_rank, "exit_code": failure.get("exitcode"),
            "consequence": bool(failure.get("consequence")), "failure": failure["reason"],
-           "reason": reason + ("; " + extra if extra else ""), "collective": found}
+           "reason": reason + ("; " + extra if extra else ""), "collective": found,
+           "event": failure.get("event"), "names_host": whole}
     if failure["reason"] == HANG:
         reason = out["reason"]
         named = (found or {}).get("missing") or (found or {}).get("mismatch") or []
@@ -208,6 +213,47 @@ def first_failure(record, run_dir, lines):
     else:
         out["tail"] = ""
     return out
+
+
+KMSG_FIX = ("run the agents as root, or `sysctl kernel.dmesg_restrict=0`, or add the user to "
+            "group adm / systemd-journal, or set kernel_log to a file that holds the kernel log")
+
+
+def hardware_checks(record, hosts):
+    """What the record's hardware events say per host: run.hardware (fatal: an error; else a
+    warning that never fails a run), run.oom, host.kmsg (the kernel log could not be read),
+    and `drain`: each host with a fatal hardware event, its first event's line as evidence.
+    Returns {"checks", "drain", "hardware"} (hardware: every event, as the record dated it)."""
+    events = [e for e in record.get("events") or [] if isinstance(e, dict)
+              and e.get("host") in hosts]
+    checks, drain = [], []
+    for host in hosts:
+        mine = [e for e in events if e["host"] == host]
+        fatal = [e for e in mine if e.get("fatal") and e.get("kind") != "oom"]
+        if fatal:
+            drain.append({"host": host, "reason": "run.hardware",
+                          "evidence": fatal[0].get("line") or fatal[0].get("what")})
+            checks.append(check("run.hardware", host, False, "; ".join(
+                "%s%s" % (e.get("what") or e.get("line"), " (rank %d)" % e["rank"]
+                          if e.get("rank") is not None else "") for e in fatal[:4]),
+                "drain %s and look at the device named: the run's other failures follow "
+                "from it" % host))
+        warned = [e for e in mine if not e.get("fatal")]
+        if warned:
+            checks.append(check("run.hardware", host, False, "; ".join(
+                e.get("what") or e.get("line") for e in warned[:4]),
+                "watch %s: warnings do not fail a run" % host, severity=WARNING))
+        for e in mine:
+            if e.get("kind") == "oom" and e.get("rank") is not None:
+                checks.append(check("run.oom", host, False, "rank %d was %s" % (
+                    e["rank"], e.get("what")), "give the ranks more memory, or use less: the "
+                    "kernel's OOM killer ended it (%s)" % (e.get("line") or "")[:200]))
+        watch = next((h.get("watch") for h in record.get("hosts") or []
+                      if h.get("host") == host and isinstance(h.get("watch"), dict)), None)
+        if watch and watch.get("kmsg_error"):
+            checks.append(check("host.kmsg", host, False, watch["kmsg_error"], KMSG_FIX,
+                                severity=WARNING))
+    return {"checks": checks, "drain": drain, "hardware": events}
 
 
 def host_transport(run_dir, host):
@@ -400,6 +446,8 @@ def decide(params):
                          "duration_s": rec.get("elapsed_s"),
                          "reported_ranks": [r["rank"] for r in results if r.get("host") == host],
                          "logs": os.path.join(logs_dir, "logs", host)})
+    hardware = hardware_checks(record, hosts)
+    checks.extend(hardware.pop("checks"))
     settings = params["settings"]
     if boolean(settings.get("transport_check", False), strict=False) and logs_dir:
         seen = {h: host_transport(logs_dir, h) for h in hosts}
@@ -453,6 +501,7 @@ def decide(params):
         checks.extend(restart_checks(extra["attempts"]))
     sentence = verdict(kind, checks, failure, extra.get("attempts", []))
     rank_rows = rank_states(rows_out, results, logs_dir, nproc)
+    extra.update(hardware)
     report = dict(ok=not bad, kind=kind, run_id=params["run_id"], world_size=world,
                   phase=record.get("phase"), hosts=rows_out, ranks=rank_rows, checks=checks,
                   first_failure=failure, verdict=sentence, settings=params["settings"], **extra)

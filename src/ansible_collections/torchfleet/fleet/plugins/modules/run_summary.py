@@ -146,9 +146,23 @@ failures:
   type: list
   elements: dict
 first_failure:
-  description: Host, rank, reason and log tail of the failure to look at first.
+  description: Host, rank, reason and log tail of the failure to look at first; C(event), the
+    hardware event of a run.hardware or run.oom cause (source, kind, code, gpu, pci_bus,
+    rank, pid, line, fatal, at).
   returned: always
   type: dict
+drain:
+  description: Each host with a fatal hardware event during the run, as host, reason (the
+    check id) and evidence (the event's line).
+  returned: always
+  type: list
+  elements: dict
+hardware:
+  description: Every hardware event the hosts reported during the run (kernel log, NVML,
+    RDMA ports), dated on the master's clock, fatal or a warning.
+  returned: always
+  type: list
+  elements: dict
 hosts:
   description: Per host in rank order, host, node_rank, ranks, outcome, rc, duration_s,
     reported_ranks and logs; for the collective test also busbw_gbs (the host's ranks' busbw

@@ -186,6 +186,18 @@ options:
       turns both off.
     type: int
     default: 2000
+  kernel_log:
+    description: The kernel log the agent follows from the run's start for hardware events
+      (NVIDIA Xids, PCIe AER, mlx5, AMD GPU resets and RAS errors, the OOM killer ending a
+      rank). C(/dev/kmsg), falling back to C(journalctl -k -f) where it cannot be read, or a
+      file followed like C(tail -F) holding kmsg records or plain lines.
+    type: str
+    default: /dev/kmsg
+  rdma_sysfs:
+    description: Where the host's RDMA devices are listed (sysfs layout); each port's state
+      and link counters are watched during the run.
+    type: str
+    default: /sys/class/infiniband
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -284,6 +296,8 @@ ARGUMENT_SPEC = dict(
     guarded=dict(type="bool", default=False),
     stack_dump=dict(type="str", choices=["auto", "py-spy", "faulthandler"], default=defaults.default("stack_dump")),
     flight_recorder=dict(type="int", default=defaults.default("flight_recorder")),
+    kernel_log=dict(type="str", default=defaults.default("kernel_log")),
+    rdma_sysfs=dict(type="str", default=defaults.default("rdma_sysfs")),
 )
 
 
