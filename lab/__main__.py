@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     fault.add_argument("kind", choices=["block_port", "occupy_port", "rename_nic", "desync_code",
                                         "remove_data", "hostname_loopback", "unreachable",
                                         "cut_network", "set_env", "slow_nic", "slow_link",
-                                        "cut_link", "limit_cpu"])
+                                        "cut_link", "limit_cpu", "limit_memory"])
     fault.add_argument("node")
     fault.add_argument("--port", type=int, default=29500)
     fault.add_argument("--env", default="NCCL_IB_DISABLE=1", help="NAME=VALUE for set_env")
@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     fault.add_argument("--rate", default=netns.SLOW_RATE, help="tc rate of slow_nic / slow_link")
     fault.add_argument("--pct", type=int, default=netns.SLOW_CPU_PCT,
                        help="limit_cpu: percent of one CPU the node may use")
+    fault.add_argument("--mib", type=int, default=512,
+                       help="limit_memory: MiB the node's processes may use together")
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
@@ -84,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
                 lab.set_env(args.node, args.env)
             elif args.kind == "limit_cpu":
                 lab.limit_cpu(args.node, args.pct)
+            elif args.kind == "limit_memory":
+                lab.limit_memory(args.node, args.mib)
             elif args.kind == "slow_nic":
                 lab.slow_nic(args.node, args.rate)
             elif args.kind in ("slow_link", "cut_link"):

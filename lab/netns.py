@@ -544,17 +544,35 @@ class Lab:
     def limit_cpu(self, name: str, pct: int = SLOW_CPU_PCT) -> None:
         """A host whose CPU is throttled (a noisy neighbour, a wrong quota): the node's sshd and
         every session it serves go into a cgroup of their own capped at pct % of one CPU."""
+        period = 100000
+        self._confine(name, "cpu", {1: {"cpu.cfs_period_us": str(period),
+                                        "cpu.cfs_quota_us": str(period * pct // 100)},
+                                    2: {"cpu.max": "%d %d" % (period * pct // 100, period)}})
+
+    def limit_memory(self, name: str, mib: int) -> None:
+        """A host whose memory is capped (a container's or a Slurm job's memory cgroup): its
+        sshd and every session go into a memory cgroup of mib MiB without swap, so a rank that
+        allocates past it is ended by the kernel's OOM killer, which says so in the kernel
+        log with the rank's PID."""
+        limit = str(mib << 20)
+        self._confine(name, "memory", {1: {"memory.limit_in_bytes": limit,
+                                           "memory.memsw.limit_in_bytes?": limit},
+                                       2: {"memory.max": limit, "memory.swap.max": "0"}})
+
+    def _confine(self, name: str, controller: str, settings: dict) -> None:
+        """The node's sshd and its sessions into a cgroup of their own of `controller`, with
+        the settings of that hierarchy's version (a name ending in ? is set where it exists)."""
         node = self.node(name)
         close_control_masters(self.root)  # new sessions fork from sshd, inside the cgroup
-        root, version = cpu_cgroup_root()
-        group = root / ("%s%s-cpu" % (lab_prefix(self.tag), node.name))
+        root, version = cgroup_root(controller)
+        group = root / ("%s%s-%s" % (lab_prefix(self.tag), node.name, controller))
         group.mkdir(exist_ok=True)
-        period = 100000
-        if version == 1:
-            (group / "cpu.cfs_period_us").write_text(str(period))
-            (group / "cpu.cfs_quota_us").write_text(str(period * pct // 100))
-        else:
-            (group / "cpu.max").write_text("%d %d" % (period * pct // 100, period))
+        for key, value in settings[version].items():
+            if key.endswith("?"):
+                with contextlib.suppress(OSError):
+                    (group / key[:-1]).write_text(value)
+            else:
+                (group / key).write_text(value)
         pid = self.sshd_pid(node)
         for member in sorted({pid} | procs.descendants(procs.table(), [pid])) if pid else []:
             with contextlib.suppress(OSError):  # a session that ended meanwhile
@@ -563,7 +581,7 @@ class Lab:
     def heal(self) -> None:
         """Undo every fault above on every node, so one lab serves many tests."""
         close_control_masters(self.root)
-        release_cpu_groups(self.tag)
+        release_groups(self.tag)
         for node in self.nodes:
             # No qdisc of ours left: deleting the root one restores the kernel's default.
             sh("tc", "-n", node.ns, "qdisc", "del", "dev", "eth0", "root", check=False)
@@ -590,35 +608,40 @@ class Lab:
         self.wait_for_ssh()
 
 
-def cpu_cgroup_root() -> tuple[Path, int]:
-    """(directory, version) of the cgroup hierarchy with the cpu controller: v1's own mount,
-    or v2's unified one where cpu is enabled for children."""
-    v1 = Path("/sys/fs/cgroup/cpu")
-    if (v1 / "cpu.cfs_quota_us").exists():
+CGROUP_CONTROLLERS = {"cpu": "cpu.cfs_quota_us", "memory": "memory.limit_in_bytes"}
+
+
+def cgroup_root(controller: str) -> tuple[Path, int]:
+    """(directory, version) of the cgroup hierarchy with `controller`: v1's own mount, or v2's
+    unified one where it is enabled for children."""
+    v1 = Path("/sys/fs/cgroup") / controller
+    if (v1 / CGROUP_CONTROLLERS[controller]).exists():
         return v1, 1
     v2 = Path("/sys/fs/cgroup")
     with contextlib.suppress(OSError):
-        if "cpu" in (v2 / "cgroup.subtree_control").read_text().split():
+        if controller in (v2 / "cgroup.subtree_control").read_text().split():
             return v2, 2
-    raise LabError("no cgroup cpu controller to limit a node's CPU (neither "
-                   "/sys/fs/cgroup/cpu nor cpu in /sys/fs/cgroup/cgroup.subtree_control)")
+    raise LabError("no cgroup %s controller to confine a node (neither /sys/fs/cgroup/%s nor "
+                   "%s in /sys/fs/cgroup/cgroup.subtree_control)" % (controller, controller,
+                                                                      controller))
 
 
-def release_cpu_groups(tag: int | None) -> list[str]:
-    """Move the processes of lab `tag`'s CPU cgroups back to the root and remove the groups."""
-    try:
-        root, _ = cpu_cgroup_root()
-    except LabError:
-        return []
+def release_groups(tag: int | None) -> list[str]:
+    """Move the processes of lab `tag`'s cgroups back to the root and remove the groups."""
     removed = []
-    for group in root.glob(lab_prefix(tag) + "*-cpu"):
-        with contextlib.suppress(OSError):
-            for pid in (group / "cgroup.procs").read_text().split():
-                with contextlib.suppress(OSError):
-                    (root / "cgroup.procs").write_text(pid)
-        with contextlib.suppress(OSError):
-            group.rmdir()
-            removed.append("cgroup " + str(group))
+    for controller in CGROUP_CONTROLLERS:
+        try:
+            root, _ = cgroup_root(controller)
+        except LabError:
+            continue
+        for group in root.glob(lab_prefix(tag) + "*-" + controller):
+            with contextlib.suppress(OSError):
+                for pid in (group / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(OSError):
+                        (root / "cgroup.procs").write_text(pid)
+            with contextlib.suppress(OSError):
+                group.rmdir()
+                removed.append("cgroup " + str(group))
     return removed
 
 
@@ -678,7 +701,7 @@ def down(root: Path = DEFAULT_DIR, tag: int | None = None) -> list[str]:
         kill_namespace_processes(ns)
         sh("ip", "netns", "del", ns, check=False)
         removed.append("netns " + ns)
-    removed += release_cpu_groups(tag)
+    removed += release_groups(tag)
     for link in our_links(tag):
         sh("ip", "link", "del", link, check=False)
         removed.append("link " + link)

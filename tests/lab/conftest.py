@@ -28,7 +28,7 @@ LABS = {  # module: (tag, nodes, with the non-root login)
     "test_launch_lab": (9, 4, False),
     "test_guard_lab": (10, 4, False),
     "test_user_lab": (11, 4, True),
-    "test_slurm_lab": (12, 3, False),
+    "test_slurm_lab": (12, 4, False),
 }
 
 

@@ -74,3 +74,28 @@ def test_a_clean_run_names_nothing_and_every_rank_reported_its_collectives(healt
     state = (run.run_dir / "run_state.json").read_text()
     assert '"coll": {}' not in state  # every host's ranks reached the master's record
     assert run_processes(report["run_id"]) == []
+
+
+def test_a_rank_the_oom_killer_ends_is_named_with_the_kernels_own_line(healthy_lab, tmp_path):
+    """node1's sessions in a memory cgroup of 1.5 GiB (a container's or a Slurm job's limit);
+    its rank allocates past it at step 5 and the kernel's OOM killer ends it. The lab hosts
+    share this machine's kernel: the line is the kernel's own, in /dev/kmsg, and its PID says
+    whose rank it was. The verdict names that host, that rank and the OOM killer, not the
+    peers that died waiting; the host is not drained and the run is not restarted."""
+    healthy_lab.limit_memory("node1", 1536)
+    run = playbook("train.yml", tmp_path, "-e", "nnodes=2", "-e", "nproc_per_node=1",
+                   "-e", "script=%s" % (FIXTURES / "scripts" / "oom_rank.py"),
+                   "-e", '{"script_args": ["1", "5"]}', "-e", "spares=1",
+                   "-e", "max_restarts=1", inventory=healthy_lab.inventory)
+    assert run.rc != 0
+    report = run.report("train.json")
+    assert report["verdict"].startswith(
+        "train failed: node1 rank 1 was killed by the kernel's OOM killer (memory cgroup, "
+        "anon-rss "), report["verdict"]
+    assert "not restarted: the kernel's OOM killer ended a rank on node1" in report["verdict"]
+    event = report["first_failure"]["event"]
+    assert event["kind"] == "oom" and event["line"].startswith(
+        "Memory cgroup out of memory: Killed process %d (" % event["pid"])
+    assert [c["host"] for c in report["checks"] if c["id"] == "run.oom"] == ["node1"]
+    assert report["drain"] == []
+    assert run_processes(report["run_id"]) == []

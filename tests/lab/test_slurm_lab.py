@@ -1,21 +1,26 @@
-"""A Slurm allocation is the inventory: a real slurmctld and a slurmd in each of 3 lab nodes
+"""A Slurm allocation is the inventory: a real slurmctld and a slurmd in each of 4 lab nodes
 (lab/slurm.py), jobs made with salloc and sbatch, preflight and train run on them
-over SSH. node0 is held by another job, so the allocation is node1, node2: order and
+over SSH. node0 is held by another job, so an allocation of 2 is node1, node2: order and
 membership come from Slurm, not from the first N lab nodes. A lab of its own for this module."""
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 import torchfleet
-from tests.conftest import run_processes
+from ansible_collections.torchfleet.fleet.plugins.inventory import slurm as slurm_inventory
+from ansible_collections.torchfleet.fleet.plugins.module_utils import procs
+from tests.conftest import FIXTURES, run_processes
+from tests.lab.conftest import runs_root
 from lab.slurm import TOOLS, SlurmLab
 from torchfleet.paths import ansible_root
 from torchfleet import ansible_cli
@@ -114,3 +119,67 @@ def test_an_ended_job_is_named_before_anything_starts(slurm, tmp_path, monkeypat
     assert check.id == "ansible.error"
     assert "Slurm job %s is CANCELLED, not RUNNING" % job in check.detail
     assert list((tmp_path / result.run_id).glob("*.json")) == []
+
+
+def test_a_gpu_fallen_off_the_bus_is_the_cause_its_host_is_replaced_and_drained(slurm,
+                                                                                tmp_path):
+    """The cascade that hid the cause (issue 48): node2's rank stops (SIGSTOP: a GPU fallen off
+    the bus leaves its rank hung in the driver) and the kernel writes Xid 79, a real line
+    (tests/fixtures/kmsg/xid79-aer.gpu-burn.txt) delivered to node2's kernel_log file, never
+    to this machine's own log. The verdict names node2 and the Xid, not a peer's timeout; the
+    restart replaces node2 with the spare node3; node2 is drained in Slurm with the evidence."""
+    job = slurm.allocate("-N", "3")
+    kmsg = tmp_path / "kmsg"
+    kmsg.mkdir()
+    stop_file = tmp_path / "stop"  # the run ends cleanly once it exists (the restart's run)
+    run_id, run_dir = "xid-%d" % os.getpid(), tmp_path / "run"
+    env = slurm_env(slurm, job)
+    proc = subprocess.Popen(
+        [*ansible_cli.command("ansible-playbook"), "train.yml", "-i",
+         str(slurm.lab.root / "slurm.yml"), "-e", "nnodes=2", "-e", "nproc_per_node=1",
+         "-e", "spares=1", "-e", "max_restarts=1", "-e", "slurm_drain=true",
+         "-e", "script=%s" % (FIXTURES / "scripts" / "steps_until_file.py"),
+         "-e", json.dumps({"script_args": [str(stop_file)]}),
+         "-e", "kernel_log=%s/{{ inventory_hostname }}.log" % kmsg,
+         "-e", "run_id=%s" % run_id, "-e", "run_dir=%s" % run_dir], cwd=ROOT, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    try:
+        logs = runs_root(Path(__file__).stem) / run_id / "node2" / "logs"
+        end = time.monotonic() + 240
+        while not any("step 3" in p.read_text(errors="replace")
+                      for p in logs.glob("**/stdout.log")):
+            assert time.monotonic() < end and proc.poll() is None, proc.poll()
+            time.sleep(0.1)
+        (rank,) = [pid for pid in procs.run_processes(run_id)
+                   if procs.environ(pid).get(b"TORCHFLEET_HOST") == b"node2"
+                   and b"LOCAL_RANK" in procs.environ(pid)
+                   and b"torch.distributed.run" not in procs.cmdline(pid).encode()]
+        os.kill(rank, signal.SIGSTOP)
+        xid79 = (FIXTURES / "kmsg" / "xid79-aer.gpu-burn.txt").read_text().splitlines()[-1]
+        with open(kmsg / "node2.log", "a") as f:
+            f.write(xid79 + "\n")
+        stop_file.touch()
+        out, _ = proc.communicate(timeout=300)
+        report = json.loads((run_dir / "train.json").read_text())
+        assert proc.returncode == 0, out[-4000:]
+        assert report["verdict"].startswith(
+            "train ok after 1 restart: node2 run.hardware, replaced by node3"), report["verdict"]
+        first = report["attempts"][0]
+        assert first["first_failure"].startswith(
+            "node2 0000:02:00.0: Xid 79, GPU has fallen off the bus, at "), first
+        # (Its rank was stopped by the abort, so no rank is said to have died of it.)
+        assert first["first_failure"].endswith(
+            "; every other failure follows from it; drain node2")
+        assert report["drain"] == [{"host": "node2", "reason": "run.hardware",
+                                    "evidence": xid79.split("] ", 1)[1]}]
+        shown = slurm.run("scontrol", "-o", "show", "node", "node2").stdout
+        assert "DRAIN" in slurm_inventory.fields(shown)["State"]
+        assert "Reason=torchfleet %s: run.hardware: NVRM: Xid (PCI:0000:02:00): 79" % run_id \
+            in shown, shown
+        assert run_processes(run_id) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        slurm.run("scontrol", "update", "nodename=node2", "state=resume")
+        slurm.run("scancel", job)

@@ -133,7 +133,9 @@ class InventoryModule(BaseInventoryPlugin):
                     % (host, job_id, host))
             self.inventory.add_host(host, group=GROUP)
             self.inventory.set_variable(host, "ansible_host", address)
+            self.inventory.set_variable(host, "slurm_node", host)  # what slurm_drain drains
         self.inventory.set_variable(GROUP, "slurm_job_id", job_id)
+        self.inventory.set_variable(GROUP, "slurm_scontrol", self.get_option("scontrol"))
         self.inventory.set_variable(GROUP, "ansible_ssh_retries", self.get_option("ssh_retries"))
         gpus = gpus_per_node(job)
         if gpus:

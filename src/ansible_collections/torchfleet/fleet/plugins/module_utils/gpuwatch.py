@@ -51,18 +51,25 @@ def _int(text, base=10):
 
 
 def parse_smi(text):
-    """{index: sample} from `nvidia-smi --query-gpu=<SMI_FIELDS> --format=csv,noheader`."""
+    """{index: sample} from `nvidia-smi --query-gpu=<fields> --format=csv`, read by its header
+    (preflight's health query, tests/fixtures/h200-1gpu/query-health.csv, reads the same way)."""
+    rows = [[c.strip() for c in row.split(",")] for row in str(text).splitlines()[:65]]
+    if not rows or "index" not in rows[0]:
+        return {}
+    head = [h.split(" [")[0] for h in rows[0]]
     out = {}
-    for row in str(text).splitlines()[:64]:
-        cells = [c.strip() for c in row.split(",")]
-        if len(cells) != 5 or _int(cells[0]) is None:
+    for cells in rows[1:]:
+        if len(cells) != len(head) or _int(cells[0]) is None:
             continue
-        bus = cells[1].lower()
-        out[_int(cells[0])] = {
-            "pci_bus": bus[4:] if len(bus) == 16 else bus,  # 00000000:00:06.0 -> 0000:00:06.0
-            "ecc_uncorrected": _int(cells[2]),
-            "remap_pending": cells[3] == "Yes" if cells[3] in ("Yes", "No") else None,
-            "reasons": _int(cells[4], 16) if cells[4].startswith("0x") else None}
+        row = dict(zip(head, cells, strict=True))
+        bus = row.get("pci.bus_id", "").lower()
+        pending = row.get("remapped_rows.pending")
+        reasons = row.get("clocks_event_reasons.active", "")
+        out[_int(row["index"])] = {
+            "pci_bus": (bus[4:] if len(bus) == 16 else bus) or None,  # 00000000:00:06.0
+            "ecc_uncorrected": _int(row.get("ecc.errors.uncorrected.volatile.total", "")),
+            "remap_pending": pending == "Yes" if pending in ("Yes", "No") else None,
+            "reasons": _int(reasons, 16) if reasons.startswith("0x") else None}
     return out
 
 
@@ -171,8 +178,8 @@ class GpuWatch:
     def _sample(self):
         if self.nvml is not None:
             return self.nvml.sample()
-        out, why = self.command(["nvidia-smi", "--query-gpu=" + SMI_FIELDS,
-                                 "--format=csv,noheader"], timeout_s=10)
+        out, why = self.command(["nvidia-smi", "--query-gpu=" + SMI_FIELDS, "--format=csv"],
+                                timeout_s=10)
         return parse_smi(out) if why is None else None
 
     def look(self, now_m):

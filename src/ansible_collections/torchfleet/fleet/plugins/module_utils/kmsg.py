@@ -107,12 +107,12 @@ def _oom(msg):
     if not match:
         return None
     memcg = match.group(1).startswith("Memory cgroup")
-    rss = match.group(4)
+    rss = int(match.group(4)) if match.group(4) else None
+    size = "" if rss is None else ", anon-rss %.1f GiB" % (rss / (1 << 20)) if rss >= 1 << 20 \
+        else ", anon-rss %.0f MiB" % (rss / 1024)
     return {"kind": "oom", "code": "memcg" if memcg else "global", "pid": int(match.group(2)),
-            "fatal": True,
-            "what": "killed by the kernel's OOM killer (%s%s)" % (
-                "memory cgroup" if memcg else "out of memory",
-                ", anon-rss %.1f GiB" % (int(rss) / (1 << 20)) if rss else "")}
+            "fatal": True, "what": "killed by the kernel's OOM killer (%s%s)" % (
+                "memory cgroup" if memcg else "out of memory", size)}
 
 
 def _aer(msg):
@@ -153,7 +153,8 @@ def _mlx5(msg):
     bus = _bus(named.group(2)) if named else None
     text = msg[named.end():] if named else msg
     if _MLX5_FATAL.search(text):
-        return {"kind": "mlx5", "code": "health", "pci_bus": bus, "fatal": True,
+        return {"kind": "mlx5", "code": "cable" if "Cable unplugged" in text else "health",
+                "pci_bus": bus, "fatal": True,
                 "what": "mlx5 NIC: %s" % text.strip()[:120]}
     if _MLX5_LINK.search(text):
         return {"kind": "mlx5", "code": "link", "pci_bus": bus, "fatal": False,

@@ -372,6 +372,7 @@ def attempts_of(attempts, restarts):
             "outcomes": {r["host"]: r["outcome"] for r in host_rows(a["hosts"], dict(
                 record, nproc_per_node=record.get("nproc_per_node") or 0))},
             "first_failure": failure_text(failure), "failure": failure,
+            "drain": hardware_checks(record, a["hosts"])["drain"],
             "restart": decision.get("why", "") if decision.get("restart") else "",
             "not_restarted": "" if decision.get("restart") else decision.get("why", ""),
             "replaced": decision.get("replaced", [])})
@@ -499,6 +500,11 @@ def decide(params):
     if params["attempts"]:
         extra["attempts"] = attempts_of(params["attempts"], params["restarts"])
         checks.extend(restart_checks(extra["attempts"]))
+        # A host drained in an earlier attempt stays drained: every attempt's, once each.
+        drained = {}
+        for entry in [d for a in extra["attempts"] for d in a["drain"]] + hardware["drain"]:
+            drained.setdefault(entry["host"], entry)
+        hardware["drain"] = list(drained.values())
     sentence = verdict(kind, checks, failure, extra.get("attempts", []))
     rank_rows = rank_states(rows_out, results, logs_dir, nproc)
     extra.update(hardware)
