@@ -341,6 +341,19 @@ def _collective(found: Collective | None) -> str:
     return '<table class="collective">%s</table>' % "".join(rows)
 
 
+def _hardware(result: Result) -> str:
+    """The hosts to drain with their evidence, then every event the hosts reported."""
+    rows = ['<tr class="bad"><td>%s</td><td>drain (%s)</td><td>%s</td></tr>' % (
+        escape(d.get("host", "")), escape(d.get("reason", "")), escape(d.get("evidence", "")))
+        for d in result.drain]
+    rows += ['<tr class="%s"><td>%s</td><td>%s%s</td><td>%s</td></tr>' % (
+        "bad" if e.get("fatal") else "warn", escape(str(e.get("host", ""))),
+        "fatal " if e.get("fatal") else "warning ", escape(str(e.get("kind", ""))),
+        escape(str(e.get("what") or e.get("line") or ""))) for e in result.hardware]
+    return '<table class="hardware"><tr><th>host</th><th>what</th><th>evidence</th></tr>%s' \
+        '</table>' % "".join(rows)
+
+
 def render(result: Result) -> str:
     pre = result if result.kind == "preflight" else result.preflight
     body = ['<h1>torchfleet %s <span class="%s">%s</span></h1>' % (
@@ -351,6 +364,8 @@ def render(result: Result) -> str:
     if result.first_failure:
         body.append('<h2>First failure</h2>' + _collective(result.first_failure.collective)
                     + '<pre>%s</pre>' % escape(result.first_failure.tail))
+    if result.drain or result.hardware:
+        body.append("<h2>Hardware during the run</h2>" + _hardware(result))
     if result.attempts:
         body.append("<h2>Attempts</h2>" + _attempts(result))
     if pre is not None:

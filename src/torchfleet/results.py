@@ -162,7 +162,9 @@ class Failure:
     """The first thing that went wrong in a launched run, as the master's record judged it
     (runstate.py), with its log tail. host is None for a failure of the run as a whole (a hang,
     the job's time limit, the controller's lease); exit_code is the failing rank's; collective,
-    what the ranks' collectives said (None where the record has no recording)."""
+    what the ranks' collectives said (None where the record has no recording); event, the
+    hardware event of a run.hardware or run.oom cause (source, kind, code, gpu, pci_bus, rank,
+    pid, line, fatal, at); names_host: reason is a sentence that names the host itself."""
 
     host: str | None
     rank: int | None
@@ -171,6 +173,8 @@ class Failure:
     exit_code: int | None = None
     consequence: bool = False
     collective: Collective | None = None
+    event: dict[str, Any] | None = None
+    names_host: bool = False
 
 
 @dataclass(frozen=True)
@@ -206,6 +210,9 @@ class Result:
     busbw: list[BusbwRow] = field(default_factory=list)
     isolation: Isolation | None = None
     first_failure: Failure | None = None
+    # Hosts with a fatal hardware cause ({host, reason, evidence}) and every hardware event.
+    drain: list[dict[str, Any]] = field(default_factory=list)
+    hardware: list[dict[str, Any]] = field(default_factory=list)
     preflight: Result | None = None
     attempts: list[Attempt] = field(default_factory=list)
     cancelled: bool = False
@@ -227,7 +234,8 @@ class Result:
         return _verdict(self.kind, [{"host": c.host, "id": c.id, "ok": c.ok,
                                      "severity": c.severity} for c in checks],
                         None if failure is None else {"host": failure.host, "rank": failure.rank,
-                                                      "reason": failure.reason},
+                                                      "reason": failure.reason,
+                                                      "names_host": failure.names_host},
                         [{"restart": a.restart, "not_restarted": a.not_restarted}
                          for a in self.attempts])
 
@@ -305,8 +313,11 @@ def from_report(kind: str, data: dict, run_dir: Path) -> Result:
                               reason=failure.get("reason", ""), tail=failure.get("tail", ""),
                               exit_code=failure.get("exit_code"),
                               consequence=bool(failure.get("consequence")),
-                              collective=_collective(failure.get("collective")))
+                              collective=_collective(failure.get("collective")),
+                              event=failure.get("event"),
+                              names_host=bool(failure.get("names_host")))
         if failure else None,
+        drain=list(data.get("drain") or []), hardware=list(data.get("hardware") or []),
         attempts=[Attempt(attempt=a["attempt"], hosts=list(a.get("hosts", [])),
                           phase=a.get("phase", ""), ok=bool(a.get("ok")),
                           outcomes=dict(a.get("outcomes") or {}),

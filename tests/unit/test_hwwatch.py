@@ -169,7 +169,8 @@ def test_nvidia_smi_health_query_and_nvml_samples_of_a_healthy_h200_say_nothing(
     load = json.loads((FIXTURES / "h200-1gpu" / "nvml-load.json").read_text())["samples"]
     samples = [{0: {"pci_bus": "0000:00:06.0", "ecc_uncorrected": 0, "remap_pending": False,
                     "reasons": s["reasons"], "recovery": 0, "xids": []}} for s in load]
-    assert [e for a, b in zip(samples, samples[1:]) for e in gpuwatch.changes(a, b)] == []
+    assert [e for a, b in zip(samples, samples[1:], strict=False)
+            for e in gpuwatch.changes(a, b)] == []
 
 
 def test_ecc_that_climbs_a_recovery_action_and_a_thermal_slowdown():

@@ -126,6 +126,9 @@ def progress_text(s):
         s["nnodes"])
     if slow.get("host") and slow.get("idle_s") is not None:
         text += "  slowest %s (quiet %.0f s)" % (slow["host"], slow["idle_s"])
+    if s.get("warnings"):
+        text += "  hardware warnings on %s" % ", ".join(s["warnings"][:3]) + (
+            " and %d more" % (len(s["warnings"]) - 3) if len(s["warnings"]) > 3 else "")
     if failure:
         text += "  first failure: %s" % runstate.failure_text(failure)[:200]
     return text + "  | %s" % (s.get("last_line") or "")[-100:]

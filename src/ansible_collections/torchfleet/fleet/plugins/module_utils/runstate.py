@@ -687,4 +687,7 @@ def summary(record, now):
             "host": slowest["host"], "idle_s": None if slowest["progress_ts"] is None
             else round(now - slowest["progress_ts"], 1)},
         "last_line": (failure or {}).get("last_line") or (hosts[0]["last_line"] if hosts else ""),
+        # Hardware warnings (clocks held down, a link that flapped): shown, never a failure.
+        "warnings": sorted({e["host"] for e in record.get("events") or []
+                            if not e.get("fatal")}),
     }

@@ -1,6 +1,7 @@
 """A run's status at a glance, from the master's record as one look read it (status.yml,
 `torchfleet status ID`): the run's phase, attempt and elapsed time, and per host its state,
-ranks alive, last line and when the master last heard from it.
+ranks alive, last line, when the master last heard from it and its hardware (the newest event
+it reported: a warning such as clocks held down, or a fatal one).
 
 The record comes from another host: every field is checked here, never assumed (a missing or
 garbled field reads as unknown, and nothing raises).
@@ -24,8 +25,13 @@ def _text(value, limit=LINE_MAX):
 
 def view(record, now, attempt=0):
     """{run_id, phase, final, attempt, elapsed_s, failure (words), hosts: [{host, state,
-    ranks_alive, last_line, last_heard_s}]} of a record read at `now` (the master's clock)."""
+    ranks_alive, last_line, last_heard_s, hardware}]} of a record read at `now` (the master's
+    clock); hardware: how many events the host reported and the newest in words."""
     record = record if isinstance(record, dict) else {}
+    events = {}
+    for e in record.get("events") if isinstance(record.get("events"), list) else []:
+        if isinstance(e, dict) and isinstance(e.get("host"), str):
+            events.setdefault(e["host"], []).append(e)
     now = _num(now)
     started = _num(record.get("started"))
     hosts = []
@@ -40,7 +46,8 @@ def view(record, now, attempt=0):
             "ranks_alive": alive if isinstance(alive, int) and not isinstance(alive, bool) else 0,
             "last_line": _text(h.get("last_line")),
             "last_heard_s": round(now - seen, 1) if now is not None and seen is not None
-            else None})
+            else None,
+            "hardware": hardware_words(events.get(_text(h.get("host"), 255), []))})
     failure = record.get("failure")
     try:
         words = failure_text(failure)[:1000] if isinstance(failure, dict) else ""
@@ -54,6 +61,15 @@ def view(record, now, attempt=0):
             "hosts": hosts}
 
 
+def hardware_words(mine):
+    if not mine:
+        return ""
+    last = mine[-1]
+    return "%d event%s, last: %s%s" % (len(mine), "" if len(mine) == 1 else "s",
+                                       "FATAL " if last.get("fatal") is True else "",
+                                       _text(last.get("what") or last.get("line"), 80))
+
+
 def text(v):
     """The view as people read it: one line for the run, one row per host."""
     elapsed = "%.0f s" % v["elapsed_s"] if v["elapsed_s"] is not None else "-"
@@ -63,6 +79,6 @@ def text(v):
         head += "\nfirst failure: %s" % v["failure"]
     rows = [(h["host"], h["state"], h["ranks_alive"],
              "-" if h["last_heard_s"] is None else "%.0f s ago" % h["last_heard_s"],
-             h["last_line"]) for h in v["hosts"]]
-    return head + "\n" + render(("HOST", "STATE", "RANKS ALIVE", "LAST HEARD", "LAST LINE"),
-                                rows)
+             h["hardware"] or "-", h["last_line"]) for h in v["hosts"]]
+    return head + "\n" + render(("HOST", "STATE", "RANKS ALIVE", "LAST HEARD", "HARDWARE",
+                                  "LAST LINE"), rows)
