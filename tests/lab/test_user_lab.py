@@ -6,6 +6,7 @@ import json
 import pwd
 import shutil
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -46,6 +47,12 @@ def test_collective_as_a_non_root_user_in_private_run_directories(healthy_lab, t
     facts = stacks.attach_facts(str(healthy_lab.user_python), cap_eff=False)  # (uid: not root)
     verdicts = {c["host"]: c["ok"] for c in run.report()["checks"] if c["id"] == "hang.stacks"}
     assert verdicts == {"node0": facts["can_attach"], "node1": facts["can_attach"]}
+    # And of the kernel log a run's agent follows for hardware events: kernel.dmesg_restrict.
+    restricted = Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() == "1"
+    kmsg = {c["host"]: c for c in run.report()["checks"] if c["id"] == "host.kmsg"}
+    assert set(kmsg) == ({"node0", "node1"} if restricted else set()), kmsg
+    assert all(c["severity"] == "warning" and "dmesg_restrict" in c["hint"]
+               for c in kmsg.values())
 
 
 def test_a_hang_as_a_non_root_user_is_diagnosed_with_stacks(healthy_lab, tmp_path):

@@ -230,8 +230,9 @@ REGISTRY = (
          'give the ranks more memory or use less; the host is not drained '
          '(`restart_on=any` restarts the run)'),
     Unit(('host.kmsg',), RUN,
-         "the kernel log could not be read during the run (a non-root agent where "
-         '`kernel.dmesg_restrict=1`): hardware events are not seen there',
+         "the kernel log could not be read during the run, or preflight found it unreadable "
+         '(a non-root agent where `kernel.dmesg_restrict=1`): hardware events are not seen '
+         'there; a warning',
          'run the agents as root, `sysctl kernel.dmesg_restrict=0`, add the user to group '
          'adm / systemd-journal, or set `kernel_log` to a readable file'),
     Unit(('run.timeout',), RUN,

@@ -34,6 +34,8 @@ import subprocess
 from ansible_collections.torchfleet.fleet.plugins.module_utils import xid
 
 KMSG = "/dev/kmsg"
+FIX = ("run the agents as root, or `sysctl kernel.dmesg_restrict=0`, or add the user to group "
+       "adm / systemd-journal, or set kernel_log to a file that holds the kernel's log")
 LINE_MAX = 512        # bytes of one line kept (a kmsg record is at most ~1 KiB)
 READ_MAX = 64 << 10   # bytes read from the log per look
 LINES_MAX = 256       # lines parsed per look: a flood is not read faster than this
@@ -160,6 +162,22 @@ def _mlx5(msg):
         return {"kind": "mlx5", "code": "link", "pci_bus": bus, "fatal": False,
                 "what": "mlx5 NIC: %s" % text.strip()[:120]}
     return None
+
+
+def readable(source=KMSG):
+    """None when the kernel log a run's agent will follow can be read here, else why (what
+    preflight warns of: host.kmsg). A file not there yet is not an error (tail -F waits)."""
+    path = source or KMSG
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+        return None
+    except FileNotFoundError:
+        return None if path != KMSG else "%s does not exist" % KMSG
+    except OSError as exc:
+        fallback = "; the agent will try journalctl -k -f" if path == KMSG and any(
+            os.access(os.path.join(d, "journalctl"), os.X_OK)
+            for d in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep)) else ""
+        return "cannot read %s (%s)%s" % (path, exc.strerror or exc, fallback)
 
 
 class KernelLog:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import (
-    fabric, health_checks, perf, rdma, spares)
+    fabric, health_checks, kmsg, perf, rdma, spares)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.net import is_loopback as is_loopback_addr
 from ansible_collections.torchfleet.fleet.plugins.module_utils.plan import bad_nproc_per_node
 from ansible_collections.torchfleet.fleet.plugins.module_utils.records import (  # noqa: F401 (check: for importers)
@@ -451,6 +451,9 @@ def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
                 "pip install py-spy beside the hosts' python" if not st.get("py_spy") else
                 "sudo setcap cap_sys_ptrace+ep %s, or sysctl kernel.yama.ptrace_scope=0, or run "
                 "as root" % st.get("py_spy"), WARNING))
+        why = (probe.get("kmsg") or {}).get("error")
+        if why:  # the run would not see its hardware events here
+            checks.append(check("host.kmsg", host, False, why, kmsg.FIX, WARNING))
         shm = probe["shm"]["total_bytes"]
         need = settings["shm_min_bytes"]
         checks.append(check("shm.size", host, shm >= need,

@@ -15,7 +15,7 @@ import re
 import statistics
 
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible_collections.torchfleet.fleet.plugins.module_utils import fabric, flight, isolate, nccl_log
+from ansible_collections.torchfleet.fleet.plugins.module_utils import fabric, flight, isolate, kmsg, nccl_log
 from ansible_collections.torchfleet.fleet.plugins.module_utils.records import WARNING, check, failed
 from ansible_collections.torchfleet.fleet.plugins.module_utils.report import point_link, prune_runs, verdict, write_report
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import (
@@ -215,10 +215,6 @@ def first_failure(record, run_dir, lines):
     return out
 
 
-KMSG_FIX = ("run the agents as root, or `sysctl kernel.dmesg_restrict=0`, or add the user to "
-            "group adm / systemd-journal, or set kernel_log to a file that holds the kernel log")
-
-
 def hardware_checks(record, hosts):
     """What the record's hardware events say per host: run.hardware (fatal: an error; else a
     warning that never fails a run), run.oom, host.kmsg (the kernel log could not be read),
@@ -251,7 +247,7 @@ def hardware_checks(record, hosts):
         watch = next((h.get("watch") for h in record.get("hosts") or []
                       if h.get("host") == host and isinstance(h.get("watch"), dict)), None)
         if watch and watch.get("kmsg_error"):
-            checks.append(check("host.kmsg", host, False, watch["kmsg_error"], KMSG_FIX,
+            checks.append(check("host.kmsg", host, False, watch["kmsg_error"], kmsg.FIX,
                                 severity=WARNING))
     return {"checks": checks, "drain": drain, "hardware": events}
 

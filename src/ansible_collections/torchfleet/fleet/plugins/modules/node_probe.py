@@ -142,6 +142,11 @@ options:
       instead (tests, or a container that mounts the host's sysfs elsewhere).
     type: path
     default: /sys/class/infiniband
+  kernel_log:
+    description: The kernel log a run's agent will follow for hardware events; whether it can
+      be read here is returned (C(kmsg)).
+    type: str
+    default: /dev/kmsg
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -235,6 +240,11 @@ shm:
   returned: always
   type: dict
   sample: {"total_bytes": 67108864, "free_bytes": 67108864}
+kmsg:
+  description: Whether the kernel log a run follows can be read (C(error) null) and why not.
+  returned: always
+  type: dict
+  sample: {"source": "/dev/kmsg", "error": null}
 env:
   description: Environment variables with the requested prefixes.
   returned: always
@@ -324,7 +334,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.net import (
 from ansible_collections.torchfleet.fleet.plugins.module_utils.pystack import NCCL_HEADER, parse_nccl_header, probe_python
 from ansible_collections.torchfleet.fleet.plugins.module_utils.rdma import read_devices
 from ansible_collections.torchfleet.fleet.plugins.module_utils.stacks import attach_facts, probe_attach
-from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, health
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, health, kmsg
 
 PROC_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
 
@@ -451,6 +461,7 @@ def main():
             env_prefixes=dict(type="list", elements="str", default=["NCCL_", "GLOO_", "TORCH_"]),
             max_code_files=dict(type="int", default=20000),
             rdma_sysfs=dict(type="path", default=defaults.default("rdma_sysfs")),
+            kernel_log=dict(type="str", default=defaults.default("kernel_log")),
             health=dict(type="str", default=defaults.default("health"),
                         choices=list(defaults.BY_NAME["health"].choices)),
             health_xid_window_s=dict(type="int", default=defaults.default("health_xid_window_s")),
@@ -520,6 +531,7 @@ def main():
             "rocm": first_line(ROCM_VERSION_FILE),
         },
         shm=shm_facts(),
+        kmsg={"source": params["kernel_log"], "error": kmsg.readable(params["kernel_log"])},
         env={k: v for k, v in sorted(os.environ.items())
              if k.startswith(tuple(params["env_prefixes"]))},
         code=fingerprint(params["code_dir"], run, params["max_code_files"])
