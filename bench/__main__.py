@@ -16,8 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import (detach_cost, diagnosis, fail_fast, flood, fuzz, harness_overhead, health_cost,
-                   isolate, launch_overhead, output_lines, preflight_cost, recording_cost,
+from bench import (detach_cost, diagnosis, fail_fast, flood, fuzz, hardware_watch,
+                   harness_overhead, health_cost, isolate, launch_overhead, output_lines, preflight_cost, recording_cost,
                    report_scale, restart_cost, spares_cost, start_skew, watch_cpu)
 from bench.harness import RESULTS, machine, markdown, merge, write
 
@@ -39,6 +39,7 @@ BENCHES = {
     "health_cost": health_cost.run,
     "recording_cost": recording_cost.run,
     "detach_cost": detach_cost.run,
+    "hardware_watch": hardware_watch.run,
 }
 NEEDS_ROOT = {"launch_overhead", "fail_fast", "watch_cpu", "diagnosis", "harness_overhead",
               "isolate", "flood", "start_skew", "output_lines", "spares_cost",

@@ -288,6 +288,18 @@ def markdown(results):
         lines.append("| status.yml -e run_id= (one look at the master) vs `ansible node0 -m ping` "
                      "| %s s | %s s | %sx | <= 2x |" % (rng(dc["status_s"]), rng(dc["ping_s"]),
                                                        rng(dc["status_ratio"])))
+    hw = results.get("hardware_watch")
+    if hw:
+        w = hw["watcher"]
+        lines.append("| the hardware watcher's look per heartbeat (%s) vs a heartbeat without it "
+                     "(agent.local_status) | %.1f us | %.1f us | %.4f [%.4f-%.4f] %% of one core "
+                     "at one look per second | <= 0.5 %% |" % (
+                         w["source"], 1e6 * w["watch_cpu_s"]["median"],
+                         1e6 * w["beat_cpu_s"]["median"], w["core_pct"]["median"],
+                         w["core_pct"]["min"], w["core_pct"]["max"]))
+        lines.append("| a kernel line (Xid 79) on node1 of a 2-host train.yml to the master's "
+                     "record naming it | %s s | | | <= 5 s |"
+                     % rng(hw["line_to_verdict"]["latency_s"]))
     fz = results.get("fuzz")
     if fz:
         lines.append("| control channel fuzz: inputs fed to the master's end / the agent's end "
