@@ -282,6 +282,7 @@ def master_lost(record, master, detail):
                      record["nproc_per_node"], now=record["started"])
     state.hosts = {h["host"]: dict(h) for h in record["hosts"]}
     state.failures = [dict(f) for f in record.get("failures") or []]
+    state.events = [dict(e) for e in record.get("events") or [] if isinstance(e, dict)]
     state.failure = min(state.failures, key=_judged) if state.failures else None
     state.phase, state.refused = record["phase"], dict((record.get("channel") or {}).get(
         "refused") or {})
