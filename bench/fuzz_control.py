@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _control():
-    from ansible_collections.torchfleet.fleet.plugins.module_utils import control
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.run import control
 
     return control
 

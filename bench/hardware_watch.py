@@ -19,7 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import agent, defaults, hwwatch, kmsg
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import hwwatch, kmsg
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import agent
 from bench.harness import ROOT, env, stats
 from torchfleet import ansible_cli
 

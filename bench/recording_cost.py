@@ -15,7 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, flight, stacks
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import flight, stacks
 from bench.harness import stats
 from lab.ports import free_port
 

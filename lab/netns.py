@@ -41,7 +41,7 @@ from pathlib import Path
 
 import yaml
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import procs  # the one /proc reader
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import procs  # the one /proc reader
 
 SLOW_CPU_PCT = 10  # a throttled node in the lab: a tenth of one CPU (below its share of one)
 SLOW_RATE = "400mbit"  # a slowed NIC or link in the lab: ~10x below what a lab pair carries

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 import socket
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.net import ephemeral_range
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.net import ephemeral_range
 
 _given: set[int] = set()
 

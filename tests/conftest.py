@@ -51,7 +51,7 @@ def run_processes(run_id):
     its environment (procs.run_processes: TORCHFLEET_RUN_ID, which every rank carries): tests
     running beside each other run the same scripts, so a script's name says nothing of whose
     it is."""
-    from ansible_collections.torchfleet.fleet.plugins.module_utils import procs
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.run import procs
 
     found = {int(p.split(" ", 1)[0]): p for p in processes_matching(run_id)}
     for pid in procs.run_processes(run_id):

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults as _defaults
-from ansible_collections.torchfleet.fleet.plugins.module_utils import detach as _detach
-from ansible_collections.torchfleet.fleet.plugins.module_utils import report as _report
-from ansible_collections.torchfleet.fleet.plugins.module_utils import rundir as _rundir
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import detach as _detach
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import report as _report
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import rundir as _rundir
 
 from torchfleet.paths import ansible_root
 from torchfleet import rundirs as _rundirs
@@ -61,7 +61,7 @@ def _inventory(inventory: str | Path | None) -> Path:
 
 
 def _make_run_dir(run_dir: Path, runs_root: Path | None = None) -> None:
-    """The playbooks' run directory contract (plugins/module_utils/report.py): its mode, and
+    """The playbooks' run directory contract (plugins/module_utils/reports/report.py): its mode, and
     runs_root/latest pointed at it."""
     try:
         _report.make_run_dir(str(run_dir), str(runs_root) if runs_root else None)

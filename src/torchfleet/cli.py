@@ -13,8 +13,8 @@ import sys
 
 import yaml
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import checks as registry
-from ansible_collections.torchfleet.fleet.plugins.module_utils import rdma
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import checks as registry
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import rdma
 
 from torchfleet import api, fabric_cli, health_cli, html_report, rundirs
 from torchfleet import variables as public_variables
@@ -138,7 +138,7 @@ def summary(result: Result) -> str:
 
 
 def checks_text(markdown: bool) -> str:
-    """Every check of the registry (plugins/module_utils/checks.py)."""
+    """Every check of the registry (plugins/module_utils/reports/checks.py)."""
     if markdown:
         return "\n\n".join(registry.markdown(phases) for phases in registry.TABLES)
     return "\n".join("%s  [%s]\n    catches: %s\n    fix: %s" % (

@@ -1,13 +1,13 @@
 """`torchfleet fabric` and `torchfleet transport`: what torchfleet sees of this host's RDMA
 devices, and what NCCL used according to its logs, for people debugging by hand. Both read the
-same files the playbooks use (plugins/module_utils/rdma.py, nccl_log.py)."""
+same files the playbooks use (plugins/module_utils/host/rdma.py, nccl_log.py)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import nccl_log, rdma
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import nccl_log, rdma
 
 def fabric_view(sysfs: str, hca: str = "", gid_index: str = "") -> dict[str, Any]:
     """This host's devices and what `network: auto` would choose here, with the preset's

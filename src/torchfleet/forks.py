@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import procs  # the one /proc reader, shared with the hosts' modules
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import procs  # the one /proc reader, shared with the hosts' modules
 
 
 

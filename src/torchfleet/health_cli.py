@@ -1,15 +1,17 @@
 """`torchfleet health --from DIR`: the node health verdicts of one host's saved outputs, the
-same parsers and rules preflight runs on a live host (plugins/module_utils/health.py)."""
+same parsers and rules preflight runs on a live host (plugins/module_utils/host/health.py)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, health, health_checks
-from ansible_collections.torchfleet.fleet.plugins.module_utils.records import ERROR as SEVERE
-from ansible_collections.torchfleet.fleet.plugins.module_utils.records import WARNING, check
-from ansible_collections.torchfleet.fleet.plugins.module_utils.table import render
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import health
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import health_checks
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import ERROR as SEVERE
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import WARNING, check
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.table import render
 
 USAGE = ("Files read from DIR (each optional; what is absent is not checked):\n"
          + health.bundle_help())

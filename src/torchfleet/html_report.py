@@ -8,8 +8,8 @@ from html import escape
 from pathlib import Path
 
 # The tables' rendering of a min / median / max spread, shared with the plays' summaries.
-from ansible_collections.torchfleet.fleet.plugins.module_utils import table
-from ansible_collections.torchfleet.fleet.plugins.module_utils.nccl_log import describe
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import table
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.nccl_log import describe
 
 from torchfleet.results import BusbwRow, Collective, Isolation, Pair, Result, load
 

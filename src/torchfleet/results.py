@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.report import verdict as _verdict  # the one renderer of how a run ended
-from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import read_json  # the one JSON reader, shared with the modules
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.report import verdict as _verdict  # the one renderer of how a run ended
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import read_json  # the one JSON reader, shared with the modules
 
 
 
@@ -58,7 +58,7 @@ class Host:
     # ({op, size_bytes, min, median, max}).
     busbw_gbs: dict[str, Any] | None = None
     # With NCCL's INFO lines (nccl.transport): what this host's ranks used ({network, devices,
-    # transports, gdr, ...}; plugins/module_utils/nccl_log.py).
+    # transports, gdr, ...}; plugins/module_utils/host/nccl_log.py).
     transport: dict[str, Any] | None = None
 
 
@@ -224,7 +224,7 @@ class Result:
     @property
     def verdict(self) -> str:
         """How it ended, in one sentence: the sentence of the play and of the JSON report,
-        rendered by the same function (plugins/module_utils/report.py)."""
+        rendered by the same function (plugins/module_utils/reports/report.py)."""
         if self.detached and not self.hosts:  # no report yet: the run goes on
             return "%s detached: run %s goes on on its hosts (torchfleet attach %s)" % (
                 self.kind, self.run_id, self.run_id)

@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import detach, ranklog
-from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import RUN_ID
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import detach, ranklog
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import RUN_ID
 
 KINDS = detach.KINDS
 
@@ -103,7 +103,7 @@ def list_runs(root: Path) -> list[RunListing]:
 
 
 def from_view(kind: str, view: dict) -> RunStatus:
-    """The master's record as module_utils/status.py's view made it (already checked there)."""
+    """The master's record as module_utils/reports/status.py's view made it (already checked there)."""
     return RunStatus(run_id=view["run_id"], kind=kind, phase=view["phase"], final=view["final"],
                      attempt=view["attempt"], elapsed_s=view["elapsed_s"],
                      failure=view["failure"], hosts=[HostStatus(**h) for h in view["hosts"]])
@@ -111,7 +111,7 @@ def from_view(kind: str, view: dict) -> RunStatus:
 
 def from_report(run_id: str, kind: str, report: dict) -> RunStatus:
     """A gathered run's status: its report's hosts and verdict."""
-    from ansible_collections.torchfleet.fleet.plugins.module_utils import status as view
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import status as view
 
     events: dict[str, list] = {}
     for e in report.get("hardware") or []:
@@ -133,7 +133,7 @@ def from_report(run_id: str, kind: str, report: dict) -> RunStatus:
 
 
 def text(status: RunStatus) -> str:
-    from ansible_collections.torchfleet.fleet.plugins.module_utils import status as view
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import status as view
 
     body = view.text({"run_id": status.run_id, "phase": status.phase, "final": status.final,
                       "attempt": status.attempt, "elapsed_s": status.elapsed_s,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import detach as _detach
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import detach as _detach
 from torchfleet import ansible_cli, forks
 from torchfleet.paths import ansible_root, collections_path
 from torchfleet.results import Check

@@ -53,7 +53,7 @@ def test_the_archive_is_the_repositorys_collection_tree_unchanged(installed):
         assert {"plugins/modules/%s.py" % m for m in MODULES} <= names
         assert {"roles/preflight/meta/argument_specs.yml", "roles/launch/tasks/main.yml",
                 "roles/launch/files/workloads/collective.py", "playbooks/train.yml",
-                "plugins/action/torchrun_watch.py", "plugins/module_utils/agent.py",
+                "plugins/action/torchrun_watch.py", "plugins/module_utils/run/agent.py",
                 "plugins/plugin_utils/in_process.py", "plugins/inventory/slurm.py",
                 "plugins/callback/torchfleet.py", "meta/runtime.yml"} <= names
         # Nothing is rewritten on the way: every file is the clone's, byte for byte.

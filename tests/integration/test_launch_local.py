@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ansible_collections.torchfleet.fleet.plugins.module_utils import procs
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import procs
 
 from tests.conftest import FIXTURES, run_processes, until_stopped
 from tests.integration.playbook import BIN, ROOT, playbook

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import detach
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import detach
 
 from lab.ports import free_port
 from tests.conftest import FIXTURES, ROOT, end_unattended, parent_of, run_processes

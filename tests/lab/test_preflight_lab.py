@@ -172,7 +172,7 @@ def test_health_full_names_the_host_whose_cpu_is_limited_and_spares_skip_it(heal
 # Read in a lab node's own network (its namespace), as node_probe reads it there.
 KERNEL_VS_IP = """
 import json, subprocess, sys
-from ansible_collections.torchfleet.fleet.plugins.module_utils import net, netlink
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import net, netlink
 def ip(*args):
     return subprocess.run(["ip", "-j", *args], capture_output=True, text=True, check=True).stdout
 print(json.dumps({

@@ -20,7 +20,7 @@ from tests.conftest import WORKLOADS, run_processes, until_stopped
 from tests.integration.playbook import BIN, ROOT, Run, playbook
 from bench.fuzz_control import Flood
 from lab.ports import free_port
-from ansible_collections.torchfleet.fleet.plugins.module_utils import procs
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import procs
 from torchfleet import ansible_cli
 
 

@@ -18,7 +18,7 @@ import yaml
 
 import torchfleet
 from ansible_collections.torchfleet.fleet.plugins.inventory import slurm as slurm_inventory
-from ansible_collections.torchfleet.fleet.plugins.module_utils import procs
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import procs
 from tests.conftest import FIXTURES, run_processes
 from tests.lab.conftest import runs_root
 from lab.slurm import TOOLS, SlurmLab

@@ -14,7 +14,7 @@ from tests.conftest import FIXTURES
 from tests.integration.playbook import playbook
 from tests.lab.test_reliability_lab import processes_of, start_long_train, wait_until
 from lab import netns as labmod
-from ansible_collections.torchfleet.fleet.plugins.module_utils import stacks
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import stacks
 
 pytestmark = pytest.mark.lab
 

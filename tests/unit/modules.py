@@ -10,7 +10,7 @@ import pytest
 import yaml
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.testing import patch_module_args
-from ansible_collections.torchfleet.fleet.plugins.module_utils.command import bounded
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.command import bounded
 
 
 class ModuleExit(Exception):

@@ -8,8 +8,8 @@ import sys
 
 from ansible_collections.torchfleet.fleet.plugins.modules import node_probe
 import pytest
-from ansible_collections.torchfleet.fleet.plugins.module_utils import gpu
-from ansible_collections.torchfleet.fleet.plugins.module_utils.preflight import evaluate
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import gpu
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.preflight import evaluate
 
 from tests.conftest import FIXTURES
 from tests.unit.modules import run_module

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.preflight import check
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.preflight import check
 from torchfleet.results import Check, Result
 
 
@@ -20,7 +20,7 @@ def test_the_api_check_has_the_json_fields_and_round_trips():
 
 
 def test_one_verdict_sentence_for_the_play_the_json_and_the_api(tmp_path):
-    from ansible_collections.torchfleet.fleet.plugins.module_utils.report import verdict
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.report import verdict
     from torchfleet.results import Failure, from_report
 
     checks = [check("port.blocked", "node1", False, "dropped", "allow TCP 29500"),

@@ -1,4 +1,4 @@
-"""One unit per check: the registry (plugins/module_utils/checks.py) is what docs/checks.md's
+"""One unit per check: the registry (plugins/module_utils/reports/checks.py) is what docs/checks.md's
 tables show, holds every id DESIGN.md and the rules use, and check() refuses any other id."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import checks
-from ansible_collections.torchfleet.fleet.plugins.module_utils.preflight import check
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import checks
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.preflight import check
 from tests.conftest import COLLECTION, ROOT
 from torchfleet.cli import checks_text, main
 
@@ -59,7 +59,7 @@ def test_every_registered_id_is_used_by_some_rule():
 
 def test_check_refuses_an_unregistered_id():
     assert check("port.blocked", "node0", True)["id"] == "port.blocked"
-    with pytest.raises(ValueError, match="not in plugins/module_utils/checks.py"):
+    with pytest.raises(ValueError, match="not in plugins/module_utils/reports/checks.py"):
         check("port.blokced", "node0", False, "typo")
 
 

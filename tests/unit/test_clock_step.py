@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import types
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import agent, runstate
-from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import RunState
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import agent, runstate
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import RunState
 
 
 class Clocks:

@@ -7,8 +7,8 @@ import threading
 import time
 
 import pytest
-from ansible_collections.torchfleet.fleet.plugins.module_utils import agent, control
-from ansible_collections.torchfleet.fleet.plugins.module_utils.control import (
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import agent, control
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.control import (
     TO_AGENT, TO_MASTER, Client, Server, seal, unseal)
 
 from lab.ports import free_port

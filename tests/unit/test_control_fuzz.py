@@ -9,8 +9,8 @@ import json
 import socket
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import control
-from ansible_collections.torchfleet.fleet.plugins.module_utils.control import (
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import control
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.control import (
     TO_AGENT, TO_MASTER, Client, Server, host_key, open_line, seal)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import runstate, watch
-from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import LEASE, STOP_REQUEST
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import runstate, watch
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import LEASE, STOP_REQUEST
 
 from tests.unit.test_clock_step import Clocks, seconds, store_of
 

@@ -10,7 +10,7 @@ from ansible.parsing.dataloader import DataLoader
 
 from ansible_collections.torchfleet.fleet.plugins.lookup.default import LookupModule
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
-from ansible_collections.torchfleet.fleet.plugins.module_utils.detach import SETTINGS
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.detach import SETTINGS
 
 
 def lookup(names, variables, **kwargs):

@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import detach, report, runstate, watch
-from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import DETACHED
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import report
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import detach, runstate, watch
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import DETACHED
 
 from tests.unit.test_clock_step import Clocks, seconds, store_of
 

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import exits, stacks
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import exits, stacks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ansible_collections.torchfleet.fleet.plugins.modules import preflight_checks
 import pytest
-from ansible_collections.torchfleet.fleet.plugins.module_utils import plan, rdma
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import rdma
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import plan
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import subprocess
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.fingerprint import fingerprint as fingerprint_with
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.fingerprint import fingerprint as fingerprint_with
 
 from tests.unit.modules import command_runner
 

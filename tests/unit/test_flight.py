@@ -15,7 +15,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import flight, procs, runstate, summary
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import summary
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import flight, procs, runstate
 
 from tests.conftest import FIXTURES
 from tests.unit.test_runstate import state as runstate_state

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from ansible_collections.torchfleet.fleet.plugins.module_utils import gpu, pystack
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import gpu, pystack
 
 from tests.conftest import FIXTURES
 from tests.unit.modules import command_runner
@@ -67,7 +67,7 @@ def test_the_python_probe_on_a_recorded_gpu_host_names_torch_cuda_and_nccl():
 # leave torch unimported.
 PROBE_SELF = """
 import json, sys
-from ansible_collections.torchfleet.fleet.plugins.module_utils import pystack
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import pystack
 stack = pystack.probe_python(sys.executable, None)  # in-process: runs no command
 print(json.dumps([stack, "torch" in sys.modules]))
 """

@@ -19,11 +19,12 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import (
-    health, health_checks, perf, plan, smi, xid)
-from ansible_collections.torchfleet.fleet.plugins.module_utils.connect import connect
-from ansible_collections.torchfleet.fleet.plugins.module_utils.listener import start_listener, stop_listener
-from ansible_collections.torchfleet.fleet.plugins.module_utils.records import ERROR, WARNING
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import health, perf, smi, xid
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import health_checks
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import plan
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.connect import connect
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.listener import start_listener, stop_listener
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import ERROR, WARNING
 from tests.conftest import FIXTURES
 from torchfleet import health_cli
 
@@ -450,7 +451,7 @@ def test_no_json_shape_makes_the_amd_parsers_raise(data):
                        JSONS, max_size=6))
 @settings(max_examples=300, deadline=None)
 def test_a_host_that_answers_garbage_facts_is_said_never_raised(facts):
-    from ansible_collections.torchfleet.fleet.plugins.module_utils.preflight import health_records
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.preflight import health_records
 
     probe = {"health": facts or {"gpus": [{"index": "x"}]}, "versions": {"torch": "2.13.0"},
              "gpus": [], "connect": {"ports": [{"clock": facts}]}}
@@ -488,7 +489,7 @@ def test_memlock_is_not_asked_for_when_the_run_uses_ethernet():
 @given(st.binary(max_size=200))
 @settings(max_examples=200, deadline=None)
 def test_any_bytes_on_the_port_give_a_finite_clock_or_none(sent):
-    from ansible_collections.torchfleet.fleet.plugins.module_utils.connect import read_clock
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.host.connect import read_clock
 
     ours, theirs = socket.socketpair()
     with ours, theirs:

@@ -16,9 +16,9 @@ import shutil
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import (
-    gpuwatch, hwwatch, ibwatch, kmsg, restart, runstate)
-from ansible_collections.torchfleet.fleet.plugins.module_utils.summary import hardware_checks
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import gpuwatch, hwwatch, ibwatch, kmsg
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import restart, runstate
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.summary import hardware_checks
 from tests.conftest import FIXTURES
 
 KMSG_DIR = FIXTURES / "kmsg"

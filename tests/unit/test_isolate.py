@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.isolate import pair_figures, text, verdict
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.isolate import pair_figures, text, verdict
 from ansible_collections.torchfleet.fleet.roles.launch.files.workloads import _pairs
 
 

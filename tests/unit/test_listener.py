@@ -6,7 +6,7 @@ import os
 import socket
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.listener import _is_listener, start_listener, stop_listener
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.listener import _is_listener, start_listener, stop_listener
 
 from lab.ports import free_port
 

@@ -7,8 +7,9 @@ import shutil
 
 import pytest
 from ansible_collections.torchfleet.fleet.plugins.modules import run_summary
-from ansible_collections.torchfleet.fleet.plugins.module_utils import fabric, nccl_log
-from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import RunState
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import nccl_log
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import fabric
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import RunState
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

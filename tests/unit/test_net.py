@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import socket
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import net
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import net
 
 from tests.conftest import FIXTURES
 

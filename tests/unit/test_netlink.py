@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import net, netlink
-from ansible_collections.torchfleet.fleet.plugins.module_utils.connect import default_dev, interfaces, route_to
-from ansible_collections.torchfleet.fleet.plugins.module_utils.command import Missing
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import net, netlink
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.connect import default_dev, interfaces, route_to
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.command import Missing
 
 needs_ip = pytest.mark.skipif(shutil.which("ip") is None, reason="compares with iproute2's ip")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import peer_loss
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import peer_loss
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -9,7 +9,8 @@ import sys
 
 from ansible_collections.torchfleet.fleet.plugins.modules import port_guard
 import pytest
-from ansible_collections.torchfleet.fleet.plugins.module_utils import guard, net
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import net
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import guard
 
 from tests.unit.modules import run_module
 

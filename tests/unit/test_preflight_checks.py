@@ -10,8 +10,8 @@ import json
 
 from ansible_collections.torchfleet.fleet.plugins.modules import preflight_checks
 import pytest
-from ansible_collections.torchfleet.fleet.plugins.module_utils.gpu import parse_gpu_csv
-from ansible_collections.torchfleet.fleet.plugins.module_utils.preflight import evaluate
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.gpu import parse_gpu_csv
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.preflight import evaluate
 
 from tests.conftest import FIXTURES
 from tests.unit.modules import run_module

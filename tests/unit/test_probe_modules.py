@@ -105,7 +105,7 @@ def test_one_round_master_waits_for_the_workers_connections_then_removes_its_lis
     listener, counts the connections and removes it before returning."""
     import threading
 
-    from ansible_collections.torchfleet.fleet.plugins.module_utils.connect import Connector
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.host.connect import Connector
 
     port, ephemeral = free_port(), free_port()
     worker = {}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import subprocess
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.procs import run_processes, stop_run
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.procs import run_processes, stop_run
 
 
 def test_run_processes_ignores_a_recycled_pid():

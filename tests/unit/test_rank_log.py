@@ -1,6 +1,6 @@
-"""A rank's log read in chunks (module_utils/ranklog.py, the rank_log module) while a real
+"""A rank's log read in chunks (module_utils/run/ranklog.py, the rank_log module) while a real
 process writes it, and followed to its end with every byte seen once; and a run's status view
-(module_utils/status.py, run_record's module) from a record that came from another host."""
+(module_utils/reports/status.py, run_record's module) from a record that came from another host."""
 from __future__ import annotations
 
 import subprocess
@@ -10,7 +10,8 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import ranklog, status
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import status
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import ranklog
 from ansible_collections.torchfleet.fleet.plugins.modules import rank_log, run_record
 
 from tests.unit.modules import run_module

@@ -7,10 +7,10 @@ from ansible_collections.torchfleet.fleet.plugins.modules import preflight_check
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import restart
-from ansible_collections.torchfleet.fleet.plugins.module_utils.plan import decide as plan
-from ansible_collections.torchfleet.fleet.plugins.module_utils.report import verdict
-from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import RunState
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import restart
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.plan import decide as plan
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.report import verdict
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import RunState
 from tests.unit.modules import run_module
 from tests.unit.test_preflight_checks import connect, probe
 from tests.unit.test_spares import SIX, plan_params

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ansible_collections.torchfleet.fleet.plugins.module_utils import agent, control, runstate
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import agent, control, runstate
 from ansible_collections.torchfleet.fleet.plugins.modules import rank_results
 from ansible_collections.torchfleet.fleet.plugins.modules import run_summary
 from ansible_collections.torchfleet.fleet.plugins.modules import torchrun_stop
@@ -264,7 +264,7 @@ def test_rank_results_packs_results_and_logs_and_truncates_long_logs(run, capsys
 
 
 def test_run_summary_names_the_failed_host_and_the_missing_rank(tmp_path, capsys):
-    from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import RunState
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import RunState
 
     state = RunState("r1", ["node0", "node1"], 1, now=100.0)
     state.beat("node0", 101.0)
@@ -341,7 +341,7 @@ def _record(args):
 
 
 def _gone_within(pid, timeout_s):
-    from ansible_collections.torchfleet.fleet.plugins.module_utils.procs import alive
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.run.procs import alive
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and alive(pid):
@@ -421,7 +421,7 @@ def test_an_agent_that_loses_the_master_stops_its_torchrun_by_itself(tmp_path):
         for j in jobs:
             j.kill()
         if pid0:
-            from ansible_collections.torchfleet.fleet.plugins.module_utils.procs import stop_run
+            from ansible_collections.torchfleet.fleet.plugins.module_utils.run.procs import stop_run
 
             stop_run(run_id, pid0, grace_s=1, host="node0")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from ansible_collections.torchfleet.fleet.plugins.modules import run_plan
-from ansible_collections.torchfleet.fleet.plugins.module_utils.net import choose_master_addr, master_addr_up_front
-from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import RUN_ID
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.net import choose_master_addr, master_addr_up_front
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import RUN_ID
 
 from tests.unit.modules import run_module
 

@@ -4,8 +4,8 @@ Times are given explicitly (now=...), so each case says exactly when a thing hap
 """
 from __future__ import annotations
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import runstate
-from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import RunState, host_outcome, summary
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import runstate
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import RunState, host_outcome, summary
 
 HOSTS = ["node0", "node1", "node2"]
 

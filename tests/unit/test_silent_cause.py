@@ -4,7 +4,7 @@ errors reached the master is named host.lost, first. The master's store is drive
 drives it (tests/unit/test_clock_step.py's clocks)."""
 from __future__ import annotations
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import runstate
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import runstate
 
 from tests.unit.test_clock_step import Clocks, seconds, store_of
 

@@ -6,7 +6,7 @@ import json
 
 from ansible_collections.torchfleet.fleet.plugins.modules import preflight_checks
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.plan import decide as plan
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.plan import decide as plan
 from tests.unit.modules import run_module
 from tests.unit.test_preflight_checks import ADDR, HOSTS, connect, probe
 

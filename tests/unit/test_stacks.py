@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ansible_collections.torchfleet.fleet.plugins.module_utils import stacks
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import stacks
 
 # `setcap cap_sys_ptrace+ep` writes this xattr (VFS_CAP_REVISION_2, bit 19 permitted).
 CAP_SYS_PTRACE_EP = struct.pack("<5I", 0x02000001, 1 << 19, 0, 0, 0)

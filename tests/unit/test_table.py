@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.table import render
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.table import render
 
 
 def test_columns_align_and_long_cells_wrap_between_words():

@@ -8,7 +8,7 @@ import os
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.ranklog import ARGUMENT_SPEC, STREAMS
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.ranklog import ARGUMENT_SPEC, STREAMS
 
 display = Display()
 

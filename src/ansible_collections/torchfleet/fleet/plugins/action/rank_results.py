@@ -6,7 +6,7 @@ import os
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import RANK_RESULTS_SPEC
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import RANK_RESULTS_SPEC
 
 
 class ActionModule(ActionBase):

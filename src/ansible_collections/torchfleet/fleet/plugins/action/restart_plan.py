@@ -3,7 +3,7 @@ restart.py holds the logic)."""
 from __future__ import annotations
 
 from ansible_collections.torchfleet.fleet.plugins.plugin_utils.in_process import InProcessAction
-from ansible_collections.torchfleet.fleet.plugins.module_utils.restart import ARGUMENT_SPEC, decide
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.restart import ARGUMENT_SPEC, decide
 
 
 class ActionModule(InProcessAction):

@@ -1,5 +1,5 @@
 """Runs the run_record module in the controller's own process: the record of a detached run
-and the attach lock live on the controller (plugins/module_utils/detach.py holds the logic).
+and the attach lock live on the controller (plugins/module_utils/run/detach.py holds the logic).
 While an attach follows a run another attach owns (state followed), the owner's progress is
 shown here as the watch shows its own."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from ansible.utils.display import Display
 
 from ansible_collections.torchfleet.fleet.plugins.action.torchrun_watch import progress_text
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
-from ansible_collections.torchfleet.fleet.plugins.module_utils.detach import ARGUMENT_SPEC, decide
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.detach import ARGUMENT_SPEC, decide
 from ansible_collections.torchfleet.fleet.plugins.plugin_utils.in_process import InProcessAction
 
 display = Display()

@@ -1,6 +1,6 @@
 """Follow a run to its end by looking at its master only.
 
-The hosts stop each other (the agents' control channel, plugins/module_utils/agent.py);
+The hosts stop each other (the agents' control channel, plugins/module_utils/run/agent.py);
 the controller's part is one look at one host every poll_s at most, whatever the number of
 hosts: it renews the master's lease, prints progress at least every progress_every_s, appends
 the summary to progress_file, and at the end writes the whole record to state_file
@@ -43,8 +43,10 @@ from ansible.errors import AnsibleConnectionFailure, AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, exits, flight, rundir, runstate, status, watch
-from ansible_collections.torchfleet.fleet.plugins.module_utils.watch import ACTION_SPEC
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import status
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import exits, flight, rundir, runstate, watch
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.watch import ACTION_SPEC
 
 display = Display()
 
@@ -88,7 +90,7 @@ def _loader():
 
 
 def look_script(args):
-    """A plain Python program that makes one look (plugins/module_utils/watch.py) with these
+    """A plain Python program that makes one look (plugins/module_utils/run/watch.py) with these
     arguments and prints its JSON answer. The arguments travel as a JSON literal inside the
     program, on stdin, never through a shell."""
     return _loader() + "print(json.dumps(sys.modules[%r].look(json.loads(%r))))\n" % (

@@ -36,7 +36,7 @@ _value:
 
 from ansible.module_utils.common.text.converters import to_bytes, to_text
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.control import host_key
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.control import host_key
 
 
 def _host_key(secret, host):

@@ -37,7 +37,7 @@ _value:
 """
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
-from ansible_collections.torchfleet.fleet.plugins.module_utils.detach import CONNECTION, SETTINGS
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.detach import CONNECTION, SETTINGS
 
 
 def _run_host(hostvars, run_settings=None):

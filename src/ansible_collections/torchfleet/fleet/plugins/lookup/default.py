@@ -43,7 +43,7 @@ from ansible.errors import AnsibleError
 from ansible.plugins.lookup import LookupBase
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
-from ansible_collections.torchfleet.fleet.plugins.module_utils.detach import SETTINGS
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.detach import SETTINGS
 
 
 class LookupModule(LookupBase):

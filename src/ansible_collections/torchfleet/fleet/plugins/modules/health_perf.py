@@ -74,8 +74,8 @@ error:
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.torchfleet.fleet.plugins.module_utils import perf
-from ansible_collections.torchfleet.fleet.plugins.module_utils.command import bounded
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import perf
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.command import bounded
 
 
 def measure(run, python, devices, start_at):

@@ -177,7 +177,7 @@ EXAMPLES = r"""
 RETURN = r"""
 health:
   description: >-
-    The host's health facts (module_utils/health.py's facts), null with O(health=off):
+    The host's health facts (module_utils/host/health.py's facts), null with O(health=off):
     vendor, per-GPU state (ECC, remapped rows, retired pages, PCIe width, clock-event reasons,
     persistence, fabric, NVLinks, processes with their users), the Xids of the window, whether
     the kernel log could be read, memlock, RDMA, nvidia_peermem, fabric manager, free space.
@@ -320,21 +320,22 @@ import sys
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.torchfleet.fleet.plugins.module_utils.command import bounded, missing
-from ansible_collections.torchfleet.fleet.plugins.module_utils.connect import Connector, interfaces, route_to
-from ansible_collections.torchfleet.fleet.plugins.module_utils.connect import default_dev as default_route_dev
-from ansible_collections.torchfleet.fleet.plugins.module_utils.fingerprint import fingerprint
-from ansible_collections.torchfleet.fleet.plugins.module_utils.gpu import (
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.command import bounded, missing
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.connect import Connector, interfaces, route_to
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.connect import default_dev as default_route_dev
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.fingerprint import fingerprint
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.gpu import (
     AMD_SMI_ARGV, NVIDIA_SMI_ARGV, RCCL_HEADERS, ROCM_SMI_ARGV, ROCM_VERSION_FILE, kfd_gpus,
     parse_amd_smi_static, parse_gpu_csv, parse_rocm_smi_json)
-from ansible_collections.torchfleet.fleet.plugins.module_utils.listener import start_listener, stop_listener
-from ansible_collections.torchfleet.fleet.plugins.module_utils.net import (
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.listener import start_listener, stop_listener
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.net import (
     choose_master_addr, ephemeral_range, is_loopback, listening_ports, parse_proc_net_tcp,
     processes_holding)
-from ansible_collections.torchfleet.fleet.plugins.module_utils.pystack import NCCL_HEADER, parse_nccl_header, probe_python
-from ansible_collections.torchfleet.fleet.plugins.module_utils.rdma import read_devices
-from ansible_collections.torchfleet.fleet.plugins.module_utils.stacks import attach_facts, probe_attach
-from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, health, kmsg
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.pystack import NCCL_HEADER, parse_nccl_header, probe_python
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.rdma import read_devices
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.stacks import attach_facts, probe_attach
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import health, kmsg
 
 PROC_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
 

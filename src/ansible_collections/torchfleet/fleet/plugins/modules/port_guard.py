@@ -94,8 +94,8 @@ msg:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.torchfleet.fleet.plugins.module_utils import guard
-from ansible_collections.torchfleet.fleet.plugins.module_utils.net import ephemeral_range
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import guard
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.net import ephemeral_range
 
 ARGUMENT_SPEC = dict(
     state=dict(type="str", choices=["present", "absent"], default="present"),

@@ -102,9 +102,9 @@ ports:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.torchfleet.fleet.plugins.module_utils.command import bounded
-from ansible_collections.torchfleet.fleet.plugins.module_utils.connect import connect_all, route_to
-from ansible_collections.torchfleet.fleet.plugins.module_utils.listener import start_listener, stop_listener
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.command import bounded
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.connect import connect_all, route_to
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.listener import start_listener, stop_listener
 
 
 def main():

@@ -259,7 +259,7 @@ skipped_records:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.torchfleet.fleet.plugins.module_utils.preflight import ARGUMENT_SPEC, decide
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.preflight import ARGUMENT_SPEC, decide
 
 
 def main():

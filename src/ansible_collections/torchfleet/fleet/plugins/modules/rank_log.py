@@ -102,7 +102,7 @@ streams:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.torchfleet.fleet.plugins.module_utils.ranklog import ARGUMENT_SPEC, read
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.ranklog import ARGUMENT_SPEC, read
 
 
 def main():

@@ -122,9 +122,9 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import (
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import (
     EXITCODE, LOGS, RANK_RESULTS_SPEC, RESULTS, TORCHRUN_LOG, tail_bytes)
-from ansible_collections.torchfleet.fleet.plugins.module_utils.stop import stop_checked
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.stop import stop_checked
 
 
 def main():

@@ -144,7 +144,7 @@ why:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.torchfleet.fleet.plugins.module_utils.restart import ARGUMENT_SPEC, decide
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.restart import ARGUMENT_SPEC, decide
 
 
 def main():

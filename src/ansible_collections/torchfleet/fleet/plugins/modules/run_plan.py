@@ -177,7 +177,7 @@ input_errors:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.torchfleet.fleet.plugins.module_utils.plan import ARGUMENT_SPEC, decide
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.plan import ARGUMENT_SPEC, decide
 
 
 def main():

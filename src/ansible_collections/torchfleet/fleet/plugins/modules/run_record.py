@@ -133,7 +133,7 @@ released:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.torchfleet.fleet.plugins.module_utils.detach import ARGUMENT_SPEC, decide
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.detach import ARGUMENT_SPEC, decide
 
 
 def main():

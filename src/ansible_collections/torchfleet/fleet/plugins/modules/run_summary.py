@@ -215,7 +215,7 @@ report:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.torchfleet.fleet.plugins.module_utils.summary import ARGUMENT_SPEC, decide
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.summary import ARGUMENT_SPEC, decide
 
 
 def main():

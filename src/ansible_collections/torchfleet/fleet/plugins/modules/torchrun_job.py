@@ -261,8 +261,8 @@ argv:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.torchfleet.fleet.plugins.module_utils.agent import run
-from ansible_collections.torchfleet.fleet.plugins.module_utils.command import bounded
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.agent import run
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.command import bounded
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
 ARGUMENT_SPEC = dict(

@@ -96,8 +96,8 @@ async_removed:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import STOP_SPEC
-from ansible_collections.torchfleet.fleet.plugins.module_utils.stop import stop_checked
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import STOP_SPEC
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.stop import stop_checked
 
 
 def main():

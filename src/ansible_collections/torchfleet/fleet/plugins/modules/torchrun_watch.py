@@ -195,7 +195,7 @@ summary:
            "ranks_alive": 16, "hosts_running": 16, "nnodes": 16, "hosts_done": 0,
            "slowest": {"host": "node7", "idle_s": 0.8}, "last_line": "step 40/300 loss 0.21"}
 record:
-  description: The whole state record (plugins/module_utils/runstate.py), with O(full),
+  description: The whole state record (plugins/module_utils/run/runstate.py), with O(full),
     once the record is final, or with state master_died (its last one).
   returned: always
   type: dict
@@ -211,7 +211,7 @@ master_lost:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.torchfleet.fleet.plugins.module_utils.watch import ACTION_SPEC, look
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.watch import ACTION_SPEC, look
 
 
 def main():

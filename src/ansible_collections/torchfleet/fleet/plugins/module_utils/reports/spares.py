@@ -10,7 +10,7 @@ port test was made against another master in that case; the playbook tests them 
 """
 from __future__ import annotations
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.records import (
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import (
     CONTROLLER, ERROR, WARNING, check, failed, fmt_hosts)
 
 # Checks a worker decides against the master it was tested with.

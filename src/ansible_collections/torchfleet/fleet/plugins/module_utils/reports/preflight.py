@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import (
-    fabric, health_checks, kmsg, perf, rdma, spares)
-from ansible_collections.torchfleet.fleet.plugins.module_utils.net import is_loopback as is_loopback_addr
-from ansible_collections.torchfleet.fleet.plugins.module_utils.plan import bad_nproc_per_node
-from ansible_collections.torchfleet.fleet.plugins.module_utils.records import (  # noqa: F401 (check: for importers)
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import kmsg, perf, rdma
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import fabric, health_checks, spares
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.net import is_loopback as is_loopback_addr
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.plan import bad_nproc_per_node
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import (  # noqa: F401 (check: for importers)
     CONTROLLER, ERROR, WARNING, check, failed, fmt_hosts, outliers)
-from ansible_collections.torchfleet.fleet.plugins.module_utils.report import verdict, write_report
-from ansible_collections.torchfleet.fleet.plugins.module_utils.table import render
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.report import verdict, write_report
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.table import render
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
 VERSION_NAMES = ("python", "torch", "cuda", "hip", "nccl", "driver", "rocm")

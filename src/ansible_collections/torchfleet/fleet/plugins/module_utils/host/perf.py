@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
-from ansible_collections.torchfleet.fleet.plugins.module_utils.records import check, fmt_hosts
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import check, fmt_hosts
 
 MATMUL_S = 2.0
 COPY_S = 1.0

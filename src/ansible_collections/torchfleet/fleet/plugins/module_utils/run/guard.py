@@ -16,7 +16,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import RUN_ID
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import RUN_ID
 
 PREFIX = "torchfleet_guard_"
 

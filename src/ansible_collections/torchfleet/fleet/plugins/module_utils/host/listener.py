@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import procs
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import procs
 
 MARKER = "torchfleet-port-listener"
 

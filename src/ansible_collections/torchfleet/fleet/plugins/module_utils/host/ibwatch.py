@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import rdma
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import rdma
 
 EVERY_S = 5.0
 COUNTERS = ("link_downed", "link_error_recovery")

@@ -18,9 +18,9 @@ from __future__ import annotations
 import os
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import (
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import (
     CONTROL, DETACHED, LEASE, START_FAILED, STOP_REQUEST, read_json, write_json)
-from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import summary
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import summary
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
 POLL_S = 0.2

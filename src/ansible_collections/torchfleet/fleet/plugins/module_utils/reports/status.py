@@ -8,8 +8,8 @@ garbled field reads as unknown, and nothing raises).
 """
 from __future__ import annotations
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import failure_text
-from ansible_collections.torchfleet.fleet.plugins.module_utils.table import render
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import failure_text
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.table import render
 
 LINE_MAX = 120
 
@@ -80,5 +80,5 @@ def text(v):
     rows = [(h["host"], h["state"], h["ranks_alive"],
              "-" if h["last_heard_s"] is None else "%.0f s ago" % h["last_heard_s"],
              h["hardware"] or "-", h["last_line"]) for h in v["hosts"]]
-    return head + "\n" + render(("HOST", "STATE", "RANKS ALIVE", "LAST HEARD", "HARDWARE",
-                                  "LAST LINE"), rows)
+    columns = ("HOST", "STATE", "RANKS ALIVE", "LAST HEARD", "HARDWARE", "LAST LINE")
+    return head + "\n" + render(columns, rows)

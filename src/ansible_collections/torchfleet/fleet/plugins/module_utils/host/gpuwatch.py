@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import xid
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import xid
 
 NVML_EVERY_S = 5.0
 SMI_EVERY_S = 15.0

@@ -14,9 +14,10 @@ import pwd
 import re
 import resource
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import procs, smi, xid
-from ansible_collections.torchfleet.fleet.plugins.module_utils.command import missing
-from ansible_collections.torchfleet.fleet.plugins.module_utils.gpu import AMD_SMI_ARGV
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import smi, xid
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import procs
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.command import missing
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.gpu import AMD_SMI_ARGV
 
 # The files of a saved bundle (`torchfleet health --from DIR`), each optional: what is absent
 # is not checked. The same names key what a host's probe collects.

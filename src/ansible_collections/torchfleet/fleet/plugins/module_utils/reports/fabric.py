@@ -6,8 +6,8 @@ passed; `auto` then does not choose ib.
 """
 from __future__ import annotations
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import nccl_log, rdma
-from ansible_collections.torchfleet.fleet.plugins.module_utils.records import WARNING, check, fmt_hosts, reference
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import nccl_log, rdma
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import WARNING, check, fmt_hosts, reference
 
 IB = rdma.IB
 NO_RDMA_FIX = ("install the HCA's driver and rdma-core on {host} (ls /sys/class/infiniband "

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, smi
-from ansible_collections.torchfleet.fleet.plugins.module_utils.records import ERROR, WARNING, check
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import smi
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import ERROR, WARNING, check
 
 
 def limits(values=None, rdma_in_use=True):

@@ -13,7 +13,7 @@ import glob
 import os
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import EXITCODE, LOGS
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import EXITCODE, LOGS
 
 STREAMS = ("stdout", "stderr")
 MAX_BYTES = 1024 * 1024

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.command import missing
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.command import missing
 
 # Leaves its answer in `out`.
 SNIPPET = r"""

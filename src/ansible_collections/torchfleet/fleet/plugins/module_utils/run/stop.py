@@ -7,8 +7,8 @@ import os
 import re
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.procs import run_processes, stop_run
-from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import ATTEMPT_GLOB, GUARDED, PIDFILE, RUN_ID, read_json
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.procs import run_processes, stop_run
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import ATTEMPT_GLOB, GUARDED, PIDFILE, RUN_ID, read_json
 
 # Ansible's job ids: "j" + digits + "." + PID; never a path.
 JID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

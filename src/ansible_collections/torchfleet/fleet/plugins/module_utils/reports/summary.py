@@ -15,15 +15,17 @@ import re
 import statistics
 
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible_collections.torchfleet.fleet.plugins.module_utils import fabric, flight, isolate, kmsg, nccl_log
-from ansible_collections.torchfleet.fleet.plugins.module_utils.records import WARNING, check, failed
-from ansible_collections.torchfleet.fleet.plugins.module_utils.report import point_link, prune_runs, verdict, write_report
-from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import (
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import kmsg, nccl_log
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import fabric, isolate
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import flight
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import WARNING, check, failed
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.report import point_link, prune_runs, verdict, write_report
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import (
     STACK_DUMP, TORCHRUN_LOG, failed_ranks, read_json, tail)
-from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import (
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import (
     CONTROLLER_LOST, HANG, HARDWARE, HW_REASONS, LOST, STATE_FILE, STOPPED_BY_USER,
     SUCCEEDED, TIMEOUT, UNKNOWN, collective_words, failure_text, host_rows)
-from ansible_collections.torchfleet.fleet.plugins.module_utils.table import render, spread, spread_of
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.table import render, spread, spread_of
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
 # Failures of the whole run rather than of a host (a hang is named per host: run.hang).

@@ -32,11 +32,12 @@ import signal
 import subprocess
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import exits, flight, guard, hwwatch, procs, runstate, stacks
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import hwwatch
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import exits, flight, guard, procs, runstate, stacks
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
-from ansible_collections.torchfleet.fleet.plugins.module_utils.control import Client, Server
-from ansible_collections.torchfleet.fleet.plugins.module_utils.procs import HOST_ENV, RUN_ID_ENV, stop_run
-from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import (
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.control import Client, Server
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.procs import HOST_ENV, RUN_ID_ENV, stop_run
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import (
     AGENT_LOG, CONTROL, DETACHED, EXITCODE, GUARDED, LEASE, LOGS, PIDFILE, RESULTS, STACK_DUMP, START_FAILED,
     STOP_REQUEST, TORCHRUN_LOG, peer_loss, rank_dirs, read_json, root_cause, tail, write_json)
 

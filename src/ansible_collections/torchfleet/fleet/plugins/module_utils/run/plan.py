@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 import random
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.net import master_addr_up_front
-from ansible_collections.torchfleet.fleet.plugins.module_utils.rdma import HCA_SPEC, is_gid_index
-from ansible_collections.torchfleet.fleet.plugins.module_utils.restart import MAX_RESTARTS, RESTART_ON
-from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import RUN_ID, new_run_id
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.net import master_addr_up_front
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.rdma import HCA_SPEC, is_gid_index
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.restart import MAX_RESTARTS, RESTART_ON
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import RUN_ID, new_run_id
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
 # The user's values as given (raw): a wrong type is an input.* check naming the variable,

@@ -17,7 +17,7 @@ import os
 import re
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import gpuwatch, ibwatch, kmsg
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import gpuwatch, ibwatch, kmsg
 
 PER_BEAT = 8        # events per heartbeat
 PER_RUN = 64        # events a host sends in a run; more are counted, not sent
@@ -106,8 +106,8 @@ class HostWatch:
     def _tie(self, event, ranks):
         """The rank an event belongs to: its PID's, else the one rank that holds its GPU."""
         rank = ranks.get(event.get("pid"))
-        if rank is None and event.get("pci_bus") and event["kind"] in ("xid", "ecc", "remap",
-                                                                        "recovery", "aer"):
+        gpu_kinds = ("xid", "ecc", "remap", "recovery", "aer")
+        if rank is None and event.get("pci_bus") and event["kind"] in gpu_kinds:
             minor = gpu_minor(event["pci_bus"])
             if minor is not None:
                 event["gpu"] = event["gpu"] if event["gpu"] is not None else minor

@@ -28,7 +28,7 @@ import json
 import os
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import RUN_ID
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import RUN_ID
 
 RECORD = "run.json"
 LOCK = "attach.lock"

@@ -31,7 +31,7 @@ import os
 import re
 import subprocess
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import xid
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import xid
 
 KMSG = "/dev/kmsg"
 FIX = ("run the agents as root, or `sysctl kernel.dmesg_restrict=0`, or add the user to group "

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.records import check
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import check
 
 NODE_FIX = ("look at %s's NIC: `ethtool %s` (speed, duplex), `ethtool -S %s` (errors), and "
             "which transport NCCL chose in its rank logs (NCCL_DEBUG=INFO: NET/IB or NET/Socket)")

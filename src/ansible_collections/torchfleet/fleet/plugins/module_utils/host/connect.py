@@ -11,9 +11,9 @@ import socket
 import threading
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import netlink
-from ansible_collections.torchfleet.fleet.plugins.module_utils.command import missing
-from ansible_collections.torchfleet.fleet.plugins.module_utils.net import (
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import netlink
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.command import missing
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.net import (
     nic_holding, parse_default_route_dev, parse_ip_addr, parse_ip_route_get)
 
 RETRY_INTERVAL_S = 0.05

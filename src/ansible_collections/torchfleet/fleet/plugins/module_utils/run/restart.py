@@ -17,8 +17,8 @@ retried unless restart_on=any. Two steps, with the playbook's re-check
 """
 from __future__ import annotations
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.rundir import read_json
-from ansible_collections.torchfleet.fleet.plugins.module_utils.runstate import (
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import read_json
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import (
     CONTROLLER_LOST, FAILED, HARDWARE, LOST, NOT_STARTED, OOM, STOPPED_BY_USER, SUCCEEDED)
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 

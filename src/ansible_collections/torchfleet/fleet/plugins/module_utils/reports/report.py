@@ -7,7 +7,7 @@ import re
 import shutil
 import tempfile
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import detach
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import detach
 
 RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.checks import IDS
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.checks import IDS
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 CONTROLLER = "controller"  # the host of checks about the run as a whole
@@ -14,7 +14,7 @@ CONTROLLER = "controller"  # the host of checks about the run as a whole
 def check(cid, host, ok, detail="", hint="", severity=ERROR, gpu=None):
     """One verdict; `gpu`: the GPU index a health check is about (None for the host's)."""
     if cid not in IDS:  # a programming error: every id is documented in checks.REGISTRY
-        raise ValueError("check id %r is not in plugins/module_utils/checks.py" % cid)
+        raise ValueError("check id %r is not in plugins/module_utils/reports/checks.py" % cid)
     return {"id": cid, "host": host, "ok": bool(ok), "severity": severity if not ok else INFO,
             "detail": detail, "hint": "" if ok else hint, "gpu": gpu}
 

@@ -26,10 +26,20 @@ collective.json), the Python API, the CLI and the HTML report read that copy:
 
     {"run_id", "phase", "started", "updated", "final", "nnodes", "nproc_per_node",
      "failure": null | FAILURE, "failures": [FAILURE, ...], "channel": {"refused": {...}},
+     "events": [EVENT, ...],
      "hosts": [{"host", "node_rank", "ranks": [first, last], "state", "rc", "alive",
-                "progress_ts", "ranks_at", "last_line", "last_seen", "pid", "elapsed_s"}]}
+                "progress_ts", "ranks_at", "last_line", "last_seen", "pid", "elapsed_s",
+                "watch": {"kmsg", "kmsg_error", "gpu", "dropped"}, "events": count}]}
     FAILURE = {"host", "node_rank", "reason", "detail", "rc", "rank", "local_rank",
-               "exitcode", "root_cause", "consequence", "last_line", "at_s", "detected_s"}
+               "exitcode", "root_cause", "consequence", "last_line", "at_s", "detected_s",
+               "collective", "waited", "event", and where they apply "stalled" (the rank that
+               never joined), "late", "in_hang", "died" (a hardware cause's)}
+    EVENT = {"host", "source", "kind", "code", "gpu", "pci_bus", "rank", "pid", "fatal",
+             "what", "line", "at"}
+
+A host's hardware events (hwwatch.py) come in its heartbeats: a fatal one is a cause
+(`hardware`), the OOM killer ending one of its ranks too (`oom`); how they are ordered against
+the other failures is _judged's.
 
 A hang is also decided from where the ranks are in their collectives (flight.py), when every
 rank reports it: no rank's collective advanced for hang_timeout_s while some rank waits in
@@ -46,7 +56,8 @@ from __future__ import annotations
 import re
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults, exits, flight
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import exits, flight
 
 # The controller's copy of the master's record (the host's files: rundir.py).
 STATE_FILE = "run_state.json"
