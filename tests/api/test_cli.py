@@ -17,7 +17,8 @@ pytestmark = pytest.mark.integration
 CHECK_KEYS = {"host", "id", "ok", "detail", "hint", "severity", "gpu"}  # preflight.json's own
 RESULT_KEYS = {"kind", "ok", "run_id", "run_dir", "checks", "hosts", "ranks", "busbw",
                "isolation", "first_failure", "preflight", "cancelled", "detached",
-               "ansible_status", "ansible_rc", "failures", "verdict", "attempts"}
+               "ansible_status", "ansible_rc", "failures", "verdict", "attempts", "drain",
+               "hardware"}
 
 
 def torchfleet(*args, cwd):

@@ -43,7 +43,7 @@ def test_every_design_id_is_registered():
 
 
 def test_every_input_id_the_run_plan_names_is_registered():
-    text = (COLLECTION / "plugins" / "module_utils" / "plan.py").read_text()
+    text = (COLLECTION / "plugins" / "module_utils" / "run" / "plan.py").read_text()
     named = set(re.findall(r'"(input\.[a-z_]+)"', text))
     assert len(named) >= 6 and named <= checks.IDS, named - checks.IDS
 

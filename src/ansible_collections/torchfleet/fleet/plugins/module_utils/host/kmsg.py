@@ -29,9 +29,11 @@ from __future__ import annotations
 import errno
 import os
 import re
+import signal
 import subprocess
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import xid
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import procs
 
 KMSG = "/dev/kmsg"
 FIX = ("run the agents as root, or `sysctl kernel.dmesg_restrict=0`, or add the user to group "
@@ -206,11 +208,12 @@ class KernelLog:
         except OSError as exc:
             denied = exc.strerror or str(exc)
         try:
-            # -n 0: nothing from before the run. Its own session: it ends with the agent.
+            # -n 0: nothing from before the run. It ends with the agent, killed or not.
+            parent = os.getpid()
             self.proc = subprocess.Popen(
                 ["journalctl", "-k", "-f", "-n", "0", "-q", "-o", "short-monotonic"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                start_new_session=True)
+                preexec_fn=lambda: procs.die_with(parent, signal.SIGKILL))
             os.set_blocking(self.proc.stdout.fileno(), False)
             self.how = "journalctl -k -f"
         except OSError:

@@ -25,7 +25,6 @@ agent of an earlier run is never joined.
 """
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import signal
@@ -484,20 +483,6 @@ def serve(agent, store, client, t):
             return rc, agent.reason
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_agent(agent_pid):
-    """In torchrun's process before exec: SIGTERM when the agent dies (torchrun then stops its
-    workers), so a killed agent leaves nothing running. Linux only; elsewhere a no-op."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != agent_pid:  # the agent died before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
 def start_torchrun(p, argv):
     env = dict(os.environ)
     env.update(flight.rank_env(p["flight_recorder"], p["run_dir"]))  # the user's env wins
@@ -516,7 +501,8 @@ def start_torchrun(p, argv):
         return subprocess.Popen(argv, cwd=p["chdir"] or p["run_dir"], env=env,
                                 stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=lambda: _die_with_agent(agent_pid))
+                                # SIGTERM: torchrun then stops its workers
+                                preexec_fn=lambda: procs.die_with(agent_pid, signal.SIGTERM))
 
 
 def report_not_started(p, secret, detail):

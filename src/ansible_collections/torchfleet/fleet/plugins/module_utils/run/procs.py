@@ -7,6 +7,7 @@ user's job, or another inventory host's part of the run is never signalled.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import time
@@ -162,3 +163,17 @@ def stop_run(run_id, root_pid, grace_s, host=None, all_at_once=False):
                 pass
         time.sleep(0.1)
     return result
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with(parent_pid, sig):
+    """In a child before exec: `sig` when its parent (the agent) dies, so a killed agent leaves
+    nothing running (torchrun, the kernel log's journalctl). Linux only; elsewhere a no-op."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os.kill(os.getpid(), sig)
