@@ -113,13 +113,10 @@ def from_report(run_id: str, kind: str, report: dict) -> RunStatus:
     """A gathered run's status: its report's hosts and verdict."""
     from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import status as view
 
-    events: dict[str, list] = {}
-    for e in report.get("hardware") or []:
-        if isinstance(e, dict):
-            events.setdefault(str(e.get("host")), []).append(e)
+    hardware = view.hardware_by_host(report.get("hardware"))
     hosts = [HostStatus(host=str(h.get("host", "")), state=str(h.get("outcome", "")),
                         ranks_alive=0, last_line="", last_heard_s=None,
-                        hardware=view.hardware_words(events.get(str(h.get("host")), [])))
+                        hardware=hardware.get(str(h.get("host")), ""))
              for h in report.get("hosts", []) if isinstance(h, dict)]
     attempts = report.get("attempts") or []
     first = report.get("first_failure") or {}

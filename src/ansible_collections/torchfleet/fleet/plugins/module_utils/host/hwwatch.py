@@ -17,7 +17,7 @@ import os
 import re
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.host import gpuwatch, ibwatch, kmsg
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import gpuwatch, ibwatch, kmsg, net
 
 PER_BEAT = 8        # events per heartbeat
 PER_RUN = 64        # events a host sends in a run; more are counted, not sent
@@ -36,21 +36,10 @@ def gpu_minor(pci_bus, root="/proc/driver/nvidia/gpus"):
 
 
 def holders(minor, pids):
-    """The PIDs among pids that hold /dev/nvidia<minor> open."""
-    device, out = "/dev/nvidia%d" % minor, []
-    for pid in pids:
-        try:
-            fds = os.listdir("/proc/%d/fd" % pid)
-        except OSError:
-            continue
-        for fd in fds[:4096]:
-            try:
-                if os.readlink("/proc/%d/fd/%s" % (pid, fd)) == device:
-                    out.append(pid)
-                    break
-            except OSError:
-                continue
-    return out
+    """The PIDs among pids that hold /dev/nvidia<minor> open (the first 4096 descriptors of
+    each)."""
+    device = "/dev/nvidia%d" % minor
+    return [pid for pid in pids if device in net.fd_targets("/proc/%d/fd" % pid, 4096)]
 
 
 class HostWatch:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 import signal
 import subprocess
 
@@ -176,9 +177,8 @@ def readable(source=KMSG):
     except FileNotFoundError:
         return None if path != KMSG else "%s does not exist" % KMSG
     except OSError as exc:
-        fallback = "; the agent will try journalctl -k -f" if path == KMSG and any(
-            os.access(os.path.join(d, "journalctl"), os.X_OK)
-            for d in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep)) else ""
+        fallback = "; the agent will try journalctl -k -f" if path == KMSG and shutil.which(
+            "journalctl") else ""
         return "cannot read %s (%s)%s" % (path, exc.strerror or exc, fallback)
 
 

@@ -108,17 +108,19 @@ def processes_holding(inodes, proc="/proc"):
     for pid in os.listdir(proc):
         if not pid.isdigit():
             continue
-        if any(target in wanted for target in _fd_targets(os.path.join(proc, pid, "fd"))):
+        if any(target in wanted for target in fd_targets(os.path.join(proc, pid, "fd"))):
             found.append({"pid": int(pid), "cmdline": read_cmdline(pid, proc)})
     return found
 
 
-def _fd_targets(fd_dir):
+def fd_targets(fd_dir, limit=None):
+    """What a process's open descriptors point at (its first `limit` of them): a process that
+    ended or that we may not inspect has none."""
     try:
         fds = os.listdir(fd_dir)
     except OSError:
         return
-    for fd in fds:
+    for fd in fds[:limit]:
         try:
             yield os.readlink(os.path.join(fd_dir, fd))
         except OSError:  # closed since the listing (the listing's own fd, for one)

@@ -28,10 +28,7 @@ def view(record, now, attempt=0):
     ranks_alive, last_line, last_heard_s, hardware}]} of a record read at `now` (the master's
     clock); hardware: how many events the host reported and the newest in words."""
     record = record if isinstance(record, dict) else {}
-    events = {}
-    for e in record.get("events") if isinstance(record.get("events"), list) else []:
-        if isinstance(e, dict) and isinstance(e.get("host"), str):
-            events.setdefault(e["host"], []).append(e)
+    hardware = hardware_by_host(record.get("events"))
     now = _num(now)
     started = _num(record.get("started"))
     hosts = []
@@ -47,7 +44,7 @@ def view(record, now, attempt=0):
             "last_line": _text(h.get("last_line")),
             "last_heard_s": round(now - seen, 1) if now is not None and seen is not None
             else None,
-            "hardware": hardware_words(events.get(_text(h.get("host"), 255), []))})
+            "hardware": hardware.get(_text(h.get("host"), 255), "")})
     failure = record.get("failure")
     try:
         words = failure_text(failure)[:1000] if isinstance(failure, dict) else ""
@@ -61,13 +58,18 @@ def view(record, now, attempt=0):
             "hosts": hosts}
 
 
-def hardware_words(mine):
-    if not mine:
-        return ""
-    last = mine[-1]
-    return "%d event%s, last: %s%s" % (len(mine), "" if len(mine) == 1 else "s",
-                                       "FATAL " if last.get("fatal") is True else "",
-                                       _text(last.get("what") or last.get("line"), 80))
+def hardware_by_host(events):
+    """{host: how many hardware events it reported, and the newest in words} of a record's
+    `events` or a report's `hardware`."""
+    mine = {}
+    for e in events if isinstance(events, list) else []:
+        if isinstance(e, dict) and isinstance(e.get("host"), str):
+            mine.setdefault(e["host"], []).append(e)
+    return {host: "%d event%s, last: %s%s" % (
+        len(found), "" if len(found) == 1 else "s",
+        "FATAL " if found[-1].get("fatal") is True else "",
+        _text(found[-1].get("what") or found[-1].get("line"), 80))
+        for host, found in mine.items()}
 
 
 def text(v):

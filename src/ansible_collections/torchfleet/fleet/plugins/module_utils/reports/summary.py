@@ -24,7 +24,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import
     STACK_DUMP, TORCHRUN_LOG, failed_ranks, read_json, tail)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import (
     CONTROLLER_LOST, HANG, HARDWARE, HW_REASONS, LOST, STATE_FILE, STOPPED_BY_USER,
-    SUCCEEDED, TIMEOUT, UNKNOWN, collective_words, failure_text, host_rows)
+    SUCCEEDED, TIMEOUT, UNKNOWN, collective_words, drains, failure_text, host_rows)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.table import render, spread, spread_of
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
@@ -227,7 +227,7 @@ def hardware_checks(record, hosts):
     checks, drain = [], []
     for host in hosts:
         mine = [e for e in events if e["host"] == host]
-        fatal = [e for e in mine if e.get("fatal") and e.get("kind") != "oom"]
+        fatal = [e for e in mine if drains(e)]
         if fatal:
             drain.append({"host": host, "reason": "run.hardware",
                           "evidence": fatal[0].get("line") or fatal[0].get("what")})

@@ -145,6 +145,12 @@ def events(value):
     return out
 
 
+def drains(event):
+    """Whether a host's event is a hardware cause (run.hardware, train.json's drain): a fatal
+    event other than the OOM killer's, which is the workload's memory (run.oom)."""
+    return event.get("fatal") is True and event.get("kind") != "oom"
+
+
 def watch_status(value):
     """A host's hardware watch as its agent says it (hwwatch.HostWatch.status), bounded."""
     value = value if isinstance(value, dict) else {}
@@ -478,10 +484,11 @@ class RunState:
             rank = e["rank"] if e["rank"] is not None and first <= e["rank"] <= last else None
             e = dict(e, host=host, rank=rank, at=round(now - e.pop("age_s"), 3))
             self.events.append(e)
-            if e["kind"] == "oom" and rank is not None:
-                detail = "rank %d was %s" % (rank, e["what"])
-                made = self.fail(host, OOM, now, detail, at=e["at"], event=e, rank=rank) or made
-            elif e["fatal"] and e["kind"] != "oom":
+            if e["kind"] == "oom":
+                if rank is not None:  # (the agent sends only its own ranks' OOM kills)
+                    made = self.fail(host, OOM, now, "rank %d was %s" % (rank, e["what"]),
+                                     at=e["at"], event=e, rank=rank) or made
+            elif drains(e):
                 made = self.fail(host, HARDWARE, now, e["what"] or e["line"], at=e["at"],
                                  event=e, rank=rank) or made
         return made
@@ -579,10 +586,11 @@ class RunState:
     # -- the judge ----------------------------------------------------------------------------
 
     def fail(self, host, reason, now, detail, rc=None, root_cause=None, consequence=False,
-             at=None, collective=None, event=None, rank=None):
+             at=None, collective=None, event=None, rank=None, stalled=False):
         """Keep a failure and judge the run's first again; returns the failure when it is the
         first of the run (the run fails now: every host is told to stop), else None.
-        event: the hardware event of a HARDWARE or OOM cause; rank: its rank, when known."""
+        event: the hardware event of a HARDWARE or OOM cause; rank: its rank, when known;
+        stalled: the rank never joined the collective another died waiting in (_culprit)."""
         if self.final or self.phase == SUCCEEDED:
             return None
         rec = self.hosts.get(host) or {}
@@ -604,16 +612,18 @@ class RunState:
                  "at_s": round((now if at is None else at) - self.started, 3),
                  "detected_s": round(now - self.started, 3), "collective": found,
                  "waited": waited, "event": event}
+        if stalled:
+            entry["stalled"] = True
         if reason in HW_REASONS and self.failure is not None:
             if self.phase == HANG:
                 entry["in_hang"] = True  # the hang it came during is its consequence
             elif entry["at_s"] > self.failure["at_s"] + defaults.HW_SLACK_S:
                 entry["late"] = True     # after the first failure: kept, not its cause
+        first_of_run = self.failure is None
         self.failures.append(entry)
         if waited:
             self._culprit(found, entry, now)
         self._explain()
-        first_of_run = self.failure is None
         self.failure = min(self.failures, key=_judged)
         if self.failure["collective"] is None:  # where the ranks were when it was judged
             self.failure["collective"] = self.finding(now, self.failure["rank"])
@@ -628,19 +638,13 @@ class RunState:
         if not named or named.get("host") not in self.hosts or any(
                 f.get("stalled") and f["rank"] == named["rank"] for f in self.failures):
             return
-        rec = self.hosts[named["host"]]
         verb = ("called %s" % named["op"]) if named.get("op") else "never joined"
         detail = "rank %d %s collective #%d (%s, %s, group %s), which rank %d on %s died " \
             "waiting in" % (named["rank"], verb, found["seq"], found.get("op") or "op unknown",
                             flight.human(found.get("bytes")), found.get("group"),
                             waited["rank"], waited["host"])
-        self.failures.append({
-            "host": named["host"], "node_rank": rec["node_rank"], "reason": FAILED,
-            "detail": detail, "rc": None, "rank": named["rank"],
-            "local_rank": named["rank"] - rec["ranks"][0], "exitcode": None,
-            "root_cause": None, "consequence": False, "last_line": rec.get("last_line", ""),
-            "at_s": waited["at_s"], "detected_s": round(now - self.started, 3),
-            "collective": found, "waited": False, "event": None, "stalled": True})
+        self.fail(named["host"], FAILED, now, detail, at=self.started + waited["at_s"],
+                  collective=found, rank=named["rank"], stalled=True)
 
     def _explain(self):
         """A rank's death on a host with a hardware cause at most HW_SLACK_S before it (on the
