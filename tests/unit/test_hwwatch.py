@@ -332,3 +332,29 @@ def test_the_rank_that_never_joined_explains_the_failure_and_the_run_restarts_on
                                            "retest": [], "choice": {"skipped": {}}}, CQ, "host")
     assert decided["restart"] and decided["hosts"] == CQ
     assert decided["why"] == "cqnode1 run.hang, the same hosts again (it passed its re-check)"
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40),
+                    lambda inner: st.lists(inner, max_size=6)
+                    | st.dictionaries(st.text(max_size=12), inner, max_size=6), max_leaves=30)
+EVENT = st.fixed_dictionaries({}, optional={
+    k: JSON | st.sampled_from(v) for k, v in {
+        "source": runstate.EVENT_SOURCES, "kind": runstate.EVENT_KINDS,
+        "fatal": (True, False), "rank": (0, 1, 7, -1), "pci_bus": ("0000:5d:00.0",),
+        "age_s": (0.0, 1e300, -5.0)}.items()} | {
+    k: JSON for k in ("code", "gpu", "pid", "what", "line")})
+
+
+@settings(max_examples=300, deadline=None)
+@given(hw=st.one_of(JSON, st.lists(EVENT | JSON, max_size=12)), watch=JSON)
+def test_any_hardware_a_host_may_send_is_bounded_and_never_raises(hw, watch):
+    """What a signed beat from another host carries in `hw` and `watch` (the master checks it
+    again: runstate.events, watch_status): never an exception, never more than the bounds."""
+    s = running()
+    s.report("n1", 1005.0, {"t": runstate.BEAT, "alive": 1, "hw": hw, "watch": watch})
+    mine = [e for e in s.events if e["host"] == "n1"]
+    assert len(mine) <= runstate.EVENTS_PER_MESSAGE
+    assert all(e["rank"] in (None, 1) and len(e["line"]) <= runstate.LINE_MAX
+               and e["at"] >= 1005.0 - runstate.AGE_MAX_S for e in mine)
+    runstate.failure_text(s.failure)
+    hardware_checks(s.record(), HOSTS)
