@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench import (detach_cost, diagnosis, fail_fast, flood, fuzz, hardware_watch,
                    harness_overhead, health_cost, isolate, launch_overhead, output_lines, preflight_cost, recording_cost,
-                   report_scale, restart_cost, spares_cost, start_skew, watch_cpu)
+                   report_scale, restart_cost, spares_cost, start_skew, straggler, watch_cpu)
 from bench.harness import RESULTS, machine, markdown, merge, write
 
 BENCHES = {
@@ -40,10 +40,11 @@ BENCHES = {
     "recording_cost": recording_cost.run,
     "detach_cost": detach_cost.run,
     "hardware_watch": hardware_watch.run,
+    "straggler": straggler.run,
 }
 NEEDS_ROOT = {"launch_overhead", "fail_fast", "watch_cpu", "diagnosis", "harness_overhead",
               "isolate", "flood", "start_skew", "output_lines", "spares_cost",
-              "restart_cost", "health_cost", "detach_cost"}
+              "restart_cost", "health_cost", "detach_cost", "straggler"}
 
 
 def main():

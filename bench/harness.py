@@ -300,6 +300,20 @@ def markdown(results):
         lines.append("| a kernel line (Xid 79) on node1 of a 2-host train.yml to the master's "
                      "record naming it | %s s | | | <= 5 s |"
                      % rng(hw["line_to_verdict"]["latency_s"]))
+    sg = results.get("straggler")
+    if sg:
+        c, lb = sg["cost"], sg["lab"]
+        lines.append("| a training step (5 ms of compute, all_reduce of 64 KiB, gloo, one rank, "
+                     "recorder full) with straggler sampling vs without | %s ms | %s ms | %sx "
+                     "| <= 1.01x |" % (rng(c["step_ms_on"]), rng(c["step_ms_off"]),
+                                       rng(c["ratio"])))
+        if lb.get("cap_to_named_s"):
+            lines.append("| node2's CPU capped 20 s into a 4-host train.yml: the cap to the "
+                         "master naming it (%d of %d runs named it, others named %s) | %s s | | "
+                         "| <= 60 s |" % (lb["named"], lb["capped_runs"], lb["others_named"],
+                                          rng(lb["cap_to_named_s"])))
+        lines.append("| clean 4-host train.yml runs: stragglers named | %s | | | 0 in 5 |"
+                     % lb["false_names"])
     fz = results.get("fuzz")
     if fz:
         lines.append("| control channel fuzz: inputs fed to the master's end / the agent's end "

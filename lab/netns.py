@@ -542,8 +542,9 @@ class Lab:
                "1", "u32", "match", "ip", "dst", dst.address + "/32", "flowid", "1:20")
 
     def limit_cpu(self, name: str, pct: int = SLOW_CPU_PCT) -> None:
-        """A host whose CPU is throttled (a noisy neighbour, a wrong quota): the node's sshd and
-        every session it serves go into a cgroup of their own capped at pct % of one CPU."""
+        """A host whose CPU is throttled (a noisy neighbour, a wrong quota): the node's sshd,
+        every session it serves and every process already running there go into a cgroup of
+        their own capped at pct % of one CPU."""
         period = 100000
         self._confine(name, "cpu", {1: {"cpu.cfs_period_us": str(period),
                                         "cpu.cfs_quota_us": str(period * pct // 100)},
@@ -574,7 +575,12 @@ class Lab:
             else:
                 (group / key).write_text(value)
         pid = self.sshd_pid(node)
-        for member in sorted({pid} | procs.descendants(procs.table(), [pid])) if pid else []:
+        # Every process of the node's namespace too: a run already going (its agent and ranks
+        # were detached from sshd by Ansible's async wrapper) slows down from now on.
+        members = {int(p) for p in sh("ip", "netns", "pids", node.ns, check=False).stdout.split()}
+        if pid:
+            members |= {pid} | procs.descendants(procs.table(), [pid])
+        for member in sorted(members):
             with contextlib.suppress(OSError):  # a session that ended meanwhile
                 (group / "cgroup.procs").write_text(str(member))
 

@@ -4,7 +4,9 @@ busbw-versus-message-size chart per op with the min-max band across ranks."""
 from __future__ import annotations
 
 import math
+from datetime import datetime, timezone
 from html import escape
+from typing import Any
 from pathlib import Path
 
 # The tables' rendering of a min / median / max spread, shared with the plays' summaries.
@@ -354,6 +356,50 @@ def _hardware(result: Result) -> str:
         '</table>' % "".join(rows)
 
 
+def _seconds(iso: Any) -> float | None:
+    try:
+        return datetime.strptime(str(iso), "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return None
+
+
+def _stragglers(result: Result) -> str:
+    """A timeline of the run: one bar per straggler, from when the master first named it to
+    when it last did."""
+    if result.straggle.get("watched") is False:
+        return "<p>Stragglers were not watched: the Flight Recorder was off (flight_recorder=0).</p>"
+    if not result.stragglers:
+        return ""
+    start, end = _seconds(result.straggle.get("started")), _seconds(result.straggle.get("ended"))
+    width, row = 600.0, 22
+    rows = []
+    for i, s in enumerate(result.stragglers[:16]):
+        first, last = _seconds(s.get("first_seen")), _seconds(s.get("last_seen"))
+        ranks = s.get("ranks") or [0]
+        label = "%s (%s)" % (s.get("host", ""), "rank %s" % ranks[0] if len(ranks) == 1
+                             else "ranks %s-%s" % (ranks[0], ranks[-1]))
+        title = "%s: last at %.0f%% of collectives, the others waited %.0f ms (median), %s to %s" % (
+            label, 100 * float(s.get("share_last") or 0), float(s.get("late_ms_median") or 0),
+            s.get("first_seen"), s.get("last_seen"))
+        bar = ""
+        if start is not None and end is not None and first is not None and last is not None \
+                and end > start:
+            x0 = width * max(0.0, (first - start) / (end - start))
+            x1 = width * min(1.0, (last - start) / (end - start))
+            bar = '<rect x="%.1f" y="%d" width="%.1f" height="14" fill="#c0392b"><title>%s' \
+                  '</title></rect>' % (200 + x0, i * row + 4, max(2.0, x1 - x0), escape(title))
+        rows.append('<text x="0" y="%d" font-size="12">%s</text>%s' % (
+            i * row + 15, escape(label), bar))
+    axis = '<line x1="200" x2="%d" y1="%d" y2="%d" stroke="#888"/>' % (
+        200 + width, len(rows) * row + 4, len(rows) * row + 4)
+    svg = '<svg class="timeline" width="%d" height="%d">%s%s</svg>' % (
+        220 + width, len(rows) * row + 24, "".join(rows), axis)
+    return "<p>Bars: from the run's start (left) to its end (right), when the master named " \
+        "each straggler.</p>" + svg + "<ul>%s</ul>" % "".join(
+            "<li>%s</li>" % escape(c.detail) for c in result.checks if c.id == "run.straggler")
+
+
 def render(result: Result) -> str:
     pre = result if result.kind == "preflight" else result.preflight
     body = ['<h1>torchfleet %s <span class="%s">%s</span></h1>' % (
@@ -366,6 +412,8 @@ def render(result: Result) -> str:
                     + '<pre>%s</pre>' % escape(result.first_failure.tail))
     if result.drain or result.hardware:
         body.append("<h2>Hardware during the run</h2>" + _hardware(result))
+    if result.kind == "train" and _stragglers(result):
+        body.append("<h2>Stragglers</h2>" + _stragglers(result))
     if result.attempts:
         body.append("<h2>Attempts</h2>" + _attempts(result))
     if pre is not None:

@@ -213,6 +213,10 @@ class Result:
     # Hosts with a fatal hardware cause ({host, reason, evidence}) and every hardware event.
     drain: list[dict[str, Any]] = field(default_factory=list)
     hardware: list[dict[str, Any]] = field(default_factory=list)
+    # The stragglers the master named ({host, ranks, share_last, late_ms_median, first_seen,
+    # last_seen}) and how they were watched ({watched, signal, started, ended}).
+    stragglers: list[dict[str, Any]] = field(default_factory=list)
+    straggle: dict[str, Any] = field(default_factory=dict)
     preflight: Result | None = None
     attempts: list[Attempt] = field(default_factory=list)
     cancelled: bool = False
@@ -318,6 +322,7 @@ def from_report(kind: str, data: dict, run_dir: Path) -> Result:
                               names_host=bool(failure.get("names_host")))
         if failure else None,
         drain=list(data.get("drain") or []), hardware=list(data.get("hardware") or []),
+        stragglers=list(data.get("stragglers") or []), straggle=dict(data.get("straggle") or {}),
         attempts=[Attempt(attempt=a["attempt"], hosts=list(a.get("hosts", [])),
                           phase=a.get("phase", ""), ok=bool(a.get("ok")),
                           outcomes=dict(a.get("outcomes") or {}),

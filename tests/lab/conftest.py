@@ -29,6 +29,7 @@ LABS = {  # module: (tag, nodes, with the non-root login)
     "test_guard_lab": (10, 4, False),
     "test_user_lab": (11, 4, True),
     "test_slurm_lab": (12, 4, False),
+    "test_straggler_lab": (13, 5, False),
 }
 
 

@@ -45,7 +45,7 @@ from ansible.utils.display import Display
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import status
-from ansible_collections.torchfleet.fleet.plugins.module_utils.run import exits, flight, rundir, runstate, watch
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import exits, flight, rundir, runstate, straggle, watch
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.watch import ACTION_SPEC
 
 display = Display()
@@ -68,13 +68,13 @@ def start_failures(starts):
 
 @functools.lru_cache(maxsize=1)
 def _loader():
-    """The part of every look's program that loads defaults, flight, rundir, runstate and watch under
+    """The part of every look's program that loads defaults, exits, straggle, flight, rundir, runstate and watch under
     their one module name (ansible_collections.torchfleet.fleet.plugins.module_utils.X), as
     AnsiballZ would, from their source read and quoted once per worker, not at every look. This is the
     project's one import bootstrap: a look is a bare interpreter start on the master, ten
     times cheaper than an AnsiballZ module's, and the host has no collection installed."""
     sources = {}
-    for module in (defaults, exits, flight, rundir, runstate, watch):
+    for module in (defaults, exits, straggle, flight, rundir, runstate, watch):
         with open(module.__file__) as f:
             sources[module.__name__] = f.read()
     return "\n".join([
@@ -183,6 +183,7 @@ class ActionModule(ActionBase):
         settle_s = a["settle_s"] if a["settle_s"] is not None else defaults.watch_settle_s(
             a["lost_after_s"])
         good, shown, decided_at, look, failure, record = begin, 0.0, None, {}, None, None
+        said = float("-inf")  # when stragglers were last named
         parent = os.getppid()  # ansible-playbook: a new parent says it is gone
         while failure is None:
             if os.getppid() != parent:
@@ -250,6 +251,10 @@ class ActionModule(ActionBase):
                 if elapsed - shown >= every_s or summary["phase"] != "running":
                     shown = elapsed
                     display.display(progress_text(summary))
+                if summary.get("stragglers") and elapsed - said >= defaults.STRAGGLER_SAY_S:
+                    said = elapsed
+                    for words in summary["stragglers"][:3]:
+                        display.display("  straggler: %s" % words)
                 if summary["phase"] != "running":
                     decided_at = decided_at or time.monotonic()
                     if summary["final"] or time.monotonic() - decided_at > settle_s:

@@ -96,6 +96,18 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
     (("slurm_drain", "bool", False), dict(description=(
         "On a Slurm allocation, drain a host with a fatal hardware cause with scontrol (where "
         "the controller's user may)."))),
+    (("straggler_window_s", "int", 30), dict(description=(
+        "Stragglers are judged over the sampled collectives of this many seconds (from each "
+        "rank's Flight Recorder); with straggler_action=restart, a host that stays one this "
+        "long ends the attempt."))),
+    (("straggler_threshold", "float", 0.05), dict(description=(
+        "A rank last to arrive at half the sampled collectives or more is a straggler when the "
+        "others wait for it at least this fraction of the interval between collectives "
+        "(median)."))),
+    (("straggler_action", "str", "warn"), dict(choices=("warn", "restart"), description=(
+        "warn names a straggler in status, progress and the report; restart also ends the "
+        "attempt (run.straggler) and starts the run again without its host (max_restarts, "
+        "spares)."))),
     (("job_timeout_s", "int", 86400), dict(description="The longest a run may take.")),
     (("lease_s", "int", 120), dict(description=(
         "The controller's lease: a run the controller has not looked at for this long "
@@ -239,6 +251,11 @@ PERF_PER_HOST_S = 0.75  # plus this per host of a fork batch (SSH, module transf
 #                         import, one host after another on a small controller)
 PERF_LATE_S = 0.5       # a CPU measurement that started later than this is not compared
 PERF_TIMEOUT_S = 120.0  # health=full: the longest one device's measurement may take
+STRAGGLE_SAMPLE_S = 5.0  # a rank samples its recorder for stragglers at most this often,
+STRAGGLE_BUDGET = 0.005  # and its dumps take at most this share of its time (they hold the GIL)
+STRAGGLE_EVAL_S = 5.0   # the master judges stragglers this often
+STRAGGLER_SAY_S = 60.0  # the controller's progress names a straggler at most this often
+PING_S = 5.0            # the master measures each host's clock offset this often (a round trip)
 
 
 def master_settle_s(abort_grace_s=ABORT_GRACE_S, hang=False):

@@ -193,6 +193,24 @@ options:
       file followed like C(tail -F) holding kmsg records or plain lines.
     type: str
     default: /dev/kmsg
+  straggler_window_s:
+    description: On the master, stragglers are judged over the sampled collectives of this
+      many seconds; with O(straggler_action=restart) a host that stays one this long ends
+      the attempt.
+    type: int
+    default: 30
+  straggler_threshold:
+    description: A rank last to arrive at half the sampled collectives or more is a
+      straggler when the others wait for it at least this fraction of the median interval
+      between collectives.
+    type: float
+    default: 0.05
+  straggler_action:
+    description: C(warn) names stragglers in the record; C(restart) also fails the attempt
+      (C(run.straggler)) once a host stays one for O(straggler_window_s).
+    type: str
+    choices: [warn, restart]
+    default: warn
   rdma_sysfs:
     description: Where the host's RDMA devices are listed (sysfs layout); each port's state
       and link counters are watched during the run.
@@ -298,6 +316,10 @@ ARGUMENT_SPEC = dict(
     flight_recorder=dict(type="int", default=defaults.default("flight_recorder")),
     kernel_log=dict(type="str", default=defaults.default("kernel_log")),
     rdma_sysfs=dict(type="str", default=defaults.default("rdma_sysfs")),
+    straggler_window_s=dict(type="int", default=defaults.default("straggler_window_s")),
+    straggler_threshold=dict(type="float", default=defaults.default("straggler_threshold")),
+    straggler_action=dict(type="str", default=defaults.default("straggler_action"),
+                          choices=["warn", "restart"]),
 )
 
 

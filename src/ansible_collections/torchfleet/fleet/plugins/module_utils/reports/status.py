@@ -8,6 +8,7 @@ garbled field reads as unknown, and nothing raises).
 """
 from __future__ import annotations
 
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import straggle
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import failure_text
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.table import render
 
@@ -24,7 +25,8 @@ def _text(value, limit=LINE_MAX):
 
 
 def view(record, now, attempt=0):
-    """{run_id, phase, final, attempt, elapsed_s, failure (words), hosts: [{host, state,
+    """{run_id, phase, final, attempt, elapsed_s, failure (words), stragglers (words; or why
+    none are watched), hosts: [{host, state,
     ranks_alive, last_line, last_heard_s, hardware}]} of a record read at `now` (the master's
     clock); hardware: how many events the host reported and the newest in words."""
     record = record if isinstance(record, dict) else {}
@@ -54,8 +56,16 @@ def view(record, now, attempt=0):
             or "unknown", "final": record.get("final") is True, "attempt": attempt,
             "elapsed_s": round(now - started, 1) if now is not None and started is not None
             else None,
-            "failure": words,
+            "failure": words, "stragglers": stragglers(record),
             "hosts": hosts}
+
+
+def stragglers(record):
+    """The stragglers of the master's last judgement in words; or why none are watched."""
+    watch = record.get("straggle")
+    if isinstance(watch, dict) and watch.get("watched") is False:
+        return ["not watched: the Flight Recorder is off (flight_recorder=0)"]
+    return [straggle.words(s) for s in straggle.read(record.get("stragglers")) if s["active"]]
 
 
 def hardware_by_host(events):
@@ -79,6 +89,8 @@ def text(v):
         v["run_id"], v["phase"], " (final)" if v["final"] else "", v["attempt"], elapsed)
     if v["failure"]:
         head += "\nfirst failure: %s" % v["failure"]
+    for words in v["stragglers"]:
+        head += "\nstraggler%s: %s" % ("s" if words.startswith("not watched") else "", words)
     rows = [(h["host"], h["state"], h["ranks_alive"],
              "-" if h["last_heard_s"] is None else "%.0f s ago" % h["last_heard_s"],
              h["hardware"] or "-", h["last_line"]) for h in v["hosts"]]

@@ -13,17 +13,18 @@ import itertools
 import os
 import re
 import statistics
+import time
 
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import kmsg, nccl_log
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import fabric, isolate
-from ansible_collections.torchfleet.fleet.plugins.module_utils.run import flight
-from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import WARNING, check, failed
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import flight, straggle
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import ERROR, WARNING, check, failed
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.report import point_link, prune_runs, verdict, write_report
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import (
     STACK_DUMP, TORCHRUN_LOG, failed_ranks, read_json, tail)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import (
-    CONTROLLER_LOST, HANG, HARDWARE, HW_REASONS, LOST, STATE_FILE, STOPPED_BY_USER,
+    CONTROLLER_LOST, HANG, HARDWARE, HW_REASONS, LOST, STATE_FILE, STOPPED_BY_USER, STRAGGLER,
     SUCCEEDED, TIMEOUT, UNKNOWN, collective_words, drains, failure_text, host_rows)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.table import render, spread, spread_of
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
@@ -179,7 +180,8 @@ def first_failure(record, run_dir, lines):
         return None
     host, local_rank = failure.get("host"), failure.get("local_rank")
     found = failure.get("collective")
-    extra = "" if failure.get("stalled") else collective_words(failure)
+    extra = "" if failure.get("stalled") or failure["reason"] == STRAGGLER \
+        else collective_words(failure)
     reason = failure.get("detail") or failure["reason"]
     whole = failure["reason"] in HW_REASONS  # its words name the host themselves
     if whole:
@@ -252,6 +254,34 @@ def hardware_checks(record, hosts):
             checks.append(check("host.kmsg", host, False, watch["kmsg_error"], kmsg.FIX,
                                 severity=WARNING))
     return {"checks": checks, "drain": drain, "hardware": events}
+
+
+def straggler_checks(record, hosts):
+    """What the record's stragglers say: run.straggler per host (a warning; an error when one
+    ended the attempt, straggler_action=restart), and `stragglers` as train.json carries them
+    (first_seen and last_seen in ISO 8601 UTC). Returns {"checks", "stragglers", "straggle"}."""
+    found = [s for s in straggle.read(record.get("stragglers")) if s["host"] in hosts]
+    ended = {f.get("host") for f in record.get("failures") or []
+             if isinstance(f, dict) and f.get("reason") == STRAGGLER}
+    checks = [check("run.straggler", s["host"], False, straggle.words(s),
+                    "look at %s's GPUs (clocks, thermals), CPU load and NIC rate; with "
+                    "straggler_action=restart and a spare the run goes on without it"
+                    % s["host"], severity=ERROR if s["host"] in ended else WARNING)
+              for s in found]
+    watch = record.get("straggle") if isinstance(record.get("straggle"), dict) else {}
+    started, updated = (straggle._num(record.get(k)) for k in ("started", "updated"))
+    return {"checks": checks, "straggle": {"watched": watch.get("watched") is not False,
+                                           "signal": str(watch.get("signal") or "")[:16],
+                                           "started": _iso(started), "ended": _iso(updated)},
+            "stragglers": [{"host": s["host"], "ranks": s["ranks"],
+                            "share_last": s["share_last"],
+                            "late_ms_median": s["late_ms_median"],
+                            "first_seen": _iso(s["first_seen"]),
+                            "last_seen": _iso(s["last_seen"])} for s in found]}
+
+
+def _iso(at):
+    return None if at is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
 
 
 def host_transport(run_dir, host):
@@ -447,6 +477,8 @@ def decide(params):
                          "logs": os.path.join(logs_dir, "logs", host)})
     hardware = hardware_checks(record, hosts)
     checks.extend(hardware.pop("checks"))
+    slow = straggler_checks(record, hosts)
+    checks.extend(slow.pop("checks"))
     settings = params["settings"]
     if boolean(settings.get("transport_check", False), strict=False) and logs_dir:
         seen = {h: host_transport(logs_dir, h) for h in hosts}
@@ -505,7 +537,7 @@ def decide(params):
         hardware["drain"] = list(drained.values())
     sentence = verdict(kind, checks, failure, extra.get("attempts", []))
     rank_rows = rank_states(rows_out, results, logs_dir, nproc)
-    extra.update(hardware)
+    extra.update(hardware, **slow)
     report = dict(ok=not bad, kind=kind, run_id=params["run_id"], world_size=world,
                   phase=record.get("phase"), hosts=rows_out, ranks=rank_rows, checks=checks,
                   first_failure=failure, verdict=sentence, settings=params["settings"], **extra)

@@ -32,7 +32,7 @@ import subprocess
 import time
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import hwwatch
-from ansible_collections.torchfleet.fleet.plugins.module_utils.run import exits, flight, guard, procs, runstate, stacks
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import exits, flight, guard, procs, runstate, stacks, straggle
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.control import Client, Server
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.procs import HOST_ENV, RUN_ID_ENV, stop_run
@@ -189,6 +189,7 @@ class HostAgent:
         self.stack_facts = stacks.attach_facts(p["python"])
         self.recording = p["flight_recorder"] > 0
         self.first_dead = {} if self.recording else None  # rank -> when first seen dead
+        self.samples = straggle.Reader() if self.recording else None  # for stragglers
         self.deaths = RankDeaths()
 
     def step(self, now_m):
@@ -204,8 +205,9 @@ class HostAgent:
             status = local_status(self.p["run_dir"], self.proc.pid,
                                   first_dead=self.first_dead)
             self.most_workers = max(self.most_workers, status["alive"])
+            fr = self.samples.take(rank_dirs(self.p["run_dir"]), now_m) if self.samples else {}
             self.send(dict(status, t=runstate.BEAT, hw=self.watch.take(now_m),
-                           watch=self.watch.status()))
+                           watch=self.watch.status(), **({"fr": fr} if fr else {})))
         if rc is None and self.stop_at is not None and now_m >= self.stop_at:
             self._stop()
             rc = self.proc.poll()
@@ -217,6 +219,8 @@ class HostAgent:
 
     def obey(self, message):
         kind = message.get("t")
+        if "ping" in message:  # the master measures this host's clock: answered at once
+            self.send({"t": runstate.PONG, "echo": message["ping"], "at": time.time()})
         if kind in (runstate.ACK, runstate.ABORT) and self.exit_sent:
             self.exit_acked = True  # the master has heard how this host's torchrun ended
         # A torchrun that already ended is not stopped: its own exit stands.
@@ -347,7 +351,10 @@ class MasterStore:
             self.abort_everyone()
         if self.state.failure is not None and host != self.p["host"]:
             return self.abort_message()
-        return {"t": runstate.ACK, "phase": self.state.phase}
+        reply = {"t": runstate.ACK, "phase": self.state.phase}
+        ping = self.state.straggle.offsets.ping(host, self.clock()) \
+            if body.get("t") == runstate.BEAT and host != self.p["host"] else None
+        return reply if ping is None else dict(reply, ping=ping)
 
     def closed(self, host):
         self.state.closed(host, self.clock())
@@ -367,6 +374,9 @@ class MasterStore:
     def step(self, now_m):
         self.server.step(self.t.LOOK_S, self.handle, self.closed)
         now = self.clock()
+        if self.state.straggle.offsets.ping(self.p["host"], now) is not None:
+            # This host's own clock against the record's, measured without a trip.
+            self.state.straggle.offsets.measured(self.p["host"], time.time() - self.clock(), 0.0)
         if now_m >= self.next_file_look:
             self.next_file_look = now_m + self.t.BEAT_S
             self._read_start_failures(now)
@@ -603,7 +613,10 @@ def run(p, command):
             state = runstate.RunState(
                 p["run_id"], p["hosts"] or [p["host"]], p["nproc_per_node"], now=clock(),
                 join_timeout_s=p["join_timeout_s"], lost_after_s=p["lost_after_s"],
-                hang_timeout_s=p["hang_timeout_s"], job_timeout_s=p["job_timeout_s"])
+                hang_timeout_s=p["hang_timeout_s"], job_timeout_s=p["job_timeout_s"],
+                straggler_window_s=p["straggler_window_s"],
+                straggler_threshold=p["straggler_threshold"],
+                straggler_action=p["straggler_action"], recording=p["flight_recorder"] > 0)
             try:
                 server = bind_control(p["master_addr"], p["control_port"], secret,
                                       p["host_addrs"], p["hosts"] or [p["host"]])

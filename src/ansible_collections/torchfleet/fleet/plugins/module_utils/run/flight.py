@@ -31,11 +31,15 @@ import json
 import os
 import time
 
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import straggle
+
 POSITION = "fr_position.json"
 TRIGGER = "_fr_dump"       # in the host's run directory: the agent asks every rank to dump
 DUMP_PREFIX = "fr_trace_rank_"
 ENV_BUFFER = "TORCH_FR_BUFFER_SIZE"  # torch's own (TORCH_NCCL_TRACE_BUFFER_SIZE is its old name)
 ENV_TRIGGER = "TORCHFLEET_FR_TRIGGER"
+ENV_SAMPLE = "TORCHFLEET_FR_SAMPLE"
 
 # A position is one moment's when it held still this long (the watcher writes each second).
 STEADY_S = 3.0
@@ -71,6 +75,33 @@ def _torchfleet_pgs(status_dumps, entry_dumps):
     return pgs
 
 
+def _torchfleet_samples(entries, after, n_max):
+    """torchfleet: the rows to write for stragglers (straggle.py) from the recorder's entries:
+    ([[group, seq, time_created_ns, duration_ms or -1], ...] of the newest n_max sampled
+    collectives past `after` ({group: seq}), after updated). gloo's every collective (its
+    call time); NCCL's once timed (duration_ms: TORCH_NCCL_ENABLE_TIMING=1). Sampled: the
+    collectives whose seq hashes into the top 2^-j, j the least that keeps them to n_max (the
+    same seqs on every rank: straggle.sampled)."""
+    fresh = []
+    for e in entries:
+        name, dur = str(e.get("profiling_name") or ""), e.get("duration_ms")
+        timed = isinstance(dur, (int, float)) and not isinstance(dur, bool) and dur >= 0
+        if e.get("is_p2p") or not (name.startswith("gloo:") or name.startswith("nccl:")
+                                   and timed):
+            continue
+        pg, seq = str(e.get("pg_id")), int(e.get("collective_seq_id") or 0)
+        if seq > after.get(pg, -1):
+            fresh.append([pg, seq, int(e.get("time_created_ns") or 0),
+                          float(dur) if timed else -1.0])
+    for pg, seq, _t, _d in fresh:
+        after[pg] = max(after.get(pg, -1), seq)
+    j = 0
+    while len(fresh) >> j > n_max and j < 32:
+        j += 1
+    rows = [r for r in fresh if j == 0 or ((r[1] * 2654435761) & 0xFFFFFFFF) >> (32 - j) == 0]
+    return sorted(rows, key=lambda r: (r[1], r[0]))[-n_max:], after
+
+
 def _torchfleet_flight():
     """torchfleet: this rank's place in its collectives, from torch's Flight Recorder, each
     second to fr_position.json beside its logs; the whole recording when the agent asks."""
@@ -86,7 +117,11 @@ def _torchfleet_flight():
     if not err or rank is None or not trigger:
         return
     here, pid = os.path.dirname(err), os.getpid()
-    seen = {"pgs": None, "detailed": None, "dumped": False}
+    seen = {"pgs": None, "detailed": None, "dumped": False, "after": {}, "next": 0.0}
+    try:  # stragglers: "period,budget,rows" (straggle.py), or unset: off
+        period, budget, n_max = (float(v) for v in os.environ["TORCHFLEET_FR_SAMPLE"].split(","))
+    except (KeyError, ValueError):
+        period = budget = n_max = 0.0
     dumping = threading.Lock()
 
     def recorder():
@@ -145,10 +180,34 @@ def _torchfleet_flight():
                 except Exception:
                     pass
 
+    def sample(c10d):
+        # For stragglers: the recorder's entries (a pickled dump, which costs about half of
+        # the JSON one: 2000 entries took 33 ms on a CPU host, the GIL held), no more often
+        # than its cost allows: its CPU time, so that a host whose CPU is capped still samples.
+        import pickle
+        began = time.thread_time()
+        entries = []
+        for name in ("_dump_nccl_trace", "_dump_fr_trace"):
+            dump = getattr(c10d, name, None)
+            if dump is not None:
+                try:
+                    entries = pickle.loads(dump(includeCollectives=True,
+                                                includeStackTraces=False))["entries"]
+                    break
+                except Exception:
+                    pass
+        rows, seen["after"] = _torchfleet_samples(entries, seen["after"], int(n_max))
+        if rows:
+            write("fr_sample.json", json.dumps({"rank": int(rank), "rows": rows}).encode())
+        cost = time.thread_time() - began
+        seen["next"] = time.monotonic() + max(period, cost / budget)
+
     def once():
         c10d = recorder()
         if c10d is None:
             return
+        if period > 0 and budget > 0 and time.monotonic() >= seen["next"]:
+            sample(c10d)
         plain = look(c10d, False)
         pending = any(v[0] > v[1] for v in plain.values())
         if plain == seen["pgs"] and pending and seen["detailed"] != plain:
@@ -197,6 +256,12 @@ def rank_env(entries, run_dir):
     group's creation); NCCL's own dump on a collective's timeout goes beside the watcher's."""
     env = {ENV_BUFFER: str(int(entries))}
     if entries:
+        # Stragglers (straggle.py): each rank samples its recorder; NCCL times its collectives
+        # on the GPU (about 15 us more per collective, measured on an H200; the user's
+        # TORCH_NCCL_ENABLE_TIMING=0 wins, and NCCL's stragglers are then not watched).
+        env.update({ENV_SAMPLE: "%g,%g,%d" % (defaults.STRAGGLE_SAMPLE_S, defaults.STRAGGLE_BUDGET,
+                                              straggle.SAMPLE_MAX),
+                    "TORCH_NCCL_ENABLE_TIMING": "1"})
         env.update({ENV_TRIGGER: os.path.join(run_dir, TRIGGER),
                     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
                     "TORCH_FR_DUMP_TEMP_FILE": os.path.join(run_dir, "logs", "nccl_" + DUMP_PREFIX)})

@@ -3,8 +3,8 @@ one place that decides it. How the attempt ended is not decided here: the master
 (runstate.py) judged that; this reads its first failure and the re-check's choice.
 
 A restart answers a failure a host explains: a host lost during the run, whose start failed,
-that the gather could not reach or that had a fatal hardware event (left out of every later
-attempt, whatever the first failure names), a rank that never joined the collective the
+that the gather could not reach, that had a fatal hardware event or that stayed a straggler
+(straggler_action=restart) (left out of every later attempt, whatever the first failure names), a rank that never joined the collective the
 others died in (its host stays a candidate unless its re-check fails), or a rank's death on a
 host that then fails its re-check.
 A failure no host explains (a rank's error on a host that passes its re-check, a hang, the
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import read_json
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import (
-    CONTROLLER_LOST, FAILED, HARDWARE, LOST, NOT_STARTED, OOM, STOPPED_BY_USER, SUCCEEDED)
+    CONTROLLER_LOST, FAILED, HARDWARE, LOST, NOT_STARTED, OOM, STOPPED_BY_USER, STRAGGLER,
+    SUCCEEDED)
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
 RESTART_ON = ("host", "any")
@@ -27,7 +28,7 @@ RESTART_ON = ("host", "any")
 MAX_RESTARTS = 5
 # The words a failure's reason has in the verdict ("node2 host.lost, replaced by node4").
 CAUSE_ID = {LOST: "host.lost", NOT_STARTED: "host.not_started", FAILED: "run.exit",
-            HARDWARE: "run.hardware", OOM: "run.oom"}
+            HARDWARE: "run.hardware", OOM: "run.oom", STRAGGLER: "run.straggler"}
 
 
 def _text(failure, key):
@@ -40,12 +41,12 @@ def _text(failure, key):
 def _left_out(record, unreachable):
     """{host: why} of the hosts no later attempt may use: lost or never started (the record's
     own failures of theirs, not consequences), with a fatal hardware event (even one after the
-    first failure), or unreachable when the attempt was stopped and gathered."""
+    first failure), a straggler that ended the attempt, or unreachable when the attempt was stopped and gathered."""
     out = {}
     for f in record.get("failures") if isinstance(record.get("failures"), list) else []:
         host, reason = _text(f, "host"), _text(f, "reason")
         if host and (reason in (LOST, NOT_STARTED) and not f.get("consequence")
-                     or reason == HARDWARE):
+                     or reason in (HARDWARE, STRAGGLER)):
             out.setdefault(host, CAUSE_ID[reason])
     for host in unreachable:
         out.setdefault(host, "host.unreachable")

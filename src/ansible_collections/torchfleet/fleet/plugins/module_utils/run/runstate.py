@@ -26,7 +26,8 @@ collective.json), the Python API, the CLI and the HTML report read that copy:
 
     {"run_id", "phase", "started", "updated", "final", "nnodes", "nproc_per_node",
      "failure": null | FAILURE, "failures": [FAILURE, ...], "channel": {"refused": {...}},
-     "events": [EVENT, ...],
+     "events": [EVENT, ...], "stragglers": [STRAGGLER, ...],
+     "straggle": {"watched", "signal": "durations" | "calls" | "", "collectives", "window_s"},
      "hosts": [{"host", "node_rank", "ranks": [first, last], "state", "rc", "alive",
                 "progress_ts", "ranks_at", "last_line", "last_seen", "pid", "elapsed_s",
                 "watch": {"kmsg", "kmsg_error", "gpu", "dropped"}, "events": count}]}
@@ -36,10 +37,17 @@ collective.json), the Python API, the CLI and the HTML report read that copy:
                never joined), "late", "in_hang", "died" (a hardware cause's)}
     EVENT = {"host", "source", "kind", "code", "gpu", "pci_bus", "rank", "pid", "fatal",
              "what", "line", "at"}
+    STRAGGLER = {"host", "ranks", "share_last", "late_ms_median", "interval_ms", "first_seen",
+                 "last_seen", "active"} (times on the master's clock; active: named at the
+                 last judgement)
 
 A host's hardware events (hwwatch.py) come in its heartbeats: a fatal one is a cause
 (`hardware`), the OOM killer ending one of its ranks too (`oom`); how they are ordered against
 the other failures is _judged's.
+
+Stragglers are judged here too, from the ranks' sampled collectives (straggle.py): named in
+the record while the run goes on; with straggler_action=restart a host that stays one for
+straggler_window_s is a failure (`straggler`), which the restart answers like a lost host.
 
 A hang is also decided from where the ranks are in their collectives (flight.py), when every
 rank reports it: no rank's collective advanced for hang_timeout_s while some rank waits in
@@ -48,7 +56,7 @@ the finding of flight.finding() (`collective`): the collective where the ranks d
 ranks that never joined it or called another; a rank that died waiting in a collective that
 another rank never joined is a consequence of that.
 
-Only the standard library, defaults.py, exits.py and flight.py: it runs inside the agent on every host, and in
+Only the standard library, defaults.py, exits.py, flight.py and straggle.py: it runs inside the agent on every host, and in
 the watch's look.
 """
 from __future__ import annotations
@@ -57,7 +65,7 @@ import re
 import time
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
-from ansible_collections.torchfleet.fleet.plugins.module_utils.run import exits, flight
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import exits, flight, straggle
 
 # The controller's copy of the master's record (the host's files: rundir.py).
 STATE_FILE = "run_state.json"
@@ -75,6 +83,7 @@ CONTROLLER_LOST = "controller_lost"  # the controller stopped watching (lease ra
 STOPPED_BY_USER = "stopped_by_user"  # Ctrl-C, SIGTERM or SIGHUP to the controller, stop.yml
 HARDWARE = "hardware"        # a fatal hardware event on a host (run.hardware)
 OOM = "oom"                  # the kernel's OOM killer ended a rank (run.oom)
+STRAGGLER = "straggler"      # a host stayed a straggler (run.straggler, straggler_action=restart)
 HW_REASONS = (HARDWARE, OOM)
 RUN_WIDE = (HANG, TIMEOUT, CONTROLLER_LOST, STOPPED_BY_USER)  # failures of the run, not a host's
 
@@ -91,14 +100,16 @@ DONE = (EXITED, STOPPED, HOST_LOST)
 ABORTED = "aborted"      # stopped, or its ranks died, because the run failed elsewhere
 OUTCOMES = (SUCCEEDED, FAILED, HANG, LOST, TIMEOUT, ABORTED, RUNNING, UNKNOWN)
 # The outcome of a host whose own failure is the given reason.
-_OWN_OUTCOME = {FAILED: FAILED, NOT_STARTED: FAILED, LOST: LOST, HARDWARE: FAILED, OOM: FAILED}
+_OWN_OUTCOME = {FAILED: FAILED, NOT_STARTED: FAILED, LOST: LOST, HARDWARE: FAILED, OOM: FAILED,
+                STRAGGLER: FAILED}
 # How a run that ended in a phase ended, in the same words (the watch's `outcome`).
 PHASE_OUTCOME = {SUCCEEDED: SUCCEEDED, FAILED: FAILED, NOT_STARTED: FAILED, HANG: HANG,
                  LOST: LOST, TIMEOUT: TIMEOUT, CONTROLLER_LOST: ABORTED, STOPPED_BY_USER: ABORTED,
-                 HARDWARE: FAILED, OOM: FAILED}
+                 HARDWARE: FAILED, OOM: FAILED, STRAGGLER: FAILED}
 
 # Message kinds on the control channel.
 HELLO, BEAT, EXIT, NOT_STARTED_MSG = "hello", "beat", "exit", "not_started"  # agent -> master
+PONG = "pong"  # agent -> master: the answer to a ping (an ACK's, for the host's clock offset)
 ACK, ABORT = "ack", "abort"                                                  # master -> agent
 
 LINE_MAX = 300
@@ -169,7 +180,10 @@ def message(body):
                 "idle_s": _number(body.get("idle_s")), "pid": _int(body.get("pid")),
                 "last_line": _text(body.get("last_line"), LINE_MAX), "coll": body.get("coll"),
                 "steady": body.get("steady"), "hw": events(body.get("hw")),
-                "watch": watch_status(body.get("watch")) if "watch" in body else None}
+                "watch": watch_status(body.get("watch")) if "watch" in body else None,
+                "fr": body.get("fr")}
+    if kind == PONG:
+        return {"t": PONG, "echo": _number(body.get("echo")), "at": _number(body.get("at"))}
     if kind == EXIT:
         cause = body.get("root_cause")
         if isinstance(cause, dict) and all(_int(cause.get(k)) is not None
@@ -308,7 +322,9 @@ def master_lost(record, master, detail):
         state.hosts[master]["state"] = HOST_LOST
         state.fail(master, LOST, at, detail, at=at)
     state.final = True
-    return state.record()
+    out = state.record()
+    out.update(stragglers=record.get("stragglers") or [], straggle=record.get("straggle"))
+    return out
 
 
 def _judged(f):
@@ -328,7 +344,10 @@ class RunState:
                  join_timeout_s=defaults.JOIN_BASE_S,
                  lost_after_s=defaults.default("lost_after_s"),
                  hang_timeout_s=defaults.default("hang_timeout_s"),
-                 job_timeout_s=defaults.default("job_timeout_s")):
+                 job_timeout_s=defaults.default("job_timeout_s"),
+                 straggler_window_s=defaults.default("straggler_window_s"),
+                 straggler_threshold=defaults.default("straggler_threshold"),
+                 straggler_action=defaults.default("straggler_action"), recording=True):
         self.run_id, self.nproc = run_id, int(nproc_per_node)
         self.started = time.time() if now is None else now
         self.updated = self.started
@@ -347,6 +366,11 @@ class RunState:
                       for i, h in enumerate(self.order)}
         self.closed_at = {}  # host -> when its connection closed without an exit
         self.events = []     # every host's hardware events (hwwatch.py), dated on this clock
+        # Stragglers (straggle.py), from the ranks' Flight Recorders: named, and with
+        # straggler_action=restart, failed here once one stays for its window.
+        self.straggle = straggle.Judge({h: tuple(r["ranks"]) for h, r in self.hosts.items()},
+                                       straggler_window_s, straggler_threshold, recording)
+        self.straggler_action = straggler_action
 
     # -- what the agents report -------------------------------------------------------------
 
@@ -362,6 +386,12 @@ class RunState:
             if msg["watch"] is not None and self.hosts[host]["state"] not in DONE:
                 self.hosts[host]["watch"] = msg["watch"]
             made = self.hardware(host, now, msg["hw"])
+        if msg["t"] == BEAT and msg["fr"] and self.phase == RUNNING:
+            self.straggle.add(host, now, straggle.clean(
+                msg["fr"], range(self.hosts[host]["ranks"][0], self.hosts[host]["ranks"][1] + 1)))
+        if msg["t"] == PONG:
+            self.straggle.offsets.pong(host, msg["echo"], msg["at"], now)
+            return None
         if msg["t"] == BEAT:
             return self.beat(host, now, msg["alive"], msg["idle_s"], msg["last_line"],
                              msg["pid"]) or made
@@ -581,7 +611,21 @@ class RunState:
         if elapsed > self.job_timeout_s:
             return self.fail(None, TIMEOUT, now, "still running after job_timeout_s=%.0f"
                              % self.job_timeout_s)
-        return None
+        return self.stragglers(now)
+
+    def stragglers(self, now):
+        """Judge the stragglers each STRAGGLE_EVAL_S; with straggler_action=restart, the first
+        host named without a break for straggler_window_s ends the attempt (its restart leaves
+        the host out, as a lost one)."""
+        if not self.straggle.watched or not self.straggle.due(now):
+            return None
+        self.straggle.judge(now)
+        stayed = self.straggle.stayed(now) if self.straggler_action == "restart" else None
+        if stayed is None:
+            return None
+        return self.fail(stayed["host"], STRAGGLER, now, "a straggler for %.0f s "
+                         "(straggler_window_s, straggler_action=restart): %s"
+                         % (now - stayed["since"], straggle.words(stayed)))
 
     # -- the judge ----------------------------------------------------------------------------
 
@@ -678,11 +722,13 @@ class RunState:
     # -- what is read -------------------------------------------------------------------------
 
     def record(self):
+        stragglers, watch = self.straggle.record()
         return {"run_id": self.run_id, "phase": self.phase, "started": self.started,
                 "updated": self.updated, "final": self.final, "nnodes": len(self.order),
                 "nproc_per_node": self.nproc, "failure": self.failure,
                 "failures": self.failures, "channel": {"refused": dict(self.refused)},
-                "events": self.events, "hosts": [self.hosts[h] for h in self.order]}
+                "events": self.events, "hosts": [self.hosts[h] for h in self.order],
+                "stragglers": stragglers, "straggle": watch}
 
 
 def summary(record, now):
@@ -706,4 +752,8 @@ def summary(record, now):
         # Hardware warnings (clocks held down, a link that flapped): shown, never a failure.
         "warnings": sorted({e["host"] for e in record.get("events") or []
                             if not e.get("fatal")}),
+        # The stragglers named at the master's last judgement (straggle.py), in words.
+        "stragglers": [straggle.words(s) for s in straggle.read(record.get("stragglers"))
+                       if s["active"]],
+        "stragglers_watched": (record.get("straggle") or {}).get("watched", True),
     }

@@ -1,0 +1,385 @@
+"""Stragglers: the rank or the host every other rank waits for, from the Flight Recorder every
+rank already keeps, without touching the training script.
+
+At each collective every rank waits inside it for the last one to arrive:
+
+- with NCCL and TORCH_NCCL_ENABLE_TIMING=1 each entry's duration_ms is measured on the GPU by
+  CUDA events: the straggler's is the shortest, and the others waited the difference. No clock
+  is shared between hosts. (time_created_ns is when the CPU enqueued the collective, ahead of
+  the GPU: not the signal there.)
+- with gloo the collective runs in the calling thread: time_created_ns is when the rank called
+  it (on its host's wall clock), and the last to call is the straggler. Hosts' times are
+  compared on the master's clock only, through offsets the master measured over the control
+  channel (the midpoint of a round trip, uncertain by half of it): a difference within the
+  two hosts' uncertainties means nothing.
+
+Three parts, one per place they run:
+
+- in every rank, the WATCHER of flight.py (_torchfleet_samples) writes SAMPLE_FILE beside the
+  rank's logs: the newest of its collectives whose sequence number the hash below samples
+  (the same on every rank: 2^-j of them, nested as j grows, and never in step with periodic
+  work, as `seq % k` would be), at most defaults.STRAGGLE_SAMPLE_S apart and within
+  defaults.STRAGGLE_BUDGET of its time (a dump holds the GIL);
+- in each host's agent, Reader: the rows no beat carried yet, within HOST_BYTES_S a second;
+- on the master, Offsets (the round trips) and Judge (what the rows say over
+  straggler_window_s), owned by runstate.RunState, the run's one judge.
+
+A rank is last at a collective when it arrived later than every other by more than their
+uncertainties; the others' wait for it is the median of their distances to it. A rank last
+at SHARE_MIN of the window's complete collectives or more, whose median wait is at least
+straggler_threshold of the median interval between collectives, is a straggler; a host whose
+ranks together are (its latest rank against every other host's) is a slow host, named with
+all its ranks. Periodic work on one rank (logging, a checkpoint every N steps) makes it last at
+1/N of them: nobody is named.
+
+Only the standard library: it runs inside the agent on every host.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+
+SAMPLE_FILE = "fr_sample.json"
+SAMPLE_MAX = 32          # rows a rank writes at once
+FILE_MAX = 8 << 10
+ROW_BYTES = 48           # a row as a beat carries it, about: what HOST_BYTES_S counts
+HOST_BYTES_S = 2048      # a host's straggler rows to the master, bytes a second at most
+HOST_BURST = 16 << 10    # ... saved up at most this much
+PG_MAX = 16
+SEQ_MAX = 1 << 62
+DURATION_MAX_MS = 1e7
+SHARE_MIN = 0.5
+MIN_COLLECTIVES = 8      # complete sampled collectives in the window before anyone is named
+KEYS_MAX = 4096          # sampled collectives the master keeps
+STRAGGLERS_MAX = 16      # stragglers the record keeps
+OFFSETS_KEPT = 6         # round trips per host; the tightest counts
+NCCL_UNCERTAINTY_MS = 0.05  # GPU event timing
+CALL_FLOOR_MS = 0.5      # gloo: a call time within this of another's is not later
+
+
+def sampled(seq, j):
+    """Whether collective `seq` is one of the 2^-j sampled (Fibonacci hashing: its top j bits;
+    the rank's WATCHER has its own copy of this line)."""
+    return j <= 0 or ((seq * 2654435761) & 0xFFFFFFFF) >> (32 - j) == 0
+
+
+# -- the agent ---------------------------------------------------------------------------------
+
+def _row(value):
+    """A row [group, seq, time_created_ns, duration_ms or -1] checked, or None."""
+    if not (isinstance(value, list) and len(value) == 4):
+        return None
+    pg, seq, t_ns, dur = value
+    if not (isinstance(pg, str) and 0 < len(pg) <= PG_MAX) or not _int(seq, SEQ_MAX) \
+            or not _int(t_ns, 1 << 63):
+        return None
+    if isinstance(dur, bool) or not isinstance(dur, (int, float)) or dur != dur \
+            or not -1 <= dur < DURATION_MAX_MS:
+        return None
+    return [pg, seq, t_ns, float(dur) if dur >= 0 else -1.0]
+
+
+def _int(value, limit):
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < limit
+
+
+class Reader:
+    """This host's ranks' sampled rows not sent yet, from each rank's SAMPLE_FILE, within the
+    host's byte budget (the rows a budget cannot carry now wait for the next beat)."""
+
+    def __init__(self):
+        self.sent = {}      # (rank, group) -> newest seq sent
+        self.budget = float(HOST_BURST)
+        self.at = None
+
+    def take(self, dirs, now_m):
+        """{rank (str): [row, ...]} for a beat (dirs: {local rank: log directory})."""
+        if self.at is not None:
+            self.budget = min(HOST_BURST, self.budget + (now_m - self.at) * HOST_BYTES_S)
+        self.at = now_m
+        fresh = {}
+        for rdir in dirs.values():
+            data = _read(os.path.join(rdir, SAMPLE_FILE))
+            rank = data.get("rank") if isinstance(data, dict) else None
+            if not _int(rank, 1 << 20) or not isinstance(data.get("rows"), list):
+                continue
+            rows = [r for r in (_row(v) for v in data["rows"][:SAMPLE_MAX]) if r is not None
+                    and r[1] > self.sent.get((rank, r[0]), -1)]
+            if rows:
+                fresh[rank] = rows
+        out = {}
+        share = int(self.budget // ROW_BYTES) // max(1, len(fresh))
+        for rank, rows in sorted(fresh.items()):
+            rows = rows[-share:] if share else []
+            for r in rows:
+                self.sent[(rank, r[0])] = max(self.sent.get((rank, r[0]), -1), r[1])
+            if rows:
+                out[str(rank)] = rows
+                self.budget -= ROW_BYTES * len(rows)
+        return out
+
+
+def _read(path):
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(FILE_MAX + 1)
+        return json.loads(raw) if len(raw) <= FILE_MAX else None
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
+# -- the master --------------------------------------------------------------------------------
+
+def clean(rows, ranks):
+    """A beat's rows {rank: [row, ...]} for the host's own `ranks` only, each row checked;
+    anything else (another host's ranks, garbage) dropped."""
+    if not isinstance(rows, dict):
+        return {}
+    out = {}
+    for key, value in list(rows.items())[:len(ranks)]:
+        rank = int(key) if isinstance(key, str) and key.isdigit() and len(key) < 8 else None
+        if rank is None or rank not in ranks or not isinstance(value, list):
+            continue
+        kept = [r for r in (_row(v) for v in value[:SAMPLE_MAX]) if r is not None]
+        if kept:
+            out[rank] = kept
+    return out
+
+
+class Offsets:
+    """Each host's wall clock against the master's, from round trips over the control channel:
+    the master sends its time (ping), the host answers at once with its own (pong). offset =
+    host − master at the trip's midpoint, uncertain by half the trip; the tightest of the last
+    OFFSETS_KEPT counts (a host's clock that steps is followed within as many pings)."""
+
+    def __init__(self):
+        self.pending = {}   # host -> the ping sent, awaiting its pong
+        self.last = {}      # host -> when the last ping went
+        self.kept = {}      # host -> [(uncertainty_s, offset_s), ...]
+
+    def ping(self, host, now):
+        """The value to send `host` now, or None when one went less than PING_S ago."""
+        if now - self.last.get(host, float("-inf")) < defaults.PING_S:
+            return None
+        self.last[host] = self.pending[host] = now
+        return now
+
+    def pong(self, host, echo, at, now):
+        """A host's answer: echo must be the ping it was sent (once), at its clock then."""
+        if self.pending.get(host) != echo or not isinstance(at, float) or at != at:
+            return
+        del self.pending[host]
+        if now >= echo:
+            self.measured(host, at - (echo + now) / 2.0, (now - echo) / 2.0)
+
+    def measured(self, host, offset_s, uncertainty_s):
+        kept = self.kept.setdefault(host, [])
+        kept.append((uncertainty_s, offset_s))
+        del kept[:-OFFSETS_KEPT]
+
+    def best(self, host):
+        """(offset_s, uncertainty_s) or None before the first round trip."""
+        kept = self.kept.get(host)
+        if not kept:
+            return None
+        unc, off = min(kept)
+        return off, unc
+
+
+class Judge:
+    """The stragglers of a run, from the rows its hosts sent, over window_s."""
+
+    def __init__(self, hosts, window_s, threshold, watched=True):
+        self.hosts = hosts            # {host: (first rank, last rank)}
+        self.host_of = {}
+        for host, (first, last) in hosts.items():
+            for r in range(first, last + 1):
+                self.host_of[r] = host
+        self.window_s, self.threshold = float(window_s), float(threshold)
+        self.watched = watched
+        self.offsets = Offsets()
+        self.keys = {}                # (group, seq) -> {"seen": t, "r": {rank: (t_ms, dur, unc)}}
+        self.size = {}                # group -> most ranks seen at one of its collectives
+        self.found = {}               # (host, ranks) -> straggler, as record() shows it
+        self.signal = ""              # "durations" (NCCL) or "calls" (gloo), once seen
+        self.complete = 0             # complete collectives in the window at the last judge
+        self.next_judge = 0.0
+
+    def add(self, host, now, rows):
+        """A host's checked rows (clean()): each kept on the master's clock."""
+        offset = self.offsets.best(host)
+        for rank, found in rows.items():
+            for pg, seq, t_ns, dur in found:
+                key = self.keys.get((pg, seq))
+                if key is None:
+                    if len(self.keys) >= KEYS_MAX:
+                        del self.keys[min(self.keys, key=lambda k: self.keys[k]["seen"])]
+                    key = self.keys[(pg, seq)] = {"seen": now, "r": {}}
+                local_ms = t_ns / 1e6
+                call = None if offset is None else (local_ms - offset[0] * 1e3,
+                                                    max(offset[1] * 1e3, CALL_FLOOR_MS))
+                key["r"][rank] = (local_ms, dur if dur >= 0 else None, call)
+                self.size[pg] = max(self.size.get(pg, 0), len(key["r"]))
+
+    def due(self, now):
+        if now < self.next_judge:
+            return False
+        self.next_judge = now + defaults.STRAGGLE_EVAL_S
+        return True
+
+    def judge(self, now):
+        """Judge the window ending now; returns the stragglers named (their record entries)."""
+        for k in [k for k, v in self.keys.items() if now - v["seen"] > self.window_s]:
+            del self.keys[k]
+        figures = window(self.keys, self.size, self.host_of)
+        self.complete, self.signal = figures["complete"], figures["signal"] or self.signal
+        named = name(figures, self.host_of, self.hosts, self.threshold)
+        for s in self.found.values():
+            s["active"] = False
+        for s in named:
+            key = (s["host"], tuple(s["ranks"]))
+            old = self.found.get(key)
+            if old is None and len(self.found) >= STRAGGLERS_MAX:
+                continue
+            if old is None:
+                old = self.found[key] = dict(s, first_seen=now, since=now)
+            elif not old["was_active"]:
+                old["since"] = now
+            old.update(s, last_seen=now, active=True)
+        for s in self.found.values():
+            s["was_active"] = s["active"]
+        return [s for s in self.found.values() if s["active"]]
+
+    def stayed(self, now):
+        """The first straggler named without a break for window_s, or None."""
+        return next((s for s in self.found.values() if s["active"]
+                     and now - s["since"] >= self.window_s), None)
+
+    def record(self):
+        """(stragglers, straggle) as the record keeps them."""
+        out = [{k: s[k] for k in ("host", "ranks", "share_last", "late_ms_median",
+                                  "interval_ms", "first_seen", "last_seen", "active")}
+               for s in self.found.values()]
+        return out, {"watched": self.watched, "signal": self.signal,
+                     "collectives": self.complete, "window_s": self.window_s}
+
+
+def window(keys, size, host_of):
+    """What a window's complete collectives say: per rank and per host, how often it was last
+    and the others' waits for it; the median interval between collectives."""
+    per_rank, per_host = {}, {}
+    complete, signal = 0, ""
+    series = {}
+    for (pg, seq), key in keys.items():
+        ranks = key["r"]
+        for rank, (local_ms, _d, _c) in ranks.items():
+            series.setdefault((rank, pg), []).append((seq, local_ms))
+        if len(ranks) < max(2, size.get(pg, 0)):
+            continue
+        if all(d is not None for _t, d, _c in ranks.values()):
+            arrive = {r: (-d, NCCL_UNCERTAINTY_MS) for r, (_t, d, _c) in ranks.items()}
+            signal = "durations"
+        elif all(c is not None for _t, _d, c in ranks.values()):
+            arrive = {r: c for r, (_t, _d, c) in ranks.items()}
+            signal = signal or "calls"
+        else:
+            continue
+        complete += 1
+        _last(arrive, {r: r for r in arrive}, per_rank)
+        _last(arrive, {r: host_of.get(r) for r in arrive}, per_host)
+    gaps = []
+    for points in series.values():
+        points.sort()
+        gaps.extend((t2 - t1) / (s2 - s1) for (s1, t1), (s2, t2) in zip(points, points[1:], strict=False)
+                    if s2 > s1 and t2 >= t1)
+    return {"complete": complete, "signal": signal, "rank": per_rank, "host": per_host,
+            "interval_ms": statistics.median(gaps) if gaps else None}
+
+
+def _last(arrive, owner, tally):
+    """Count the owner (a rank, or a host: its latest rank) that arrived last at one
+    collective by more than the uncertainties, with the others' median wait for it."""
+    latest = {}
+    for r, (t, unc) in arrive.items():
+        o = owner[r]
+        if o not in latest or t > latest[o][1]:
+            latest[o] = (r, t, unc)
+    for o in latest:
+        tally.setdefault(o, {"n": 0, "last": 0, "waits": []})["n"] += 1
+    if len(latest) < 2:
+        return
+    order = sorted(latest.items(), key=lambda kv: kv[1][1])
+    (who, (_r, t, unc)), (_o2, (_r2, t2, unc2)) = order[-1], order[-2]
+    if t - t2 <= unc + unc2:
+        return
+    tally[who]["last"] += 1
+    tally[who]["waits"].append(statistics.median(t - t_o for r, (t_o, _u) in arrive.items()
+                                                 if owner[r] != who))
+
+
+def name(figures, host_of, hosts, threshold):
+    """The stragglers of a window's figures: a rank, else a slow host with all its ranks."""
+    interval = figures["interval_ms"]
+    if figures["complete"] < MIN_COLLECTIVES or not interval:
+        return []
+
+    def straggles(t):
+        return t["n"] and t["last"] / t["n"] >= SHARE_MIN \
+            and statistics.median(t["waits"]) >= threshold * interval
+
+    out, said = [], set()
+    for rank, t in sorted(figures["rank"].items()):
+        if straggles(t):
+            out.append(_entry(host_of[rank], [rank], t, interval))
+            said.add(host_of[rank])
+    for host, t in sorted(figures["host"].items(), key=lambda kv: str(kv[0])):
+        if host in hosts and host not in said and straggles(t):
+            first, last = hosts[host]
+            out.append(_entry(host, list(range(first, last + 1)), t, interval))
+    return out
+
+
+def _entry(host, ranks, t, interval):
+    return {"host": host, "ranks": ranks, "share_last": round(t["last"] / t["n"], 3),
+            "late_ms_median": round(statistics.median(t["waits"]), 3),
+            "interval_ms": round(interval, 3)}
+
+
+def span(ranks):
+    return "rank %d" % ranks[0] if len(ranks) == 1 else "ranks %d-%d" % (ranks[0], ranks[-1])
+
+
+def words(s):
+    """A straggler in one sentence: who, how often last, how long the others wait for it and
+    what share of the run's time that is."""
+    cost = s["share_last"] * s["late_ms_median"] / s["interval_ms"] if s.get("interval_ms") \
+        else None
+    return "%s (%s) last at %.0f %% of collectives, the others wait %.0f ms (median) for it%s" % (
+        s["host"], span(s["ranks"]), 100 * s["share_last"], s["late_ms_median"],
+        ": about %.0f %% of the run's time" % (100 * min(1.0, cost)) if cost is not None else "")
+
+
+def _num(value):
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and value == value and abs(value) < 1e15 else None
+
+
+def read(value):
+    """A record's `stragglers` as read from another host: only well-formed entries, bounded
+    (what status, the progress and the report show)."""
+    out = []
+    for s in value[:STRAGGLERS_MAX] if isinstance(value, list) else []:
+        if not isinstance(s, dict) or not isinstance(s.get("host"), str):
+            continue
+        ranks = s.get("ranks")
+        nums = {k: _num(s.get(k)) for k in ("share_last", "late_ms_median", "interval_ms",
+                                             "first_seen", "last_seen")}
+        if not (isinstance(ranks, list) and 0 < len(ranks) <= 4096 and all(
+                isinstance(r, int) and not isinstance(r, bool) for r in ranks)) \
+                or None in (nums["share_last"], nums["late_ms_median"]):
+            continue
+        out.append(dict(nums, host=s["host"][:255], ranks=ranks, active=s.get("active") is True))
+    return out

@@ -1,0 +1,324 @@
+"""Stragglers (run/straggle.py, the WATCHER's sampling in run/flight.py, and the judge in
+run/runstate.py), on recorded Flight Recorder dumps:
+
+- gloo: tests/fixtures/flight/gloo_2.13_rank1_late_rank{0,1}.json, recorded here (README
+  there): rank 1 called every all_reduce 40 ms late, rank 0 was 60 ms late every 10th step;
+- NCCL: the fields of the entries recorded on an H200 with TORCH_NCCL_ENABLE_TIMING=1
+  (../shared/recorded/h200-1gpu/flight/nccl_fr_frtiming.json, one rank), each rank's
+  duration_ms set here: no machine here has a GPU, and the recording has one rank.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import random
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import status, summary
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.report import verdict
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import flight, restart, runstate, straggle
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "flight"
+H200 = ROOT.parent / "shared" / "recorded" / "h200-1gpu" / "flight" / "nccl_fr_frtiming.json"
+
+
+def watcher():
+    namespace: dict = {}
+    exec(compile(flight.WATCHER.replace("\n_torchfleet_flight()\n", "\n"), "sitecustomize.py",
+                 "exec"), namespace)
+    return namespace["_torchfleet_samples"]
+
+
+SAMPLES = watcher()
+
+
+def judge(hosts, window_s=30.0, threshold=0.05):
+    j = straggle.Judge(hosts, window_s, threshold)
+    for host in hosts:
+        j.offsets.measured(host, 0.0, 0.0002)
+    return j
+
+
+def rows_of(entries, n_max=straggle.SAMPLE_MAX):
+    return SAMPLES(entries, {}, n_max)[0]
+
+
+def test_the_recorded_gloo_dumps_name_the_rank_that_called_late_and_not_the_periodic_one():
+    j = judge({"node0": (0, 0), "node1": (1, 1)})
+    for rank in (0, 1):
+        entries = json.loads((FIXTURES / ("gloo_2.13_rank1_late_rank%d.json" % rank))
+                             .read_text())["entries"]
+        j.add("node%d" % rank, 100.0, straggle.clean({str(rank): rows_of(entries)}, range(rank, rank + 1)))
+    named = j.judge(100.0)
+    assert [(s["host"], s["ranks"]) for s in named] == [("node1", [1])]
+    s = named[0]
+    assert s["share_last"] >= 0.8  # rank 0's periodic sleep made it last at 1 in 10 at most
+    assert 25 <= s["late_ms_median"] <= 60  # the 40 ms it slept more, on a loaded machine
+    assert s["interval_ms"] > s["late_ms_median"]
+    assert "node1 (rank 1) last at" in straggle.words(s)
+
+
+def nccl_entries(durations, start_ns=1795727729990880906, every_ns=20_000_000, seq0=22100):
+    """One rank's NCCL entries, shaped as the H200's recorded ones, with these durations."""
+    template = json.loads(H200.read_text())["entries"][-1]
+    out = []
+    for i, d in enumerate(durations):
+        e = copy.deepcopy(template)
+        e.update(collective_seq_id=seq0 + i, record_id=seq0 + i - 1, duration_ms=d,
+                 time_created_ns=start_ns + i * every_ns)
+        out.append(e)
+    return out
+
+
+def nccl_run(hosts, fast, n=64, noise=0.3, seed=1):
+    """Each rank's rows when the ranks of `fast` wait least (arrive last) at every collective."""
+    rnd = random.Random(seed)
+    j = judge(hosts)
+    for host, (first, last) in hosts.items():
+        for rank in range(first, last + 1):
+            durations = [(0.2 if rank in fast else 6.0) + rnd.random() * noise for _ in range(n)]
+            rows = rows_of(nccl_entries(durations))
+            j.add(host, 50.0, straggle.clean({str(rank): rows}, range(first, last + 1)))
+    return j.judge(50.0)
+
+
+def test_nccl_durations_name_the_rank_that_waits_least_without_a_shared_clock():
+    named = nccl_run({"node0": (0, 1), "node1": (2, 3), "node2": (4, 5)}, fast={3})
+    assert [(s["host"], s["ranks"]) for s in named] == [("node1", [3])]
+    assert named[0]["share_last"] == 1.0 and 5.0 < named[0]["late_ms_median"] < 6.5
+
+
+def test_every_rank_of_a_host_waiting_least_is_a_slow_host_named_with_all_its_ranks():
+    named = nccl_run({"node0": (0, 1), "node1": (2, 3), "node2": (4, 5)}, fast={4, 5})
+    assert [(s["host"], s["ranks"]) for s in named] == [("node2", [4, 5])]
+
+
+def test_ranks_that_wait_alike_name_nobody_and_the_recorded_dump_without_timing_gives_no_rows():
+    assert nccl_run({"node0": (0, 1), "node1": (2, 3)}, fast=set()) == []
+    entries = nccl_entries([None] * 10)  # TORCH_NCCL_ENABLE_TIMING off: no duration
+    assert rows_of(entries) == []
+
+
+def calls(late_rank, late_ms, ranks=4, n=40, every_ms=50.0, skew=None, seed=3):
+    """gloo rows: each rank calls collective i at i * every_ms, plus jitter, late_rank late;
+    skew: {rank: ms} its host's clock runs ahead."""
+    rnd = random.Random(seed)
+    out = {}
+    for r in range(ranks):
+        rows = []
+        for i in range(n):
+            t_ms = 1.8e12 + i * every_ms + rnd.random() * 0.5 + (
+                late_ms(i) if r == late_rank else 0.0) + (skew or {}).get(r, 0.0)
+            rows.append(["0", 100 + i, int(t_ms * 1e6), -1.0])
+        out[r] = rows
+    return out
+
+
+def add_calls(j, rows):
+    for rank, found in rows.items():
+        j.add("node%d" % rank, 10.0, {rank: found})
+
+
+HOSTS4 = {"node%d" % i: (i, i) for i in range(4)}
+
+
+def test_a_host_whose_clock_runs_ahead_is_compared_on_its_measured_offset():
+    # node3's clock is 5 s ahead: as is, it would look 5 s late at every collective.
+    j = judge(HOSTS4)
+    j.offsets.measured("node3", 5.0, 0.0001)
+    add_calls(j, calls(None, lambda i: 0.0, skew={3: 5000.0}))
+    assert j.judge(10.0) == []
+    j = judge(HOSTS4)
+    j.offsets.measured("node3", 5.0, 0.0001)
+    add_calls(j, calls(2, lambda i: 30.0, skew={3: 5000.0}))
+    assert [s["host"] for s in j.judge(10.0)] == ["node2"]
+
+
+def test_a_lateness_within_the_offsets_uncertainty_means_nothing():
+    j = straggle.Judge(HOSTS4, 30, 0.05)
+    for host in HOSTS4:
+        j.offsets.measured(host, 0.0, 0.020)  # round trips of 40 ms: +-20 ms each
+    add_calls(j, calls(1, lambda i: 15.0))
+    assert j.judge(10.0) == []
+
+
+def test_a_host_with_no_round_trip_yet_is_not_compared():
+    j = straggle.Judge(HOSTS4, 30, 0.05)
+    add_calls(j, calls(1, lambda i: 30.0))
+    assert j.judge(10.0) == [] and j.complete == 0
+
+
+def test_periodic_work_on_rank_0_names_nobody():
+    # A checkpoint or a log line every 5 steps: 200 ms late at 1 collective in 5.
+    j = judge(HOSTS4)
+    add_calls(j, calls(0, lambda i: 200.0 if i % 5 == 0 else 0.0, n=200))
+    assert j.judge(10.0) == []
+
+
+def test_the_sampled_collectives_are_the_same_on_every_rank_and_never_in_step_with_a_period():
+    seqs = range(1, 40001)
+    for j in (1, 2, 3, 5):
+        picked = [s for s in seqs if straggle.sampled(s, j)]
+        assert all(straggle.sampled(s, j - 1) for s in picked)  # nested: ranks at j-1 have them
+        # A period of 8 (the collective after a log every 8 steps) is sampled as often as the rest.
+        periodic = [s for s in seqs if s % 8 == 0]
+        share = sum(straggle.sampled(s, j) for s in periodic) / len(periodic)
+        assert abs(share - 2 ** -j) < 0.25 * 2 ** -j
+    # The WATCHER's copy of the rule picks the same ones.
+    entries = [{"profiling_name": "gloo:all_reduce", "pg_id": 0, "collective_seq_id": s,
+                "time_created_ns": s} for s in range(1, 1001)]
+    rows = SAMPLES(entries, {}, 1000 >> 4)[0]
+    assert rows and all(straggle.sampled(r[1], 4) for r in rows)
+    assert len(rows) <= 1000 >> 4
+
+
+def test_a_host_reporting_another_hosts_ranks_is_refused():
+    state = runstate.RunState("r", ["node0", "node1"], 2, now=0.0)  # node1: ranks 2 and 3
+    state.straggle.offsets.measured("node0", 0.0, 0.0)
+    state.report("node0", 1.0, {"t": runstate.BEAT, "alive": 1,
+                                "fr": {"2": [["0", 5, 10, -1.0]], "0": [["0", 5, 10, -1.0]]}})
+    assert {r for key in state.straggle.keys.values() for r in key["r"]} == {0}
+    assert straggle.clean({"1": [["0", 5, 10, -1.0]]}, range(0, 1)) == {}
+
+
+def test_offsets_take_only_the_ping_sent_and_keep_the_tightest_round_trip():
+    off = straggle.Offsets()
+    ping = off.ping("node1", 100.0)
+    assert off.ping("node1", 101.0) is None  # not again before PING_S
+    off.pong("node1", ping + 1.0, 500.0, 100.2)  # not the ping sent: ignored
+    assert off.best("node1") is None
+    off.pong("node1", ping, 105.1, 100.2)   # host said 105.1 at the trip's midpoint 100.1
+    off.pong("node1", ping, 999.0, 100.3)   # once only
+    o, unc = off.best("node1")
+    assert abs(o - 5.0) < 1e-9 and abs(unc - 0.1) < 1e-9
+    ping = off.ping("node1", 100.0 + defaults.PING_S)
+    off.pong("node1", ping, ping + 5.0 + 0.5, ping + 1.0)  # a slower trip: less certain
+    assert off.best("node1")[1] == unc
+
+
+def beat(rows):
+    return {"t": runstate.BEAT, "alive": 1, "fr": {str(r): v for r, v in rows.items()}}
+
+
+def run_with_straggler(action, seconds=80):
+    """A RunState fed node2 calling 30 ms late at every collective, from t=1000 on."""
+    hosts = ["node0", "node1", "node2", "node3"]
+    state = runstate.RunState("r", hosts, 1, now=1000.0, straggler_window_s=30,
+                              straggler_action=action)
+    for h in hosts:
+        state.straggle.offsets.measured(h, 0.0, 0.0005)
+    rnd = random.Random(5)
+    for t in range(seconds):
+        now = 1000.0 + t
+        for r, h in enumerate(hosts):
+            rows = []
+            for k in range(4):
+                i = t * 4 + k
+                t_ms = 1.8e12 + i * 250.0 + rnd.random() + (30.0 if r == 2 else 0.0)
+                rows.append(["0", i + 1, int(t_ms * 1e6), -1.0])
+            state.report(h, now, beat({r: rows}))
+        if state.tick(now) is not None:
+            break
+    return state
+
+
+def test_warn_names_the_straggler_in_the_record_status_and_train_json_and_fails_nothing():
+    state = run_with_straggler("warn")
+    assert state.phase == runstate.RUNNING and state.failure is None
+    record = state.record()
+    named = [(s["host"], s["ranks"]) for s in record["stragglers"] if s["active"]]
+    assert named == [("node2", [2])]
+    s = record["stragglers"][0]
+    assert s["first_seen"] - 1000.0 <= 30.0 and s["last_seen"] > s["first_seen"]
+    assert runstate.summary(record, 1080.0)["stragglers"][0].startswith("node2 (rank 2) last")
+    text = status.text(status.view(record, 1080.0))
+    assert "straggler: node2 (rank 2) last at" in text
+    out = summary.straggler_checks(record, ["node0", "node1", "node2", "node3"])
+    assert [(c["id"], c["host"], c["severity"]) for c in out["checks"]] == [
+        ("run.straggler", "node2", "warning")]
+    assert set(out["stragglers"][0]) == {"host", "ranks", "share_last", "late_ms_median",
+                                         "first_seen", "last_seen"}
+    assert out["stragglers"][0]["first_seen"].endswith("Z")
+    assert "warning: straggler node2" in verdict("train", out["checks"])
+
+
+def test_restart_ends_the_attempt_once_the_host_stays_a_straggler_and_leaves_it_out():
+    state = run_with_straggler("restart")
+    f = state.failure
+    assert f["reason"] == runstate.STRAGGLER and f["host"] == "node2"
+    first = next(s for s in state.record()["stragglers"] if s["host"] == "node2")
+    assert f["at_s"] >= first["first_seen"] - 1000.0 + 30.0  # after its window, not before
+    plan = restart.after_attempt(state.record(), 0, 1, "host",
+                                 ["node0", "node1", "node2", "node3", "node4"],
+                                 ["node0", "node1", "node2", "node3"])
+    assert plan["recheck"] and plan["left_out"] == {"node2": "run.straggler"}
+    assert plan["cause"]["id"] == "run.straggler"
+
+
+def test_with_recording_off_stragglers_are_said_not_watched():
+    state = runstate.RunState("r", ["node0", "node1"], 1, now=0.0, recording=False)
+    assert status.view(state.record(), 5.0)["stragglers"] == [
+        "not watched: the Flight Recorder is off (flight_recorder=0)"]
+
+
+def test_the_reader_sends_each_row_once_within_the_hosts_byte_budget(tmp_path):
+    dirs = {}
+    for lr in range(8):
+        d = tmp_path / str(lr)
+        d.mkdir()
+        rows = [["0", s, s * 1000, -1.0] for s in range(1, 33)]
+        (d / straggle.SAMPLE_FILE).write_text(json.dumps({"rank": lr, "rows": rows}))
+        dirs[lr] = str(d)
+    (tmp_path / "7" / straggle.SAMPLE_FILE).write_text("{not json")
+    reader = straggle.Reader()
+    first = reader.take(dirs, 0.0)
+    assert set(first) == {str(r) for r in range(7)}
+    assert sum(len(v) for v in first.values()) * straggle.ROW_BYTES <= straggle.HOST_BURST
+    assert reader.take(dirs, 0.5) == {}  # nothing new, and the budget was spent
+    sent = sum(len(v) for v in reader.take(dirs, 60.0).values())
+    assert sent * straggle.ROW_BYTES <= straggle.HOST_BURST
+
+
+rows_strategy = st.dictionaries(
+    st.one_of(st.text(max_size=4), st.integers(-2, 9).map(str)),
+    st.one_of(st.lists(st.lists(st.one_of(st.integers(-5, 1 << 64), st.floats(), st.text(max_size=3),
+                                          st.none()), max_size=5), max_size=40),
+              st.integers(), st.none()),
+    max_size=12)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows_strategy, st.floats(allow_nan=True), st.floats(allow_nan=True), st.floats())
+def test_any_rows_and_offsets_leave_the_judge_standing_and_bounded(rows, offset, unc, now):
+    state = runstate.RunState("r", ["node0", "node1"], 4, now=0.0)
+    state.straggle.offsets.measured("node0", offset, unc)
+    state.report("node0", 1.0, {"t": runstate.BEAT, "alive": 1, "fr": rows})
+    state.report("node1", 1.0, {"t": runstate.PONG, "echo": offset, "at": now})
+    state.straggle.judge(2.0)
+    state.tick(3.0)
+    record = state.record()
+    assert len(record["stragglers"]) <= straggle.STRAGGLERS_MAX
+    assert all(r in range(0, 4) for key in state.straggle.keys.values() for r in key["r"])
+    json.dumps(record)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.dictionaries(st.sampled_from(["profiling_name", "pg_id", "collective_seq_id",
+                                                 "time_created_ns", "duration_ms", "is_p2p"]),
+                                st.one_of(st.integers(0, 1 << 40), st.floats(0, 1e3),
+                                          st.sampled_from(["gloo:all_reduce", "nccl:broadcast",
+                                                           "x"]), st.booleans())),
+                max_size=60))
+def test_the_watchers_sampling_takes_any_entries_and_writes_rows_the_master_takes(entries):
+    try:
+        rows, after = SAMPLES(entries, {}, 8)
+    except (TypeError, ValueError):
+        return  # the rank's watcher catches what a malformed dump raises (its loop's try)
+    assert len(rows) <= 8
+    assert all(straggle._row(r) is not None or r[1] >= straggle.SEQ_MAX or r[2] >= 1 << 63
+               for r in rows)
