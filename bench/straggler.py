@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.run import flight, stacks
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import flight, stacks, straggle
 from bench.harness import ROOT, env, lab, lab_down, stats
 from lab.ports import free_port
 from torchfleet import ansible_cli
@@ -53,8 +53,8 @@ def step_ms(tmp, sampling, i):
     (run_dir / "0").mkdir(parents=True)
     e = dict(os.environ, RANK="0", TORCHELASTIC_ERROR_FILE=str(run_dir / "0" / "error.json"))
     e.update(flight.rank_env(2000, str(run_dir)))
-    if not sampling:
-        e.pop(flight.ENV_SAMPLE)
+    if sampling:
+        e.update(straggle.rank_env(2000))
     stacks.install_hook(str(run_dir), e, flight.WATCHER)
     out = subprocess.run([sys.executable, "-c", LOOP, str(free_port()), str(STEPS),
                           str(COMPUTE_MS)], env=e, check=True, timeout=600, capture_output=True,

@@ -236,7 +236,8 @@ class Result:
         checks += self.checks
         failure = self.first_failure
         return _verdict(self.kind, [{"host": c.host, "id": c.id, "ok": c.ok,
-                                     "severity": c.severity} for c in checks],
+                                     "severity": c.severity, "detail": c.detail}
+                                    for c in checks],
                         None if failure is None else {"host": failure.host, "rank": failure.rank,
                                                       "reason": failure.reason,
                                                       "names_host": failure.names_host},

@@ -76,3 +76,21 @@ def test_node_health_is_a_row_per_host_and_one_per_failed_gpu():
     assert "FAIL: gpu.remap" in health and "gpu.remap &middot; GPU 3" in health
     assert "warning: gpu.throttle" in health and "healthy (1 checks)" in health
     assert "port.blocked" not in health
+
+
+def test_stragglers_are_a_timeline_of_when_each_was_named_or_said_not_watched():
+    slow = {"host": "node<2>", "ranks": [2], "share_last": 0.9, "late_ms_median": 180.0,
+            "first_seen": "2026-11-27T09:00:30Z", "last_seen": "2026-11-27T09:01:00Z"}
+    result = Result(kind="train", ok=True, run_id="r1", run_dir=Path("/tmp/r1"),
+                    checks=[Check("node<2>", "run.straggler", False, "node<2> (rank 2) last at 90 %",
+                                  "look", "warning")],
+                    stragglers=[slow], straggle={"watched": True, "signal": "calls",
+                                                 "started": "2026-11-27T09:00:00Z",
+                                                 "ended": "2026-11-27T09:02:00Z"})
+    page = render(result)
+    assert "<h2>Stragglers</h2>" in page and "node&lt;2&gt; (rank 2)" in page
+    # The bar runs from 30 s to 60 s of a 120 s run: a quarter of the axis, from its quarter.
+    assert '<rect x="350.0" y="4" width="150.0"' in page
+    off = Result(kind="train", ok=True, run_id="r1", run_dir=Path("/tmp/r1"),
+                 straggle={"watched": False})
+    assert "Stragglers were not watched" in render(off)

@@ -68,13 +68,13 @@ def start_failures(starts):
 
 @functools.lru_cache(maxsize=1)
 def _loader():
-    """The part of every look's program that loads defaults, exits, straggle, flight, rundir, runstate and watch under
+    """The part of every look's program that loads defaults, exits, flight, straggle, rundir, runstate and watch under
     their one module name (ansible_collections.torchfleet.fleet.plugins.module_utils.X), as
     AnsiballZ would, from their source read and quoted once per worker, not at every look. This is the
     project's one import bootstrap: a look is a bare interpreter start on the master, ten
     times cheaper than an AnsiballZ module's, and the host has no collection installed."""
     sources = {}
-    for module in (defaults, exits, straggle, flight, rundir, runstate, watch):
+    for module in (defaults, exits, flight, straggle, rundir, runstate, watch):
         with open(module.__file__) as f:
             sources[module.__name__] = f.read()
     return "\n".join([

@@ -58,7 +58,7 @@ def _verdict(kind, checks, first_failure):
             len(unused), ", ".join(unused[:4]),
             " and %d more" % (len(unused) - 4) if len(unused) > 4 else "")
     # A run that succeeded while the others waited for a straggler says so (run.straggler).
-    slow = [c["detail"] for c in checks if c["id"] == "run.straggler" and not c["ok"]]
+    slow = [c.get("detail") or "" for c in checks if c["id"] == "run.straggler" and not c["ok"]]
     if slow:
         text += "; warning: straggler %s" % "; straggler ".join(slow[:2])
     return text

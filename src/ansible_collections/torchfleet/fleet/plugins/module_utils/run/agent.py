@@ -496,6 +496,7 @@ def serve(agent, store, client, t):
 def start_torchrun(p, argv):
     env = dict(os.environ)
     env.update(flight.rank_env(p["flight_recorder"], p["run_dir"]))  # the user's env wins
+    env.update(straggle.rank_env(p["flight_recorder"]))
     env.update({k: str(v) for k, v in p["env"].items()})
     env.update({RUN_ID_ENV: p["run_id"], HOST_ENV: p["host"],
                 "TORCHFLEET_OUT_DIR": os.path.join(p["run_dir"], RESULTS),

@@ -31,15 +31,11 @@ import json
 import os
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
-from ansible_collections.torchfleet.fleet.plugins.module_utils.run import straggle
-
 POSITION = "fr_position.json"
 TRIGGER = "_fr_dump"       # in the host's run directory: the agent asks every rank to dump
 DUMP_PREFIX = "fr_trace_rank_"
 ENV_BUFFER = "TORCH_FR_BUFFER_SIZE"  # torch's own (TORCH_NCCL_TRACE_BUFFER_SIZE is its old name)
 ENV_TRIGGER = "TORCHFLEET_FR_TRIGGER"
-ENV_SAMPLE = "TORCHFLEET_FR_SAMPLE"
 
 # A position is one moment's when it held still this long (the watcher writes each second).
 STEADY_S = 3.0
@@ -256,12 +252,6 @@ def rank_env(entries, run_dir):
     group's creation); NCCL's own dump on a collective's timeout goes beside the watcher's."""
     env = {ENV_BUFFER: str(int(entries))}
     if entries:
-        # Stragglers (straggle.py): each rank samples its recorder; NCCL times its collectives
-        # on the GPU (about 15 us more per collective, measured on an H200; the user's
-        # TORCH_NCCL_ENABLE_TIMING=0 wins, and NCCL's stragglers are then not watched).
-        env.update({ENV_SAMPLE: "%g,%g,%d" % (defaults.STRAGGLE_SAMPLE_S, defaults.STRAGGLE_BUDGET,
-                                              straggle.SAMPLE_MAX),
-                    "TORCH_NCCL_ENABLE_TIMING": "1"})
         env.update({ENV_TRIGGER: os.path.join(run_dir, TRIGGER),
                     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
                     "TORCH_FR_DUMP_TEMP_FILE": os.path.join(run_dir, "logs", "nccl_" + DUMP_PREFIX)})
@@ -315,7 +305,7 @@ def clean_groups(pgs):
     return {g: out[g] for g in sorted(keep, key=lambda g: (len(g), g))}
 
 
-def _rank_key(key, ranks):
+def rank_key(key, ranks):
     """A JSON key naming one of `ranks` ('3'), as that rank; None for anything else (a digit
     str.isdigit() takes that int() does not, such as '²', included)."""
     if not (isinstance(key, str) and key.isdigit() and len(key) < 8):
@@ -334,7 +324,7 @@ def clean(coll, ranks):
         return {}
     out = {}
     for key, pgs in list(coll.items())[:len(ranks)]:
-        rank, groups = _rank_key(key, ranks), clean_groups(pgs)
+        rank, groups = rank_key(key, ranks), clean_groups(pgs)
         if rank is not None and groups is not None:
             out[str(rank)] = groups
     return out
@@ -377,7 +367,7 @@ def clean_steady(steady, ranks):
     if not isinstance(steady, dict):
         return out
     for key, v in list(steady.items())[:len(ranks)]:
-        rank = _rank_key(key, ranks)
+        rank = rank_key(key, ranks)
         if not (rank is not None
                 and isinstance(v, list) and len(v) == 2 and isinstance(v[1], bool)
                 and isinstance(v[0], (int, float)) and not isinstance(v[0], bool)
