@@ -368,7 +368,8 @@ def _stragglers(result: Result) -> str:
     """A timeline of the run: one bar per straggler, from when the master first named it to
     when it last did."""
     if result.straggle.get("watched") is False:
-        return "<p>Stragglers were not watched: the Flight Recorder was off (flight_recorder=0).</p>"
+        return "<p>Stragglers were %s.</p>" % escape(str(result.straggle.get("why") or
+                                                        "not watched"))
     if not result.stragglers:
         return ""
     start, end = _seconds(result.straggle.get("started")), _seconds(result.straggle.get("ended"))

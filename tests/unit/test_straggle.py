@@ -98,10 +98,22 @@ def test_every_rank_of_a_host_waiting_least_is_a_slow_host_named_with_all_its_ra
     assert [(s["host"], s["ranks"]) for s in named] == [("node2", [4, 5])]
 
 
-def test_ranks_that_wait_alike_name_nobody_and_the_recorded_dump_without_timing_gives_no_rows():
+def test_ranks_that_wait_alike_name_nobody():
     assert nccl_run({"node0": (0, 1), "node1": (2, 3)}, fast=set()) == []
-    entries = nccl_entries([None] * 10)  # TORCH_NCCL_ENABLE_TIMING off: no duration
-    assert rows_of(entries) == []
+
+
+def test_nccl_without_timing_gives_no_rows_and_status_says_stragglers_are_not_watched_there():
+    # Recorded on the H200 with TORCH_NCCL_ENABLE_TIMING unset: completed, no duration_ms.
+    entries = json.loads((H200.parent / "nccl_fr_fr.json").read_text())["entries"]
+    rows, _after, untimed = SAMPLES(entries, {}, straggle.SAMPLE_MAX)
+    assert rows == [] and untimed == len(entries) > 0
+    state = runstate.RunState("r", ["node0", "node1"], 1, now=0.0)
+    state.report("node1", 1.0, {"t": runstate.BEAT, "alive": 1, "fr_untimed": True})
+    assert status.view(state.record(), 2.0)["stragglers"] == [
+        "not watched on node1: its NCCL collectives are not timed (TORCH_NCCL_ENABLE_TIMING=0 "
+        "in env; leave it unset)"]
+    out = summary.straggler_checks(state.record(), ["node0", "node1"])
+    assert out["straggle"]["watched"] is False and "node1" in out["straggle"]["why"]
 
 
 def calls(late_rank, late_ms, ranks=4, n=40, every_ms=50.0, skew=None, seed=3):
@@ -316,7 +328,7 @@ def test_any_rows_and_offsets_leave_the_judge_standing_and_bounded(rows, offset,
                 max_size=60))
 def test_the_watchers_sampling_takes_any_entries_and_writes_rows_the_master_takes(entries):
     try:
-        rows, after = SAMPLES(entries, {}, 8)
+        rows, _after, _untimed = SAMPLES(entries, {}, 8)
     except (TypeError, ValueError):
         return  # the rank's watcher catches what a malformed dump raises (its loop's try)
     assert len(rows) <= 8

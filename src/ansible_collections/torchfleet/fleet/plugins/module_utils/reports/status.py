@@ -62,10 +62,9 @@ def view(record, now, attempt=0):
 
 def stragglers(record):
     """The stragglers of the master's last judgement in words; or why none are watched."""
-    watch = record.get("straggle")
-    if isinstance(watch, dict) and watch.get("watched") is False:
-        return ["not watched: the Flight Recorder is off (flight_recorder=0)"]
-    return [straggle.words(s) for s in straggle.read(record.get("stragglers")) if s["active"]]
+    watch = record.get("straggle") if isinstance(record.get("straggle"), dict) else {}
+    return straggle.unwatched(watch) + [straggle.words(s) for s in straggle.read(
+        record.get("stragglers")) if s["active"]]
 
 
 def hardware_by_host(events):

@@ -270,7 +270,9 @@ def straggler_checks(record, hosts):
               for s in found]
     watch = record.get("straggle") if isinstance(record.get("straggle"), dict) else {}
     started, updated = (straggle._num(record.get(k)) for k in ("started", "updated"))
-    return {"checks": checks, "straggle": {"watched": watch.get("watched") is not False,
+    return {"checks": checks, "straggle": {"watched": watch.get("watched") is not False
+                                           and not straggle.unwatched(watch),
+                                           "why": (straggle.unwatched(watch) or [""])[0],
                                            "signal": str(watch.get("signal") or "")[:16],
                                            "started": _iso(started), "ended": _iso(updated)},
             "stragglers": [{"host": s["host"], "ranks": s["ranks"],

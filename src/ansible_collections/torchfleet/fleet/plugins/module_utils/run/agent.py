@@ -206,8 +206,11 @@ class HostAgent:
                                   first_dead=self.first_dead)
             self.most_workers = max(self.most_workers, status["alive"])
             fr = self.samples.take(rank_dirs(self.p["run_dir"]), now_m) if self.samples else {}
+            extra = {"fr": fr} if fr else {}
+            if self.samples and self.samples.untimed:
+                extra["fr_untimed"] = True
             self.send(dict(status, t=runstate.BEAT, hw=self.watch.take(now_m),
-                           watch=self.watch.status(), **({"fr": fr} if fr else {})))
+                           watch=self.watch.status(), **extra))
         if rc is None and self.stop_at is not None and now_m >= self.stop_at:
             self._stop()
             rc = self.proc.poll()

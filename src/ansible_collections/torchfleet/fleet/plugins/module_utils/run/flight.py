@@ -74,14 +74,16 @@ def _torchfleet_pgs(status_dumps, entry_dumps):
 def _torchfleet_samples(entries, after, n_max):
     """torchfleet: the rows to write for stragglers (straggle.py) from the recorder's entries:
     ([[group, seq, time_created_ns, duration_ms or -1], ...] of the newest n_max sampled
-    collectives past `after` ({group: seq}), after updated). gloo's every collective (its
-    call time); NCCL's once timed (duration_ms: TORCH_NCCL_ENABLE_TIMING=1). Sampled: the
+    collectives past `after` ({group: seq}), after updated, how many NCCL collectives completed
+    untimed). gloo's every collective (its call time); NCCL's once timed (duration_ms:
+    TORCH_NCCL_ENABLE_TIMING=1). Sampled: the
     collectives whose seq hashes into the top 2^-j, j the least that keeps them to n_max (the
     same seqs on every rank: straggle.sampled)."""
-    fresh = []
+    fresh, untimed = [], 0
     for e in entries:
         name, dur = str(e.get("profiling_name") or ""), e.get("duration_ms")
         timed = isinstance(dur, (int, float)) and not isinstance(dur, bool) and dur >= 0
+        untimed += name.startswith("nccl:") and not timed and e.get("state") == "completed"
         if e.get("is_p2p") or not (name.startswith("gloo:") or name.startswith("nccl:")
                                    and timed):
             continue
@@ -95,7 +97,7 @@ def _torchfleet_samples(entries, after, n_max):
     while len(fresh) >> j > n_max and j < 32:
         j += 1
     rows = [r for r in fresh if j == 0 or ((r[1] * 2654435761) & 0xFFFFFFFF) >> (32 - j) == 0]
-    return sorted(rows, key=lambda r: (r[1], r[0]))[-n_max:], after
+    return sorted(rows, key=lambda r: (r[1], r[0]))[-n_max:], after, untimed
 
 
 def _torchfleet_flight():
@@ -192,9 +194,10 @@ def _torchfleet_flight():
                     break
                 except Exception:
                     pass
-        rows, seen["after"] = _torchfleet_samples(entries, seen["after"], int(n_max))
-        if rows:
-            write("fr_sample.json", json.dumps({"rank": int(rank), "rows": rows}).encode())
+        rows, seen["after"], untimed = _torchfleet_samples(entries, seen["after"], int(n_max))
+        if rows or untimed:
+            write("fr_sample.json", json.dumps({"rank": int(rank), "rows": rows,
+                                                "untimed": untimed > 0}).encode())
         cost = time.thread_time() - began
         seen["next"] = time.monotonic() + max(period, cost / budget)
 

@@ -27,7 +27,8 @@ collective.json), the Python API, the CLI and the HTML report read that copy:
     {"run_id", "phase", "started", "updated", "final", "nnodes", "nproc_per_node",
      "failure": null | FAILURE, "failures": [FAILURE, ...], "channel": {"refused": {...}},
      "events": [EVENT, ...], "stragglers": [STRAGGLER, ...],
-     "straggle": {"watched", "signal": "durations" | "calls" | "", "collectives", "window_s"},
+     "straggle": {"watched", "signal": "durations" | "calls" | "", "collectives", "window_s",
+                  "untimed": [host whose NCCL collectives are not timed, ...]},
      "hosts": [{"host", "node_rank", "ranks": [first, last], "state", "rc", "alive",
                 "progress_ts", "ranks_at", "last_line", "last_seen", "pid", "elapsed_s",
                 "watch": {"kmsg", "kmsg_error", "gpu", "dropped"}, "events": count}]}
@@ -181,7 +182,7 @@ def message(body):
                 "last_line": _text(body.get("last_line"), LINE_MAX), "coll": body.get("coll"),
                 "steady": body.get("steady"), "hw": events(body.get("hw")),
                 "watch": watch_status(body.get("watch")) if "watch" in body else None,
-                "fr": body.get("fr")}
+                "fr": body.get("fr"), "fr_untimed": body.get("fr_untimed") is True}
     if kind == PONG:
         return {"t": PONG, "echo": _number(body.get("echo")), "at": _number(body.get("at"))}
     if kind == EXIT:
@@ -386,6 +387,8 @@ class RunState:
             if msg["watch"] is not None and self.hosts[host]["state"] not in DONE:
                 self.hosts[host]["watch"] = msg["watch"]
             made = self.hardware(host, now, msg["hw"])
+        if msg["t"] == BEAT and msg["fr_untimed"]:
+            self.straggle.not_timed(host)
         if msg["t"] == BEAT and msg["fr"] and self.phase == RUNNING:
             self.straggle.add(host, now, straggle.clean(
                 msg["fr"], range(self.hosts[host]["ranks"][0], self.hosts[host]["ranks"][1] + 1)))

@@ -110,6 +110,7 @@ class Reader:
         self.sent = {}      # (rank, group) -> newest seq sent
         self.budget = float(HOST_BURST)
         self.at = None
+        self.untimed = False  # a rank's NCCL collectives completed without a duration
 
     def take(self, dirs, now_m):
         """{rank (str): [row, ...]} for a beat (dirs: {local rank: log directory})."""
@@ -122,6 +123,7 @@ class Reader:
             rank = data.get("rank") if isinstance(data, dict) else None
             if not _int(rank, 1 << 20) or not isinstance(data.get("rows"), list):
                 continue
+            self.untimed = self.untimed or data.get("untimed") is True
             rows = [r for r in (_row(v) for v in data["rows"][:SAMPLE_MAX]) if r is not None
                     and r[1] > self.sent.get((rank, r[0]), -1)]
             if rows:
@@ -221,6 +223,7 @@ class Judge:
         self.size = {}                # group -> most ranks seen at one of its collectives
         self.found = {}               # (host, ranks) -> straggler, as record() shows it
         self.signal = ""              # "durations" (NCCL) or "calls" (gloo), once seen
+        self.untimed = []             # hosts whose NCCL collectives are not timed
         self.complete = 0             # complete collectives in the window at the last judge
         self.next_judge = 0.0
 
@@ -282,7 +285,14 @@ class Judge:
                                   "interval_ms", "first_seen", "last_seen", "active")}
                for s in self.found.values()]
         return out, {"watched": self.watched, "signal": self.signal,
-                     "collectives": self.complete, "window_s": self.window_s}
+                     "collectives": self.complete, "window_s": self.window_s,
+                     "untimed": self.untimed}
+
+    def not_timed(self, host):
+        """A host said its ranks' NCCL collectives complete without a duration (the user's
+        TORCH_NCCL_ENABLE_TIMING=0): they cannot be judged."""
+        if host in self.hosts and host not in self.untimed and len(self.untimed) < 64:
+            self.untimed.append(host)
 
 
 def window(keys, size, host_of):
@@ -382,6 +392,17 @@ def words(s):
 def _num(value):
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
         and value == value and abs(value) < 1e15 else None
+
+
+def unwatched(watch):
+    """Why stragglers are not watched, from a record's `straggle`, in words ([] when they are)."""
+    if watch.get("watched") is False:
+        return ["not watched: the Flight Recorder is off (flight_recorder=0)"]
+    untimed = [h for h in watch.get("untimed") or [] if isinstance(h, str)][:8]
+    if untimed and watch.get("signal") != "durations":
+        return ["not watched on %s: its NCCL collectives are not timed "
+                "(TORCH_NCCL_ENABLE_TIMING=0 in env; leave it unset)" % ", ".join(untimed)]
+    return []
 
 
 def read(value):
