@@ -54,14 +54,13 @@ SEQ_MAX = 1 << 62
 DURATION_MAX_MS = 1e7
 SHARE_MIN = 0.5
 MIN_COLLECTIVES = 8      # complete sampled collectives in the window before anyone is named
+CONFIRM = 2              # judgements in a row that name a straggler before it is said
 KEYS_MAX = 4096          # sampled collectives the master keeps
 JUDGE_KEYS = 64          # the newest complete ones a judgement reads (its cost at 4096 ranks)
 STRAGGLERS_MAX = 16      # stragglers the record keeps
 OFFSETS_KEPT = 6         # round trips per host; the tightest counts
 NCCL_UNCERTAINTY_MS = 0.05  # GPU event timing
 CALL_FLOOR_MS = 0.5      # gloo: a call time within this of another's is not later
-
-
 ENV_SAMPLE = "TORCHFLEET_FR_SAMPLE"  # the WATCHER's "period,budget,rows" (unset: no sampling)
 
 
@@ -104,7 +103,8 @@ def _int(value, limit):
 
 class Reader:
     """This host's ranks' sampled rows not sent yet, from each rank's SAMPLE_FILE, within the
-    host's byte budget (the rows a budget cannot carry now wait for the next beat)."""
+    host's byte budget, shared among its ranks (the newest rows count: older ones the budget
+    cannot carry now are dropped)."""
 
     def __init__(self):
         self.sent = {}      # (rank, group) -> newest seq sent
@@ -226,6 +226,8 @@ class Judge:
         self.untimed = []             # hosts whose NCCL collectives are not timed
         self.complete = 0             # complete collectives in the window at the last judge
         self.next_judge = 0.0
+        self.first_data = None        # when the first sampled collective came
+        self.streak = {}              # (host, ranks) -> (first judgement, judgements in a row)
 
     def add(self, host, now, rows):
         """A host's checked rows (clean()): each kept on the master's clock."""
@@ -257,18 +259,30 @@ class Judge:
         self.size = {pg: n for pg, n in self.size.items() if pg in live}
         figures = window(self.keys, self.size, self.host_of)
         self.complete, self.signal = figures["complete"], figures["signal"] or self.signal
-        named = name(figures, self.host_of, self.hosts, self.threshold)
+        if self.first_data is None and self.keys:
+            self.first_data = now
+        # Nobody is named before a whole window was sampled (a run's first seconds: ranks
+        # still warming up), nor on one judgement alone (a passing stall of one host).
+        full = self.first_data is not None and now - self.first_data >= self.window_s
+        named = name(figures, self.host_of, self.hosts, self.threshold) if full else []
+        streak = {}
+        for s in named:
+            key = (s["host"], tuple(s["ranks"]))
+            since, count = self.streak.get(key, (now, 0))
+            streak[key] = (since, count + 1)
+        self.streak = streak
         for s in self.found.values():
             s["active"] = False
         for s in named:
             key = (s["host"], tuple(s["ranks"]))
+            since, count = streak[key]
             old = self.found.get(key)
-            if old is None and len(self.found) >= STRAGGLERS_MAX:
+            if count < CONFIRM or old is None and len(self.found) >= STRAGGLERS_MAX:
                 continue
             if old is None:
-                old = self.found[key] = dict(s, first_seen=now, since=now)
+                old = self.found[key] = dict(s, first_seen=since, since=since)
             elif not old["was_active"]:
-                old["since"] = now
+                old["since"] = since
             old.update(s, last_seen=now, active=True)
         for s in self.found.values():
             s["was_active"] = s["active"]
@@ -413,8 +427,8 @@ def read(value):
         if not isinstance(s, dict) or not isinstance(s.get("host"), str):
             continue
         ranks = s.get("ranks")
-        nums = {k: _num(s.get(k)) for k in ("share_last", "late_ms_median", "interval_ms",
-                                             "first_seen", "last_seen")}
+        keys = ("share_last", "late_ms_median", "interval_ms", "first_seen", "last_seen")
+        nums = {k: _num(s.get(k)) for k in keys}
         if not (isinstance(ranks, list) and 0 < len(ranks) <= 4096 and all(
                 isinstance(r, int) and not isinstance(r, bool) for r in ranks)) \
                 or None in (nums["share_last"], nums["late_ms_median"]):
