@@ -28,7 +28,7 @@ from torchfleet import ansible_cli
 
 SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "compute_then_allreduce.py"
 COMPUTE_MS = 5.0
-STEPS = 2000
+STEPS = 11000  # about a minute: several of the sampling periods (20 s with the recorder full)
 
 LOOP = r"""
 import sys, time, torch, torch.distributed as dist
