@@ -346,3 +346,22 @@ def test_the_watchers_sampling_takes_any_entries_and_writes_rows_the_master_take
     # What the master refuses is only what lies past its bounds (it drops those rows).
     assert all(straggle._row(r) is not None or r[1] >= straggle.SEQ_MAX or r[2] >= 1 << 63
                or r[3] >= straggle.DURATION_MAX_MS for r in rows)
+
+
+def test_the_masters_store_pings_other_hosts_in_its_acks_and_takes_their_pongs(tmp_path):
+    from types import SimpleNamespace
+
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.run.agent import MasterStore
+
+    now = [1000.0]
+    state = runstate.RunState("r", ["node0", "node1"], 1, now=now[0])
+    store = MasterStore({"run_dir": str(tmp_path), "host": "node0"},
+                        SimpleNamespace(lease_s=60.0), None, state, print, lambda: now[0])
+    assert "ping" not in store.handle("node0", {"t": runstate.BEAT, "alive": 1})  # its own
+    reply = store.handle("node1", {"t": runstate.BEAT, "alive": 1})
+    assert reply["t"] == runstate.ACK and reply["ping"] == 1000.0
+    assert "ping" not in store.handle("node1", {"t": runstate.BEAT, "alive": 1})  # not yet again
+    now[0] = 1000.004  # the pong came back 4 ms later, node1's clock 2.5 s ahead
+    store.handle("node1", {"t": runstate.PONG, "echo": reply["ping"], "at": 1002.502})
+    offset, unc = state.straggle.offsets.best("node1")
+    assert abs(offset - 2.5) < 1e-6 and abs(unc - 0.002) < 1e-6

@@ -163,6 +163,19 @@ hardware:
   returned: always
   type: list
   elements: dict
+stragglers:
+  description: Each rank or host the others waited for, as the master named it during the
+    run, host, ranks, share_last (the fraction of sampled collectives it was last at),
+    late_ms_median (the others' median wait for it), first_seen and last_seen (ISO 8601 UTC).
+  returned: always
+  type: list
+  elements: dict
+straggle:
+  description: How stragglers were watched, watched (false with the Flight Recorder off, or
+    NCCL collectives not timed), why (when not), signal (durations with NCCL, calls with
+    gloo), started and ended (ISO 8601 UTC, the timeline's ends).
+  returned: always
+  type: dict
 hosts:
   description: Per host in rank order, host, node_rank, ranks, outcome, rc, duration_s,
     reported_ranks and logs; for the collective test also busbw_gbs (the host's ranks' busbw

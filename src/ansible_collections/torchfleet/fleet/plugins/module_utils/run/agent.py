@@ -222,8 +222,9 @@ class HostAgent:
 
     def obey(self, message):
         kind = message.get("t")
-        if "ping" in message:  # the master measures this host's clock: answered at once
-            self.send({"t": runstate.PONG, "echo": message["ping"], "at": time.time()})
+        ping = message.get("ping")
+        if isinstance(ping, float):  # the master measures this host's clock: answered at once
+            self.send({"t": runstate.PONG, "echo": ping, "at": time.time()})
         if kind in (runstate.ACK, runstate.ABORT) and self.exit_sent:
             self.exit_acked = True  # the master has heard how this host's torchrun ended
         # A torchrun that already ended is not stopped: its own exit stands.
