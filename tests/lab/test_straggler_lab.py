@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import FIXTURES, run_processes
 from tests.integration.playbook import BIN, ROOT, Run
 from tests.lab.conftest import runs_root
+from tests.lab.test_reliability_lab import wait_until
 from torchfleet import ansible_cli
 
 pytestmark = [pytest.mark.lab, pytest.mark.alone]
@@ -27,15 +28,6 @@ CAPPED = "node2"
 # Uncapped, a step takes about 60 ms on a loaded 2-core machine (four ranks computing 15 ms of
 # CPU each, then the all_reduce): the attempt without the capped host ends within a minute.
 STEPS, COMPUTE_MS = 700, 15
-
-
-def wait_until(predicate, timeout_s, interval_s=0.5):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return predicate()
 
 
 def test_a_host_capped_mid_run_is_named_within_a_minute_and_replaced_by_the_spare(healthy_lab,
