@@ -39,6 +39,9 @@ class RunStatus:
     hosts: list[HostStatus] = field(default_factory=list)
     source: str = "master"
     verdict: str = ""
+    # The stragglers named (from the master: those of its last judgement; from a report: every
+    # one the run had), in words; or why none were watched.
+    stragglers: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,7 +109,8 @@ def from_view(kind: str, view: dict) -> RunStatus:
     """The master's record as module_utils/reports/status.py's view made it (already checked there)."""
     return RunStatus(run_id=view["run_id"], kind=kind, phase=view["phase"], final=view["final"],
                      attempt=view["attempt"], elapsed_s=view["elapsed_s"],
-                     failure=view["failure"], hosts=[HostStatus(**h) for h in view["hosts"]])
+                     failure=view["failure"], hosts=[HostStatus(**h) for h in view["hosts"]],
+                     stragglers=list(view["stragglers"]))
 
 
 def from_report(run_id: str, kind: str, report: dict) -> RunStatus:
@@ -126,7 +130,8 @@ def from_report(run_id: str, kind: str, report: dict) -> RunStatus:
             [h.get("duration_s") or 0 for h in report.get("hosts", []) if isinstance(h, dict)],
             default=None),
         failure=str(first.get("reason", "")) if isinstance(first, dict) else "",
-        hosts=hosts, source="report", verdict=str(report.get("verdict", "")))
+        hosts=hosts, source="report", verdict=str(report.get("verdict", "")),
+        stragglers=view.report_stragglers(report))
 
 
 def text(status: RunStatus) -> str:
@@ -134,7 +139,7 @@ def text(status: RunStatus) -> str:
 
     body = view.text({"run_id": status.run_id, "phase": status.phase, "final": status.final,
                       "attempt": status.attempt, "elapsed_s": status.elapsed_s,
-                      "failure": status.failure,
+                      "failure": status.failure, "stragglers": status.stragglers,
                       "hosts": [asdict(h) for h in status.hosts]})
     return body + ("\n" + status.verdict if status.verdict else "")
 

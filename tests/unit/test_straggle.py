@@ -365,3 +365,18 @@ def test_the_masters_store_pings_other_hosts_in_its_acks_and_takes_their_pongs(t
     store.handle("node1", {"t": runstate.PONG, "echo": reply["ping"], "at": 1002.502})
     offset, unc = state.straggle.offsets.best("node1")
     assert abs(offset - 2.5) < 1e-6 and abs(unc - 0.002) < 1e-6
+
+
+def test_the_clis_status_says_the_stragglers_live_and_from_a_gathered_report():
+    from torchfleet import rundirs
+
+    record = run_with_straggler("warn").record()
+    live = rundirs.text(rundirs.from_view("train", status.view(record, 1080.0)))
+    assert "\nstraggler: node2 (rank 2) last at" in live
+    report = dict(summary.straggler_checks(record, ["node0", "node1", "node2", "node3"]),
+                  hosts=[{"host": "node2", "outcome": "succeeded"}], ok=True, verdict="train ok")
+    gathered = rundirs.from_report("r", "train", report)
+    assert gathered.stragglers[0].startswith("node2 (rank 2) last at")
+    assert "straggler: node2" in rundirs.text(gathered)
+    off = rundirs.from_report("r", "train", {"straggle": {"watched": False, "why": "not watched: x"}})
+    assert off.stragglers == ["not watched: x"]

@@ -67,6 +67,15 @@ def stragglers(record):
         record.get("stragglers")) if s["active"]]
 
 
+def report_stragglers(report):
+    """A gathered report's stragglers in words (every one the run had), or why none were
+    watched."""
+    watch = report.get("straggle") if isinstance(report.get("straggle"), dict) else {}
+    if watch.get("watched") is False:
+        return [str(watch.get("why") or "not watched")[:300]]
+    return [straggle.words(s) for s in straggle.read(report.get("stragglers"))]
+
+
 def hardware_by_host(events):
     """{host: how many hardware events it reported, and the newest in words} of a record's
     `events` or a report's `hardware`."""
@@ -88,7 +97,7 @@ def text(v):
         v["run_id"], v["phase"], " (final)" if v["final"] else "", v["attempt"], elapsed)
     if v["failure"]:
         head += "\nfirst failure: %s" % v["failure"]
-    for words in v["stragglers"]:
+    for words in v.get("stragglers") or []:
         head += "\nstraggler%s: %s" % ("s" if words.startswith("not watched") else "", words)
     rows = [(h["host"], h["state"], h["ranks_alive"],
              "-" if h["last_heard_s"] is None else "%.0f s ago" % h["last_heard_s"],

@@ -37,6 +37,7 @@ Only the standard library, defaults.py and flight.py: it runs inside the agent o
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 
@@ -91,7 +92,8 @@ def _row(value):
     if not (isinstance(pg, str) and 0 < len(pg) <= PG_MAX) or not _int(seq, SEQ_MAX) \
             or not _int(t_ns, 1 << 63):
         return None
-    if isinstance(dur, bool) or not isinstance(dur, (int, float)) or dur != dur \
+    # (NaN fails the range's comparisons.)
+    if isinstance(dur, bool) or not isinstance(dur, (int, float)) \
             or not -1 <= dur < DURATION_MAX_MS:
         return None
     return [pg, seq, t_ns, float(dur) if dur >= 0 else -1.0]
@@ -187,7 +189,7 @@ class Offsets:
 
     def pong(self, host, echo, at, now):
         """A host's answer: echo must be the ping it was sent (once), at its clock then."""
-        if self.pending.get(host) != echo or not isinstance(at, float) or at != at:
+        if self.pending.get(host) != echo or not isinstance(at, float) or not math.isfinite(at):
             return
         del self.pending[host]
         if now >= echo:
@@ -404,8 +406,9 @@ def words(s):
 
 
 def _num(value):
+    # (NaN fails the comparison.)
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and value == value and abs(value) < 1e15 else None
+        and abs(value) < 1e15 else None
 
 
 def unwatched(watch):
