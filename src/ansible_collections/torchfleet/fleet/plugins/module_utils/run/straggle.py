@@ -221,7 +221,9 @@ class Judge:
         self.window_s, self.threshold = float(window_s), float(threshold)
         self.watched = watched
         self.offsets = Offsets()
-        self.keys = {}                # (group, seq) -> {"seen": t, "r": {rank: (t_ms, dur, unc)}}
+        # (group, seq) -> {"seen": t, "r": {rank: (its own clock's ms, duration_ms or None,
+        # (call ms on the master's clock, uncertainty ms) or None before a round trip)}}
+        self.keys = {}
         self.size = {}                # group -> most ranks seen at one of its collectives
         self.found = {}               # (host, ranks) -> straggler, as record() shows it
         self.signal = ""              # "durations" (NCCL) or "calls" (gloo), once seen
