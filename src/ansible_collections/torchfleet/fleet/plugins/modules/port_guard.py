@@ -94,6 +94,7 @@ msg:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.command import bounded
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import guard
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.net import ephemeral_range
 
@@ -127,27 +128,28 @@ def main():
             module.exit_json(**dict(result, msg="no nft on this host: no guard to remove"))
         module.fail_json(msg="guard_ports needs nft (nftables) on every host of the run; "
                              "install nftables there or leave guard_ports false", **result)
-    rc, out, err = module.run_command([nft, "list", "tables"])
-    if rc != 0:
+    run = bounded(module)
+    out, err = run([nft, "list", "tables"])
+    if out is None:
         if p["state"] == "absent":
             module.exit_json(**dict(result, msg="cannot list nftables tables (%s): run as root "
-                                                "(-e guard_ports=true uses sudo)" % err.strip()))
+                                                "(-e guard_ports=true uses sudo)" % err))
         module.fail_json(msg="guard_ports: nft cannot list tables here (%s); the guard needs root"
-                             " (become)" % err.strip(), **result)
+                             " (become)" % err, **result)
     present = guard.ours(out, p["run_id"])
     if p["state"] == "present":
         result.update(table=name, changed=name not in present)
         if result["changed"] and not module.check_mode:
-            rc, _out, err = module.run_command([nft, "-f", "-"], data=script)
-            if rc != 0:
+            _out, err = run([nft, "-f", "-"], data=script)
+            if err is not None:
                 module.fail_json(msg="guard_ports: nft refused the guard of run %s (%s)"
-                                     % (p["run_id"], err.strip()[-300:]), **result)
+                                     % (p["run_id"], err), **result)
         module.exit_json(msg="", **result)
     for table in present:
         if not module.check_mode:
-            rc, _out, err = module.run_command([nft, "delete", "table", "inet", table])
-            if rc != 0:
-                module.fail_json(msg="cannot remove nftables table %s (%s)" % (table, err.strip()),
+            _out, err = run([nft, "delete", "table", "inet", table])
+            if err is not None:
+                module.fail_json(msg="cannot remove nftables table %s (%s)" % (table, err),
                                  **result)
         result["removed"].append(table)
     result["changed"] = bool(result["removed"])
