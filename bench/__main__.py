@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench import (detach_cost, diagnosis, fail_fast, flood, fuzz, hardware_watch,
                    harness_overhead, health_cost, isolate, launch_overhead, output_lines, preflight_cost, recording_cost,
-                   report_scale, restart_cost, spares_cost, start_skew, straggler, watch_cpu)
+                   report_scale, restart_cost, scale, spares_cost, start_skew, straggler, watch_cpu)
 from bench.harness import RESULTS, machine, markdown, merge, write
 
 BENCHES = {
@@ -41,6 +41,7 @@ BENCHES = {
     "detach_cost": detach_cost.run,
     "hardware_watch": hardware_watch.run,
     "straggler": straggler.run,
+    "scale": scale.run,
 }
 NEEDS_ROOT = {"launch_overhead", "fail_fast", "watch_cpu", "diagnosis", "harness_overhead",
               "isolate", "flood", "start_skew", "output_lines", "spares_cost",
@@ -77,6 +78,10 @@ def main():
                         help="frames fed to each end of the control channel by the fuzz bench")
     parser.add_argument("--output-sizes", type=int, nargs="*", default=[2, 16, 128],
                         help="lab sizes of output_lines")
+    parser.add_argument("--scale-sizes", type=int, nargs="*", default=[64, 128, 256, 512],
+                        help="simulated hosts (x 8 ranks) of the scale bench (lab/scale.py)")
+    parser.add_argument("--scale-steady-s", type=float, default=20,
+                        help="how long the scale bench watches each fleet steady")
     parser.add_argument("--report-sizes", type=int, nargs="*", default=[16, 128, 512],
                         help="hosts of the records report_scale renders")
     parser.add_argument("--health-size", type=int, default=8, help="lab hosts of health_cost")

@@ -314,6 +314,26 @@ def markdown(results):
                                           rng(lb["cap_to_named_s"])))
         lines.append("| clean 4-host train.yml runs: stragglers named | %s | | | 0 in 5 |"
                      % lb["false_names"])
+    sc = results.get("scale")
+    for n, r in ((sc or {}).get("sizes") or {}).items():
+        g, allowed = r.get("growth", {}), r.get("growth_allowed", 0)
+        grow = "; growth over the smallest size %s (allowed %.1fx)" % (", ".join(
+            "%s %.1fx" % (k, v) for k, v in sorted(g.items())), allowed) if g else ""
+        lines.append("| %s simulated hosts x 8 ranks (lab/scale.py): a rank dies -> the master's "
+                     "failure / every host told / every host's torchrun ended / record final "
+                     "(%d of %d runs named the rank) | %s / %s / %s / %s s | | | told <= 3 s |"
+                     % (n, r["named_right"], r["runs"], rng(r["detected_s"]), rng(r["told_s"]),
+                        rng(r["ended_s"]), rng(r["final_s"])))
+        lines.append("| %s simulated hosts, steady: the master's CPU (cores) / RSS (MB) / control "
+                     "channel up, down (B/s) / run_state.json (bytes) / a look / status (s)%s | "
+                     "%s / %s / %s, %s / %s / %s / %s | | | status <= 2 s at 512 |"
+                     % (n, grow, rng(r["master_cores"]), rng(r["master_rss_mb"]),
+                        rng(r["channel_up_Bps"]), rng(r["channel_down_Bps"]),
+                        rng(r["record_bytes"]), rng(r["look_s"]), rng(r["status_s"])))
+        h = r["hang"]
+        lines.append("| %s simulated hosts: a hang named (rank named right: %s), past "
+                     "hang_timeout_s=%.0f | %.1f s | | | <= 30 s |"
+                     % (n, h["named_right"], sc["hang_timeout_s"], h["over_timeout_s"]))
     fz = results.get("fuzz")
     if fz:
         lines.append("| control channel fuzz: inputs fed to the master's end / the agent's end "

@@ -585,9 +585,29 @@ def unguard(p, command, log):
         log("guard not removed (stop.yml removes it): %s" % why)
 
 
+class Part:
+    """One host's part of a run once started: what serve() steps and finish() ends."""
+
+    def __init__(self, **parts):
+        self.agent, self.store, self.client = parts["agent"], parts["store"], parts["client"]
+        self.watch, self.t, self.proc = parts["watch"], parts["t"], parts["proc"]
+        self.argv, self.started = parts["argv"], parts["started"]
+
+
 def run(p, command):
     """The whole job of torchrun_job: returns its result dict, or raises ValueError with the
     sentence to fail with. `command` runs short commands (py-spy) for it: command.bounded."""
+    part = start(p, command)
+    try:
+        rc, reason = serve(part.agent, part.store, part.client, part.t)
+    finally:
+        part.watch.close()
+    return finish(p, part, rc, reason, command)
+
+
+def start(p, command):
+    """Everything before the loop: the run's directory, the master's store and channel or
+    this host's connection, torchrun started. Raises ValueError as run() does."""
     secret = p["secret"].encode()  # the master's: the run's secret; another host's: its key
     run_dir = p["run_dir"]
     t = Timings(p)
@@ -652,12 +672,15 @@ def run(p, command):
         state.beat(p["host"], clock(), pid=proc.pid)
     else:
         agent = HostAgent(p, proc, command, t, client.send, watch)
-    try:
-        rc, reason = serve(agent, store, client, t)
-    finally:
-        watch.close()
+    return Part(agent=agent, store=store, client=client, watch=watch, t=t, proc=proc, argv=argv,
+                started=started)
+
+
+def finish(p, part, rc, reason, command):
+    """After the loop: the exit written beside the run, the guard removed; run()'s result."""
     ended = time.time()
-    write_json(os.path.join(run_dir, EXITCODE), {"rc": rc, "reason": reason, "ended": ended})
-    unguard(p, command, _logger(run_dir))
-    return dict(changed=True, rc=rc, pid=proc.pid, reason=reason,
-                duration_s=round(ended - started, 3), argv=argv)
+    write_json(os.path.join(p["run_dir"], EXITCODE), {"rc": rc, "reason": reason,
+                                                       "ended": ended})
+    unguard(p, command, _logger(p["run_dir"]))
+    return dict(changed=True, rc=rc, pid=part.proc.pid, reason=reason,
+                duration_s=round(ended - part.started, 3), argv=part.argv)

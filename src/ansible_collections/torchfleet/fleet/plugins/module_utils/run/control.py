@@ -309,6 +309,7 @@ class Client:
         self.addr, self.port, self.key, self.host = addr, port, key, host
         self.connect_timeout_s = connect_timeout_s
         self.peer, self.last_heard, self.error = None, None, None
+        self.source = None  # the local address to dial from (None: the kernel's choice)
 
     @property
     def connected(self):
@@ -318,8 +319,9 @@ class Client:
         """Connect when needed, flush what is queued, return the verified bodies received."""
         if self.peer is None:
             try:
-                sock = socket.create_connection((self.addr, self.port),
-                                                timeout=self.connect_timeout_s)
+                sock = socket.create_connection(
+                    (self.addr, self.port), timeout=self.connect_timeout_s,
+                    source_address=None if self.source is None else (self.source, 0))
             except OSError as exc:
                 self.error = exc.strerror or str(exc)
                 time.sleep(timeout_s)

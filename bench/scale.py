@@ -1,0 +1,126 @@
+"""The control plane at 64 to 512 hosts x 8 ranks (lab/scale.py's harness: the real master and
+agents, stand-in ranks; what is simulated is said there and in docs/benchmarks.md).
+
+Each run of a size brings a fleet up, watches it steady for a window (the master's CPU and
+memory, the control channel's bytes, the record's size, the controller's look and status),
+then kills one rank (rank dies -> the master's failure -> every host told -> every host's
+torchrun ended -> the record final). A hang run per size stops every rank at a collective,
+one rank before it, and times the master naming that rank against hang_timeout_s. Growth is
+each figure at N over its figure at the smallest size, against N / smallest x 1.25 (issue 50:
+nothing on the master may grow faster than the fleet by more than that).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import status
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import flight, runstate
+from bench.harness import stats
+from lab.scale import Fleet
+
+HANG_TIMEOUT_S = 30.0
+
+
+def _timed(fn, repeat=5):
+    """The median seconds of fn() over repeat calls."""
+    times = []
+    for _ in range(repeat):
+        began = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - began)
+    return statistics.median(times)
+
+
+def fail_run(n, root, steady_s):
+    fleet = Fleet(root, n)
+    try:
+        began = time.monotonic()
+        fleet.up(timeout_s=900)
+        up_s = time.monotonic() - began
+        time.sleep(5)  # past the start's own bursts
+        cpu0, _ = fleet.master_usage()
+        s0, w0 = fleet.stats(), time.monotonic()
+        time.sleep(steady_s)
+        cpu1, rss = fleet.master_usage()
+        s1, w1 = fleet.stats(), time.monotonic()
+        record = fleet.record()
+        look = fleet.look(full=True)
+        out = {
+            "up_s": up_s, "master_cores": (cpu1 - cpu0) / (w1 - w0), "master_rss_mb": rss / 1e6,
+            "channel_up_Bps": (s1["sent"] - s0["sent"]) / (w1 - w0),
+            "channel_down_Bps": (s1["received"] - s0["received"]) / (w1 - w0),
+            "record_bytes": len(json.dumps(record)),
+            "look_s": _timed(fleet.look),
+            "status_s": _timed(lambda: status.text(status.view(fleet.look(full=True)["record"],
+                                                               time.time()))),
+            "status_lines": len(status.text(status.view(look["record"], time.time()))
+                                .splitlines()),
+        }
+        victim = n // 2 + 1
+        at = fleet.kill_rank(victim, 3)
+        final = fleet.wait(lambda r: r["final"], 600, "the record final")
+        for _ in range(600):
+            st = fleet.stats()
+            if st["live"] == 0:
+                break
+            time.sleep(0.5)
+        failure = final["failure"]
+        told = [v["told"] - at for v in st["times"].values() if "told" in v]
+        ended = [v["ended"] - at for v in st["times"].values() if "ended" in v]
+        out.update(
+            named_right=(failure["host"] == fleet.names[victim]
+                         and failure.get("rank") == victim * fleet.nproc + 3),
+            detected_s=final["started"] + failure["detected_s"] - at,
+            # (at_s: when the host's agent says its torchrun ended; the rest is the report's
+            # way to the master and the master's judgement)
+            noticed_s=final["started"] + failure["at_s"] - at,
+            master_s=failure["detected_s"] - failure["at_s"],
+            told_s=max(told), hosts_told=len(told), ended_s=max(ended), hosts_ended=len(ended),
+            final_s=final["updated"] - at)
+        return out
+    finally:
+        fleet.down()
+
+
+def hang_run(n, root):
+    fleet = Fleet(root, n, hang_timeout_s=HANG_TIMEOUT_S)
+    try:
+        fleet.up(timeout_s=900)
+        victim = (n // 3) * fleet.nproc + 5
+        began = fleet.hang(victim)
+        record = fleet.wait(lambda r: r["failure"] is not None, HANG_TIMEOUT_S + 600, "a hang")
+        failure = record["failure"]
+        named = record["started"] + failure["detected_s"] - began
+        culprits = flight.culprits(failure.get("collective") or {})
+        return {"named_s": named, "over_timeout_s": named - HANG_TIMEOUT_S,
+                "reason": failure["reason"], "named_right": failure["reason"] == runstate.HANG
+                and culprits == [victim], "detail": failure["detail"][:300]}
+    finally:
+        fleet.down()
+
+
+def run(args, tmp):
+    out = {"sizes": {}, "hang_timeout_s": HANG_TIMEOUT_S, "steady_s": args.scale_steady_s}
+    for n in args.scale_sizes:
+        runs = [fail_run(n, tmp / ("fleet%d-%d" % (n, i)), args.scale_steady_s)
+                for i in range(args.runs)]
+        hang = hang_run(n, tmp / ("hang%d" % n))
+        size = {k: stats([float(r[k]) for r in runs]) for k in runs[0]
+                if k not in ("named_right", "hosts_told", "hosts_ended")}
+        size.update(hosts=n, named_right=sum(r["named_right"] for r in runs), runs=len(runs),
+                    hosts_told=min(r["hosts_told"] for r in runs), hang=hang)
+        out["sizes"][str(n)] = size
+        print("scale %d: %s" % (n, json.dumps({k: v["median"] if isinstance(v, dict) and
+                                               "median" in v else v for k, v in size.items()})),
+              flush=True)
+    base = str(min(args.scale_sizes))
+    for n, size in out["sizes"].items():
+        allowed = int(n) / int(base) * 1.25
+        size["growth"] = {k: size[k]["median"] / out["sizes"][base][k]["median"]
+                          for k in ("master_cores", "master_rss_mb", "channel_up_Bps",
+                                    "record_bytes", "look_s", "status_s", "told_s")
+                          if out["sizes"][base][k]["median"]}
+        size["growth_allowed"] = allowed
+    return out

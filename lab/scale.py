@@ -1,0 +1,337 @@
+"""The scale harness: one run of hundreds of hosts x 8 ranks on this one machine, to measure what
+the master, its control channel and the controller's look cost as the fleet grows. Not the
+product, and not the lab of network namespaces (lab/netns.py: real sshd, real torchrun, up to
+~200 hosts a lab).
+
+What is real: the master is the torchrun_job module itself (its main(), its MasterStore, its
+RunState judging, its control channel's Server), and every other host runs the real HostAgent
+(agent.start, agent.serve, agent.finish) with the real
+Client dialling the master over TCP from the host's own address, real HMAC keys, the real
+hardware watch following the host's own kernel log file, the real Flight Recorder positions
+read from each rank's fr_position.json. The controller's look is watch.look, the function the
+torchrun_watch action pipes to the master each poll.
+
+What is simulated: torchrun and its ranks (lab/standin_torchrun.py: a launcher per host that
+forks its ranks copy-on-write, which write logs and positions, die on SIGUSR1 and hang on the
+fleet's control file); several hosts' agents share one process (HOSTS_PER_PROCESS), each in
+a thread of its own; every host is an address of 127.0.0.0/8 (127.<100+tag>.<i/250>.<i%250+1>,
+its own source address on the loopback, no neighbour table, no other lab's addresses) and
+lives in this machine's network namespace. No Ansible, no SSH: the controller's playbook is
+not in these figures (preflight's are, from the netns lab).
+
+    fleet = Fleet(Path("/tmp/x"), hosts=64)
+    fleet.up()                      # every host's ranks reporting to the master
+    fleet.kill_rank(17, 3)          # host 17's local rank 3 dies
+    fleet.wait(lambda r: r["final"])
+    fleet.down()
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import agent, control, procs, runstate
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import CONTROL, PIDFILE
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.watch import look
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.command import bounded
+from ansible_collections.torchfleet.fleet.plugins.modules import torchrun_job
+from lab import standin_torchrun
+
+HOSTS_PER_PROCESS = 64
+STATS_S = 1.0       # each hosts process writes its counters this often
+# The hosts processes and their stand-ins run at this nice value: on a 2-core machine 512 hosts'
+# agents and 4,096 ranks want more than it has, and the master's figures (its CPU, when it
+# judges) must be its own. What the hosts do late is then the harness's delay, not the fleet's.
+HOSTS_NICE = 10
+PREFIX = "tfscale"  # the hosts' names: tfscale000, ...
+
+
+def address(tag, i):
+    """Host i's address (i from 0: the master)."""
+    return "127.%d.%d.%d" % (100 + tag, i // 250, i % 250 + 1)
+
+
+def free_port(addr):
+    with socket.socket() as s:
+        s.bind((addr, 0))
+        return s.getsockname()[1]
+
+
+class _Module:
+    """What command.bounded needs of an AnsibleModule, for agents outside one."""
+
+    run_command_environ_update: dict = {}
+
+    @staticmethod
+    def get_bin_path(name, required=False):
+        return shutil.which(name)
+
+
+class Fleet:
+    def __init__(self, root, hosts, nproc=8, tag=0, hang_timeout_s=60.0, lost_after_s=None,
+                 flight_recorder=2000):
+        self.root, self.n, self.nproc, self.tag = Path(root), hosts, nproc, tag
+        self.names = ["%s%03d" % (PREFIX, i) for i in range(hosts)]
+        self.addrs = [address(tag, i) for i in range(hosts)]
+        self.hang_timeout_s, self.lost_after_s = hang_timeout_s, lost_after_s
+        self.flight_recorder = flight_recorder
+        self.run_id = "scale%d-%s" % (hosts, secrets.token_hex(3))
+        self.procs: list[subprocess.Popen] = []
+        self.master = None
+        self.t0 = 0.0
+        self.control = self.root / "control.json"
+
+    def run_dir(self, i):
+        return self.root / "hosts" / self.names[i] / self.run_id / self.names[i]
+
+    def params(self, i, secret, port):
+        """Host i's torchrun_job arguments, as the launch role gives them."""
+        p = {k: v.get("default") for k, v in torchrun_job.ARGUMENT_SPEC.items()}
+        p.update(run_dir=str(self.run_dir(i)), run_id=self.run_id, host=self.names[i], node_rank=i,
+                 hosts=self.names, host_addrs=self.addrs, python=str(self.root / "standin"),
+                 script=str(self.root / "train.py"), script_args=[], files={},
+                 nnodes=self.n, nproc_per_node=self.nproc, master_addr=self.addrs[0],
+                 master_port=port + 1, control_port=port,
+                 secret=secret if i == 0 else control.host_key(secret.encode(),
+                                                               self.names[i]).decode(),
+                 local_addr=self.addrs[i], hang_timeout_s=self.hang_timeout_s,
+                 flight_recorder=self.flight_recorder, stack_dump="py-spy",
+                 kernel_log=str(self.root / "kmsg" / self.names[i]),
+                 env={standin_torchrun.CONTROL_ENV: str(self.control),
+                      standin_torchrun.T0_ENV: repr(self.t0)})
+        if self.lost_after_s is not None:
+            p["lost_after_s"] = self.lost_after_s
+        return p
+
+    def up(self, timeout_s=600):
+        """Start the master and every host; return once every rank reports to the master."""
+        (self.root / "kmsg").mkdir(parents=True, exist_ok=True)
+        (self.root / "stats").mkdir(exist_ok=True)
+        standin = self.root / "standin"
+        standin.write_text("#!%s -IS\n" % sys.executable
+                           + Path(standin_torchrun.__file__).read_text())
+        standin.chmod(0o755)
+        (self.root / "train.py").write_text("# the stand-in ranks do not read this\n")
+        self.control.write_text("{}")
+        for name in self.names:
+            (self.root / "kmsg" / name).touch()
+        self.t0 = time.time()
+        secret, port = secrets.token_hex(16), free_port(self.addrs[0])
+        args = self.root / "master.json"
+        args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": self.params(0, secret, port)}))
+        self.master = subprocess.Popen(
+            [sys.executable, torchrun_job.__file__, str(args)], stdin=subprocess.DEVNULL,
+            stdout=open(self.root / "master.out", "wb"), stderr=subprocess.STDOUT,
+            start_new_session=True)
+        self.procs.append(self.master)
+        for start in range(1, self.n, HOSTS_PER_PROCESS):
+            chunk = self.root / ("hosts-%04d.json" % start)
+            chunk.write_text(json.dumps({
+                "stats": str(self.root / "stats" / chunk.name), "nice": HOSTS_NICE,
+                "hosts": [self.params(i, secret, port)
+                          for i in range(start, min(self.n, start + HOSTS_PER_PROCESS))]}))
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "lab.scale", str(chunk)], cwd=Path(__file__).parent.parent,
+                stdin=subprocess.DEVNULL, stdout=open(str(chunk) + ".out", "wb"),
+                stderr=subprocess.STDOUT, start_new_session=True))
+        self.wait(lambda r: sum(h.get("alive") or 0 for h in r["hosts"])
+                  == self.n * self.nproc, timeout_s, "every rank up")
+
+    def record(self):
+        try:
+            return json.loads((self.run_dir(0) / CONTROL).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def wait(self, condition, timeout_s=300, what="the condition", poll_s=0.05):
+        """The master's record once condition(record) holds; the harness's look renews the
+        master's lease as the controller's watch would."""
+        end = time.monotonic() + timeout_s
+        next_look = 0.0
+        while time.monotonic() < end:
+            if time.monotonic() >= next_look:
+                next_look = time.monotonic() + 2.0
+                self.look()
+            record = self.record()
+            if record is not None and condition(record):
+                return record
+            if self.master is not None and self.master.poll() is not None and (
+                    record is None or not record.get("final")):
+                raise RuntimeError("the master ended (rc %s): %s" % (
+                    self.master.returncode, (self.root / "master.out").read_text()[-2000:]))
+            time.sleep(poll_s)
+        raise TimeoutError("%s within %.0f s; the master's record: %s" % (
+            what, timeout_s, json.dumps(self.record())[-1500:]))
+
+    def look(self, full=False):
+        """The controller's look at the master (torchrun_watch): renews the lease."""
+        return look({"run_dir": str(self.run_dir(0)), "run_id": self.run_id, "full": full})
+
+    def rank_pid(self, i, local_rank):
+        path = next(self.run_dir(i).glob("logs/*/attempt_0/%d/fr_position.json" % local_rank))
+        return json.loads(path.read_text())["pid"]
+
+    def kill_rank(self, i, local_rank):
+        """Host i's local rank dies (exit code 1); the time it was told."""
+        pid = self.rank_pid(i, local_rank)
+        at = time.time()
+        os.kill(pid, signal.SIGUSR1)
+        return at
+
+    def hang(self, rank, ahead_steps=2):
+        """Every rank stops at a collective ahead_steps from now, `rank` before it (it never
+        joins); the time the hang begins."""
+        seq = int((time.time() - self.t0) / standin_torchrun.STEP_S) + ahead_steps
+        tmp = self.control.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"hang": {"rank": rank, "seq": seq}}))
+        os.replace(tmp, self.control)
+        return self.t0 + seq * standin_torchrun.STEP_S
+
+    def launchers(self):
+        """{host: pid} of every host's torchrun stand-in, from its agent's pid file."""
+        out = {}
+        for i, name in enumerate(self.names):
+            try:
+                out[name] = json.loads((self.run_dir(i) / PIDFILE).read_text())["pid"]
+            except (OSError, ValueError, KeyError):
+                pass
+        return out
+
+    def stats(self):
+        """The hosts processes' counters summed (bytes each way on the control channel, hosts
+        still running) and every host's times ({host: {told, ended}}, wall clock)."""
+        total: dict = {"sent": 0, "received": 0, "live": 0, "times": {}}
+        for path in (self.root / "stats").glob("*.json"):
+            try:
+                s = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            for k in ("sent", "received", "live"):
+                total[k] += s.get(k, 0)
+            total["times"].update(s.get("times", {}))
+        return total
+
+    def master_usage(self):
+        """(CPU seconds, RSS bytes) of the master's process so far."""
+        return process_usage(self.master.pid)
+
+    def down(self):
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for proc in self.procs:
+            proc.wait()
+        # Stand-in launchers and ranks are in sessions of their own: found by the run id
+        # their environment carries (the agent's own way, procs.run_processes).
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            left = procs.run_processes(self.run_id)
+            if not left:
+                break
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.1)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def process_usage(pid):
+    """(CPU seconds, RSS bytes) of a process."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) / ticks
+    rss = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+    return cpu, rss
+
+
+def host_processes(run_id, root_pid=None, host=None, orphans=True):
+    """procs.run_processes as a host of the fleet sees it: its torchrun and what descends from
+    it. On a real host the agent scans that host's /proc; here /proc holds every host's
+    processes, and 64 hosts in one process scanning thousands each would make a stop cost
+    what the harness adds, not what the fleet does."""
+    del host, orphans
+    if root_pid is None or not procs.is_run_torchrun(root_pid, run_id):
+        return []
+    found, todo = set(), [root_pid]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(procs.children(pid))
+    return sorted(pid for pid in found if procs.alive(pid))
+
+
+def serve_hosts(spec_path):
+    """One hosts process: each of its hosts' agents started, then served in a thread of its
+    own by agent.serve, as its own process would on its own host (a host's stop waits on its
+    torchrun: in turn, 64 hosts' stops would add up). Writes its counters every STATS_S, and
+    each host's times: told to stop (the master's ABORT arrived), its torchrun seen ended."""
+    spec = json.loads(Path(spec_path).read_text())
+    os.nice(spec["nice"])  # the master's figures are the master's, not the harness's load
+    counts = {"sent": 0, "received": 0}
+    times: dict = {}
+    seal, read_lines = control.seal, control._Peer.read_lines
+
+    def counted_seal(*args):
+        line = seal(*args)
+        counts["sent"] += len(line)
+        return line
+
+    def counted_read(self, max_line):
+        lines = read_lines(self, max_line)
+        if isinstance(lines, list):
+            counts["received"] += sum(len(x) + 1 for x in lines)
+        return lines
+    control.seal, control._Peer.read_lines = counted_seal, counted_read
+    procs.run_processes = host_processes
+    command = bounded(_Module())
+    wall_minus_mono = time.time() - time.monotonic()
+
+    def serve(p, part):
+        obey = part.agent.obey
+
+        def timed_obey(message):
+            if message.get("t") == runstate.ABORT:
+                times.setdefault(p["host"], {}).setdefault("told", time.time())
+            obey(message)
+        part.agent.obey = timed_obey
+        try:
+            rc, reason = agent.serve(part.agent, None, part.client, part.t)
+        finally:
+            part.watch.close()
+        agent.finish(p, part, rc, reason, command)
+        times.setdefault(p["host"], {})["ended"] = (part.agent.ended_m or time.monotonic()) \
+            + wall_minus_mono
+
+    threads = []
+    for p in spec["hosts"]:
+        part = agent.start(p, command)
+        part.client.source = p["local_addr"]
+        threads.append(threading.Thread(target=serve, args=(p, part), daemon=True))
+        threads[-1].start()
+    while True:
+        live = sum(t.is_alive() for t in threads)
+        tmp = spec["stats"] + ".tmp"
+        Path(tmp).write_text(json.dumps(dict(counts, live=live, times=times)))
+        os.replace(tmp, spec["stats"])
+        if not live:
+            return
+        time.sleep(STATS_S)
+
+
+if __name__ == "__main__":
+    serve_hosts(sys.argv[1])
