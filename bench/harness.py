@@ -316,14 +316,20 @@ def markdown(results):
                      % lb["false_names"])
     sc = results.get("scale")
     for n, r in ((sc or {}).get("sizes") or {}).items():
+        if "error" in r:
+            lines.append("| %s simulated hosts x 8 ranks (lab/scale.py) | failed: %s | | | |"
+                         % (n, r["error"].replace("|", "/").replace("\n", " ")[:300]))
+            continue
         g, allowed = r.get("growth", {}), r.get("growth_allowed", 0)
         grow = "; growth over the smallest size %s (allowed %.1fx)" % (", ".join(
             "%s %.1fx" % (k, v) for k, v in sorted(g.items())), allowed) if g else ""
         lines.append("| %s simulated hosts x 8 ranks (lab/scale.py): a rank dies -> the master's "
                      "failure / every host told / every host's torchrun ended / record final "
-                     "(%d of %d runs named the rank) | %s / %s / %s / %s s | | | told <= 3 s |"
-                     % (n, r["named_right"], r["runs"], rng(r["detected_s"]), rng(r["told_s"]),
-                        rng(r["ended_s"]), rng(r["final_s"])))
+                     "(%d of %d runs named the rank; the master's broadcast of its abort %s s) | %s / %s / "
+                     "%s / %s s | | | told <= 3 s |"
+                     % (n, r["named_right"], r["runs"], rng(r["broadcast_s"]),
+                        rng(r["detected_s"]), rng(r["told_s"]), rng(r["ended_s"]),
+                        rng(r["final_s"])))
         lines.append("| %s simulated hosts, steady: the master's CPU (cores) / RSS (MB) / control "
                      "channel up, down (B/s) / run_state.json (bytes) / a look / status (s)%s | "
                      "%s / %s / %s, %s / %s / %s / %s | | | status <= 2 s at 512 |"

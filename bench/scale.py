@@ -67,16 +67,14 @@ def fail_run(n, root, steady_s):
                 break
             time.sleep(0.5)
         failure = final["failure"]
+        broadcast = fleet.abort_broadcast()
         told = [v["told"] - at for v in st["times"].values() if "told" in v]
         ended = [v["ended"] - at for v in st["times"].values() if "ended" in v]
         out.update(
             named_right=(failure["host"] == fleet.names[victim]
                          and failure.get("rank") == victim * fleet.nproc + 3),
             detected_s=final["started"] + failure["detected_s"] - at,
-            # (at_s: when the host's agent says its torchrun ended; the rest is the report's
-            # way to the master and the master's judgement)
-            noticed_s=final["started"] + failure["at_s"] - at,
-            master_s=failure["detected_s"] - failure["at_s"],
+            broadcast_s=broadcast[1] - broadcast[0],
             told_s=max(told), hosts_told=len(told), ended_s=max(ended), hosts_ended=len(ended),
             final_s=final["updated"] - at)
         return out
@@ -104,9 +102,14 @@ def hang_run(n, root):
 def run(args, tmp):
     out = {"sizes": {}, "hang_timeout_s": HANG_TIMEOUT_S, "steady_s": args.scale_steady_s}
     for n in args.scale_sizes:
-        runs = [fail_run(n, tmp / ("fleet%d-%d" % (n, i)), args.scale_steady_s)
-                for i in range(args.runs)]
-        hang = hang_run(n, tmp / ("hang%d" % n))
+        try:
+            runs = [fail_run(n, tmp / ("fleet%d-%d" % (n, i)), args.scale_steady_s)
+                    for i in range(args.runs)]
+            hang = hang_run(n, tmp / ("hang%d" % n))
+        except (RuntimeError, TimeoutError, OSError) as exc:  # a size that fails is a figure
+            out["sizes"][str(n)] = {"hosts": n, "error": str(exc)[-1000:]}
+            print("scale %d: %s" % (n, exc), flush=True)
+            continue
         size = {k: stats([float(r[k]) for r in runs]) for k in runs[0]
                 if k not in ("named_right", "hosts_told", "hosts_ended")}
         size.update(hosts=n, named_right=sum(r["named_right"] for r in runs), runs=len(runs),
@@ -115,12 +118,13 @@ def run(args, tmp):
         print("scale %d: %s" % (n, json.dumps({k: v["median"] if isinstance(v, dict) and
                                                "median" in v else v for k, v in size.items()})),
               flush=True)
-    base = str(min(args.scale_sizes))
-    for n, size in out["sizes"].items():
+    measured = {n: size for n, size in out["sizes"].items() if "error" not in size}
+    base = min(measured, key=int, default=None)
+    for n, size in measured.items():
         allowed = int(n) / int(base) * 1.25
-        size["growth"] = {k: size[k]["median"] / out["sizes"][base][k]["median"]
+        size["growth"] = {k: size[k]["median"] / measured[base][k]["median"]
                           for k in ("master_cores", "master_rss_mb", "channel_up_Bps",
-                                    "record_bytes", "look_s", "status_s", "told_s")
-                          if out["sizes"][base][k]["median"]}
+                                    "record_bytes", "look_s", "status_s", "broadcast_s",
+                                    "told_s") if measured[base][k]["median"]}
         size["growth_allowed"] = allowed
     return out

@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     up_p = sub.add_parser("up", help="create the lab and print its inventory path")
     up_p.add_argument("--nodes", type=int, default=2)
     up_p.add_argument("--tag", type=int, default=0,
-                      help="lab number 0-%d: names tflab<N>-*, addresses 10.77.<N>.0/24"
+                      help="lab number 0-%d: names tflab<N>-*, addresses 10.77.<16N>.0/20"
                       % (netns.MAX_LABS - 1))
     up_p.add_argument("--user", action="store_true",
                       help="also a non-root login on every node (tflab<N>-user)")

@@ -1,8 +1,9 @@
 """A multi-host test lab on one Linux machine: network namespaces with sshd, no Docker.
 
 Each node is a network namespace with an `eth0` veth into one bridge, its own IPv4 address in
-10.77.<tag>.0/24 (used by nothing but the lab), its own hostname (UTS namespace), its own
-/etc/hosts and resolv.conf (in /etc/netns/<ns>/, which `ip netns exec` binds over /etc/), a node-local
+the lab's 10.77.<16 x tag>.0/20 (used by nothing but the lab; node i is
+10.77.<16 x tag + i / 250>.<i % 250 + 1>, up to MAX_NODES), its own hostname (UTS namespace),
+its own /etc/hosts and resolv.conf (in /etc/netns/<ns>/, which `ip netns exec` binds over /etc/), a node-local
 directory mounted at <lab>/local (so code_dir and data_paths can differ per node), and its own
 sshd with a lab-only host key; Ansible reaches it over real SSH with a lab-only client key and
 a known_hosts file the lab writes, host key checking on.
@@ -46,8 +47,15 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.run import procs 
 SLOW_CPU_PCT = 10  # a throttled node in the lab: a tenth of one CPU (below its share of one)
 SLOW_RATE = "400mbit"  # a slowed NIC or link in the lab: ~10x below what a lab pair carries
 PREFIX = "tflab"  # every lab: tflab<N>-node0 (netns), tflab<N>-v0 (veth), tflab<N>-br
-MAX_LABS = 16  # lab N uses 10.77.N.0/24, so several labs (tests, molecule) can coexist
-MAX_NODES = 200
+MAX_LABS = 16  # lab N uses 10.77.16N.0/20, so several labs (tests, molecule) can coexist
+MAX_NODES = 1000  # a bridge takes 1024 ports
+PREFIX_LEN = 20
+# The kernel's neighbour table (ARP) is one for every namespace: each node's entries (the
+# gateway, the master, a few peers) and the machine's for each node count against its hard
+# limit (gc_thresh3, 1024 by default), raised for a lab past this many nodes and put back by
+# down() (the values it found are kept in <lab>/neigh.json).
+NEIGH_NODES = 200
+NEIGH_SYSCTL = "/proc/sys/net/ipv4/neigh/default/gc_thresh%d"
 DEFAULT_DIR = Path("/tmp/torchfleet-lab")
 SSHD = "/usr/sbin/sshd"
 NFT_TABLE = PREFIX
@@ -132,7 +140,7 @@ class Node:
 
     @property
     def address(self) -> str:
-        return "10.77.%d.%d" % (self.tag, self.index + 1)
+        return "10.77.%d.%d" % (16 * self.tag + self.index // 250, self.index % 250 + 1)
 
     @property
     def veth(self) -> str:
@@ -157,7 +165,7 @@ class Lab:
 
     @property
     def gateway(self) -> str:
-        return "10.77.%d.254" % self.tag
+        return "10.77.%d.254" % (16 * self.tag + 15)
 
     # ---- paths -----------------------------------------------------------------------------
     @property
@@ -253,7 +261,9 @@ class Lab:
             self._add_user()
 
         sh("ip", "link", "add", self.bridge, "type", "bridge")
-        sh("ip", "addr", "add", self.gateway + "/24", "dev", self.bridge)
+        if len(self.nodes) > NEIGH_NODES:
+            raise_neighbour_table(self.root, len(self.nodes))
+        sh("ip", "addr", "add", "%s/%d" % (self.gateway, PREFIX_LEN), "dev", self.bridge)
         sh("ip", "link", "set", self.bridge, "up")
         for node in self.nodes:
             self._add_node(node)
@@ -267,7 +277,8 @@ class Lab:
         sh("ip", "netns", "add", node.ns)
         sh("ip", "link", "add", node.veth, "type", "veth", "peer", "name", "eth0", "netns", node.ns)
         sh("ip", "link", "set", node.veth, "master", self.bridge, "up")
-        sh("ip", "-n", node.ns, "addr", "add", node.address + "/24", "dev", "eth0")
+        sh("ip", "-n", node.ns, "addr", "add", "%s/%d" % (node.address, PREFIX_LEN), "dev",
+           "eth0")
         sh("ip", "-n", node.ns, "link", "set", "eth0", "up")
         sh("ip", "-n", node.ns, "link", "set", "lo", "up")
         sh("ip", "-n", node.ns, "route", "add", "default", "via", self.gateway)
@@ -722,7 +733,31 @@ def down(root: Path = DEFAULT_DIR, tag: int | None = None) -> list[str]:
     for name in our_users(tag):
         sh("userdel", name, check=False)
         removed.append("user " + name)
+    removed += restore_neighbour_table(root)
     if root.exists():
         shutil.rmtree(root, ignore_errors=True)
         removed.append(str(root))
     return removed
+
+
+def raise_neighbour_table(root: Path, nodes: int) -> None:
+    """Room in the neighbour table for `nodes` more entries (gc_thresh1-3), the values found
+    kept in <lab>/neigh.json for down()."""
+    found = [int(Path(NEIGH_SYSCTL % i).read_text()) for i in (1, 2, 3)]
+    (root / "neigh.json").write_text(json.dumps(found))
+    wanted = [found[0], max(found[1], found[1] + 2 * nodes), max(found[2], found[2] + 4 * nodes)]
+    for i, value in zip((1, 2, 3), wanted, strict=True):
+        Path(NEIGH_SYSCTL % i).write_text("%d\n" % value)
+
+
+def restore_neighbour_table(root: Path) -> list[str]:
+    """Put back the neighbour table's limits this lab raised."""
+    saved = root / "neigh.json"
+    try:
+        found = json.loads(saved.read_text())
+    except (OSError, ValueError):
+        return []
+    for i, value in zip((1, 2, 3), found, strict=False):
+        Path(NEIGH_SYSCTL % i).write_text("%d\n" % value)
+    saved.unlink()
+    return ["neighbour table limits %s" % found]

@@ -1,20 +1,22 @@
 """The scale harness: one run of hundreds of hosts x 8 ranks on this one machine, to measure what
 the master, its control channel and the controller's look cost as the fleet grows. Not the
-product, and not the lab of network namespaces (lab/netns.py: real sshd, real torchrun, up to
-~200 hosts a lab).
+product, and not the lab of network namespaces (lab/netns.py: real sshd and real torchrun on
+every node).
 
-What is real: the master is the torchrun_job module itself (its main(), its MasterStore, its
-RunState judging, its control channel's Server), and every other host runs the real HostAgent
-(agent.start, agent.serve, agent.finish) with the real
-Client dialling the master over TCP from the host's own address, real HMAC keys, the real
-hardware watch following the host's own kernel log file, the real Flight Recorder positions
-read from each rank's fr_position.json. The controller's look is watch.look, the function the
+What is real: the master is the torchrun_job module itself (its main() on its arguments' file,
+as Ansible's async wrapper runs it: its MasterStore, its RunState judging, its control
+channel's Server; only its abort's broadcast is timed, serve_master), and every other host
+runs the real HostAgent (agent.start, agent.serve, agent.finish) with the real Client dialling
+the master over TCP from the host's own address, real HMAC keys, the real hardware watch
+following the host's own kernel log file, the real Flight Recorder positions read from each
+rank's fr_position.json. The controller's look is watch.look, the function the
 torchrun_watch action pipes to the master each poll.
 
 What is simulated: torchrun and its ranks (lab/standin_torchrun.py: a launcher per host that
 forks its ranks copy-on-write, which write logs and positions, die on SIGUSR1 and hang on the
 fleet's control file); several hosts' agents share one process (HOSTS_PER_PROCESS), each in
-a thread of its own; every host is an address of 127.0.0.0/8 (127.<100+tag>.<i/250>.<i%250+1>,
+a thread of its own, at nice HOSTS_NICE, and a host's scan for its run's processes walks its
+torchrun's tree (host_processes); every host is an address of 127.0.0.0/8 (127.<100+tag>.<i/250>.<i%250+1>,
 its own source address on the loopback, no neighbour table, no other lab's addresses) and
 lives in this machine's network namespace. No Ansible, no SSH: the controller's playbook is
 not in these figures (preflight's are, from the netns lab).
@@ -89,6 +91,7 @@ class Fleet:
         self.master = None
         self.t0 = 0.0
         self.control = self.root / "control.json"
+        self.abort_times = self.root / "abort.json"  # the master's broadcast of its abort
 
     def run_dir(self, i):
         return self.root / "hosts" / self.names[i] / self.run_id / self.names[i]
@@ -129,7 +132,8 @@ class Fleet:
         args = self.root / "master.json"
         args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": self.params(0, secret, port)}))
         self.master = subprocess.Popen(
-            [sys.executable, torchrun_job.__file__, str(args)], stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", "lab.scale", "master", str(args), str(self.abort_times)],
+            cwd=Path(__file__).parent.parent, stdin=subprocess.DEVNULL,
             stdout=open(self.root / "master.out", "wb"), stderr=subprocess.STDOUT,
             start_new_session=True)
         self.procs.append(self.master)
@@ -140,7 +144,7 @@ class Fleet:
                 "hosts": [self.params(i, secret, port)
                           for i in range(start, min(self.n, start + HOSTS_PER_PROCESS))]}))
             self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "lab.scale", str(chunk)], cwd=Path(__file__).parent.parent,
+                [sys.executable, "-m", "lab.scale", "hosts", str(chunk)], cwd=Path(__file__).parent.parent,
                 stdin=subprocess.DEVNULL, stdout=open(str(chunk) + ".out", "wb"),
                 stderr=subprocess.STDOUT, start_new_session=True))
         self.wait(lambda r: sum(h.get("alive") or 0 for h in r["hosts"])
@@ -219,6 +223,14 @@ class Fleet:
                 total[k] += s.get(k, 0)
             total["times"].update(s.get("times", {}))
         return total
+
+    def abort_broadcast(self):
+        """(began, sent) of the master's first abort, wall clock; None before one."""
+        try:
+            times = json.loads(self.abort_times.read_text())
+        except (OSError, ValueError):
+            return None
+        return times["began"], times["sent"]
 
     def master_usage(self):
         """(CPU seconds, RSS bytes) of the master's process so far."""
@@ -333,5 +345,23 @@ def serve_hosts(spec_path):
         time.sleep(STATS_S)
 
 
+def serve_master(args_path, times_path):
+    """The master: the torchrun_job module's main() on its arguments' file, its abort's
+    broadcast timed (when it began, when every host's message was handed to the kernel)."""
+    abort = agent.MasterStore.abort_everyone
+
+    def timed(self):
+        began = time.time()
+        abort(self)
+        if not os.path.exists(times_path):
+            Path(times_path).write_text(json.dumps({"began": began, "sent": time.time()}))
+    agent.MasterStore.abort_everyone = timed
+    sys.argv = [torchrun_job.__file__, args_path]
+    torchrun_job.main()
+
+
 if __name__ == "__main__":
-    serve_hosts(sys.argv[1])
+    if sys.argv[1] == "master":
+        serve_master(sys.argv[2], sys.argv[3])
+    else:
+        serve_hosts(sys.argv[2])
