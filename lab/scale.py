@@ -15,7 +15,7 @@ torchrun_watch action pipes to the master each poll.
 What is simulated: torchrun and its ranks (lab/standin_torchrun.py: a launcher per host that
 forks its ranks copy-on-write, which write logs and positions, die on SIGUSR1 and hang on the
 fleet's control file); several hosts' agents share one process (HOSTS_PER_PROCESS), each in
-a thread of its own, at nice HOSTS_NICE, and a host's scan for its run's processes walks its
+a thread of its own, under SCHED_IDLE (serve_hosts), and a host's scan for its run's processes walks its
 torchrun's tree (host_processes); every host is an address of 127.0.0.0/8 (127.<100+tag>.<i/250>.<i%250+1>,
 its own source address on the loopback, no neighbour table, no other lab's addresses) and
 lives in this machine's network namespace. No Ansible, no SSH: the controller's playbook is
@@ -45,15 +45,18 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.run import agent,
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import CONTROL, PIDFILE
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.watch import look
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.command import bounded
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.modules import torchrun_job
 from lab import standin_torchrun
 
 HOSTS_PER_PROCESS = 64
 STATS_S = 1.0       # each hosts process writes its counters this often
-# The hosts processes and their stand-ins run at this nice value: on a 2-core machine 512 hosts'
-# agents and 4,096 ranks want more than it has, and the master's figures (its CPU, when it
-# judges) must be its own. What the hosts do late is then the harness's delay, not the fleet's.
-HOSTS_NICE = 10
+FORKS = 64          # Ansible's forks in ansible.cfg: the launch role's join timeout counts by them
+# The hosts processes and their stand-ins run under SCHED_IDLE: on a 2-core machine 512 hosts'
+# agents and 4,096 ranks want more than it has, and the master's figures (its CPU, how soon it
+# judges and tells) must be its own: a normal task preempts an idle one as soon as it wakes,
+# where a thousand nice-10 ranks waking together would still outweigh the master. What the
+# hosts do late is then the harness's delay, not the fleet's.
 PREFIX = "tfscale"  # the hosts' names: tfscale000, ...
 
 
@@ -113,6 +116,10 @@ class Fleet:
                       standin_torchrun.T0_ENV: repr(self.t0)})
         if self.lost_after_s is not None:
             p["lost_after_s"] = self.lost_after_s
+        # The launch role's rule (its join timeout grows by fork batch, forks 64): the agents of
+        # a big fleet start over a while, here as there.
+        p["join_timeout_s"] = int(defaults.JOIN_BASE_S + defaults.JOIN_PER_BATCH_S * (
+            (self.n - 1) // FORKS))
         return p
 
     def up(self, timeout_s=600):
@@ -140,7 +147,7 @@ class Fleet:
         for start in range(1, self.n, HOSTS_PER_PROCESS):
             chunk = self.root / ("hosts-%04d.json" % start)
             chunk.write_text(json.dumps({
-                "stats": str(self.root / "stats" / chunk.name), "nice": HOSTS_NICE,
+                "stats": str(self.root / "stats" / chunk.name),
                 "hosts": [self.params(i, secret, port)
                           for i in range(start, min(self.n, start + HOSTS_PER_PROCESS))]}))
             self.procs.append(subprocess.Popen(
@@ -168,10 +175,14 @@ class Fleet:
             record = self.record()
             if record is not None and condition(record):
                 return record
-            if self.master is not None and self.master.poll() is not None and (
-                    record is None or not record.get("final")):
-                raise RuntimeError("the master ended (rc %s): %s" % (
-                    self.master.returncode, (self.root / "master.out").read_text()[-2000:]))
+            if self.master is not None and self.master.poll() is not None:
+                record = self.record()  # (the master may have ended since the read above)
+                if record is not None and condition(record):
+                    return record
+                raise RuntimeError("the master ended (rc %s) before %s: %s" % (
+                    self.master.returncode, what, json.dumps(
+                        (record or {}).get("failure") or
+                        (self.root / "master.out").read_text()[-1000:])[:1000]))
             time.sleep(poll_s)
         raise TimeoutError("%s within %.0f s; the master's record: %s" % (
             what, timeout_s, json.dumps(self.record())[-1500:]))
@@ -293,7 +304,7 @@ def serve_hosts(spec_path):
     torchrun: in turn, 64 hosts' stops would add up). Writes its counters every STATS_S, and
     each host's times: told to stop (the master's ABORT arrived), its torchrun seen ended."""
     spec = json.loads(Path(spec_path).read_text())
-    os.nice(spec["nice"])  # the master's figures are the master's, not the harness's load
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # (the master's figures its own; inherited)
     counts = {"sent": 0, "received": 0}
     times: dict = {}
     seal, read_lines = control.seal, control._Peer.read_lines
@@ -346,16 +357,17 @@ def serve_hosts(spec_path):
 
 
 def serve_master(args_path, times_path):
-    """The master: the torchrun_job module's main() on its arguments' file, its abort's
-    broadcast timed (when it began, when every host's message was handed to the kernel)."""
-    abort = agent.MasterStore.abort_everyone
+    """The master: the torchrun_job module's main() on its arguments' file, its first
+    broadcast (the abort) timed: when it began, when every host's message was handed to the
+    kernel (or queued behind a full socket)."""
+    broadcast = control.Server.broadcast
 
-    def timed(self):
+    def timed(self, body):
         began = time.time()
-        abort(self)
+        broadcast(self, body)
         if not os.path.exists(times_path):
             Path(times_path).write_text(json.dumps({"began": began, "sent": time.time()}))
-    agent.MasterStore.abort_everyone = timed
+    control.Server.broadcast = timed
     sys.argv = [torchrun_job.__file__, args_path]
     torchrun_job.main()
 

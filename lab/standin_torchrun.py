@@ -65,6 +65,7 @@ def rank_main(rank, rdir, control, t0):
     out = open(os.path.join(rdir, "stdout.log"), "a", buffering=1)
     position = os.path.join(rdir, "fr_position.json")
     pid, said, seen_mtime, hang = os.getpid(), None, None, None
+    phase = (pid * 0.618034) % 1.0 * STEP_S
     while True:
         now = time.time()
         seq = int((now - t0) / STEP_S)
@@ -86,7 +87,9 @@ def rank_main(rank, rdir, control, t0):
             said = place
             write_atomic(position, json.dumps({"rank": rank, "pid": pid, "pgs": {"0": [
                 place[0], place[1], "gloo:all_reduce", "[[1024]]", "Float", place[2]]}}))
-        time.sleep(max(0.01, STEP_S - (time.time() - t0) % STEP_S))
+        # Each rank wakes at its own phase of the step: a thousand ranks waking at once would
+        # be a burst no fleet of separate hosts makes on one machine.
+        time.sleep(max(0.01, STEP_S - (time.time() - t0 - phase) % STEP_S))
 
 
 def main(argv):

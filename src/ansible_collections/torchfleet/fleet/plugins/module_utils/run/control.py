@@ -67,12 +67,19 @@ def host_key(secret, host):
 
 def _mac(secret, direction, nonce, seq, payload):
     text = "%s|%s|%d|" % (direction, nonce, seq)
-    return hmac.new(secret, text.encode() + payload, hashlib.sha256).hexdigest().encode()
+    # (hmac.digest: the one-shot C HMAC, a third of hmac.new()'s cost per message)
+    return hmac.digest(secret, text.encode() + payload, hashlib.sha256).hex().encode()
 
 
-def seal(secret, direction, nonce, seq, body):
-    """One signed line."""
-    payload = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+def encode(body):
+    """A body's bytes as signed and sent."""
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def seal(secret, direction, nonce, seq, body, payload=None):
+    """One signed line; payload: encode(body) when the caller has it already (a broadcast
+    encodes once for every host)."""
+    payload = encode(body) if payload is None else payload
     return b"%d %s %s\n" % (seq, _mac(secret, direction, nonce, seq, payload), payload)
 
 
@@ -240,8 +247,9 @@ class Server:
         return None
 
     def broadcast(self, body):
+        payload = encode(body)
         for peer in list(self.by_host.values()):
-            self._send(peer, body)
+            self._send(peer, body, payload)
             if not peer.flush():
                 self._drop(peer, None, None)
 
@@ -279,9 +287,9 @@ class Server:
         for peer in others[:max(0, len(pending) + 1 - MAX_PENDING)]:
             self._drop(peer, "over_cap", None)
 
-    def _send(self, peer, body):
+    def _send(self, peer, body, payload=None):
         peer.seq_out += 1
-        peer.outbuf += seal(peer.key, TO_AGENT, peer.nonce, peer.seq_out, body)
+        peer.outbuf += seal(peer.key, TO_AGENT, peer.nonce, peer.seq_out, body, payload)
 
     def _drop(self, peer, why, closed):
         if self.peers.pop(peer.sock, None) is None:
