@@ -82,6 +82,11 @@ def main():
                         help="simulated hosts (x 8 ranks) of the scale bench (lab/scale.py)")
     parser.add_argument("--scale-steady-s", type=float, default=20,
                         help="how long the scale bench watches each fleet steady")
+    parser.add_argument("--scale-look-s", type=float, default=0.5,
+                        help="how often the scale bench's hosts' agents look (the product: "
+                             "0.1 s; 2 CPUs cannot step 512 agents that often)")
+    parser.add_argument("--scale-step-s", type=float, default=5,
+                        help="the scale bench's stand-in ranks' step (a collective each)")
     parser.add_argument("--report-sizes", type=int, nargs="*", default=[16, 128, 512],
                         help="hosts of the records report_scale renders")
     parser.add_argument("--health-size", type=int, default=8, help="lab hosts of health_cost")

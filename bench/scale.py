@@ -35,8 +35,8 @@ def _timed(fn, repeat=5):
     return statistics.median(times)
 
 
-def fail_run(n, root, steady_s):
-    fleet = Fleet(root, n)
+def fail_run(n, root, steady_s, look_s, step_s):
+    fleet = Fleet(root, n, look_s=look_s, step_s=step_s)
     try:
         began = time.monotonic()
         fleet.up(timeout_s=900)
@@ -94,8 +94,8 @@ def fail_run(n, root, steady_s):
     return out
 
 
-def hang_run(n, root):
-    fleet = Fleet(root, n, hang_timeout_s=HANG_TIMEOUT_S)
+def hang_run(n, root, look_s, step_s):
+    fleet = Fleet(root, n, hang_timeout_s=HANG_TIMEOUT_S, look_s=look_s, step_s=step_s)
     try:
         fleet.up(timeout_s=900)
         victim = (n // 3) * fleet.nproc + 5
@@ -112,12 +112,13 @@ def hang_run(n, root):
 
 
 def run(args, tmp):
-    out = {"sizes": {}, "hang_timeout_s": HANG_TIMEOUT_S, "steady_s": args.scale_steady_s}
+    out = {"sizes": {}, "hang_timeout_s": HANG_TIMEOUT_S, "steady_s": args.scale_steady_s,
+           "look_s": args.scale_look_s, "step_s": args.scale_step_s}
     for n in args.scale_sizes:
         try:
-            runs = [fail_run(n, tmp / ("fleet%d-%d" % (n, i)), args.scale_steady_s)
-                    for i in range(args.runs)]
-            hang = hang_run(n, tmp / ("hang%d" % n))
+            runs = [fail_run(n, tmp / ("fleet%d-%d" % (n, i)), args.scale_steady_s,
+                             args.scale_look_s, args.scale_step_s) for i in range(args.runs)]
+            hang = hang_run(n, tmp / ("hang%d" % n), args.scale_look_s, args.scale_step_s)
         except (RuntimeError, TimeoutError, OSError) as exc:  # a size that fails is a figure
             out["sizes"][str(n)] = {"hosts": n, "error": str(exc)[-1000:]}
             print("scale %d: %s" % (n, exc), flush=True)

@@ -83,12 +83,17 @@ class _Module:
 
 class Fleet:
     def __init__(self, root, hosts, nproc=8, tag=0, hang_timeout_s=60.0, lost_after_s=None,
-                 flight_recorder=2000):
+                 flight_recorder=2000, look_s=None, step_s=1.0):
         self.root, self.n, self.nproc, self.tag = Path(root), hosts, nproc, tag
         self.names = ["%s%03d" % (PREFIX, i) for i in range(hosts)]
         self.addrs = [address(tag, i) for i in range(hosts)]
         self.hang_timeout_s, self.lost_after_s = hang_timeout_s, lost_after_s
         self.flight_recorder = flight_recorder
+        # How often the hosts' agents look (agent.Timings.LOOK_S when None): slower at the
+        # sizes where this machine cannot step every agent ten times a second. The master's
+        # own look is the product's always.
+        self.look_s = look_s
+        self.step_s = step_s  # how long the stand-ins' training step (a collective) takes
         self.run_id = "scale%d-%s" % (hosts, secrets.token_hex(3))
         self.procs: list[subprocess.Popen] = []
         self.master = None
@@ -113,7 +118,8 @@ class Fleet:
                  flight_recorder=self.flight_recorder, stack_dump="py-spy",
                  kernel_log=str(self.root / "kmsg" / self.names[i]),
                  env={standin_torchrun.CONTROL_ENV: str(self.control),
-                      standin_torchrun.T0_ENV: repr(self.t0)})
+                      standin_torchrun.T0_ENV: repr(self.t0),
+                      standin_torchrun.STEP_ENV: repr(self.step_s)})
         if self.lost_after_s is not None:
             p["lost_after_s"] = self.lost_after_s
         # The launch role's rule (its join timeout grows by fork batch, forks 64): the agents of
@@ -147,7 +153,7 @@ class Fleet:
         for start in range(1, self.n, HOSTS_PER_PROCESS):
             chunk = self.root / ("hosts-%04d.json" % start)
             chunk.write_text(json.dumps({
-                "stats": str(self.root / "stats" / chunk.name),
+                "stats": str(self.root / "stats" / chunk.name), "look_s": self.look_s,
                 "hosts": [self.params(i, secret, port)
                           for i in range(start, min(self.n, start + HOSTS_PER_PROCESS))]}))
             self.procs.append(subprocess.Popen(
@@ -205,11 +211,11 @@ class Fleet:
     def hang(self, rank, ahead_steps=2):
         """Every rank stops at a collective ahead_steps from now, `rank` before it (it never
         joins); the time the hang begins."""
-        seq = int((time.time() - self.t0) / standin_torchrun.STEP_S) + ahead_steps
+        seq = int((time.time() - self.t0) / self.step_s) + ahead_steps
         tmp = self.control.with_suffix(".tmp")
         tmp.write_text(json.dumps({"hang": {"rank": rank, "seq": seq}}))
         os.replace(tmp, self.control)
-        return self.t0 + seq * standin_torchrun.STEP_S
+        return self.t0 + seq * self.step_s
 
     def launchers(self):
         """{host: pid} of every host's torchrun stand-in, from its agent's pid file."""
@@ -344,6 +350,8 @@ def serve_hosts(spec_path):
     for p in spec["hosts"]:
         part = agent.start(p, command)
         part.client.source = p["local_addr"]
+        if spec["look_s"]:
+            part.t.LOOK_S = spec["look_s"]
         threads.append(threading.Thread(target=serve, args=(p, part), daemon=True))
         threads[-1].start()
     while True:

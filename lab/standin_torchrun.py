@@ -5,10 +5,11 @@ The agent starts it exactly as it starts torchrun (agent.torchrun_argv: the harn
 agent this file, executable, as its `python`). It reads the options torchrun would, makes
 torchrun's log layout (<log-dir>/<rdzv-id>_standin/attempt_0/<local rank>/{stdout,stderr}.log)
 and forks --nproc-per-node ranks from itself, copy-on-write: 4,096 interpreters do not fit in
-the harness's memory, 4,096 forks of 512 small ones do. Each rank, every STEP_S:
+the harness's memory, 4,096 forks of 512 small ones do. Each rank:
 
-- writes a line to its stdout.log and its place in a collective to fr_position.json, as the
-  Flight Recorder watcher writes it (flight.py: {rank, pid, pgs}); the collectives' sequence
+- (every TORCHFLEET_STANDIN_STEP_S, a training step) writes a line to its stdout.log and its
+  place in a collective to fr_position.json, as the Flight Recorder watcher writes it
+  (flight.py: {rank, pid, pgs}); the collectives' sequence
   number is the step of a clock every rank shares (TORCHFLEET_STANDIN_T0), so every rank of
   the fleet is in the same collective at the same time, as a real all_reduce would have them;
 - on SIGUSR1 dies with exit code 1 after a Python-like traceback on stderr.log;
@@ -32,8 +33,8 @@ import signal
 import sys
 import time
 
-STEP_S = 1.0
 CONTROL_ENV, T0_ENV = "TORCHFLEET_STANDIN_CONTROL", "TORCHFLEET_STANDIN_T0"
+STEP_ENV = "TORCHFLEET_STANDIN_STEP_S"  # seconds a collective takes (a training step)
 
 
 def options(argv):
@@ -54,7 +55,7 @@ def write_atomic(path, text):
     os.replace(tmp, path)
 
 
-def rank_main(rank, rdir, control, t0):
+def rank_main(rank, rdir, control, t0, step_s):
     def die(_signum, _frame):
         with open(os.path.join(rdir, "stderr.log"), "a") as err:
             err.write("Traceback (most recent call last):\n  File \"standin\", line 1, in "
@@ -65,10 +66,10 @@ def rank_main(rank, rdir, control, t0):
     out = open(os.path.join(rdir, "stdout.log"), "a", buffering=1)
     position = os.path.join(rdir, "fr_position.json")
     pid, said, seen_mtime, hang = os.getpid(), None, None, None
-    phase = (pid * 0.618034) % 1.0 * STEP_S
+    phase = (pid * 0.618034) % 1.0 * step_s
     while True:
         now = time.time()
-        seq = int((now - t0) / STEP_S)
+        seq = int((now - t0) / step_s)
         try:
             mtime = os.stat(control).st_mtime
             if mtime != seen_mtime:
@@ -89,7 +90,7 @@ def rank_main(rank, rdir, control, t0):
                 place[0], place[1], "gloo:all_reduce", "[[1024]]", "Float", place[2]]}}))
         # Each rank wakes at its own phase of the step: a thousand ranks waking at once would
         # be a burst no fleet of separate hosts makes on one machine.
-        time.sleep(max(0.01, STEP_S - (time.time() - t0 - phase) % STEP_S))
+        time.sleep(max(0.01, step_s - (time.time() - t0 - phase) % step_s))
 
 
 def main(argv):
@@ -98,6 +99,7 @@ def main(argv):
     attempt = os.path.join(opts["log-dir"], "%s_standin" % opts.get("rdzv-id", "run"),
                            "attempt_0")
     control, t0 = os.environ[CONTROL_ENV], float(os.environ[T0_ENV])
+    step_s = float(os.environ[STEP_ENV])
     ranks = {}
     for local in range(nproc):
         rdir = os.path.join(attempt, str(local))
@@ -105,7 +107,7 @@ def main(argv):
         pid = os.fork()
         if pid == 0:
             try:
-                rank_main(node_rank * nproc + local, rdir, control, t0)
+                rank_main(node_rank * nproc + local, rdir, control, t0, step_s)
             finally:
                 os._exit(1)
         ranks[pid] = local
