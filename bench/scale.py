@@ -79,6 +79,7 @@ def fail_run(n, root, steady_s, look_s, step_s):
             # every rank was) and the abort handed to every host's socket
             judged_s=broadcast[0] - (final["started"] + failure["detected_s"]),
             broadcast_s=broadcast[1] - broadcast[0],
+            broadcast_cpu_s=broadcast[2],
             told_s=max(told), hosts_told=len(told), ended_s=max(ended), hosts_ended=len(ended),
             final_s=final["updated"] - at)
     finally:

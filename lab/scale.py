@@ -29,6 +29,7 @@ not in these figures (preflight's are, from the netns lab).
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import secrets
@@ -242,12 +243,13 @@ class Fleet:
         return total
 
     def abort_broadcast(self):
-        """(began, sent) of the master's first abort, wall clock; None before one."""
+        """(began, sent, CPU seconds, GC collections by generation) of the master's first
+        broadcast (the abort), wall clock; None before one."""
         try:
             times = json.loads(self.abort_times.read_text())
         except (OSError, ValueError):
             return None
-        return times["began"], times["sent"]
+        return times["began"], times["sent"], times["cpu_s"], times["gc"]
 
     def master_usage(self):
         """(CPU seconds, RSS bytes) of the master's process so far."""
@@ -371,10 +373,13 @@ def serve_master(args_path, times_path):
     broadcast = control.Server.broadcast
 
     def timed(self, body):
-        began = time.time()
+        began, cpu, gcs = time.time(), time.thread_time(), [g["collections"] for g in
+                                                             gc.get_stats()]
         broadcast(self, body)
         if not os.path.exists(times_path):
-            Path(times_path).write_text(json.dumps({"began": began, "sent": time.time()}))
+            Path(times_path).write_text(json.dumps({
+                "began": began, "sent": time.time(), "cpu_s": time.thread_time() - cpu,
+                "gc": [g["collections"] - n for g, n in zip(gc.get_stats(), gcs, strict=True)]}))
     control.Server.broadcast = timed
     sys.argv = [torchrun_job.__file__, args_path]
     torchrun_job.main()
