@@ -679,8 +679,8 @@ def start(p, command):
 def finish(p, part, rc, reason, command):
     """After the loop: the exit written beside the run, the guard removed; run()'s result."""
     ended = time.time()
-    write_json(os.path.join(p["run_dir"], EXITCODE), {"rc": rc, "reason": reason,
-                                                       "ended": ended})
+    write_json(os.path.join(p["run_dir"], EXITCODE),
+               {"rc": rc, "reason": reason, "ended": ended})
     unguard(p, command, _logger(p["run_dir"]))
     return dict(changed=True, rc=rc, pid=part.proc.pid, reason=reason,
                 duration_s=round(ended - part.started, 3), argv=part.argv)
