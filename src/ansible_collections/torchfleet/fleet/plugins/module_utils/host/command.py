@@ -69,8 +69,7 @@ def bounded(module, timeout_s=defaults.COMMAND_TIMEOUT_S):
                 [timeout, "--kill-after=%d" % KILL_AFTER_S, "%g" % timeout_s] + argv,
                 input=None if data is None else data.encode(),
                 stdin=subprocess.DEVNULL if data is None else None, capture_output=True,
-                env=_env(module),
-                timeout=timeout_s + KILL_AFTER_S + 5)
+                env=_env(module), timeout=timeout_s + KILL_AFTER_S + 5, check=False)
         except subprocess.TimeoutExpired:  # a child of the command kept its pipes open
             return None, Failed("%s did not answer within %g s" % (argv[0], timeout_s))
         except OSError as exc:
