@@ -43,7 +43,8 @@ import time
 from pathlib import Path
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import agent, control, procs, runstate
-from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import CONTROL, PIDFILE
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import (
+    CONTROL, PIDFILE, read_json, write_json)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.watch import look
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.command import bounded
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
@@ -158,17 +159,15 @@ class Fleet:
                 "hosts": [self.params(i, secret, port)
                           for i in range(start, min(self.n, start + HOSTS_PER_PROCESS))]}))
             self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "lab.scale", "hosts", str(chunk)], cwd=Path(__file__).parent.parent,
+                [sys.executable, "-m", "lab.scale", "hosts", str(chunk)],
+                cwd=Path(__file__).parent.parent,
                 stdin=subprocess.DEVNULL, stdout=open(str(chunk) + ".out", "wb"),
                 stderr=subprocess.STDOUT, start_new_session=True))
         self.wait(lambda r: sum(h.get("alive") or 0 for h in r["hosts"])
                   == self.n * self.nproc, timeout_s, "every rank up")
 
     def record(self):
-        try:
-            return json.loads((self.run_dir(0) / CONTROL).read_text())
-        except (OSError, ValueError):
-            return None
+        return read_json(str(self.run_dir(0) / CONTROL))
 
     def wait(self, condition, timeout_s=300, what="the condition", poll_s=0.05):
         """The master's record once condition(record) holds; the harness's look renews the
@@ -213,19 +212,16 @@ class Fleet:
         """Every rank stops at a collective ahead_steps from now, `rank` before it (it never
         joins); the time the hang begins."""
         seq = int((time.time() - self.t0) / self.step_s) + ahead_steps
-        tmp = self.control.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"hang": {"rank": rank, "seq": seq}}))
-        os.replace(tmp, self.control)
+        write_json(str(self.control), {"hang": {"rank": rank, "seq": seq}})
         return self.t0 + seq * self.step_s
 
     def launchers(self):
         """{host: pid} of every host's torchrun stand-in, from its agent's pid file."""
         out = {}
         for i, name in enumerate(self.names):
-            try:
-                out[name] = json.loads((self.run_dir(i) / PIDFILE).read_text())["pid"]
-            except (OSError, ValueError, KeyError):
-                pass
+            pid = (read_json(str(self.run_dir(i) / PIDFILE)) or {}).get("pid")
+            if pid is not None:
+                out[name] = pid
         return out
 
     def stats(self):
@@ -233,9 +229,8 @@ class Fleet:
         still running) and every host's times ({host: {told, ended}}, wall clock)."""
         total: dict = {"sent": 0, "received": 0, "live": 0, "times": {}}
         for path in (self.root / "stats").glob("*.json"):
-            try:
-                s = json.loads(path.read_text())
-            except (OSError, ValueError):
+            s = read_json(str(path))
+            if s is None:
                 continue
             for k in ("sent", "received", "live"):
                 total[k] += s.get(k, 0)
@@ -245,9 +240,8 @@ class Fleet:
     def abort_broadcast(self):
         """(began, sent, CPU seconds, GC collections by generation) of the master's first
         broadcast (the abort), wall clock; None before one."""
-        try:
-            times = json.loads(self.abort_times.read_text())
-        except (OSError, ValueError):
+        times = read_json(str(self.abort_times))
+        if times is None:
             return None
         return times["began"], times["sent"], times["cpu_s"], times["gc"]
 
@@ -281,8 +275,7 @@ class Fleet:
 
 def process_usage(pid):
     """(CPU seconds, RSS bytes) of a process."""
-    with open("/proc/%d/stat" % pid) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    fields = procs.stat_fields(pid)
     ticks = os.sysconf("SC_CLK_TCK")
     cpu = (int(fields[11]) + int(fields[12])) / ticks
     rss = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
@@ -312,7 +305,8 @@ def serve_hosts(spec_path):
     torchrun: in turn, 64 hosts' stops would add up). Writes its counters every STATS_S, and
     each host's times: told to stop (the master's ABORT arrived), its torchrun seen ended."""
     spec = json.loads(Path(spec_path).read_text())
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # (the master's figures its own; inherited)
+    # Under SCHED_IDLE (see above: the master's figures its own); the stand-ins inherit it.
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     counts = {"sent": 0, "received": 0}
     times: dict = {}
     seal, read_lines = control.seal, control._Peer.read_lines
@@ -358,9 +352,7 @@ def serve_hosts(spec_path):
         threads[-1].start()
     while True:
         live = sum(t.is_alive() for t in threads)
-        tmp = spec["stats"] + ".tmp"
-        Path(tmp).write_text(json.dumps(dict(counts, live=live, times=times)))
-        os.replace(tmp, spec["stats"])
+        write_json(spec["stats"], dict(counts, live=live, times=times))
         if not live:
             return
         time.sleep(STATS_S)
@@ -377,9 +369,9 @@ def serve_master(args_path, times_path):
                                                              gc.get_stats()]
         broadcast(self, body)
         if not os.path.exists(times_path):
-            Path(times_path).write_text(json.dumps({
+            write_json(times_path, {
                 "began": began, "sent": time.time(), "cpu_s": time.thread_time() - cpu,
-                "gc": [g["collections"] - n for g, n in zip(gc.get_stats(), gcs, strict=True)]}))
+                "gc": [g["collections"] - n for g, n in zip(gc.get_stats(), gcs, strict=True)]})
     control.Server.broadcast = timed
     sys.argv = [torchrun_job.__file__, args_path]
     torchrun_job.main()
