@@ -104,7 +104,7 @@ def test_a_pair_cut_during_the_rounds_is_a_slow_link_with_its_error_and_the_rest
         stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
         env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ.get("PATH", ""))))
     logs = REMOTE_RUNS / run_id / "node1" / "logs"
-    assert wait_until(lambda: any("pair round 0" in p.read_text(errors="replace")
+    assert wait_until(lambda: any("pair pass 0 round 0" in p.read_text(errors="replace")
                                   for p in logs.glob("**/stdout.log")), 240, 0.02), proc.poll()
     healthy_lab.cut_link("node1", "node3")  # (1, 3) meet in the last round
     out, _ = proc.communicate(timeout=300)

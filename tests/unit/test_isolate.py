@@ -47,25 +47,34 @@ def test_an_unknown_schedule_is_refused():
         _pairs.schedule("star", 4)
 
 
-def ranks(n, bw, per_node=1, error=None, schedule="ring"):
-    """Every rank's result as collective.py writes it; bw(a, b) gives a pair's busbw, and each
-    side of a pair reports it (the later side slightly higher, as measured)."""
+def ranks(n, bw, per_node=1, error=None, schedule="ring", passes=2, per_pass=False):
+    """Every rank's result as collective.py writes it; bw(a, b) gives a pair's busbw in every
+    pass (bw(a, b, pass) with per_pass), and each side of a pair reports it (the later side slightly
+    higher, as measured). error: ((a, b), message) fails that pair in the first pass; its two
+    hosts then sit out every later round."""
     out = []
     rounds = _pairs.schedule(schedule, n)
+    failing = error and (0, next(k for k, r in enumerate(rounds) if error[0] in r))
+
+    def figure(a, b, number):
+        return bw(a, b, number) if per_pass else bw(a, b)
     for node, local in itertools.product(range(n), range(per_node)):
         recs = []
-        for k, r in enumerate(rounds):
+        for number, (k, r) in itertools.product(range(passes), enumerate(rounds)):
             for a, b in r:
                 if node in (a, b):
                     peer = b if node == a else a
-                    fail = error and error[0] == (a, b) and error[1]
-                    recs.append({"round": k, "node": node, "peer_node": peer,
+                    fail = error and error[0] == (a, b) and number == 0 and error[1]
+                    if failing and (number, k) > failing and {a, b} & set(error[0]):
+                        continue
+                    recs.append({"pass": number, "round": k, "node": node, "peer_node": peer,
                                  "peer": peer * per_node + local, "size_bytes": 4 << 20,
-                                 "busbw_gbs": None if fail else bw(a, b) * (1.0 + 0.01 * (node == a)),
+                                 "busbw_gbs": None if fail else figure(a, b, number) * (
+                                     1.0 + 0.01 * (node == a)),
                                  "latency_us": None if fail else 50.0, "error": fail or None})
         out.append({"rank": node * per_node + local, "local_rank": local, "node_rank": node,
                     "world_size": n * per_node,
-                    "isolate": {"schedule": schedule, "rounds": len(rounds),
+                    "isolate": {"schedule": schedule, "rounds": len(rounds), "passes": passes,
                                 "size_bytes": 4 << 20, "small_bytes": 4, "iters": 5,
                                 "time_s": 1.0, "pairs": recs}})
     return out
@@ -110,8 +119,9 @@ def test_a_slow_pair_is_named_as_the_link(schedule):
 
 
 def test_a_pair_that_failed_is_a_slow_link_with_its_error_and_the_others_still_count():
-    v = verdict(ranks(4, lambda a, b: 1.0, error=((0, 1), "RuntimeError: timed out")), HOSTS[:4])
-    assert v["slow_links"] == [["node0", "node1"]]
+    # (1, 3) meet in the last round of the first pass: every pair has run once by then.
+    v = verdict(ranks(4, lambda a, b: 1.0, error=((1, 3), "RuntimeError: timed out")), HOSTS[:4])
+    assert v["slow_links"] == [["node1", "node3"]]
     (bad,) = [c for c in v["checks"] if not c["ok"]]
     assert "RuntimeError: timed out" in bad["detail"]
     assert len(v["pairs"]) == 6 and sum(p["slow"] for p in v["pairs"]) == 1
@@ -171,3 +181,49 @@ def test_a_round_slowed_for_every_pair_is_not_a_fault():
         return 0.8 if k == fast_round else 0.3
     v = verdict(ranks(8, bw), HOSTS)
     assert v["slow_nodes"] == ["node5"] and v["slow_links"] == []
+
+
+def test_a_burst_in_one_pass_is_not_a_fault_a_slow_host_in_every_pass_is():
+    """What CI saw on 3 lab hosts under the suite's load (2026-11-27, one pass then): node2's
+    two pairs measured while other tests loaded the CPUs, 0.457 and 0.364 GB/s against
+    node0-node1's 1.1 (rounds of one pair have no mates to compare with). In a second pass
+    they ran at full speed: nothing is named. Slow in both passes, node2 is named."""
+    def burst(a, b, number):
+        if number == 0 and (a, b) != (0, 1):
+            return 0.364 if (a, b) == (1, 2) else 0.457
+        return 1.1
+    v = verdict(ranks(3, burst, per_pass=True), HOSTS[:3])
+    assert v["slow_nodes"] == [] and v["slow_links"] == [] and v["passes"] == 2
+    assert failed(v, "node.slow") == [] and failed(v, "link.slow") == []
+    assert {(p["a"], p["b"]): p["busbw_gbs"] for p in v["pairs"]}[("node1", "node2")] == \
+        pytest.approx(1.111)  # the best pass is the pair's figure
+    assert "3 rounds x 2 passes" in text(v)
+    # One pass only (what ran before passes): the same burst names node2.
+    one = ranks(3, burst, passes=1, per_pass=True)
+    assert verdict(one, HOSTS[:3])["slow_nodes"] == ["node2"]
+    # Slow in every pass: a fault, named.
+    v = verdict(ranks(3, lambda a, b: 0.4 if 2 in (a, b) else 1.1), HOSTS[:3])
+    assert v["slow_nodes"] == ["node2"]
+
+
+def test_a_pair_that_failed_in_the_first_pass_is_a_slow_link_its_hosts_sat_out_the_rest():
+    """Its hosts' later pairs were not run (gloo's pair closure breaks them): their first
+    pass stands for them."""
+    results = ranks(6, lambda a, b: 1.0, error=((1, 2), "RuntimeError: timed out"), passes=3)
+    v = verdict(results, HOSTS[:6])
+    assert v["slow_links"] == [["node1", "node2"]] and v["slow_nodes"] == []
+    (bad,) = [c for c in v["checks"] if not c["ok"]]
+    assert bad["id"] == "link.slow" and "RuntimeError: timed out" in bad["detail"]
+    passes = {(p["a"], p["b"]): [m["pass"] for m in p["passes"]] for p in v["pairs"]}
+    assert passes[("node1", "node2")] == [0]
+    assert passes[("node0", "node1")] == [0] and passes[("node3", "node4")] == [0, 1, 2]
+
+
+def test_records_without_passes_are_one_pass():
+    results = ranks(4, lambda a, b: 0.05 if 3 in (a, b) else 1.0, passes=1)
+    for r in results:
+        del r["isolate"]["passes"]
+        for rec in r["isolate"]["pairs"]:
+            del rec["pass"]
+    v = verdict(results, HOSTS[:4])
+    assert v["slow_nodes"] == ["node3"] and v["passes"] == 1

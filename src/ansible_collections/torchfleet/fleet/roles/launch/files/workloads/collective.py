@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import time
 
 import torch
@@ -157,6 +158,17 @@ class RoundBarrier:
             self.store.set("torchfleet/isolate/%s/all" % name, "1")
         self.store.wait(["torchfleet/isolate/%s/all" % name], self.timeout)
 
+    def fail(self, node, partner):
+        """Marks both hosts of a failed pair, for every rank, before the next round's barrier
+        lets anyone on: gloo closes a pair on a timeout and that host's other pairs fail after
+        it, so its later rounds would name healthy links."""
+        for host in (node, partner):
+            self.store.set("torchfleet/isolate/failed/%d" % host, "1")
+
+    def failed(self, node, partner):
+        return any(self.store.check(["torchfleet/isolate/failed/%d" % host])
+                   for host in (node, partner))
+
 
 def best_seconds(step, iters, device):
     """Fastest of iters timed calls (after one untimed): a busy CPU or a neighbour's burst can
@@ -202,22 +214,25 @@ def ping_pong(peer, first, size_bytes, iters, device):
     return best_seconds(once, iters, device) / 2 * 1e6
 
 
-def isolate(name, size_bytes, small_bytes, iters, device):
+def isolate(name, size_bytes, small_bytes, iters, device, passes=2):
     """The pair rounds (_pairs.py) between hosts: local rank l of one host exchanges with local
-    rank l of its partner, so every rank's path to the network is measured. One record per
-    round this rank took part in; a pair that fails records its error and the rounds go on."""
+    rank l of its partner, so every rank's path to the network is measured. The schedule runs
+    passes times: a slow NIC or link is slow in every pass, a burst of someone else's load (a
+    busy fabric, the lab's shared CPUs) rarely in all of them. One record per round this rank
+    took part in; a pair that fails records its error, its two hosts sit out the later rounds
+    (above) and the others' rounds go on."""
     rank, n = dist.get_rank(), dist.get_world_size()
     per_node = _rank.env_int("LOCAL_WORLD_SIZE", 1)
     node, local = rank // per_node, rank % per_node
     rounds = _pairs.schedule(name, n // per_node)
     barrier, records, begin = RoundBarrier(n), [], time.perf_counter()
-    for k, pairs in enumerate(rounds):
-        barrier.wait("round-%d" % k)
+    for number, (k, pairs) in itertools.product(range(passes), enumerate(rounds)):
+        barrier.wait("pass-%d-round-%d" % (number, k))
         partner = next((b if a == node else a for a, b in pairs if node in (a, b)), None)
-        if partner is None:
-            continue  # sitting out this round (an odd number of hosts)
+        if partner is None or barrier.failed(node, partner):
+            continue  # sitting out this round (an odd number of hosts, or a failed pair)
         peer = partner * per_node + local
-        rec = {"round": k, "node": node, "peer_node": partner, "peer": peer,
+        rec = {"pass": number, "round": k, "node": node, "peer_node": partner, "peer": peer,
                "size_bytes": size_bytes, "busbw_gbs": None, "latency_us": None, "error": None}
         try:
             seconds, sent = exchange(peer, size_bytes, iters, device)
@@ -225,13 +240,14 @@ def isolate(name, size_bytes, small_bytes, iters, device):
                        latency_us=ping_pong(peer, node < partner, small_bytes, 20, device))
         except Exception as exc:  # the pair is named with this error; the rounds go on
             rec["error"] = ("%s: %s" % (type(exc).__name__, exc))[:300]
+            barrier.fail(node, partner)
         records.append(rec)
         said = rec["error"] or "busbw %.3f GB/s, latency %.1f us" % (
             rec.get("busbw_gbs") or 0.0, rec.get("latency_us") or 0.0)
-        _rank.log("pair round %d with node %d: %s" % (k, partner, said))
+        _rank.log("pair pass %d round %d with node %d: %s" % (number, k, partner, said))
     barrier.wait("end")
-    return {"schedule": name, "rounds": len(rounds), "size_bytes": size_bytes,
-            "small_bytes": small_bytes, "iters": iters,
+    return {"schedule": name, "rounds": len(rounds), "passes": passes,
+            "size_bytes": size_bytes, "small_bytes": small_bytes, "iters": iters,
             "time_s": round(time.perf_counter() - begin, 3), "pairs": records}
 
 
@@ -247,6 +263,8 @@ def main() -> int:
     parser.add_argument("--pair-size", default="4M", help="message of a pair's busbw")
     parser.add_argument("--pair-small", default="4", help="message of a pair's latency")
     parser.add_argument("--pair-iters", type=int, default=5)
+    parser.add_argument("--pair-passes", type=int, default=2,
+                        help="times the pair rounds run; a pair's best pass counts")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     ops = [op for op in args.ops.split(",") if op]
@@ -274,7 +292,8 @@ def main() -> int:
     result["batch_gathers"] = batch_gathers(args.batch_gathers, rank, n, device)
     if args.isolate:
         result["isolate"] = isolate(args.isolate, parse_size(args.pair_size),
-                                    parse_size(args.pair_small), args.pair_iters, device)
+                                    parse_size(args.pair_small), args.pair_iters, device,
+                                    args.pair_passes)
     # A slow or broken pair is the isolation verdict's to name (on the controller), not a
     # wrong result of this rank.
     result["ok"] = (all(r["wrong"] == 0 for r in result["results"])
