@@ -16,7 +16,7 @@ import shutil
 import statistics
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import status
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import status, summary
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import flight, runstate
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.watch import look
 from bench.harness import stats
@@ -33,6 +33,35 @@ def _timed(fn, repeat=5):
         fn()
         times.append(time.perf_counter() - began)
     return statistics.median(times)
+
+
+def verdict(fleet, root, kind="train"):
+    """The play's verdict on the controller at N: run_summary's decide (the one judge of the
+    report) on the master's final record, every host's logs laid out as gather leaves them
+    (run_dir/logs/<host>, here links to each host's own), timed once the fleet is idle; and
+    the size of the train.json it writes. rank_results' per-host reading is not in it (the
+    stand-in ranks write no results)."""
+    ctl = root.with_name(root.name + "-ctl")
+    (ctl / "logs").mkdir(parents=True)
+    for i, name in enumerate(fleet.names):
+        (ctl / "logs" / name).symlink_to(fleet.run_dir(i) / "logs" / name)
+    record = look({"run_dir": str(fleet.run_dir(0)), "run_id": fleet.run_id,
+                   "full": True})["record"]
+    params = {k: v.get("default") for k, v in summary.ARGUMENT_SPEC.items()}
+    params.update(kind=kind, run_id=fleet.run_id, hosts=fleet.names, state=record,
+                  world_size=fleet.n * fleet.nproc, settings={"nproc_per_node": fleet.nproc},
+                  run_dir=str(ctl), expect_results=False,
+                  isolate={"threshold": 0.5, "floor_gbs": 0.0, "nics": {}})
+    try:
+        began = time.perf_counter()
+        result = summary.decide(params)
+        took = time.perf_counter() - began
+        first = (result.get("first_failure") or {})
+        return {"verdict_s": took, "report_bytes": (ctl / ("%s.json" % kind)).stat().st_size,
+                "verdict_host": first.get("host"), "verdict_rank": first.get("rank"),
+                "verdict_culprits": flight.culprits(first.get("collective") or {})}
+    finally:
+        shutil.rmtree(ctl, ignore_errors=True)
 
 
 def fail_run(n, root, steady_s, look_s, step_s):
@@ -68,6 +97,7 @@ def fail_run(n, root, steady_s, look_s, step_s):
                 break
             time.sleep(0.5)
         failure = final["failure"]
+        judged = verdict(fleet, root)
         broadcast = fleet.abort_broadcast()
         told = [v["told"] - at for v in st["times"].values() if "told" in v]
         ended = [v["ended"] - at for v in st["times"].values() if "ended" in v]
@@ -81,7 +111,10 @@ def fail_run(n, root, steady_s, look_s, step_s):
             broadcast_s=broadcast[1] - broadcast[0],
             broadcast_cpu_s=broadcast[2],
             told_s=max(told), hosts_told=len(told), ended_s=max(ended), hosts_ended=len(ended),
-            final_s=final["updated"] - at)
+            final_s=final["updated"] - at, verdict_s=judged["verdict_s"],
+            train_json_bytes=judged["report_bytes"],
+            verdict_right=(judged["verdict_host"] == fleet.names[victim]
+                           and judged["verdict_rank"] == victim * fleet.nproc + 3))
     finally:
         fleet.down()
     copy = root.with_name(root.name + "-master")
@@ -105,9 +138,13 @@ def hang_run(n, root, look_s, step_s):
         failure = record["failure"]
         named = record["started"] + failure["detected_s"] - began
         culprits = flight.culprits(failure.get("collective") or {})
+        fleet.wait(lambda r: r["final"], 600, "the record final")
+        judged = verdict(fleet, root)  # a hang's reads every host's stacks
         return {"named_s": named, "over_timeout_s": named - HANG_TIMEOUT_S,
                 "reason": failure["reason"], "named_right": failure["reason"] == runstate.HANG
-                and culprits == [victim], "detail": failure["detail"][:300]}
+                and culprits == [victim], "detail": failure["detail"][:300],
+                "verdict_s": judged["verdict_s"], "train_json_bytes": judged["report_bytes"],
+                "verdict_right": judged["verdict_culprits"] == [victim]}
     finally:
         fleet.down()
 
@@ -125,8 +162,9 @@ def run(args, tmp):
             print("scale %d: %s" % (n, exc), flush=True)
             continue
         size = {k: stats([float(r[k]) for r in runs]) for k in runs[0]
-                if k not in ("named_right", "hosts_told", "hosts_ended")}
+                if k not in ("named_right", "verdict_right", "hosts_told", "hosts_ended")}
         size.update(hosts=n, named_right=sum(r["named_right"] for r in runs), runs=len(runs),
+                    verdict_right=sum(r["verdict_right"] for r in runs),
                     hosts_told=min(r["hosts_told"] for r in runs), hang=hang)
         out["sizes"][str(n)] = size
         print("scale %d: %s" % (n, json.dumps({k: v["median"] if isinstance(v, dict) and
@@ -139,6 +177,7 @@ def run(args, tmp):
         size["growth"] = {k: size[k]["median"] / measured[base][k]["median"]
                           for k in ("master_cores", "master_rss_mb", "channel_up_Bps",
                                     "record_bytes", "look_s", "status_s", "judged_s",
-                                    "broadcast_s", "told_s") if measured[base][k]["median"]}
+                                    "broadcast_s", "told_s", "verdict_s",
+                                    "train_json_bytes") if measured[base][k]["median"]}
         size["growth_allowed"] = allowed
     return out
