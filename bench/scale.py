@@ -47,11 +47,12 @@ def verdict(fleet, root, kind="train"):
         (ctl / "logs" / name).symlink_to(fleet.run_dir(i) / "logs" / name)
     record = look({"run_dir": str(fleet.run_dir(0)), "run_id": fleet.run_id,
                    "full": True})["record"]
-    params = {k: v.get("default") for k, v in summary.ARGUMENT_SPEC.items()}
+    spec = summary.ARGUMENT_SPEC
+    params = {k: v.get("default") for k, v in spec.items()}
     params.update(kind=kind, run_id=fleet.run_id, hosts=fleet.names, state=record,
                   world_size=fleet.n * fleet.nproc, settings={"nproc_per_node": fleet.nproc},
                   run_dir=str(ctl), expect_results=False,
-                  isolate={"threshold": 0.5, "floor_gbs": 0.0, "nics": {}})
+                  isolate={k: v.get("default") for k, v in spec["isolate"]["options"].items()})
     try:
         began = time.perf_counter()
         result = summary.decide(params)

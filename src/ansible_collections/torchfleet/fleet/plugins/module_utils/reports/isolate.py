@@ -159,7 +159,7 @@ def text(v):
     """The verdict for the end-of-play summary: slow pairs first, then the slowest few."""
     pairs = sorted(v["pairs"], key=lambda p: (not p["slow"], p["busbw_gbs"] or 0.0))
     lines = ["pair rounds (%s, %d rounds x %d passes, %.1f s): reference %s GB/s, slow below "
-             "%.2g x" % (v["schedule"], v["rounds"], v.get("passes", 1), v["time_s"],
+             "%.2g x" % (v["schedule"], v["rounds"], v["passes"], v["time_s"],
                          "-" if v["reference_gbs"] is None else "%.3g" % v["reference_gbs"],
                          v["threshold"])]
     for p in pairs[:8]:

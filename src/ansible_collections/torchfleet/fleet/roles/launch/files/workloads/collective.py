@@ -163,11 +163,14 @@ class RoundBarrier:
         lets anyone on: gloo closes a pair on a timeout and that host's other pairs fail after
         it, so its later rounds would name healthy links."""
         for host in (node, partner):
-            self.store.set("torchfleet/isolate/failed/%d" % host, "1")
+            self.store.set(self._failed_key(host), "1")
 
     def failed(self, node, partner):
-        return any(self.store.check(["torchfleet/isolate/failed/%d" % host])
-                   for host in (node, partner))
+        return any(self.store.check([self._failed_key(host)]) for host in (node, partner))
+
+    @staticmethod
+    def _failed_key(host):
+        return "torchfleet/isolate/failed/%d" % host
 
 
 def best_seconds(step, iters, device):
@@ -214,7 +217,7 @@ def ping_pong(peer, first, size_bytes, iters, device):
     return best_seconds(once, iters, device) / 2 * 1e6
 
 
-def isolate(name, size_bytes, small_bytes, iters, device, passes=2):
+def isolate(name, size_bytes, small_bytes, iters, device, passes):
     """The pair rounds (_pairs.py) between hosts: local rank l of one host exchanges with local
     rank l of its partner, so every rank's path to the network is measured. The schedule runs
     passes times: a slow NIC or link is slow in every pass, a burst of someone else's load (a
