@@ -189,10 +189,14 @@ def markdown(results):
     def rng(s):
         return "%.2f [%.2f-%.2f]" % (s["median"], s["min"], s["max"])
 
+    def taken(r):  # a size kept from an earlier sitting (merge)
+        return "; measured %s" % r["taken"] if r.get("taken") else ""
+
     pc = results.get("preflight_cost", {})
     for name, r in pc.items():
-        lines.append("| preflight.yml vs `ansible nodes -m ping`, %s (%d hosts) | %s s | %s s | "
-                     "%.2fx [%.2f-%.2f] | <= 1.5x |" % (name, r["hosts"], rng(r["preflight_s"]),
+        lines.append("| preflight.yml vs `ansible nodes -m ping`, %s (%d hosts%s) | %s s | %s s | "
+                     "%.2fx [%.2f-%.2f] | <= 1.5x |" % (name, r["hosts"], taken(r),
+                                                      rng(r["preflight_s"]),
                                                       rng(r["ping_s"]), r["ratio"],
                                                       r["ratio_min"], r["ratio_max"]))
     if "lab16" in pc and "lab2" in pc:
@@ -323,11 +327,11 @@ def markdown(results):
         g, allowed = r.get("growth", {}), r.get("growth_allowed", 0)
         grow = "; growth over the smallest size %s (allowed %.1fx)" % (", ".join(
             "%s %.1fx" % (k, v) for k, v in sorted(g.items())), allowed) if g else ""
-        lines.append("| %s simulated hosts x 8 ranks (lab/scale.py): a rank dies -> the master's "
+        lines.append("| %s simulated hosts x 8 ranks (lab/scale.py%s): a rank dies -> the master's "
                      "failure / every host told / every host's torchrun ended / record final "
                      "(%d of %d runs named the rank; the master's broadcast of its abort %s s) | %s / %s / "
                      "%s / %s s | | | told <= 3 s |"
-                     % (n, r["named_right"], r["runs"], rng(r["broadcast_s"]),
+                     % (n, taken(r), r["named_right"], r["runs"], rng(r["broadcast_s"]),
                         rng(r["detected_s"]), rng(r["told_s"]), rng(r["ended_s"]),
                         rng(r["final_s"])))
         lines.append("| %s simulated hosts, steady: the master's CPU (cores) / RSS (MB) / control "
@@ -340,6 +344,20 @@ def markdown(results):
         lines.append("| %s simulated hosts: a hang named (rank named right: %s), past "
                      "hang_timeout_s=%.0f | %.1f s | | | <= 30 s |"
                      % (n, h["named_right"], sc["hang_timeout_s"], h["over_timeout_s"]))
+        if "verdict_s" in r:
+            lines.append("| %s simulated hosts: the play's verdict (run_summary on the final "
+                         "record; %d of %d named the rank) / train.json (bytes) | %s s / %s | "
+                         "| | |" % (n, r["verdict_right"], r["runs"], rng(r["verdict_s"]),
+                                    rng(r["train_json_bytes"])))
+        d = r.get("detach")
+        if d:
+            lines.append("| %s simulated hosts: detach (a look, to the master detached) / the "
+                         "attach's look / its full look / a rank killed -> the follower sees "
+                         "it final (ran on past 2 x lease_s=%.0f with no look: %s; named "
+                         "right: %s) | %.3f / %.3f / %.3f / %.1f s | | | |"
+                         % (n, sc.get("lease_s", 0), d["held"], d["named_right"],
+                            d["detach_s"], d["attach_look_s"], d["attach_full_look_s"],
+                            d["final_seen_s"]))
     fz = results.get("fuzz")
     if fz:
         lines.append("| control channel fuzz: inputs fed to the master's end / the agent's end "
@@ -421,6 +439,11 @@ def markdown(results):
     return "\n".join(lines) + "\n"
 
 
+# The measures whose sizes are run one at a time (a size of 512 hosts is a sitting of its own):
+# the sizes not re-run are kept from the previous results, each with the date it was taken.
+BY_SIZE = {"preflight_cost": None, "scale": "sizes"}
+
+
 def merge(old, new, names):
     """Keep the measures not re-run from the previous results (with the date they were taken)
     and record the previous value of each re-run one under "before"."""
@@ -430,8 +453,15 @@ def merge(old, new, names):
     merged = dict(new, before=dict(old.get("before", {})), carried={})
     for name in names:
         if name in new and name in old:  # a carried measure dates from when it was taken
-            merged["before"][name] = dict(old[name],
-                                          taken=old.get("carried", {}).get(name, when))
+            taken = old.get("carried", {}).get(name, when)
+            merged["before"][name] = dict(old[name], taken=taken)
+            if name in BY_SIZE:
+                key = BY_SIZE[name]
+                sizes = dict(new[name][key] if key else new[name])
+                for size, value in (old[name][key] if key else old[name]).items():
+                    if size not in sizes and isinstance(value, dict):
+                        sizes[size] = dict(value, taken=value.get("taken", taken))
+                merged[name] = dict(new[name], **{key: sizes}) if key else sizes
         elif name in old:
             merged[name] = old[name]
             merged["carried"][name] = old.get("carried", {}).get(name, when)

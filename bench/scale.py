@@ -4,8 +4,10 @@ agents, stand-in ranks; what is simulated is said there and in docs/benchmarks.m
 Each run of a size brings a fleet up, watches it steady for a window (the master's CPU and
 memory, the control channel's bytes, the record's size, the controller's look and status),
 then kills one rank (rank dies -> the master's failure -> every host told -> every host's
-torchrun ended -> the record final). A hang run per size stops every rank at a collective,
-one rank before it, and times the master naming that rank against hang_timeout_s. Growth is
+torchrun ended -> the record final -> the play's verdict). A hang run per size stops every
+rank at a collective, one rank before it, and times the master naming that rank against
+hang_timeout_s; a detach run per size detaches the run, leaves it unlooked-at past its lease,
+attaches and follows it to a rank's death. Growth is
 each figure at N over its figure at the smallest size, against N / smallest x 1.25 (issue 50:
 nothing on the master may grow faster than the fleet by more than that).
 """
@@ -18,11 +20,13 @@ import time
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import status, summary
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import flight, runstate
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import AGENT_LOG
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.watch import look
 from bench.harness import stats
 from lab.scale import Fleet
 
 HANG_TIMEOUT_S = 30.0
+LEASE_S = 15.0  # the detach run's lease: a detached run must outlive it with nobody looking
 
 
 def _timed(fn, repeat=5):
@@ -150,14 +154,56 @@ def hang_run(n, root, look_s, step_s):
         fleet.down()
 
 
+def detach_run(n, root, look_s, step_s):
+    """Detach and attach at N, as train.yml -e detach=true and attach.yml do it through
+    torchrun_watch: once every rank runs, one look with detach (timed to the master's own
+    log saying it is detached); no look at all for twice the lease (a run still attached
+    would end controller_lost: it must still run); then the attach's looks (touch_lease off,
+    each timed) follow it, a rank is killed, and the attached follower sees the record final,
+    naming that rank."""
+    fleet = Fleet(root, n, lease_s=LEASE_S, look_s=look_s, step_s=step_s)
+    try:
+        fleet.up(timeout_s=900)
+        log = fleet.run_dir(0) / AGENT_LOG
+        began = time.monotonic()
+        fleet.look(detach=True)
+        fleet.wait(lambda r: log.exists() and "detached:" in log.read_text(errors="replace"),
+                   120, "the master detached", renew=False)
+        detach_s = time.monotonic() - began
+        time.sleep(2 * LEASE_S)  # nobody looks
+        held = fleet.record()
+        attach_s = _timed(lambda: fleet.look(touch_lease=False))
+        attach_full_s = _timed(lambda: fleet.look(full=True, touch_lease=False))
+        victim = n // 4 + 1
+        at = fleet.kill_rank(victim, 6)
+        last = {}
+
+        def followed(record):  # the attached follower's look, as attach.yml's watch makes it
+            last.update(fleet.look(touch_lease=False))
+            return last["state"] == "final"
+
+        fleet.wait(followed, 600, "the detached run final", poll_s=0.2, renew=False)
+        seen_s = time.time() - at
+        failure = fleet.look(full=True, touch_lease=False)["record"]["failure"]
+        return {"detach_s": detach_s, "held": held["failure"] is None and not held["final"],
+                "attach_look_s": attach_s, "attach_full_look_s": attach_full_s,
+                "final_seen_s": seen_s,
+                "named_right": (failure["host"] == fleet.names[victim]
+                                and failure.get("rank") == victim * fleet.nproc + 6)}
+    finally:
+        fleet.down()
+
+
 def run(args, tmp):
-    out = {"sizes": {}, "hang_timeout_s": HANG_TIMEOUT_S, "steady_s": args.scale_steady_s,
+    out = {"sizes": {}, "hang_timeout_s": HANG_TIMEOUT_S, "lease_s": LEASE_S,
+           "steady_s": args.scale_steady_s,
            "look_s": args.scale_look_s, "step_s": args.scale_step_s}
     for n in args.scale_sizes:
         try:
             runs = [fail_run(n, tmp / ("fleet%d-%d" % (n, i)), args.scale_steady_s,
                              args.scale_look_s, args.scale_step_s) for i in range(args.runs)]
             hang = hang_run(n, tmp / ("hang%d" % n), args.scale_look_s, args.scale_step_s)
+            detach = detach_run(n, tmp / ("detach%d" % n), args.scale_look_s, args.scale_step_s)
         except (RuntimeError, TimeoutError, OSError) as exc:  # a size that fails is a figure
             out["sizes"][str(n)] = {"hosts": n, "error": str(exc)[-1000:]}
             print("scale %d: %s" % (n, exc), flush=True)
@@ -166,7 +212,7 @@ def run(args, tmp):
                 if k not in ("named_right", "verdict_right", "hosts_told", "hosts_ended")}
         size.update(hosts=n, named_right=sum(r["named_right"] for r in runs), runs=len(runs),
                     verdict_right=sum(r["verdict_right"] for r in runs),
-                    hosts_told=min(r["hosts_told"] for r in runs), hang=hang)
+                    hosts_told=min(r["hosts_told"] for r in runs), hang=hang, detach=detach)
         out["sizes"][str(n)] = size
         print("scale %d: %s" % (n, json.dumps({k: v["median"] if isinstance(v, dict) and
                                                "median" in v else v for k, v in size.items()})),

@@ -85,11 +85,12 @@ class _Module:
 
 class Fleet:
     def __init__(self, root, hosts, nproc=8, tag=0, hang_timeout_s=60.0, lost_after_s=None,
-                 flight_recorder=2000, look_s=None, step_s=1.0):
+                 flight_recorder=2000, look_s=None, step_s=1.0, lease_s=None):
         self.root, self.n, self.nproc, self.tag = Path(root), hosts, nproc, tag
         self.names = ["%s%03d" % (PREFIX, i) for i in range(hosts)]
         self.addrs = [address(tag, i) for i in range(hosts)]
         self.hang_timeout_s, self.lost_after_s = hang_timeout_s, lost_after_s
+        self.lease_s = lease_s  # the master's lease (the module's default when None)
         self.flight_recorder = flight_recorder
         # How often the hosts' agents look (agent.Timings.LOOK_S when None): slower at the
         # sizes where this machine cannot step every agent ten times a second. The master's
@@ -124,6 +125,8 @@ class Fleet:
                       standin_torchrun.STEP_ENV: repr(self.step_s)})
         if self.lost_after_s is not None:
             p["lost_after_s"] = self.lost_after_s
+        if self.lease_s is not None:
+            p["lease_s"] = self.lease_s
         # The launch role's rule (its join timeout grows by fork batch, forks 64): the agents of
         # a big fleet start over a while, here as there.
         p["join_timeout_s"] = int(defaults.JOIN_BASE_S + defaults.JOIN_PER_BATCH_S * (
@@ -169,13 +172,14 @@ class Fleet:
     def record(self):
         return read_json(str(self.run_dir(0) / CONTROL))
 
-    def wait(self, condition, timeout_s=300, what="the condition", poll_s=0.05):
+    def wait(self, condition, timeout_s=300, what="the condition", poll_s=0.05, renew=True):
         """The master's record once condition(record) holds; the harness's look renews the
-        master's lease as the controller's watch would."""
+        master's lease as the controller's watch would (not with renew=False: a detached run,
+        which no controller holds)."""
         end = time.monotonic() + timeout_s
         next_look = 0.0
         while time.monotonic() < end:
-            if time.monotonic() >= next_look:
+            if renew and time.monotonic() >= next_look:
                 next_look = time.monotonic() + 2.0
                 self.look()
             record = self.record()
@@ -193,9 +197,11 @@ class Fleet:
         raise TimeoutError("%s within %.0f s; the master's record: %s" % (
             what, timeout_s, json.dumps(self.record())[-1500:]))
 
-    def look(self, full=False):
-        """The controller's look at the master (torchrun_watch): renews the lease."""
-        return look({"run_dir": str(self.run_dir(0)), "run_id": self.run_id, "full": full})
+    def look(self, full=False, **extra):
+        """The controller's look at the master (torchrun_watch): renews the lease unless
+        extra says touch_lease=False; detach=True detaches the run."""
+        return look(dict({"run_dir": str(self.run_dir(0)), "run_id": self.run_id,
+                          "full": full}, **extra))
 
     def rank_pid(self, i, local_rank):
         path = next(self.run_dir(i).glob("logs/*/attempt_0/%d/fr_position.json" % local_rank))
