@@ -55,6 +55,8 @@ def main():
     parser.add_argument("--only", nargs="*", choices=sorted(BENCHES), default=sorted(BENCHES))
     parser.add_argument("--lab-sizes", type=int, nargs="*", default=[2, 16, 64, 128],
                         help="lab sizes of preflight_cost")
+    parser.add_argument("--recheck-runs", type=int, default=0,
+                        help="runs of a restart's re-check of every lab host (preflight_cost)")
     parser.add_argument("--launch-sizes", type=int, nargs="*", default=[2, 16])
     parser.add_argument("--fail-fast-sizes", type=int, nargs="*", default=[2, 8, 16])
     parser.add_argument("--watch-sizes", type=int, nargs="*", default=[2, 8, 16])

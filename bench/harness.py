@@ -199,6 +199,14 @@ def markdown(results):
                                                       rng(r["preflight_s"]),
                                                       rng(r["ping_s"]), r["ratio"],
                                                       r["ratio_min"], r["ratio_max"]))
+    for name, r in pc.items():
+        if r.get("recheck"):
+            rc = r["recheck"]
+            lines.append("| a restart's re-check of %d candidates (bench/recheck.yml: restart_plan, "
+                         "every candidate probed and its ports tested again, one decision) vs the "
+                         "same run's preflight, %s | %s s | %s s | %.2fx | |"
+                         % (rc["candidates"], name, rng(rc["recheck_s"]),
+                            rng(rc["preflight_in_run_s"]), rc["ratio"]))
     if "lab16" in pc and "lab2" in pc:
         lines.append("| preflight scale: 16 hosts / 2 hosts | %.2f s | %.2f s | %.2fx | <= 3.0x |"
                      % (pc["lab16"]["preflight_s"]["median"], pc["lab2"]["preflight_s"]["median"],

@@ -11,7 +11,8 @@ DOCUMENTATION = r"""
 name: bench_timer
 type: aggregate
 short_description: per-task wall time for torchfleet's benchmarks
-description: Appends one JSON line per task (name, seconds) to the file named by BENCH_TIMINGS.
+description: Appends one JSON line per task (name, seconds) to the file named by BENCH_TIMINGS,
+  and one per play (play, at) with its start on the monotonic clock, and the playbook's end (end).
 requirements: [BENCH_TIMINGS set in the environment]
 """
 
@@ -26,12 +27,21 @@ class CallbackModule(CallbackBase):
         super().__init__()
         self._task, self._start = None, None
 
-    def _flush(self):
+    @staticmethod
+    def _write(line):
         path = os.environ.get("BENCH_TIMINGS")
-        if self._task and path:
+        if path:
             with open(path, "a") as f:
-                f.write(json.dumps({"task": self._task,
-                                    "seconds": time.monotonic() - self._start}) + "\n")
+                f.write(json.dumps(line) + "\n")
+
+    def _flush(self):
+        if self._task:
+            self._write({"task": self._task, "seconds": time.monotonic() - self._start})
+
+    def v2_playbook_on_play_start(self, play):
+        self._flush()
+        self._task = None
+        self._write({"play": play.get_name(), "at": time.monotonic()})
 
     def v2_playbook_on_task_start(self, task, is_conditional):
         self._flush()
@@ -40,3 +50,4 @@ class CallbackModule(CallbackBase):
     def v2_playbook_on_stats(self, stats):
         self._flush()
         self._task = None
+        self._write({"end": time.monotonic()})
