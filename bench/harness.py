@@ -40,12 +40,17 @@ def timed(argv, timeout_s=600, **extra):
     """(wall seconds, controller CPU seconds of the children, rc, output)."""
     before = os.times()
     start = time.monotonic()
+    # A session of its own: past the limit its whole tree goes (Ansible's workers with it).
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env(**extra), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(argv, cwd=ROOT, env=env(**extra), capture_output=True, text=True,
-                              timeout=timeout_s, stdin=subprocess.DEVNULL)
-        rc, out = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        rc, out = None, str(exc.stdout or "")
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+        rc, out = proc.returncode, stdout + stderr
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        rc, out = None, "timed out after %.0f s: %s" % (timeout_s, (stdout + stderr)[-3000:])
     wall = time.monotonic() - start
     after = os.times()
     cpu = (after.children_user - before.children_user) + (after.children_system
@@ -65,12 +70,14 @@ TIMER_ENV = {"ANSIBLE_CALLBACKS_ENABLED": "bench_timer",
              "ANSIBLE_CALLBACK_PLUGINS": str(ROOT / "bench" / "callback_plugins")}
 
 
-def playbook(name, inventory, *extra, **envs):
-    return timed([*ansible_cli.command("ansible-playbook"), "-i", str(inventory), name, *extra], **envs)
+def playbook(name, inventory, *extra, timeout_s=600, **envs):
+    return timed([*ansible_cli.command("ansible-playbook"), "-i", str(inventory), name, *extra],
+                 timeout_s=timeout_s, **envs)
 
 
-def ping(inventory):
-    return timed([str(BIN / "ansible"), "-i", str(inventory), "nodes", "-m", "ping"])
+def ping(inventory, timeout_s=600):
+    return timed([str(BIN / "ansible"), "-i", str(inventory), "nodes", "-m", "ping"],
+                 timeout_s=timeout_s)
 
 
 def lab(nodes):
