@@ -334,7 +334,7 @@ def markdown(results):
         lines.append("| clean 4-host train.yml runs: stragglers named | %s | | | 0 in 5 |"
                      % lb["false_names"])
     sc = results.get("scale")
-    for n, r in ((sc or {}).get("sizes") or {}).items():
+    for n, r in sorted(((sc or {}).get("sizes") or {}).items(), key=lambda kv: int(kv[0])):
         if "error" in r:
             lines.append("| %s simulated hosts x 8 ranks (lab/scale.py) | failed: %s | | | |"
                          % (n, r["error"].replace("|", "/").replace("\n", " ")[:300]))
