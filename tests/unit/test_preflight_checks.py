@@ -12,6 +12,7 @@ from ansible_collections.torchfleet.fleet.plugins.modules import preflight_check
 import pytest
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.gpu import parse_gpu_csv
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.preflight import evaluate
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import failed
 
 from tests.conftest import FIXTURES
 from tests.unit.modules import run_module
@@ -188,6 +189,64 @@ def test_blocked_and_ephemeral_ports_on_one_worker():
     assert failing(checks) == [("port.blocked", "n2"), ("port.ephemeral", "n2")]
     blocked = next(c for c in checks if c["id"] == "port.blocked" and not c["ok"])
     assert "10.1.0.1:29500" in blocked["detail"] and "firewall" in blocked["detail"]
+
+
+def late_cluster(dialled_after_s, ended_at=1_795_000_000.0):
+    """n2 refused on both ports, its first dial `dialled_after_s` after the master's listener
+    ended (the one-round test's stamps: node_probe's listener.ended_at, connect's dialled_at)."""
+    probes, connects = cluster()
+    probes["n0"]["master"]["listener"]["ended_at"] = ended_at
+    connects["n2"] = connect("n2", ok=False, error="refused")
+    for port in connects["n2"]["ports"]:
+        port["dialled_at"] = (ended_at + dialled_after_s if isinstance(ended_at, float)
+                              else dialled_after_s)
+    return probes, connects
+
+
+def test_a_host_that_dialled_after_the_listener_ended_is_not_called_firewalled():
+    # A host too slow to start its probe (the lab's CPU-capped node) was refused because
+    # nothing listened any more: no firewall is named, the run is not stopped, the warning
+    # says so and what to do.
+    checks, _, _ = run(*late_cluster(6.4))
+    assert failed(checks) == []
+    late = [c for c in checks if not c["ok"]]
+    assert [(c["id"], c["host"], c["severity"]) for c in late] == [
+        ("port.blocked", "n2", "warning"), ("port.ephemeral", "n2", "warning")]
+    assert all("not tested" in c["detail"] and "6.4 s after the master's listener had ended"
+               in c["detail"] and "firewall" not in c["detail"] for c in late)
+    assert "run preflight again" in late[0]["hint"]
+
+
+@pytest.mark.parametrize("dialled_after_s", [-3.0, 0.0, 1.9])
+def test_a_refusal_while_the_listener_was_up_is_still_the_firewalls(dialled_after_s):
+    # Dialled before the listener ended, or later by less than the fleet's clock tolerance
+    # (health_clock_max_s, 2 s: the stamps come from two hosts' clocks): a rejecting firewall.
+    checks, _, _ = run(*late_cluster(dialled_after_s))
+    assert failing(checks) == [("port.blocked", "n2"), ("port.ephemeral", "n2")]
+    assert all(c["severity"] == "error" and "refused" in c["detail"]
+               for c in checks if not c["ok"])
+
+
+@pytest.mark.parametrize("ended_at,dialled", [
+    (float("nan"), 1e9), (float("inf"), 1e9), ("soon", 1e9), (None, 1e9),
+    (1_795_000_000.0, "late"), (1_795_000_000.0, True), (1_795_000_000.0, 1e300)])
+def test_stamps_that_are_not_times_leave_the_refusal_an_error(ended_at, dialled):
+    # Either stamp is a host's answer: not a finite number, it decides nothing.
+    probes, connects = late_cluster(0.0)
+    probes["n0"]["master"]["listener"]["ended_at"] = ended_at
+    for port in connects["n2"]["ports"]:
+        port["dialled_at"] = dialled
+    checks, _, _ = run(probes, connects)
+    assert failing(checks) == [("port.blocked", "n2"), ("port.ephemeral", "n2")]
+
+
+def test_a_late_host_with_a_timed_out_port_is_still_named():
+    # Dropped packets are a firewall whenever the host dialled: only a refusal can come from
+    # a listener that had ended.
+    probes, connects = late_cluster(10.0)
+    for port in connects["n2"]["ports"]:
+        port["error"] = "timed out"
+    assert failing(run(probes, connects)[0]) == [("port.blocked", "n2"), ("port.ephemeral", "n2")]
 
 
 def test_port_in_use_names_the_pid_and_skips_the_blocked_test():

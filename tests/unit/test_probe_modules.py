@@ -4,6 +4,7 @@ from __future__ import annotations
 import shutil
 import socket
 import sys
+import time
 
 from ansible_collections.torchfleet.fleet.plugins.modules import node_probe
 from ansible_collections.torchfleet.fleet.plugins.modules import port_probe
@@ -123,6 +124,35 @@ def test_one_round_master_waits_for_the_workers_connections_then_removes_its_lis
     assert [r["ok"] for r in master["connect"]["ports"]] == [True, True]
     assert [r["ok"] for r in worker["results"]] == [True, True]
     assert master["connect"]["route"]["nic"] == "lo"
+
+
+def test_one_round_a_worker_that_dials_after_the_listener_ended_is_not_tested(capsys):
+    """A worker too slow to start its probe dials once the master's listener is gone: it is
+    refused, and the stamps (the master's listener.ended_at, the worker's dialled_at) make it
+    a "not tested" warning, where a worker refused while the listener was up is an error."""
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.host.connect import connect
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.preflight import (
+        port_checks)
+
+    port = free_port()
+    master = run_module(node_probe, {
+        "master_port": port, "master_addr": "127.0.0.1", "listen": True, "expect_peers": 2,
+        "connect_addr": "127.0.0.1", "connect_ports": [port], "listener_wait_s": 0.2}, capsys)
+    assert master["connect"]["listener"] == "stopped"  # one peer never came
+    ended = master["master"]["listener"]["ended_at"]
+    assert abs(time.time() - ended) < 60
+    while time.time() <= ended + 2.0:  # later than the fleet's clock tolerance (2 s)
+        time.sleep(0.1)
+    late = connect("127.0.0.1", port, timeout_s=0.5, retry_s=0.5)
+    assert late["error"] == "refused" and late["dialled_at"] > ended + 2.0
+    records = port_checks("w1", {"ports": [late]}, "127.0.0.1", master["master"], port, 2.0)
+    assert [(r["id"], r["ok"], r["severity"]) for r in records] == [
+        ("port.blocked", False, "warning")]
+    assert "not tested" in records[0]["detail"]
+    # The same refusal dialled before the listener ended: a firewall that rejects.
+    on_time = dict(late, dialled_at=ended - 1.0)
+    records = port_checks("w1", {"ports": [on_time]}, "127.0.0.1", master["master"], port, 2.0)
+    assert [(r["id"], r["ok"], r["severity"]) for r in records] == [("port.blocked", False, "error")]
 
 
 def test_one_round_ephemeral_port_held_by_another_process_is_dialled_not_bound(capsys):

@@ -303,14 +303,17 @@ connect:
   type: dict
   sample: {"route": {"dev": "eth0", "src": "10.0.0.2", "local": false, "nic": "eth0"},
            "route_error": null, "listener": "exited",
-           "ports": [{"port": 29500, "ok": true, "error": null, "elapsed_s": 0.01}]}
+           "ports": [{"port": 29500, "ok": true, "error": null, "elapsed_s": 0.01,
+                      "dialled_at": 1795000000.123}]}
 master:
-  description: Only on the master; the port's holders, a free ephemeral port and the address workers dial.
+  description: Only on the master; the port's holders, a free ephemeral port and the address workers dial;
+    with the one-round port test, when its listener ended (C(listener.ended_at), this host's clock).
   returned: when master_port is set
   type: dict
   sample: {"port": 29500, "holders": [{"pid": 4242, "cmdline": "torchrun ..."}], "in_use": true,
            "ephemeral_port": 51234, "ephemeral_range": [32768, 60999], "addr": "10.0.0.1",
-           "listener": {"pid": 4321, "ports": [{"port": 51234, "bound": true, "error": null}]}}
+           "listener": {"pid": 4321, "ports": [{"port": 51234, "bound": true, "error": null}],
+                        "ended_at": 1795000006.5}}
 """
 
 import os
@@ -557,6 +560,8 @@ def main():
         if master is not None and master["listener"] and not params["keep_listener"]:
             result["connect"]["listener"] = stop_listener(master["listener"]["pid"],
                                                           params["listener_wait_s"])
+            # When the port test stopped listening: a refusal that began later is no verdict.
+            master["listener"]["ended_at"] = round(time.time(), 3)
     module.exit_json(**result)
 
 

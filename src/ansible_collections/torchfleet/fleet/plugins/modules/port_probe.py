@@ -98,7 +98,8 @@ ports:
   returned: always
   type: list
   elements: dict
-  sample: [{"port": 29500, "ok": false, "error": "timed out", "elapsed_s": 3.0}]
+  sample: [{"port": 29500, "ok": false, "error": "timed out", "elapsed_s": 3.0,
+            "dialled_at": 1795000000.123}]
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -54,14 +54,16 @@ def read_clock(sock, wall0, mono0, wait_s=CLOCK_WAIT_S):
 
 
 def connect(addr, port, timeout_s, retry_s=None):
-    """{port, ok, error, elapsed_s, clock}: a TCP handshake with addr:port within timeout_s,
-    and the master listener's clock line when it sends one (read_clock).
+    """{port, ok, error, elapsed_s, dialled_at, clock}: a TCP handshake with addr:port within
+    timeout_s, and the master listener's clock line when it sends one (read_clock).
+    dialled_at (this host's wall clock) tells a host that dialled after the master's listener
+    had ended (too slow to start: nothing was tested) from a firewall that rejects.
 
     "Connection refused" is retried for retry_s (default timeout_s), because the master's
     listener may start a while after this host begins; a firewall that drops shows as
     "timed out" after timeout_s.
     """
-    start = time.monotonic()
+    start, dialled_at = time.monotonic(), time.time()
     window = timeout_s if retry_s is None else max(timeout_s, retry_s)
     error, clock = None, None
     while True:
@@ -84,7 +86,8 @@ def connect(addr, port, timeout_s, retry_s=None):
                 break
             time.sleep(min(RETRY_INTERVAL_S, max(0.0, left)))
     return {"port": port, "ok": error is None, "error": error,
-            "elapsed_s": round(time.monotonic() - start, 3), "clock": clock}
+            "elapsed_s": round(time.monotonic() - start, 3), "dialled_at": round(dialled_at, 3),
+            "clock": clock}
 
 
 class Connector:

@@ -56,7 +56,8 @@ REGISTRY = (
          '`stop.yml` for an earlier run, kill it, or another `master_port`'),
     Unit(('port.blocked',), PREFLIGHT,
          'a host cannot open TCP to `master_addr:master_port`: a timeout is a firewall that '
-         'drops; refused is nothing listening there, or a firewall that rejects',
+         'drops; refused is nothing listening there, or a firewall that rejects; a host that '
+         'first dialled after the test\'s listener had ended is a warning, "not tested"',
          "allow TCP `master_port` on the master's firewall; when refused, run preflight again "
          'and check that `master_addr` is the master\'s'),
     Unit(('port.ephemeral',), PREFLIGHT,

@@ -203,7 +203,32 @@ REFUSED_FIX = ("refused means nothing listened on {port} when this host connecte
                "is the master's address, then {fix}")
 
 
-def port_checks(host, connect, master_addr, master, master_port):
+# Dialled late: the one-round test's listener had ended before this host first dialled (a host
+# too slow to start its probe: CPU capped, overloaded, swapping). The port was never tested, so
+# no firewall is named; a warning, for a run may still go on it.
+LATE_FIX = ("run preflight again; if this host is late again, look at what slows it (its load, "
+            "its CPU quota: cpu.perf with -e health=full)")
+
+
+def dialled_late(result, listener, clock_max_s):
+    """Seconds by which this host's first dial came after the master's listener had ended, or
+    None (on time, or either time unknown). The two stamps come from two hosts' clocks: only
+    a gap larger than the fleet's clock tolerance counts."""
+    ended = listener.get("ended_at") if isinstance(listener, dict) else None
+    dialled = result.get("dialled_at")
+    try:
+        margin = float(clock_max_s)
+    except (TypeError, ValueError):
+        return None
+    if not (_finite(ended) and _finite(dialled) and _finite(margin)):
+        return None
+    late = dialled - ended
+    return late if late > margin else None
+
+
+def port_checks(host, connect, master_addr, master, master_port, clock_max_s=None):
+    """port.blocked and port.ephemeral of one host from its connection results (`connect`)
+    and the master's facts; `clock_max_s`: health_clock_max_s (see dialled_late)."""
     records = []
     if not master:
         return records  # the master was not probed: host.unreachable / python.torch say why
@@ -228,6 +253,13 @@ def port_checks(host, connect, master_addr, master, master_port):
         if result["ok"]:
             records.append(check(cid, host, True, "TCP %s:%s open (%.2f s)"
                                  % (master_addr, port, result["elapsed_s"])))
+            continue
+        late = dialled_late(result, master.get("listener"), clock_max_s)
+        if late is not None and result["error"] == "refused":
+            records.append(check(cid, host, False, "not tested: %s first dialled %s:%s %.1f s "
+                                 "after the master's listener had ended" % (host, master_addr,
+                                                                            port, late),
+                                 LATE_FIX, severity=WARNING))
             continue
         dropped = result["error"] == "timed out"
         why = ("dropped: no answer in %.0f s, a firewall?" % result["elapsed_s"] if dropped
@@ -407,7 +439,9 @@ def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
                                     "master_port=%d is below 1024 and the run's user is not root"
                                     % port, "choose -e master_port above 1023 (29500 is "
                                             "torchrun's default)"))
-        checks.extend(port_checks(host, connect, master_addr, minfo, settings["master_port"]))
+        checks.extend(port_checks(host, connect, master_addr, minfo, settings["master_port"],
+                                  settings.get("health_clock_max_s",
+                                               defaults.default("health_clock_max_s"))))
         if settings.get("script"):
             present = (probe.get("script") or {}).get("exists", False)
             checks.append(check("script.missing", host, present,
