@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -99,6 +100,9 @@ def main():
     parser.add_argument("--busbw-iters", type=int, default=100,
                         help="timed iterations per size, both sides of harness_overhead")
     args = parser.parse_args()
+    # SIGTERM or SIGHUP unwinds like Ctrl-C: the labs and fleets a bench started come down.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
     try:
         old = json.loads((args.out / "results.json").read_text())
     except (OSError, ValueError):

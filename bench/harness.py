@@ -51,6 +51,9 @@ def timed(argv, timeout_s=600, **extra):
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
         rc, out = None, "timed out after %.0f s: %s" % (timeout_s, (stdout + stderr)[-3000:])
+    except BaseException:  # the bench stopped (Ctrl-C, SIGTERM): its tree goes with it
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
     wall = time.monotonic() - start
     after = os.times()
     cpu = (after.children_user - before.children_user) + (after.children_system
