@@ -161,9 +161,12 @@ def detach_run(n, root, look_s, step_s):
     would end controller_lost: it must still run); then the attach's looks (touch_lease off,
     each timed) follow it, a rank is killed, and the attached follower sees the record final,
     naming that rank."""
-    fleet = Fleet(root, n, lease_s=LEASE_S, look_s=look_s, step_s=step_s)
+    # Started in waves, with the join timeout of the harness's whole start: at 512 the burst
+    # of 4,096 stand-ins left a starved agent short of the launch role's join timeout (130 s),
+    # which would measure the harness, not detach and attach.
+    fleet = Fleet(root, n, lease_s=LEASE_S, look_s=look_s, step_s=step_s, join_timeout_s=900)
     try:
-        fleet.up(timeout_s=900)
+        fleet.up(timeout_s=900, waves=True)
         log = fleet.run_dir(0) / AGENT_LOG
         began = time.monotonic()
         fleet.look(detach=True)

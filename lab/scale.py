@@ -85,12 +85,15 @@ class _Module:
 
 class Fleet:
     def __init__(self, root, hosts, nproc=8, tag=0, hang_timeout_s=60.0, lost_after_s=None,
-                 flight_recorder=2000, look_s=None, step_s=1.0, lease_s=None):
+                 flight_recorder=2000, look_s=None, step_s=1.0, lease_s=None, join_timeout_s=None):
         self.root, self.n, self.nproc, self.tag = Path(root), hosts, nproc, tag
         self.names = ["%s%03d" % (PREFIX, i) for i in range(hosts)]
         self.addrs = [address(tag, i) for i in range(hosts)]
         self.hang_timeout_s, self.lost_after_s = hang_timeout_s, lost_after_s
         self.lease_s = lease_s  # the master's lease (the module's default when None)
+        # The master's join timeout; None: the launch role's rule (below). The harness starts
+        # 4,096 stand-ins on 2 CPUs, which a bench may give longer than Ansible's batches take.
+        self.join_timeout_s = join_timeout_s
         self.flight_recorder = flight_recorder
         # How often the hosts' agents look (agent.Timings.LOOK_S when None): slower at the
         # sizes where this machine cannot step every agent ten times a second. The master's
@@ -129,12 +132,14 @@ class Fleet:
             p["lease_s"] = self.lease_s
         # The launch role's rule (its join timeout grows by fork batch, forks 64): the agents of
         # a big fleet start over a while, here as there.
-        p["join_timeout_s"] = int(defaults.JOIN_BASE_S + defaults.JOIN_PER_BATCH_S * (
-            (self.n - 1) // FORKS))
+        p["join_timeout_s"] = self.join_timeout_s or int(
+            defaults.JOIN_BASE_S + defaults.JOIN_PER_BATCH_S * ((self.n - 1) // FORKS))
         return p
 
-    def up(self, timeout_s=600):
-        """Start the master and every host; return once every rank reports to the master."""
+    def up(self, timeout_s=600, waves=False):
+        """Start the master and every host; return once every rank reports to the master.
+        waves: start each hosts process once the ones before it report every rank (the
+        burst of 4,096 forks at once can starve an agent past its master's limits)."""
         (self.root / "kmsg").mkdir(parents=True, exist_ok=True)
         (self.root / "stats").mkdir(exist_ok=True)
         standin = self.root / "standin"
@@ -166,6 +171,11 @@ class Fleet:
                 cwd=Path(__file__).parent.parent,
                 stdin=subprocess.DEVNULL, stdout=open(str(chunk) + ".out", "wb"),
                 stderr=subprocess.STDOUT, start_new_session=True))
+            if waves:
+                upto = min(self.n, start + HOSTS_PER_PROCESS) - 1  # and the master's own
+                self.wait(lambda r, want=upto * self.nproc: sum(
+                    h.get("alive") or 0 for h in r["hosts"][1:]) >= want, timeout_s,
+                    "the ranks of hosts 1-%d up" % upto)
         self.wait(lambda r: sum(h.get("alive") or 0 for h in r["hosts"])
                   == self.n * self.nproc, timeout_s, "every rank up")
 
