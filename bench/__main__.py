@@ -90,6 +90,10 @@ def main():
                              "0.1 s; 2 CPUs cannot step 512 agents that often)")
     parser.add_argument("--scale-step-s", type=float, default=5,
                         help="the scale bench's stand-in ranks' step (a collective each)")
+    parser.add_argument("--scale-parts", nargs="*", choices=list(scale.PARTS),
+                        default=list(scale.PARTS),
+                        help="what the scale bench runs per size (without fail, the other "
+                             "parts are added to the size's earlier figures)")
     parser.add_argument("--report-sizes", type=int, nargs="*", default=[16, 128, 512],
                         help="hosts of the records report_scale renders")
     parser.add_argument("--health-size", type=int, default=8, help="lab hosts of health_cost")

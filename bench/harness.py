@@ -342,26 +342,30 @@ def markdown(results):
             lines.append("| %s simulated hosts x 8 ranks (lab/scale.py) | failed: %s | | | |"
                          % (n, r["error"].replace("|", "/").replace("\n", " ")[:300]))
             continue
-        g, allowed = r.get("growth", {}), r.get("growth_allowed", 0)
-        grow = "; growth over the smallest size %s (allowed %.1fx)" % (", ".join(
-            "%s %.1fx" % (k, v) for k, v in sorted(g.items())), allowed) if g else ""
-        lines.append("| %s simulated hosts x 8 ranks (lab/scale.py%s): a rank dies -> the master's "
-                     "failure / every host told / every host's torchrun ended / record final "
-                     "(%d of %d runs named the rank; the master's broadcast of its abort %s s) | %s / %s / "
-                     "%s / %s s | | | told <= 3 s |"
-                     % (n, taken(r), r["named_right"], r["runs"], rng(r["broadcast_s"]),
-                        rng(r["detected_s"]), rng(r["told_s"]), rng(r["ended_s"]),
-                        rng(r["final_s"])))
-        lines.append("| %s simulated hosts, steady: the master's CPU (cores) / RSS (MB) / control "
-                     "channel up, down (B/s) / run_state.json (bytes) / a look / status (s)%s | "
-                     "%s / %s / %s, %s / %s / %s / %s | | | status <= 2 s at 512 |"
-                     % (n, grow, rng(r["master_cores"]), rng(r["master_rss_mb"]),
-                        rng(r["channel_up_Bps"]), rng(r["channel_down_Bps"]),
-                        rng(r["record_bytes"]), rng(r["look_s"]), rng(r["status_s"])))
-        h = r["hang"]
-        lines.append("| %s simulated hosts: a hang named (rank named right: %s), past "
-                     "hang_timeout_s=%.0f | %.1f s | | | <= 30 s |"
-                     % (n, h["named_right"], sc["hang_timeout_s"], h["over_timeout_s"]))
+        if "runs" in r:  # the fail-fast runs (a size may hold only other parts: --scale-parts)
+            g, allowed = r.get("growth", {}), r.get("growth_allowed", 0)
+            grow = "; growth over the smallest size %s (allowed %.1fx)" % (", ".join(
+                "%s %.1fx" % (k, v) for k, v in sorted(g.items())), allowed) if g else ""
+            lines.append("| %s simulated hosts x 8 ranks (lab/scale.py%s): a rank dies -> the "
+                         "master's failure / every host told / every host's torchrun ended / "
+                         "record final (%d of %d runs named the rank; the master's broadcast of "
+                         "its abort %s s) | %s / %s / %s / %s s | | | told <= 3 s |"
+                         % (n, taken(r), r["named_right"], r["runs"], rng(r["broadcast_s"]),
+                            rng(r["detected_s"]), rng(r["told_s"]), rng(r["ended_s"]),
+                            rng(r["final_s"])))
+            lines.append("| %s simulated hosts, steady: the master's CPU (cores) / RSS (MB) / "
+                         "control channel up, down (B/s) / run_state.json (bytes) / a look / "
+                         "status (s)%s | %s / %s / %s, %s / %s / %s / %s | | | status <= 2 s "
+                         "at 512 |"
+                         % (n, grow, rng(r["master_cores"]), rng(r["master_rss_mb"]),
+                            rng(r["channel_up_Bps"]), rng(r["channel_down_Bps"]),
+                            rng(r["record_bytes"]), rng(r["look_s"]), rng(r["status_s"])))
+        h = r.get("hang")
+        if h:
+            lines.append("| %s simulated hosts: a hang named (rank named right: %s), past "
+                         "hang_timeout_s=%.0f%s | %.1f s | | | <= 30 s |"
+                         % (n, h["named_right"], sc["hang_timeout_s"], taken(h),
+                            h["over_timeout_s"]))
         if "verdict_s" in r:
             lines.append("| %s simulated hosts: the play's verdict (run_summary on the final "
                          "record; %d of %d named the rank) / train.json (bytes) | %s s / %s | "
@@ -372,8 +376,8 @@ def markdown(results):
             lines.append("| %s simulated hosts: detach (a look, to the master detached) / the "
                          "attach's look / its full look / a rank killed -> the follower sees "
                          "it final (ran on past 2 x lease_s=%.0f with no look: %s; named "
-                         "right: %s) | %.3f / %.3f / %.3f / %.1f s | | | |"
-                         % (n, sc.get("lease_s", 0), d["held"], d["named_right"],
+                         "right: %s%s) | %.3f / %.3f / %.3f / %.1f s | | | |"
+                         % (n, sc.get("lease_s", 0), d["held"], d["named_right"], taken(d),
                             d["detach_s"], d["attach_look_s"], d["attach_full_look_s"],
                             d["final_seen_s"]))
     fz = results.get("fuzz")
@@ -477,8 +481,16 @@ def merge(old, new, names):
                 key = BY_SIZE[name]
                 sizes = dict(new[name][key] if key else new[name])
                 for size, value in (old[name][key] if key else old[name]).items():
-                    if size not in sizes and isinstance(value, dict):
-                        sizes[size] = dict(value, taken=value.get("taken", taken))
+                    if not isinstance(value, dict):
+                        continue
+                    kept = dict(value, taken=value.get("taken", taken))
+                    if size not in sizes:
+                        sizes[size] = kept
+                    elif sizes[size].get("parts") and "error" not in sizes[size]:
+                        # Only some parts re-run (scale --scale-parts): each dated on its own.
+                        now = new.get("machine", {}).get("date")
+                        sizes[size] = dict(kept, **{p: dict(sizes[size][p], taken=now)
+                                                    for p in sizes[size]["parts"]})
                 merged[name] = dict(new[name], **{key: sizes}) if key else sizes
         elif name in old:
             merged[name] = old[name]

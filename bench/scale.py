@@ -27,6 +27,9 @@ from lab.scale import Fleet
 
 HANG_TIMEOUT_S = 30.0
 LEASE_S = 15.0  # the detach run's lease: a detached run must outlive it with nobody looking
+# Per size: the fail-fast runs (and the steady figures), a hang, a detach. Without "fail" a
+# size's result holds the other parts alone, merged into its earlier figures (harness.merge).
+PARTS = ("fail", "hang", "detach")
 
 
 def _timed(fn, repeat=5):
@@ -202,25 +205,35 @@ def run(args, tmp):
            "steady_s": args.scale_steady_s,
            "look_s": args.scale_look_s, "step_s": args.scale_step_s}
     for n in args.scale_sizes:
+        parts = {}
         try:
-            runs = [fail_run(n, tmp / ("fleet%d-%d" % (n, i)), args.scale_steady_s,
-                             args.scale_look_s, args.scale_step_s) for i in range(args.runs)]
-            hang = hang_run(n, tmp / ("hang%d" % n), args.scale_look_s, args.scale_step_s)
-            detach = detach_run(n, tmp / ("detach%d" % n), args.scale_look_s, args.scale_step_s)
+            if "fail" in args.scale_parts:
+                runs = [fail_run(n, tmp / ("fleet%d-%d" % (n, i)), args.scale_steady_s,
+                                 args.scale_look_s, args.scale_step_s) for i in range(args.runs)]
+            if "hang" in args.scale_parts:
+                parts["hang"] = hang_run(n, tmp / ("hang%d" % n), args.scale_look_s,
+                                         args.scale_step_s)
+            if "detach" in args.scale_parts:
+                parts["detach"] = detach_run(n, tmp / ("detach%d" % n), args.scale_look_s,
+                                             args.scale_step_s)
         except (RuntimeError, TimeoutError, OSError) as exc:  # a size that fails is a figure
             out["sizes"][str(n)] = {"hosts": n, "error": str(exc)[-1000:]}
             print("scale %d: %s" % (n, exc), flush=True)
+            continue
+        if "fail" not in args.scale_parts:
+            out["sizes"][str(n)] = dict(parts, hosts=n, parts=sorted(parts))
+            print("scale %d: %s" % (n, json.dumps(parts)), flush=True)
             continue
         size = {k: stats([float(r[k]) for r in runs]) for k in runs[0]
                 if k not in ("named_right", "verdict_right", "hosts_told", "hosts_ended")}
         size.update(hosts=n, named_right=sum(r["named_right"] for r in runs), runs=len(runs),
                     verdict_right=sum(r["verdict_right"] for r in runs),
-                    hosts_told=min(r["hosts_told"] for r in runs), hang=hang, detach=detach)
+                    hosts_told=min(r["hosts_told"] for r in runs), **parts)
         out["sizes"][str(n)] = size
         print("scale %d: %s" % (n, json.dumps({k: v["median"] if isinstance(v, dict) and
                                                "median" in v else v for k, v in size.items()})),
               flush=True)
-    measured = {n: size for n, size in out["sizes"].items() if "error" not in size}
+    measured = {n: size for n, size in out["sizes"].items() if "master_cores" in size}
     base = min(measured, key=int, default=None)
     for n, size in measured.items():
         allowed = int(n) / int(base) * 1.25
