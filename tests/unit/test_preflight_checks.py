@@ -198,8 +198,7 @@ def late_cluster(dialled_after_s, ended_at=1_795_000_000.0):
     probes["n0"]["master"]["listener"]["ended_at"] = ended_at
     connects["n2"] = connect("n2", ok=False, error="refused")
     for port in connects["n2"]["ports"]:
-        port["dialled_at"] = (ended_at + dialled_after_s if isinstance(ended_at, float)
-                              else dialled_after_s)
+        port["dialled_at"] = ended_at + dialled_after_s
     return probes, connects
 
 

@@ -254,8 +254,10 @@ def port_checks(host, connect, master_addr, master, master_port, clock_max_s=Non
             records.append(check(cid, host, True, "TCP %s:%s open (%.2f s)"
                                  % (master_addr, port, result["elapsed_s"])))
             continue
-        late = dialled_late(result, master.get("listener"), clock_max_s)
-        if late is not None and result["error"] == "refused":
+        # Only a refusal can come from a listener that had ended; a timeout is a firewall.
+        late = (dialled_late(result, master.get("listener"), clock_max_s)
+                if result["error"] == "refused" else None)
+        if late is not None:
             records.append(check(cid, host, False, "not tested: %s first dialled %s:%s %.1f s "
                                  "after the master's listener had ended" % (host, master_addr,
                                                                             port, late),
