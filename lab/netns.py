@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -482,10 +483,12 @@ class Lab:
         self._start_sshd(node, extra=["SetEnv %s=%s" % (key, value)])
         self.wait_for_ssh()
 
-    def hide_ip(self, name: str) -> None:
+    def hide_ip(self, name: str, before_json: bool = False) -> None:
         """A node whose SSH sessions cannot run iproute2's `ip` (a GPU container or a minimal
         image without it): their PATH is a folder of the lab's with every command of the
-        system's PATH but `ip`. heal() gives the node its sshd without it again."""
+        system's PATH but `ip`. before_json: an `ip` is there, but one from before `-j`
+        (iproute2 3.10-4.11, RHEL / CentOS 7): it refuses `-j` in that version's words and
+        exit status, and runs everything else. heal() gives the node its sshd without it."""
         node = self.node(name)
         folder = self.node_dir(node) / "bin-without-ip"
         shutil.rmtree(folder, ignore_errors=True)
@@ -495,6 +498,15 @@ class Lab:
             for tool in sorted(os.listdir(where)) if os.path.isdir(where) else []:
                 if tool != "ip" and not (folder / tool).exists():
                     (folder / tool).symlink_to(os.path.join(where, tool))
+        if before_json:
+            real = shutil.which("ip")
+            if real is None:
+                raise LabError("iproute2's ip is not installed here")
+            old = folder / "ip"
+            old.write_text('#!/bin/sh\nfor a in "$@"; do case "$a" in -j|-json) echo \'Option '
+                           '"\'"$a"\'" is unknown, try "ip -help".\' >&2; exit 255;; esac; done\n'
+                           'exec %s "$@"\n' % shlex.quote(real))
+            old.chmod(0o755)
         self.set_env(name, "PATH=%s" % folder)
 
     def _stop_sshd(self, node: Node) -> None:

@@ -206,18 +206,22 @@ def test_the_kernel_answers_as_ip_does_on_every_lab_host(healthy_lab):
             assert kernel == by_ip
 
 
-def test_a_host_without_iproute2_is_checked_as_fully_as_the_others(healthy_lab, tmp_path):
-    """node1's SSH sessions cannot run `ip` (as on the recorded H200 host): its interfaces,
-    addresses and routes come from the kernel, with the same verdicts."""
+@pytest.mark.parametrize("before_json", [False, True], ids=["no-ip", "ip-before-json"])
+def test_a_host_without_iproute2_is_checked_as_fully_as_the_others(healthy_lab, tmp_path,
+                                                                  before_json):
+    """node1's SSH sessions cannot run `ip` (as on the recorded H200 host), or run one from
+    before `-j` (RHEL / CentOS 7's iproute2 3.10-4.11): its interfaces, addresses and routes
+    come from the kernel, with the same verdicts."""
     import subprocess
 
     from torchfleet import ansible_cli
 
-    healthy_lab.hide_ip("node1")
+    healthy_lab.hide_ip("node1", before_json=before_json)
     there = subprocess.run([*ansible_cli.command("ansible"), "-i", str(healthy_lab.inventory),
-                            "node1", "-m", "ansible.builtin.shell", "-a", "command -v ip"],
+                            "node1", "-m", "ansible.builtin.shell", "-a", "ip -j addr"],
                            capture_output=True, text=True, timeout=120)
-    assert there.returncode != 0, there.stdout  # `ip` cannot be run there
+    assert there.returncode != 0, there.stdout  # `ip -j` gives nothing there
+    assert ('Option "-j" is unknown' in there.stdout) == before_json, there.stdout
     run = preflight(healthy_lab, tmp_path, "-e", "nnodes=2")
     assert run.rc == 0, run.out
     report = run.report()

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import net, netlink
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.connect import default_dev, interfaces, route_to
-from ansible_collections.torchfleet.fleet.plugins.module_utils.host.command import Missing
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host.command import Failed, Missing
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.preflight import nic_checks
 
 needs_ip = pytest.mark.skipif(shutil.which("ip") is None, reason="compares with iproute2's ip")
 
@@ -45,6 +46,42 @@ def test_without_ip_the_probe_reads_the_kernel():
     assert error is None and route == {"dev": "lo", "src": "127.0.0.1", "local": True,
                                        "nic": "lo"}
     assert route_to("not-an-address", without_ip, nics)[0] is None
+
+
+def ip_before_json(argv, timeout_s=None):
+    """iproute2 3.10-4.11 (RHEL / CentOS 7): `-j` is refused, exit 255 (its own words)."""
+    assert argv[:2] == ["ip", "-j"]
+    return None, Failed('Option "-j" is unknown, try "ip -help".', rc=255)
+
+
+def ip_not_executable(argv, timeout_s=None):
+    return None, Failed("timeout: failed to run command 'ip': Permission denied", rc=126)
+
+
+def ip_printing_text(argv, timeout_s=None):
+    """An `ip` that exits 0 but prints its plain text (a wrapper that drops `-j`)."""
+    return "1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536 qdisc noqueue state UNKNOWN\n", None
+
+
+@pytest.mark.parametrize("run", [ip_before_json, ip_not_executable, ip_printing_text])
+def test_an_ip_that_runs_but_gives_no_json_leaves_the_answer_to_the_kernel(run):
+    nics, why = interfaces(run)
+    assert why is None and nics == netlink.interfaces()
+    assert default_dev(run) == netlink.default_route_dev()
+    route, error = route_to("127.0.0.1", run, nics)
+    assert error is None and route == {"dev": "lo", "src": "127.0.0.1", "local": True,
+                                       "nic": "lo"}
+
+
+def test_no_route_to_the_master_is_named_without_a_none_in_it():
+    probe = {"nics": [{"name": "eth0", "up": True, "loopback": False, "ipv4": ["10.0.0.7"],
+                       "ipv6": []}]}
+    records, nic, address = nic_checks("node1", probe, {"route": None, "route_error": "no route"},
+                                       None, "10.0.0.1", False)
+    assert (nic, address) == (None, None)
+    assert [(r["id"], r["ok"]) for r in records] == [("nic.route", False)]
+    text = records[0]["detail"] + " " + records[0]["hint"]
+    assert "None" not in text and "10.0.0.1" in text
 
 
 def message(kind, body):

@@ -12,7 +12,6 @@ import threading
 import time
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import netlink
-from ansible_collections.torchfleet.fleet.plugins.module_utils.host.command import missing
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.net import (
     nic_holding, parse_default_route_dev, parse_ip_addr, parse_ip_route_get)
 
@@ -115,12 +114,25 @@ def connect_all(addr, ports, timeout_s):
     return Connector(addr, ports, timeout_s).results()
 
 
+def _ip_json(run, argv, parse):
+    """(parse's answer, None) from `ip -j ...`, or (None, why) on any failure to get JSON: no
+    iproute2, one that cannot be run, or one from before `-j` (RHEL / CentOS 7 ship 3.10-4.11:
+    `Option "-j" is unknown`) all leave the answer to the kernel (netlink.py)."""
+    out, err = run(argv)
+    if out is None:
+        return None, err
+    try:
+        return parse(out), None
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
+        return None, "`%s` gave no JSON (%s)" % (" ".join(argv), exc)
+
+
 def interfaces(run):
-    """(parse_ip_addr's list, None), or (None, why): from `ip -j addr`, else, where iproute2
-    is not installed, from the kernel itself (netlink.py gives the same answer)."""
-    out, err = run(["ip", "-j", "addr"])
-    if out is not None:
-        return parse_ip_addr(out), None
+    """(parse_ip_addr's list, None), or (None, why): from `ip -j addr`, else from the kernel
+    itself (netlink.py gives the same answer)."""
+    nics, err = _ip_json(run, ["ip", "-j", "addr"], parse_ip_addr)
+    if err is None:
+        return nics, None
     try:
         return netlink.interfaces(), None
     except OSError as exc:
@@ -129,9 +141,9 @@ def interfaces(run):
 
 def default_dev(run):
     """The default route's interface (`ip -j route show default`, else netlink), or None."""
-    out, err = run(["ip", "-j", "route", "show", "default"])
-    if out is not None or not missing(err):
-        return parse_default_route_dev(out)
+    dev, err = _ip_json(run, ["ip", "-j", "route", "show", "default"], parse_default_route_dev)
+    if err is None:
+        return dev
     try:
         return netlink.default_route_dev()
     except OSError:
@@ -141,18 +153,14 @@ def default_dev(run):
 def route_to(addr, run, nics=None):
     """(route, error): how traffic to addr leaves this host, naming the NIC that holds it when
     addr is local (from `nics`, parse_ip_addr's list, when the caller already has it). `run` is
-    the module's command runner (command.bounded). Without iproute2, the kernel's own lookup
-    (netlink RTM_GETROUTE, policy routing included)."""
-    out, err = run(["ip", "-j", "route", "get", addr])
-    if out is not None:
-        route = parse_ip_route_get(out)
-    elif missing(err):
+    the module's command runner (command.bounded). Where `ip -j` gives no answer, the kernel's
+    own lookup (netlink RTM_GETROUTE, policy routing included)."""
+    route, err = _ip_json(run, ["ip", "-j", "route", "get", addr], parse_ip_route_get)
+    if err is not None:
         try:
-            route = netlink.route_get(addr)
+            route, err = netlink.route_get(addr), None
         except (OSError, ValueError) as exc:
-            route, err = None, str(exc)
-    else:
-        route = None
+            route, err = None, "%s; netlink: %s" % (err, exc)
     if route is None:
         return None, err or "no route"
     route["nic"] = route["dev"]

@@ -149,6 +149,12 @@ def nic_checks(host, probe, connect, ifname, master_addr, is_master):
     if chosen is None and master_addr is None:
         return [check("nic.route", host, True, "not tested: the master was not reached")], None, None
     records = []
+    if chosen is None:  # no interface named, and none found that routes to the master
+        detail = "no interface routes to master %s (%s)" % (
+            master_addr, (connect or {}).get("route_error") or "no route")
+        return [check("nic.route", host, False, detail,
+                      "add a route to %s, or set -e socket_ifname to the interface that "
+                      "reaches it" % master_addr)], None, None
     if ifname and ifname not in nics:
         records.append(check("nic.missing", host, False,
                              "no interface %s; this host has %s" % (ifname, ", ".join(sorted(nics))),
