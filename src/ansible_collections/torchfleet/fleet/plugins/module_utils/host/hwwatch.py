@@ -1,13 +1,27 @@
 """What a host's agent watches of its hardware while the run runs: one unit per signal (the
-kernel log: kmsg.py; NVIDIA GPUs: gpuwatch.py; RDMA ports: ibwatch.py), composed here. Each
-event is tied to the run (an OOM victim must be one of the run's ranks, by PID: lab hosts and
-containers share one kernel), to the ranks that hold its GPU (the processes with
-/dev/nvidiaN open, never LOCAL_RANK taken for a GPU index), deduplicated (a flood of one Xid
-is one event and a count), and bounded before it goes to the master in a heartbeat.
+kernel log: kmsg.py; NVIDIA GPUs: gpuwatch.py; RDMA ports: ibwatch.py), composed here.
 
-An event's age is measured on this host's clock (a /dev/kmsg record carries its time since
-boot; any other line is as old as the look that read it), so the master dates it on its own
-clock without comparing two hosts' clocks.
+- Scope: a fatal event is the run's only on the run's devices (Scope): its GPUs
+  (CUDA_VISIBLE_DEVICES of the host's GPUs), the PCIe bridges and switches above them (the
+  device's sysfs path: /sys/bus/pci/devices/<bdf> resolves to /sys/devices/pci0000:00/<root
+  port>/<switch ports>/<bdf>), the HCAs its NCCL uses (NCCL_IB_HCA) and the NIC of its socket
+  interface (NCCL_SOCKET_IFNAME), and the bridges above those. Anything else (an NVMe drive, a
+  storage NIC) is a warning that says "not a device of the run".
+- The OOM killer's victim is the run's when its PID is a rank's, a process in a rank's tree
+  (a DataLoader worker is dead when its line is read: the ranks' descendants are kept from the
+  looks before), or in a rank's own cgroup (a container with its own PID namespace), the
+  cgroup holding nothing but this agent's own processes (lab hosts share one kernel and may
+  share one cgroup). Another program's OOM kill is a warning.
+- GPU -> rank: NVML's compute processes per GPU (gpuwatch); without NVML, each rank's
+  CUDA_VISIBLE_DEVICES and LOCAL_RANK (every rank holds every visible /dev/nvidiaN: no tie).
+- One event per fault: the same fault again is a count (sent again with the new count, at most
+  every RESEND_S), and the kernel log's and NVML's sightings of one Xid are one event.
+- Bounds: a fatal event is always sent (fatal ones first, PER_BEAT a beat); warnings stop at
+  PER_RUN a run, and the number not sent is status()["dropped"].
+
+An event's age is measured on this host's clock (a /dev/kmsg record's calibrated printk stamp,
+a sample's time; age_err_s says how uncertain it is), so the master dates it on its own clock
+without comparing two hosts' clocks.
 
 Only the standard library: it runs inside the agent on every host.
 """
@@ -15,63 +29,333 @@ from __future__ import annotations
 
 import os
 import re
-import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.host import gpuwatch, ibwatch, kmsg, net
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import gpuwatch, ibwatch, kmsg, rdma
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import procs
 
-PER_BEAT = 8        # events per heartbeat
-PER_RUN = 64        # events a host sends in a run; more are counted, not sent
+PER_BEAT = 8        # events per heartbeat, fatal ones first
+PER_RUN = 64        # warnings a host sends in a run; more are counted, not sent (never a fatal)
+RESEND_S = 10.0     # a fault seen again is sent again with its count at most this often
+SAME_S = 10.0       # the kernel log's and NVML's sightings of one Xid this close: one fault
+KEYS_MAX = 4096     # faults remembered; past it a new warning is counted as dropped
+TREE_MAX = 1024     # the ranks' descendants remembered (PID -> rank)
+WALK_MAX = 256      # /proc children files read per look for them
 AGE_MAX_S = 600.0   # a kmsg stamp further off than this is not believed
-_MINOR = re.compile(r"Device Minor:\s*([0-9]{1,3})")
+SYSFS = "/sys"
+CGROUP_FS = "/sys/fs/cgroup"
+GPU_VENDORS = ("0x10de", "0x1002")  # NVIDIA, AMD: a display-class PCI function of theirs
+GPU_KINDS = ("xid", "ecc", "remap", "clocks", "recovery", "amdgpu", "nvml")
+DROPPED = -1        # a fault's "sent" when it was a warning past PER_RUN
+_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_BUS_NO_FN = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}$")
 
 
-def gpu_minor(pci_bus, root="/proc/driver/nvidia/gpus"):
-    """The /dev/nvidiaN number of the GPU at pci_bus, from the driver's own file; None."""
+def _read(path, size=4096):
     try:
-        with open(os.path.join(root, pci_bus, "information")) as f:
-            match = _MINOR.search(f.read(4096))
-    except (OSError, TypeError):
+        with open(path, errors="replace") as f:
+            return f.read(size)
+    except OSError:
         return None
-    return int(match.group(1)) if match else None
 
 
-def holders(minor, pids):
-    """The PIDs among pids that hold /dev/nvidia<minor> open (the first 4096 descriptors of
-    each)."""
-    device = "/dev/nvidia%d" % minor
-    return [pid for pid in pids if device in net.fd_targets("/proc/%d/fd" % pid, 4096)]
+def _listdir(path, limit):
+    try:
+        return sorted(os.listdir(path))[:limit]
+    except OSError:
+        return []
+
+
+def bus_id(text):
+    """A PCI address as sysfs writes it (0000:5d:00.0) from NVML's (00000000:5D:00.0) or an Xid
+    line's (0000:5d:00); None for anything else."""
+    text = str(text or "").strip().lower()
+    if len(text) == 16 and text.startswith("0000"):
+        text = text[4:]
+    if _BUS_NO_FN.match(text):
+        text += ".0"
+    return text if _BDF.match(text) else None
+
+
+def device_of(path):
+    """The PCI address a sysfs `device` link (or a device's own directory) resolves to."""
+    return bus_id(os.path.basename(os.path.realpath(path)))
+
+
+def pci_chain(sysfs, bus):
+    """bus and every bridge above it, from its sysfs path; [bus] where sysfs does not have it."""
+    path = os.path.realpath(os.path.join(sysfs, "bus", "pci", "devices", bus))
+    chain = [p for p in path.split(os.sep) if _BDF.match(p)] if os.path.exists(path) else []
+    return chain if bus in chain else chain + [bus]
+
+
+def gpus_in_sysfs(sysfs):
+    """The host's NVIDIA and AMD GPUs (display-class functions) in PCI order, from sysfs."""
+    base = os.path.join(sysfs, "bus", "pci", "devices")
+    out = []
+    for name in _listdir(base, 4096):
+        vendor = (_read(os.path.join(base, name, "vendor"), 64) or "").strip()
+        cls = (_read(os.path.join(base, name, "class"), 64) or "").strip()
+        if vendor in GPU_VENDORS and cls.startswith("0x03") and bus_id(name):
+            out.append(bus_id(name))
+    return out
+
+
+def visible(gpus, value):
+    """The GPUs of CUDA_VISIBLE_DEVICES=value among gpus (the host's, in index order): every one
+    where it is unset or names a UUID (only NVML maps those); CUDA stops at an entry that is
+    not a GPU."""
+    if value is None:
+        return list(gpus)
+    out = []
+    for item in str(value).split(","):
+        item = item.strip()
+        if item.startswith(("GPU-", "MIG-")):
+            return list(gpus)
+        if not item.isdigit() or int(item) >= len(gpus):
+            break
+        out.append(gpus[int(item)])
+    return out
+
+
+def name_list(spec, default_exclude=()):
+    """(exclude, exact, [(name, port or None)]) of an NCCL name list (NCCL_IB_HCA,
+    NCCL_SOCKET_IFNAME: `^` excludes, `=` is exact, else a prefix; `:port`); unset excludes
+    default_exclude."""
+    spec = str(spec or "").strip()
+    if not spec:
+        return True, False, [(n, None) for n in default_exclude]
+    exclude = spec.startswith("^")
+    spec = spec[1:] if exclude else spec
+    exact = spec.startswith("=")
+    spec = spec[1:] if exact else spec
+    entries = []
+    for item in spec.split(",")[:64]:
+        name, _sep, port = item.strip().partition(":")
+        if name:
+            entries.append((name, int(port) if port.isdigit() else None))
+    return exclude, exact, entries
+
+
+def chosen(name, port, spec):
+    """Whether an NCCL name list (name_list's) picks device name (at port; None: any port)."""
+    exclude, exact, entries = spec
+    hit = any((name == e if exact else name.startswith(e)) and (None in (p, port) or p == port)
+              for e, p in entries)
+    return hit != exclude
+
+
+class Scope:
+    """The run's devices on this host: what a fatal event must be on to stay fatal. sysfs: the
+    root sysfs is read under (injectable for the tests), rdma_root: /sys/class/infiniband, env:
+    the run's environment (NCCL_IB_HCA, NCCL_IB_DISABLE, NCCL_SOCKET_IFNAME, CUDA_VISIBLE_DEVICES)."""
+
+    def __init__(self, sysfs=SYSFS, rdma_root=rdma.SYSFS, env=None):
+        self.sysfs, self.rdma_root, self.env = sysfs, rdma_root, dict(env or {})
+        self.hca_spec = name_list(self.env.get("NCCL_IB_HCA"))
+        self.ib_used = str(self.env.get("NCCL_IB_DISABLE", "0")).strip() != "1" \
+            and self.env.get("TORCHFLEET_BACKEND") != "gloo"
+        self.gpus = self.run_gpus = []  # the host's GPUs in index order; those the run sees
+        self.devices = set()
+        self.pci = os.path.isdir(os.path.join(sysfs, "bus", "pci", "devices"))
+        self._from = self._sysfs_gpus = None
+
+    def hca_ports(self):
+        """The RDMA ports NCCL uses ({"mlx5_0/1", ...}) among those under rdma_root."""
+        if not self.ib_used:
+            return set()
+        out = set()
+        for name in _listdir(self.rdma_root, rdma.MAX_DEVICES):
+            for port in _listdir(os.path.join(self.rdma_root, name, "ports"), rdma.MAX_PORTS):
+                if port.isdigit() and chosen(name, int(port), self.hca_spec):
+                    out.add("%s/%s" % (name, port))
+        return out
+
+    def _nics(self):
+        spec = self.env.get("NCCL_SOCKET_IFNAME") or self.env.get("GLOO_SOCKET_IFNAME")
+        spec = name_list(spec, ("lo", "docker"))
+        base = os.path.join(self.sysfs, "class", "net")
+        out = set()
+        for name in _listdir(base, 256):
+            if not chosen(name, None, spec):
+                continue
+            # A bond's or a team's own device is none: its lower interfaces' are.
+            links = [os.path.join(base, name)] + [
+                os.path.join(base, name, x) for x in _listdir(os.path.join(base, name), 256)
+                if x.startswith("lower_")]
+            out.update(d for d in (device_of(os.path.join(p, "device")) for p in links
+                                   if os.path.exists(os.path.join(p, "device"))) if d)
+        return out
+
+    def update(self, buses=None):
+        """The run's devices again when the GPUs known changed (buses: GpuWatch.buses())."""
+        if buses:
+            gpus = [b for b in (bus_id(x) for x in buses) if b]
+        else:
+            if self._sysfs_gpus is None:
+                self._sysfs_gpus = gpus_in_sysfs(self.sysfs) if self.pci else []
+            gpus = self._sysfs_gpus
+        if self._from == gpus:
+            return
+        self._from, self.gpus = gpus, gpus
+        self.run_gpus = visible(gpus, self.env.get("CUDA_VISIBLE_DEVICES"))
+        hcas = {name.split("/")[0] for name in self.hca_ports()}
+        own = set(self.run_gpus) | self._nics() | {
+            d for d in (device_of(os.path.join(self.rdma_root, h, "device")) for h in hcas
+                        if os.path.exists(os.path.join(self.rdma_root, h, "device"))) if d}
+        self.devices = {b for d in own for b in pci_chain(self.sysfs, d)}
+
+    def judge(self, event):
+        """Whether a fatal event's device is the run's: True, False, or None where nothing can
+        tell (no device named; a GPU's event on a host whose GPUs cannot be listed; no sysfs)."""
+        bus = event.get("pci_bus")
+        if event.get("kind") == "oom" or bus is None:
+            return None
+        if (event.get("kind") in GPU_KINDS and not self.gpus) or (not self.pci and not self.devices):
+            return None
+        return bus in self.devices
 
 
 class HostWatch:
-    """The host's hardware from the run's start: look() each beat, take() what to send."""
+    """The host's hardware from the run's start: look() each beat, take() what to send.
+    env: the run's environment (the agent's, with the run's env over it); sysfs: where sysfs is
+    read (default: above rdma_sysfs when that is <root>/class/infiniband, else /sys); gpu: a
+    GpuWatch (the tests give a stand-in); cgroup_fs: where the cgroup file system is."""
 
-    def __init__(self, kernel_log=kmsg.KMSG, rdma_sysfs=ibwatch.rdma.SYSFS, command=None):
+    def __init__(self, kernel_log=kmsg.KMSG, rdma_sysfs=ibwatch.rdma.SYSFS, command=None,
+                 env=None, sysfs=None, gpu=None, cgroup_fs=CGROUP_FS):
+        rdma_sysfs = rdma_sysfs or rdma.SYSFS
+        if sysfs is None:
+            head, tail = os.path.split(os.path.normpath(rdma_sysfs))
+            sysfs = os.path.dirname(head) if tail == "infiniband" and \
+                os.path.basename(head) == "class" else SYSFS
+        self.scope = Scope(sysfs, rdma_sysfs, env)
+        self.cgroup_fs = cgroup_fs
         self.log = kmsg.KernelLog(kernel_log)
-        self.gpu = gpuwatch.GpuWatch(command)
-        self.ib = ibwatch.IbWatch(rdma_sysfs)
-        self.pending = []   # (event, monotonic time it was read)
-        self.seen = {}      # what an event is -> how many times
-        self.sent = self.dropped = 0
+        self.gpu = gpu if gpu is not None else gpuwatch.GpuWatch(command)
+        self.ib = ibwatch.IbWatch(rdma_sysfs, self.scope.hca_ports() if self.scope.ib_used
+                                  else set())
+        self.faults = {}    # key -> {"event", "count", "sent", "read_m", "next_m", "seen"}
+        self.queue = []     # keys with something to send
+        self.tree = {}      # PID of a rank's descendant (or the ranks' torchrun) -> rank or None
+        self.rank_facts = {}  # rank PID -> (CUDA_VISIBLE_DEVICES, LOCAL_RANK, cgroup, its dir)
+        self.gpu_pids = {}  # GPU -> the PIDs NVML last saw computing on it
+        self.warned = self.dropped = 0
 
     def status(self):
         """What the master's record says of this host's watch."""
-        return {"kmsg": self.log.how, "kmsg_error": self.log.why, "gpu": self.gpu.how,
-                "dropped": self.dropped}
+        out = {"kmsg": self.log.how, "kmsg_error": self.log.why,
+               "gpu": getattr(self.gpu, "how", None), "dropped": self.dropped}
+        why = getattr(self.gpu, "why", None)
+        if why:
+            out["gpu_error"] = why
+        return out
 
-    def _kernel_events(self, ranks):
+    # -- the ranks' processes -----------------------------------------------------------------
+
+    def _follow(self, ranks):
+        """The ranks' facts at first sight (their environ and cgroup go with them) and their
+        descendants now, kept for the OOM killer's lines that come after they died."""
+        reads = 0
+        for pid, rank in list(ranks.items())[:256]:
+            if pid not in self.rank_facts:
+                env = procs.environ(pid)
+                cgroup = own_cgroup(pid)
+                local = env.get(b"LOCAL_RANK", b"").decode(errors="replace")
+                visible_ = env.get(b"CUDA_VISIBLE_DEVICES")
+                self.rank_facts[pid] = (
+                    None if visible_ is None else visible_.decode(errors="replace"),
+                    int(local) if local.isdigit() else rank[0], cgroup)
+                parent = procs.parent(pid)
+                if parent and parent not in ranks and parent != os.getpid():
+                    self._remember(parent, None)  # torchrun: the run's, no rank's
+            todo = [pid]
+            while todo and reads < WALK_MAX:
+                reads += 1
+                for child in procs.children(todo.pop()):
+                    if child not in ranks:
+                        self._remember(child, rank)
+                        todo.append(child)
+
+    def _remember(self, pid, rank):
+        self.tree.pop(pid, None)
+        self.tree[pid] = rank
+        while len(self.tree) > TREE_MAX:
+            self.tree.pop(next(iter(self.tree)))
+
+    def _ours(self):
+        """This agent's own processes: its ancestors and everything below it."""
+        out, pid = set(), os.getpid()
+        for _ in range(64):
+            if not pid or pid in out:
+                break
+            out.add(pid)
+            pid = procs.parent(pid)
+        todo, reads = [os.getpid()], 0
+        while todo and reads < 4 * WALK_MAX:
+            reads += 1
+            for child in procs.children(todo.pop()):
+                if child not in out:
+                    out.add(child)
+                    todo.append(child)
+        return out | set(self.tree)
+
+    def _oom_owner(self, event, ranks):
+        """(tied to the run, rank or None) of an OOM kill."""
+        pid, path = event.get("pid"), event.get("cgroup")
+        if pid in ranks:
+            return True, ranks[pid][1]
+        if pid in self.tree:
+            rank = self.tree[pid]
+            return True, rank[1] if rank else None
+        if not isinstance(path, str) or not path.startswith("/"):
+            return False, None
+        within = [(p, facts[2]) for p, facts in self.rank_facts.items()
+                  if facts[2] and same_cgroup(path, facts[2][0])]
+        if not within:
+            return False, None
+        procs_text = _read(os.path.join(self.cgroup_fs, within[0][1][1], "cgroup.procs"), 65536)
+        if procs_text is None or len(procs_text) >= 65536:
+            return False, None
+        ours = self._ours()
+        if any(not x.isdigit() or int(x) not in ours for x in procs_text.split()):
+            return False, None  # another lab host's, another program's: not claimed
+        tied = {ranks.get(p, (None, None))[1] for p, _ in within} - {None}
+        return True, tied.pop() if len(tied) == 1 else None
+
+    # -- GPUs and ranks -------------------------------------------------------------------------
+
+    def _rank_gpu(self, pid):
+        """The GPU a rank computes on from its own CUDA_VISIBLE_DEVICES and LOCAL_RANK."""
+        value, local, _cgroup = self.rank_facts.get(pid, (None, None, None))
+        seen = visible(self.scope.gpus, value)
+        if local is not None and local < len(seen):
+            return seen[local]
+        return seen[0] if len(seen) == 1 else None
+
+    def _gpu_rank(self, bus, ranks):
+        """The one rank that computes on GPU bus, else None: NVML's processes on it where NVML
+        answers, else each rank's CUDA_VISIBLE_DEVICES and LOCAL_RANK."""
+        pids = self.gpu_pids.get(bus)
+        by_nvml = [pid for pid in pids or () if pid in ranks]
+        if len(by_nvml) == 1:
+            return ranks[by_nvml[0]][1]
+        # None of them in NVML's newest sample (dead already) or several (each rank has a
+        # context on it): the ranks' own CUDA_VISIBLE_DEVICES and LOCAL_RANK say.
+        by_env = [pid for pid in by_nvml or ranks if self._rank_gpu(pid) == bus]
+        return ranks[by_env[0]][1] if len(by_env) == 1 else None
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def _kernel_events(self):
         events = []
         for line in self.log.read():
-            event = kmsg.parse(line)
+            event = self.log.parse(line)
             if event is None:
                 continue
-            if event["kind"] == "oom" and event["pid"] not in ranks:
-                continue  # another program's, or another lab host's (one kernel)
-            age = 0.0
-            if self.log.how == kmsg.KMSG and event["boot_s"] is not None:
-                since = time.clock_gettime(time.CLOCK_MONOTONIC) - event["boot_s"]
-                age = since if 0.0 <= since <= AGE_MAX_S else 0.0
-            event.pop("boot_s")
-            event.update(source="kmsg", gpu=None, age_s=age)
+            # Its age at the read, on this host's monotonic clock: a calibrated /dev/kmsg
+            # stamp's, else bounded by the looks (kmsg.KernelLog.age_of).
+            age, err = self.log.age_of(event.pop("boot_s", None))
+            event.update(source="kmsg", gpu=None, age_s=age, age_err_s=err)
             events.append(event)
         return events
 
@@ -79,42 +363,145 @@ class HostWatch:
         """Read every source that is due. ranks: {pid: (local_rank, rank)} of the run's live and
         dead ranks on this host (the agent's own list). Never raises."""
         try:
-            found = self._kernel_events(ranks)
-            found += [dict(e, age_s=0.0) for e in self.gpu.look(now_m) + self.ib.look(now_m)]
+            self._follow(ranks)
+            self.scope.update(getattr(self.gpu, "buses", lambda: None)())
+            found = self._kernel_events()
+            for e in self.gpu.look(now_m):
+                found.append(dict(e, age_s=e.get("age_s", 0.0), age_err_s=e.get(
+                    "age_err_s", gpuwatch.NVML_EVERY_S)))
+            found += self.ib.look(now_m)
+            taken = getattr(self.gpu, "processes", lambda: None)()
+            for bus, pids in (taken or {}).items():
+                if bus_id(bus) and pids:
+                    self.gpu_pids[bus_id(bus)] = set(pids)
+            for event in found:
+                self._add(event, now_m, ranks)
         except Exception as exc:  # a watcher's fault never stops the run's agent
             self.log.why = self.log.why or "the hardware watch failed: %s" % exc
-            return
-        for event in found:
-            key = (event["kind"], event["code"], event["pci_bus"], event["pid"], event["gpu"])
-            self.seen[key] = self.seen.get(key, 0) + 1
-            if self.seen[key] > 1:
-                continue
-            self._tie(event, ranks)
-            self.pending.append((event, now_m))
 
-    def _tie(self, event, ranks):
-        """The rank an event belongs to: its PID's, else the one rank that holds its GPU."""
+    def _add(self, event, now_m, ranks):
+        event["pci_bus"] = bus_id(event.get("pci_bus")) or None
+        bus = event["pci_bus"]
+        if event.get("gpu") is None and bus in self.scope.gpus:
+            event["gpu"] = self.scope.gpus.index(bus)
+        if event["kind"] == "oom":
+            key = ("oom", event.get("pid"))
+        elif event["kind"] == "xid":  # the kernel's line has the PID, NVML's has none
+            key = ("xid", event.get("code"), bus or ("gpu", event.get("gpu")))
+        else:
+            key = (event["kind"], event.get("code"), bus, event.get("pid"), event.get("gpu"))
+        fault = self.faults.get(key)
+        at = now_m - event["age_s"]
+        if fault is not None:
+            if event["kind"] == "oom":  # one kill's lines (oom-kill:, then Killed process)
+                if not fault["sent"]:
+                    kept = fault["event"]
+                    kept["cgroup"] = kept.get("cgroup") or event.get("cgroup")
+                    if "oom-kill:" in kept["line"]:
+                        kept.update(line=event["line"], what=event["what"])
+                    self._judge(kept, ranks)
+                return
+            if self._paired(fault, event, at):
+                return
+            fault["count"] += 1
+            if fault["sent"] not in (0, DROPPED) and key not in self.queue:
+                self.queue.append(key)
+            return
+        if len(self.faults) >= KEYS_MAX and not event.get("fatal"):
+            self.dropped += 1
+            return
+        event["rank"] = None
+        self._judge(event, ranks)
+        self.faults[key] = {"event": event, "count": 1, "sent": 0, "read_m": now_m,
+                            "next_m": 0.0, "seen": {event["source"]: [(at, event["age_err_s"])]}}
+        self.queue.append(key)
+
+    def _paired(self, fault, event, at):
+        """Whether this sighting is one another source already counted (an Xid in the kernel
+        log and through NVML, within SAME_S and their uncertainties)."""
+        err = event.get("age_err_s", 0.0)
+        for source, times in fault["seen"].items():
+            if source == event["source"]:
+                continue
+            for i, (t, e) in enumerate(times):
+                if abs(at - t) <= SAME_S + err + e:
+                    del times[i]
+                    return True
+        mine = fault["seen"].setdefault(event["source"], [])
+        mine.append((at, err))
+        del mine[:-64]
+        return False
+
+    def _judge(self, event, ranks):
+        """The event's rank, and fatal only where it is the run's."""
+        if event["kind"] == "oom":
+            tied, rank = self._oom_owner(event, ranks)
+            event["rank"], event["fatal"] = rank, tied
+            note = ": not a process of the run"
+            if not tied and not event["what"].endswith(note):
+                event["what"] += note
+            elif tied and event["what"].endswith(note):
+                event["what"] = event["what"][:-len(note)]
+            return
         rank = ranks.get(event.get("pid"))
-        gpu_kinds = ("xid", "ecc", "remap", "recovery", "aer")
-        if rank is None and event.get("pci_bus") and event["kind"] in gpu_kinds:
-            minor = gpu_minor(event["pci_bus"])
-            if minor is not None:
-                event["gpu"] = event["gpu"] if event["gpu"] is not None else minor
-                held = holders(minor, list(ranks))
-                rank = ranks[held[0]] if len(held) == 1 else None
-        event["rank"] = rank[1] if rank else None
+        if rank is None and event.get("pci_bus") in self.scope.gpus:
+            event["rank"] = self._gpu_rank(event["pci_bus"], ranks)
+        else:
+            event["rank"] = rank[1] if rank else None
+        if event.get("fatal") and self.scope.judge(event) is False:
+            event["fatal"] = False
+            event["what"] = "%s: not a device of the run" % event["what"]
 
     def take(self, now_m):
-        """At most PER_BEAT events for this beat, their ages grown by how long they waited."""
-        out = []
-        while self.pending and len(out) < PER_BEAT:
-            event, read_m = self.pending.pop(0)
-            if self.sent >= PER_RUN:
-                self.dropped += 1
+        """At most PER_BEAT events for this beat, fatal ones first, their ages grown by how
+        long they waited; a fault seen again goes again with its count."""
+        out, later = [], []
+        for key in sorted(self.queue, key=lambda k: not self.faults[k]["event"].get("fatal")):
+            fault = self.faults[key]
+            event = fault["event"]
+            if len(out) >= PER_BEAT or fault["sent"] and now_m < fault["next_m"]:
+                later.append(key)
                 continue
-            self.sent += 1
-            out.append(dict(event, age_s=round(event["age_s"] + max(0.0, now_m - read_m), 3)))
+            if not fault["sent"] and not event.get("fatal"):
+                if self.warned >= PER_RUN:
+                    self.dropped += 1
+                    fault["sent"] = DROPPED
+                    continue
+                self.warned += 1
+            fault["sent"], fault["next_m"] = fault["count"], now_m + RESEND_S
+            sent = {k: v for k, v in event.items() if k != "cgroup"}
+            sent.update(count=fault["count"], age_err_s=round(min(
+                AGE_MAX_S, max(0.0, event.get("age_err_s", 0.0))), 3),
+                age_s=round(event["age_s"] + max(0.0, now_m - fault["read_m"]), 3))
+            out.append(sent)
+        self.queue = later
         return out
 
     def close(self):
         self.log.close()
+
+
+def own_cgroup(pid):
+    """(the cgroup path of pid as its /proc/<pid>/cgroup says it, the directory that holds it
+    under the cgroup file system): the memory controller's under cgroup v1, the unified one's
+    under v2; None when unreadable."""
+    text = _read("/proc/%d/cgroup" % pid, 8192) or ""
+    unified = None
+    for line in text.splitlines():
+        hierarchy, _sep, rest = line.partition(":")
+        controllers, _sep, path = rest.partition(":")
+        if "memory" in controllers.split(","):
+            return path, os.path.join("memory", path.lstrip("/"))
+        if hierarchy == "0" and controllers == "":
+            unified = (path, path.lstrip("/"))
+    return unified
+
+
+def same_cgroup(kernel_path, own_path):
+    """Whether the kernel's task_memcg names the cgroup a rank sees as own_path: the same path,
+    or (a cgroup namespace, where a process sees its path from the namespace's root) one that
+    ends with it; the namespace's root itself ("/") matches only "/"."""
+    kernel_path, own_path = kernel_path.rstrip("/") or "/", own_path.rstrip("/") or "/"
+    if kernel_path == own_path:
+        return True
+    return own_path != "/" and kernel_path.endswith(own_path)

@@ -657,7 +657,8 @@ def start(p, command):
         raise
     argv = torchrun_argv(p, script)
     # The kernel log from before torchrun starts: nothing of the run's is missed.
-    watch = hwwatch.HostWatch(p["kernel_log"], p["rdma_sysfs"], command)
+    watch = hwwatch.HostWatch(p["kernel_log"], p["rdma_sysfs"], command, env=dict(
+        os.environ, **{k: str(v) for k, v in p["env"].items()}))  # the ranks' (start_torchrun)
     started = time.time()
     proc = start_torchrun(p, argv)
     write_json(os.path.join(run_dir, PIDFILE), {"pid": proc.pid, "run_id": p["run_id"],

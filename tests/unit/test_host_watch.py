@@ -1,0 +1,412 @@
+"""The host's hardware watch on a busy 8-GPU host (issue 57): warnings never crowd out a fatal
+event, only the run's devices can be fatal, the OOM killer's victim tied to the run by what it
+is, GPU -> rank without /dev/nvidiaN holders, one event per fault and none lost, a port whose
+rate dropped.
+
+The PCI tree is built here (tests can't read a real 8-GPU host's /sys): the layout of an HGX
+H100 board, each GPU behind a root port and a PCIe switch shared with an HCA and an NVMe drive
+(`nvidia-smi topo -m`'s PIX/PXB), as sysfs shows it: /sys/bus/pci/devices/<bdf> links to
+/sys/devices/pci0000:NN/<root port>/<switch up>/<switch down>/<bdf>. The RDMA ports are the
+real H100 host's (tests/fixtures/ib-h100); the kernel lines are the recorded ones of
+tests/fixtures/kmsg with the device's address changed where a test says so."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import hwwatch, ibwatch
+from tests.conftest import FIXTURES
+
+GPUS = ["0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0",
+        "0000:9a:00.0", "0000:ab:00.0", "0000:ba:00.0", "0000:db:00.0"]
+NVME = "0000:1b:00.0"          # under GPU 0's switch, beside it
+STORAGE_NIC = "0000:c1:00.0"   # mlx5_2: a storage NIC, no GPU near it
+ETH = "0000:c2:00.0"           # eth0: the socket interface's NIC
+XID79 = "NVRM: Xid (PCI:%s): 79, GPU has fallen off the bus."  # xid79-aer.gpu-burn.txt's line
+
+
+def _device(root, chain, vendor, cls):
+    path = root / "devices" / ("pci%s" % chain[0][:7])
+    for bdf in chain:
+        path = path / bdf
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "vendor").write_text(vendor + "\n")
+    (path / "class").write_text(cls + "\n")
+    link = root / "bus" / "pci" / "devices" / chain[-1]
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():
+        link.symlink_to(os.path.relpath(path, link.parent))
+    return path
+
+
+def hgx(root):
+    """An HGX H100 host's sysfs: 8 GPUs, each behind root port, switch up and down ports; GPU
+    0's switch also holds mlx5_0 (the NCCL HCA) and an NVMe drive; mlx5_1 (NCCL) beside GPU 1;
+    mlx5_2 (storage) and eth0 on root ports of their own. Returns root."""
+    for i, gpu in enumerate(GPUS):
+        bus = int(gpu[5:7], 16)
+        up = ["0000:%02x:01.0" % (bus - 3), "0000:%02x:00.0" % (bus - 2),
+              "0000:%02x:00.0" % (bus - 1)]
+        _device(root, up + [gpu], "0x10de", "0x030200")
+        _device(root, up[:2] + ["0000:%02x:01.0" % (bus - 1)], "0x10b5", "0x060400")
+        if i < 2:  # an HCA under the same switch (PIX), and an NVMe drive beside GPU 0
+            hca = _device(root, up[:2] + ["0000:%02x:01.0" % (bus - 1), "0000:%02x:00.0" % (
+                bus + 1)], "0x15b3", "0x020700")
+            dev = root / "class" / "infiniband" / ("mlx5_%d" % i)
+            dev.mkdir(parents=True)
+            (dev / "device").symlink_to(hca)
+    _device(root, ["0000:15:01.0", "0000:16:00.0", "0000:17:02.0", NVME], "0x144d", "0x010802")
+    storage = _device(root, ["0000:c0:01.0", STORAGE_NIC], "0x15b3", "0x020000")
+    (root / "class" / "infiniband" / "mlx5_2").mkdir(parents=True)
+    (root / "class" / "infiniband" / "mlx5_2" / "device").symlink_to(storage)
+    eth = _device(root, ["0000:c0:02.0", ETH], "0x8086", "0x020000")
+    (root / "class" / "net" / "eth0").mkdir(parents=True)
+    (root / "class" / "net" / "eth0" / "device").symlink_to(eth)
+    (root / "class" / "net" / "lo").mkdir(parents=True)
+    for name in ("mlx5_0", "mlx5_1", "mlx5_2"):  # the real H100 host's port files
+        shutil.copytree(FIXTURES / "ib-h100" / "mlx5_0" / "ports",
+                        root / "class" / "infiniband" / name / "ports")
+    return root
+
+
+class Gpus:
+    """A stand-in GpuWatch: NVML's buses and compute processes, events handed in."""
+
+    def __init__(self, buses=None, processes=None):
+        self.how, self._buses, self._processes, self.events = "nvml", buses, processes, []
+
+    def look(self, now_m):
+        out, self.events = self.events, []
+        return out
+
+    def buses(self):
+        return self._buses
+
+    def processes(self):
+        return self._processes
+
+
+def watch(tmp_path, env=None, gpu=None, **kw):
+    sysfs = tmp_path / "sys"
+    if not sysfs.exists():
+        hgx(sysfs)
+    log = tmp_path / "kern.log"
+    log.touch()
+    env = {"NCCL_SOCKET_IFNAME": "eth0"} if env is None else env
+    w = hwwatch.HostWatch(str(log), str(sysfs / "class" / "infiniband"), env=env,
+                          gpu=gpu or Gpus(), **kw)
+    return w, log
+
+
+def write(log, *lines):
+    with open(log, "a") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
+def sent(w, now_m, ranks=None, looks=1):
+    out = []
+    for i in range(looks):
+        w.look(now_m + i, ranks or {})
+        out += w.take(now_m + i)
+    return out
+
+
+# -- item 1: warnings never crowd out a fatal event -----------------------------------------------
+
+def test_a_fatal_event_after_a_hundred_warnings_is_sent_first_and_the_rest_counted(tmp_path):
+    """On 0303260 a host stopped sending at 64 events a run: the Xid after 100 warnings was
+    never sent."""
+    w, log = watch(tmp_path)
+    # aer.c's corrected line (xid79-aer.gpu-burn.txt's), one per device: 100 distinct warnings.
+    write(log, *["pcieport 0000:%02x:00.0: AER: Corrected error received: 0000:%02x:00.0"
+                 % (b, b) for b in range(100)], XID79 % GPUS[3][:-2])
+    first = sent(w, 10.0)
+    assert (first[0]["kind"], first[0]["code"], first[0]["fatal"], first[0]["gpu"]) == (
+        "xid", 79, True, 3)
+    out = first + sent(w, 11.0, looks=40)
+    assert sum(not e["fatal"] for e in out) == hwwatch.PER_RUN
+    assert w.status()["dropped"] == 100 - hwwatch.PER_RUN
+    # A fatal event is never capped, however many warnings came before it.
+    write(log, XID79 % GPUS[5][:-2])
+    assert [(e["gpu"], e["fatal"]) for e in sent(w, 60.0)] == [(5, True)]
+
+
+# -- item 5: only the run's devices are fatal --------------------------------------------------
+
+@pytest.mark.parametrize("line, fatal", [
+    # aer-fatal.returnn.txt's lines with the device's address changed.
+    ("pcieport 0000:15:01.0: AER: Multiple Uncorrected (Fatal) error received: 0000:15:01.0",
+     True),   # GPU 0's root port
+    ("pcieport 0000:17:00.0: AER: Uncorrected (Fatal) error received: 0000:17:00.0",
+     True),   # GPU 0's switch
+    ("nvme 0000:1b:00.0: AER: Uncorrected (Fatal) error received: 0000:1b:00.0",
+     False),  # the NVMe drive beside it
+    ("pcieport 0000:17:02.0: AER: Uncorrected (Fatal) error received: 0000:17:02.0",
+     False),  # the switch port above the NVMe drive only
+    ("nvidia 0000:18:00.0: AER: Uncorrected (Fatal) error received: 0000:18:00.0", True),
+    # mlx5.gpud-pstore.txt's line on the NCCL HCA, the storage NIC, the socket NIC
+    ("mlx5_core 0000:19:00.0: Port module event: module 1, Cable unplugged", True),
+    ("mlx5_core 0000:c1:00.0: Port module event: module 1, Cable unplugged", False),
+    ("mlx5_core 0000:c2:00.0: Port module event: module 1, Cable unplugged", True),
+])
+def test_a_fatal_line_is_fatal_only_on_the_runs_devices(tmp_path, line, fatal):
+    """On 0303260 each of these ended the run and drained the host."""
+    w, log = watch(tmp_path, env={"NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_SOCKET_IFNAME": "eth0"},
+                   gpu=Gpus(buses=GPUS))
+    write(log, line)
+    (event,) = sent(w, 10.0)
+    assert event["fatal"] is fatal
+    assert event["what"].endswith(": not a device of the run") is (not fatal)
+
+
+@pytest.mark.parametrize("env, fatal", [
+    ({}, {0: True, 1: True, 2: True}),                          # unset: every HCA
+    ({"NCCL_IB_HCA": "mlx5_0"}, {0: True, 1: False, 2: False}),
+    ({"NCCL_IB_HCA": "=mlx5_0,mlx5_1:1"}, {0: True, 1: True, 2: False}),
+    ({"NCCL_IB_HCA": "^mlx5_2"}, {0: True, 1: True, 2: False}),
+    ({"NCCL_IB_HCA": "mlx5_1:2"}, {0: False, 1: False, 2: False}),  # no port 2 there
+    ({"NCCL_IB_DISABLE": "1"}, {0: False, 1: False, 2: False}),     # sockets only
+])
+def test_the_hcas_of_nccl_ib_hca_and_their_ports_only(tmp_path, env, fatal):
+    sysfs = hgx(tmp_path / "sys")
+    hcas = {0: "0000:19:00.0", 1: "0000:2b:00.0", 2: STORAGE_NIC}
+    scope = hwwatch.Scope(str(sysfs), str(sysfs / "class" / "infiniband"),
+                          dict(env, CUDA_VISIBLE_DEVICES=""))
+    scope.update(GPUS)
+    assert {i: scope.judge({"kind": "mlx5", "pci_bus": bus}) for i, bus in hcas.items()} == fatal
+    assert scope.hca_ports() == {"mlx5_%d/1" % i for i, on in fatal.items() if on}
+
+
+def test_a_gpu_the_run_does_not_see_and_the_ports_it_does_not_use(tmp_path):
+    w, log = watch(tmp_path, env={"CUDA_VISIBLE_DEVICES": "4,5,6,7", "NCCL_IB_HCA": "mlx5_1"},
+                   gpu=Gpus(buses=GPUS))
+    write(log, XID79 % GPUS[0][:-2], XID79 % GPUS[5][:-2])
+    assert {(e["gpu"], e["fatal"]) for e in sent(w, 10.0)} == {(0, False), (5, True)}
+    # ibwatch reads the run's HCA's ports only: mlx5_0's port going down says nothing.
+    assert w.ib.ports == {"mlx5_1/1"}
+    port = tmp_path / "sys" / "class" / "infiniband"
+    (port / "mlx5_0" / "ports" / "1" / "state").write_text("1: DOWN\n")
+    (port / "mlx5_1" / "ports" / "1" / "state").write_text("1: DOWN\n")
+    down = [e for e in sent(w, 20.0, looks=12) if e["kind"] == "link"]
+    assert [(e["code"], e["pci_bus"], e["fatal"]) for e in down] == [
+        ("mlx5_1/1 down", "0000:2b:00.0", True)]
+
+
+# -- item 7: the OOM killer's victim -------------------------------------------------------------
+
+RANK = """import subprocess, sys, time
+worker = subprocess.Popen(["sleep", "300"])  # a DataLoader worker
+print(worker.pid, flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.fixture
+def rank_with_worker():
+    proc = subprocess.Popen([sys.executable, "-c", RANK], stdout=subprocess.PIPE, text=True)
+    worker = int(proc.stdout.readline())
+    yield proc.pid, worker
+    proc.kill()
+    proc.wait()
+
+
+def killed(pid, memcg=True):
+    # oom.gpud-memory.txt's and the issue's mm/oom_kill.c lines with the victim's pid.
+    return ("%s: Killed process %d (pt_data_worker) total-vm:9145180kB, anon-rss:3145728kB, "
+            "file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:420kB oom_score_adj:0"
+            % ("Memory cgroup out of memory" if memcg else "Out of memory", pid))
+
+
+def oom_kill(pid, memcg):
+    return ("oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
+            "oom_memcg=%s,task_memcg=%s,task=python3,pid=%d,uid=0" % (memcg, memcg, pid))
+
+
+def test_a_rank_s_dataloader_worker_killed_by_the_oom_killer_is_the_runs(tmp_path,
+                                                                         rank_with_worker):
+    """On 0303260 only a rank's own PID tied a victim: the worker's kill was dropped."""
+    rank, worker = rank_with_worker
+    w, log = watch(tmp_path)
+    ranks = {rank: (1, 5)}
+    w.look(1.0, ranks)  # the worker seen alive, under its rank
+    os.kill(worker, signal.SIGKILL)
+    while os.path.exists("/proc/%d/cmdline" % worker) and open(
+            "/proc/%d/stat" % worker).read().split(")")[-1].split()[0] != "Z":
+        time.sleep(0.01)
+    write(log, killed(worker), killed(999999, memcg=False))
+    out = sent(w, 2.0, ranks)
+    assert [(e["kind"], e["pid"], e["rank"], e["fatal"]) for e in out] == [
+        ("oom", worker, 5, True), ("oom", 999999, None, False)]
+    assert out[1]["what"].endswith(": not a process of the run")
+
+
+def test_a_rank_in_its_own_cgroup_with_another_pid_namespace(tmp_path, rank_with_worker):
+    """A container with its own PID namespace: the kernel's PID is none of the agent's; the
+    victim's task_memcg is the rank's own cgroup, which holds only this agent's processes."""
+    rank, worker = rank_with_worker
+    path, rel = hwwatch.own_cgroup(rank)
+    procs_file = tmp_path / "cgroup" / rel / "cgroup.procs"
+    procs_file.parent.mkdir(parents=True)
+    procs_file.write_text("%d\n%d\n" % (rank, worker))
+    w, log = watch(tmp_path, cgroup_fs=str(tmp_path / "cgroup"))
+    ranks = {rank: (0, 2)}
+    w.look(1.0, ranks)
+    write(log, oom_kill(3141592, path), killed(3141592))
+    (event,) = sent(w, 2.0, ranks)
+    assert (event["kind"], event["pid"], event["rank"], event["fatal"], event["count"]) == (
+        "oom", 3141592, 2, True, 1)
+    assert "anon-rss 3.0 GiB" in event["what"]  # the "Killed process" line's, merged
+    # The lab's hosts share one kernel and one cgroup: a process outside this agent's own tree
+    # in that cgroup (another host's rank) and the victim is not claimed.
+    procs_file.write_text("%d\n%d\n4194000\n" % (rank, worker))
+    write(log, oom_kill(3141593, path), killed(3141593))
+    (other,) = sent(w, 3.0, ranks)
+    assert (other["pid"], other["rank"], other["fatal"]) == (3141593, None, False)
+
+
+def test_a_cgroup_path_seen_from_inside_a_cgroup_namespace():
+    assert hwwatch.same_cgroup("/system.slice/docker-1f2e.scope/train", "/train")
+    assert hwwatch.same_cgroup("/docker/1f2e", "/docker/1f2e/")
+    assert not hwwatch.same_cgroup("/docker/1f2e", "/")  # the namespace's root tells nothing
+    assert not hwwatch.same_cgroup("/docker/other", "/docker/1f2e")
+
+
+# -- item 8: GPU -> rank --------------------------------------------------------------------
+
+STAND_IN = "import os, time; fds = [os.open(%r, os.O_RDONLY) for _ in range(8)]; time.sleep(300)"
+
+
+@pytest.fixture
+def eight_ranks(tmp_path):
+    """8 stand-in ranks as torchrun starts them: LOCAL_RANK 0-7, every GPU visible, each
+    holding 8 device files open (as CUDA opens every /dev/nvidiaN in every rank)."""
+    dev = tmp_path / "nvidia"
+    dev.write_text("")
+    procs = [subprocess.Popen([sys.executable, "-c", STAND_IN % str(dev)], env=dict(
+        os.environ, LOCAL_RANK=str(i), RANK=str(8 + i), CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7"))
+        for i in range(8)]
+    yield {p.pid: (i, 8 + i) for i, p in enumerate(procs)}
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_nvmls_processes_name_the_rank_of_a_gpu_when_every_rank_holds_every_device(
+        tmp_path, eight_ranks):
+    """On 0303260 the rank was the one process holding /dev/nvidiaN: never one under torchrun."""
+    pids = sorted(eight_ranks)
+    # NVML's compute processes: rank 8 + i on GPU (7 - i), against LOCAL_RANK's order.
+    gpus = Gpus(buses=GPUS, processes={GPUS[7 - i]: {pid} for i, pid in enumerate(pids)})
+    w, log = watch(tmp_path, gpu=gpus)
+    write(log, XID79 % GPUS[2][:-2])
+    (event,) = sent(w, 10.0, eight_ranks)
+    assert (event["gpu"], event["rank"]) == (2, eight_ranks[pids[5]][1])
+
+
+def test_without_nvml_each_ranks_cuda_visible_devices_and_local_rank(tmp_path, eight_ranks):
+    w, log = watch(tmp_path, gpu=Gpus(buses=None))  # GPUs from sysfs, no processes
+    write(log, XID79 % GPUS[6][:-2])
+    (event,) = sent(w, 10.0, eight_ranks)
+    assert (event["gpu"], event["rank"]) == (6, 14)
+
+
+def test_the_recorded_h200s_one_gpu_and_its_one_process(tmp_path):
+    """tests/fixtures/h200-1gpu: the GPU at 00000000:00:06.0 as NVML writes it."""
+    rank = os.getpid()
+    w, log = watch(tmp_path, gpu=Gpus(buses=["00000000:00:06.0"],
+                                      processes={"00000000:00:06.0": {rank}}))
+    write(log, "NVRM: Xid (PCI:0000:00:06): 79, GPU has fallen off the bus.")
+    (event,) = sent(w, 10.0, {rank: (0, 0)})
+    assert (event["pci_bus"], event["gpu"], event["rank"], event["fatal"]) == (
+        "0000:00:06.0", 0, 0, True)
+
+
+# -- item 9: one event per fault, none lost ---------------------------------------------------
+
+def test_a_flood_of_one_xid_is_one_event_whose_count_is_sent_again(tmp_path):
+    w, log = watch(tmp_path, gpu=Gpus(buses=GPUS))
+    line = "NVRM: Xid (PCI:0000:2a:00): 48, pid='<unknown>', name=<unknown>, DBE"  # xid48's
+    write(log, *[line] * 50)
+    (first,) = sent(w, 10.0)
+    assert (first["code"], first["count"], first["gpu"]) == (48, 50, 1)
+    write(log, *[line] * 10)
+    assert sent(w, 11.0) == []  # not again before RESEND_S
+    (again,) = sent(w, 10.0 + hwwatch.RESEND_S)
+    assert (again["code"], again["count"]) == (48, 60) and again["age_s"] >= first["age_s"]
+
+
+def test_the_same_xid_from_the_kernel_log_and_from_nvml_is_one_event(tmp_path):
+    gpus = Gpus(buses=GPUS)
+    w, log = watch(tmp_path, gpu=gpus)
+    write(log, XID79 % GPUS[3][:-2])
+    nvml = {"source": "nvml", "kind": "xid", "code": 79, "gpu": 3, "pci_bus": GPUS[3],
+            "pid": None, "fatal": True, "what": "Xid 79, GPU has fallen off the bus",
+            "line": "GPU 3 (%s): Xid 79" % GPUS[3], "age_s": 2.0, "age_err_s": 5.0}
+    gpus.events = [nvml]
+    (event,) = sent(w, 10.0)
+    assert (event["source"], event["count"]) == ("kmsg", 1)
+    gpus.events = [dict(nvml, age_s=0.0, age_err_s=0.5)]  # 60 s later: another one
+    assert [e["count"] for e in sent(w, 70.0)] == [2]
+
+
+def test_two_ports_down_are_two_events_and_a_flap_caught_mid_sample(tmp_path):
+    root = tmp_path / "ib"
+    shutil.copytree(FIXTURES / "ib-h100", root)
+    up = ibwatch.sample(str(root))
+    assert up["mlx5_0/1"] == {"state": "ACTIVE", "link_downed": 0, "link_error_recovery": 0,
+                              "rate": "400 Gb/sec (4X NDR)", "pci_bus": None}
+    for name in ("mlx5_0", "mlx5_1"):
+        (root / name / "ports/1/state").write_text("1: DOWN\n")
+    down = ibwatch.sample(str(root))
+    assert [(e["code"], e["fatal"]) for e in ibwatch.changes(up, down, down)] == [
+        ("mlx5_0/1 down", True), ("mlx5_1/1 down", True)]  # 0303260: one key, one event
+    # ACTIVE, DOWN (link_downed 255 -> 256), ACTIVE: compared with the first sample.
+    (root / "mlx5_1/ports/1/counters/link_downed").write_text("256\n")
+    for name in ("mlx5_0", "mlx5_1"):
+        (root / name / "ports/1/state").write_text("4: ACTIVE\n")
+    back = ibwatch.sample(str(root))
+    (flap,) = ibwatch.changes(up, down, back, times=(0.0, 5.0, 10.0))
+    assert (flap["code"], flap["fatal"], flap["age_s"], flap["age_err_s"]) == (
+        "mlx5_1/1 link_downed", False, 0.0, 10.0)
+    assert ibwatch.changes(down, back, back) == []  # and only once
+
+
+# -- item 14: a port whose rate dropped ------------------------------------------------------------
+
+def test_a_port_renegotiated_to_a_lower_rate_is_a_warning_with_both_rates(tmp_path):
+    root = tmp_path / "ib"
+    shutil.copytree(FIXTURES / "ib-h100", root)
+    before = ibwatch.sample(str(root))
+    (root / "mlx5_0/ports/1/rate").write_text("200 Gb/sec (2X NDR)\n")
+    after = ibwatch.sample(str(root))
+    (slow,) = ibwatch.changes(before, before, after)
+    assert (slow["code"], slow["fatal"]) == ("mlx5_0/1 rate", False)
+    assert slow["what"] == ("RDMA port mlx5_0/1: rate dropped from 400 Gb/sec (4X NDR) to "
+                            "200 Gb/sec (2X NDR)")
+    assert ibwatch.changes(before, after, after) == []  # said once
+
+
+# -- item 10: every event says how uncertain its time is ------------------------------------------
+
+def test_every_event_carries_its_age_uncertainty(tmp_path):
+    """0303260 sent no age_err_s: a followed file's line and an NVML sample were "0 s old"."""
+    gpus = Gpus(buses=GPUS)
+    w, log = watch(tmp_path, gpu=gpus)
+    before = time.monotonic()
+    w.look(10.0, {})
+    write(log, XID79 % GPUS[1][:-2])  # a followed file's line: dated by the looks
+    gpus.events = [{"source": "nvml", "kind": "clocks", "code": 64, "gpu": 4,
+                    "pci_bus": GPUS[4], "pid": None, "fatal": False, "what": "clocks held down",
+                    "line": "GPU 4: clocks held down", "age_s": 0.0, "age_err_s": 5.0}]
+    w.look(13.0, {})
+    between = time.monotonic() - before  # the two looks' reads were within this
+    out = {e["kind"]: e for e in w.take(13.0)}
+    assert out["xid"]["age_s"] == 0.0 and 0.0 < out["xid"]["age_err_s"] <= between
+    assert (out["clocks"]["age_s"], out["clocks"]["age_err_s"]) == (0.0, 5.0)
+    assert (out["xid"]["count"], out["clocks"]["count"]) == (1, 1)
