@@ -2,9 +2,9 @@
 interpreter has it, else `nvidia-smi --query-gpu` at a bounded rate.
 
 What is read per GPU (a sample): volatile uncorrected ECC errors, remapped rows pending, the
-clock event reasons, and through NVML the GPU recovery action field and Xid events
-(nvmlDeviceRegisterEvents / nvmlEventSetWait with a zero wait). changes() turns two samples
-into events (pure: the tests feed it recorded samples):
+clock event reasons, the GPU recovery action field (NVML) and the processes running compute
+work on it; and NVML's Xid events, waited on all the time in slices of EVENT_WAIT_S.
+changes() turns two samples into events (pure: the tests feed it recorded samples):
 
 - fatal: uncorrected ECC errors that climbed, a recovery action that asks for a reset or a
   reboot, an Xid that xid.py drains on;
@@ -12,20 +12,49 @@ into events (pure: the tests feed it recorded samples):
   gpu.throttle accepts (idle, the SW power cap: the H200 under a matmul reads reason 4 all the
   time), any other Xid.
 
+Everything that asks the driver runs in a thread of its own, never on the agent's loop (on
+the master the judge runs there too): a GPU whose firmware stops answering (Xid 119's case)
+blocks each NVML call for seconds. A call unanswered past NVML_DEADLINE_S is itself an event
+(kind "nvml", code "timeout"): a warning, fatal once it lasts NVML_FATAL_S. Every exception of
+the binding is survived per call, and a call the binding lacks (pynvml 11.x has the clocks
+"throttle" reasons, not the "event" ones) is asked by the name it has.
+
+Each event carries age_s (since it was read) and age_err_s (how much earlier it may have
+happened): an Xid from the event set, the time since the last wait that found the set empty
+(<= EVENT_WAIT_S plus a sample); a change between two samples, the time between them
+(NVML_EVERY_S, SMI_EVERY_S).
+
 On the H200 every one of these NVML calls answered in under 4 ms
 (tests/fixtures/h200-1gpu/nvml-idle.json); nvidia-smi costs ~50 ms of CPU a call, so it is
-asked every SMI_EVERY_S only.
+asked every SMI_EVERY_S only, and its compute processes every SMI_APPS_EVERY_S once known.
 
 Only the standard library (nvidia-ml-py when it is there): it runs inside the agent.
 """
 from __future__ import annotations
 
 import os
+import re
+import threading
+import time
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import xid
 
 NVML_EVERY_S = 5.0
 SMI_EVERY_S = 15.0
+SMI_APPS_EVERY_S = 60.0   # nvidia-smi's compute processes once some are known (a rank keeps
+#                           its GPU for the run; each call costs ~50 ms of CPU)
+SMI_TIMEOUT_S = 10.0
+EVENT_WAIT_S = 0.5        # one nvmlEventSetWait: an Xid is read within this (and a sample)
+NVML_DEADLINE_S = 2.0     # a call unanswered this long past its own wait: a warning
+# ... and fatal once unanswered this long. A healthy driver answers in milliseconds (the
+# H200: under 4 ms a call), so 30 s is no slow moment; a tool that holds the driver for a few
+# seconds (nvidia-bug-report) stays a warning; and it is well under hang_timeout_s (300 s by
+# default) and lost_after_s (30 s: the agent's own loop is never blocked), so a stuck GPU is
+# named as the cause before its ranks' silence is judged a hang.
+NVML_FATAL_S = 30.0
+NVML_INIT_S = 10.0        # nvmlInit on GPUs without persistence mode initialises each one
+MAX_GPUS = 64
+MAX_PENDING = 256         # distinct events not yet taken; a repeat adds to its event's count
 # clocks_event_reasons bits (nvml.h): GPU idle, applications clocks setting, SW power cap.
 REASONS_OK = 0x1 | 0x2 | 0x4
 REASON_NAMES = {0x8: "HW slowdown", 0x10: "sync boost", 0x20: "SW thermal slowdown",
@@ -35,8 +64,24 @@ REASON_NAMES = {0x8: "HW slowdown", 0x10: "sync boost", 0x20: "SW thermal slowdo
 # 4 drain and reset.
 RECOVERY = {1: "GPU reset", 2: "node reboot", 3: "drain P2P", 4: "drain and reset"}
 RECOVERY_FATAL = (1, 2, 4)
-SMI_FIELDS = ("index,pci.bus_id,ecc.errors.uncorrected.volatile.total,remapped_rows.pending,"
-              "clocks_event_reasons.active")
+# What the nvidia-smi fallback asks, each by the first name the driver lists in
+# `nvidia-smi --help-query-gpu`: drivers before R535 know the clock reasons only as
+# clocks_throttle_reasons, and one unknown field fails the whole query.
+SMI_WANT = (("index",), ("pci.bus_id",), ("ecc.errors.uncorrected.volatile.total",),
+            ("remapped_rows.pending",),
+            ("clocks_event_reasons.active", "clocks_throttle_reasons.active"))
+SMI_APPS = ["nvidia-smi", "--query-compute-apps=gpu_bus_id,pid", "--format=csv"]
+REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
+# The binding's calls, newest name first (pynvml 11.x: the "throttle" names, no _v3).
+REASONS_CALLS = ("nvmlDeviceGetCurrentClocksEventReasons",
+                 "nvmlDeviceGetCurrentClocksThrottleReasons")
+PROCS_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3",
+               "nvmlDeviceGetComputeRunningProcesses_v2",
+               "nvmlDeviceGetComputeRunningProcesses")
+WAIT_CALLS = ("nvmlEventSetWait_v2", "nvmlEventSetWait")
+NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_TIMEOUT = 3, 10
+_VALUE = {1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}  # nvmlValueType_t
+_NAME = re.compile(r'"([a-z0-9_.]+)"')
 
 
 def has_nvidia():
@@ -50,33 +95,82 @@ def _int(text, base=10):
         return None
 
 
+def _bus(text):
+    """'0000:00:06.0' (the kernel's, /proc/driver/nvidia/gpus') from NVML's and nvidia-smi's
+    '00000000:00:06.0'; None."""
+    bus = (text.decode("ascii", "replace") if isinstance(text, bytes) else str(text or ""))
+    bus = bus.strip().lower()[:32]
+    return (bus[4:] if len(bus) == 16 else bus) or None
+
+
+def _rows(text, first):
+    """CSV rows as dicts by the header, which must name `first`; at most 64 + 1 lines."""
+    rows = [[c.strip() for c in row.split(",")] for row in str(text).splitlines()[:65]]
+    if not rows or first not in [h.split(" [")[0] for h in rows[0]]:
+        return []
+    head = [h.split(" [")[0] for h in rows[0]]
+    return [dict(zip(head, cells, strict=True)) for cells in rows[1:] if len(cells) == len(head)]
+
+
 def parse_smi(text):
     """{index: sample} from `nvidia-smi --query-gpu=<fields> --format=csv`, read by its header
-    (preflight's health query, tests/fixtures/h200-1gpu/query-health.csv, reads the same way)."""
-    rows = [[c.strip() for c in row.split(",")] for row in str(text).splitlines()[:65]]
-    if not rows or "index" not in rows[0]:
-        return {}
-    head = [h.split(" [")[0] for h in rows[0]]
+    (preflight's health query, tests/fixtures/h200-1gpu/query-health.csv, reads the same way;
+    the clock reasons under either name)."""
     out = {}
-    for cells in rows[1:]:
-        if len(cells) != len(head) or _int(cells[0]) is None:
+    for row in _rows(text, "index"):
+        index = _int(row["index"])
+        if index is None:
             continue
-        row = dict(zip(head, cells, strict=True))
-        bus = row.get("pci.bus_id", "").lower()
         pending = row.get("remapped_rows.pending")
-        reasons = row.get("clocks_event_reasons.active", "")
-        out[_int(row["index"])] = {
-            "pci_bus": (bus[4:] if len(bus) == 16 else bus) or None,  # 00000000:00:06.0
+        reasons = next((row[f] for f in REASON_FIELDS if f in row), "")
+        out[index] = {
+            "pci_bus": _bus(row.get("pci.bus_id")),
             "ecc_uncorrected": _int(row.get("ecc.errors.uncorrected.volatile.total", "")),
             "remap_pending": pending == "Yes" if pending in ("Yes", "No") else None,
             "reasons": _int(reasons, 16) if reasons.startswith("0x") else None}
     return out
 
 
+def parse_help(text):
+    """The field names `nvidia-smi --help-query-gpu` lists (an R535+ line reads
+    '"clocks_event_reasons.active" or "clocks_throttle_reasons.active"')."""
+    names = set()
+    for line in str(text)[:400_000].splitlines():
+        if line.startswith('"'):
+            names.update(_NAME.findall(line))
+    return names
+
+
+def smi_fields(names):
+    """The --query-gpu fields to ask a driver that lists `names`; None without an index."""
+    fields = [next(n for n in group if n in names) for group in SMI_WANT
+              if any(n in names for n in group)]
+    return ",".join(fields) if fields and fields[0] == "index" else None
+
+
+def parse_apps(text):
+    """{pci_bus: set of PIDs} from `nvidia-smi --query-compute-apps=gpu_bus_id,pid
+    --format=csv`; None when the output is not that table."""
+    if "gpu_bus_id" not in str(text).split("\n", 1)[0]:
+        return None
+    out = {}
+    for row in _rows(text, "gpu_bus_id"):
+        pid, bus = _int(row.get("pid", "")), _bus(row.get("gpu_bus_id"))
+        if pid is not None and pid > 0 and bus:
+            out.setdefault(bus, set()).add(pid)
+    return out
+
+
 def _event(kind, code, gpu, sample, what, fatal):
     return {"source": "nvml", "kind": kind, "code": code, "gpu": gpu,
             "pci_bus": sample.get("pci_bus"), "pid": None, "fatal": fatal, "what": what,
-            "line": "GPU %d (%s): %s" % (gpu, sample.get("pci_bus") or "?", what)}
+            "line": "GPU %s (%s): %s" % ("?" if gpu is None else gpu,
+                                         sample.get("pci_bus") or "?", what)}
+
+
+def xid_event(code, gpu, sample):
+    kind, meaning = xid.classify(code)
+    return _event("xid", code, gpu, sample, "Xid %d, %s" % (code, meaning), kind == "drain")
 
 
 def changes(before, after):
@@ -102,98 +196,387 @@ def changes(before, after):
             events.append(_event("recovery", action, gpu, now, "NVML asks for recovery: %s"
                                  % RECOVERY.get(action, action), action in RECOVERY_FATAL))
         for code in now.get("xids") or ():
-            kind, meaning = xid.classify(code)
-            events.append(_event("xid", code, gpu, now, "Xid %d, %s" % (code, meaning),
-                                 kind == "drain"))
+            events.append(xid_event(code, gpu, now))
     return events
 
 
-class Nvml:
-    """NVML through nvidia-ml-py: one handle per GPU, Xid events registered once."""
-
-    def __init__(self, pynvml):
-        self.nv = pynvml
-        pynvml.nvmlInit()
-        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
-                        for i in range(min(64, pynvml.nvmlDeviceGetCount()))]
-        self.events = None
-        try:
-            self.events = pynvml.nvmlEventSetCreate()
-            for h in self.handles:
-                pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError,
-                                                self.events)
-        except pynvml.NVMLError:
-            self.events = None
-
-    def _try(self, call, *args):
-        try:
-            return call(*args)
-        except self.nv.NVMLError:
-            return None
-
-    def sample(self):
-        nv, out = self.nv, {}
-        xids = {}
-        while self.events is not None and sum(len(v) for v in xids.values()) < 64:
-            data = self._try(nv.nvmlEventSetWait_v2, self.events, 0)
-            if data is None:
-                break
-            index = self._try(nv.nvmlDeviceGetIndex, data.device)
-            xids.setdefault(index, []).append(int(data.eventData))
-        for i, h in enumerate(self.handles):
-            pci = self._try(nv.nvmlDeviceGetPciInfo, h)
-            rows = self._try(nv.nvmlDeviceGetRemappedRows, h)
-            field = self._try(nv.nvmlDeviceGetFieldValues, h,
-                              [getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 0)])
-            bus = getattr(pci, "busId", b"") if pci is not None else b""
-            bus = (bus.decode() if isinstance(bus, bytes) else str(bus)).lower()
-            out[i] = {
-                "pci_bus": bus[4:] if len(bus) == 16 else bus or None,
-                "ecc_uncorrected": self._try(nv.nvmlDeviceGetTotalEccErrors, h,
-                                             nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                                             nv.NVML_VOLATILE_ECC),
-                "remap_pending": bool(rows[2]) if rows else None,
-                "reasons": self._try(nv.nvmlDeviceGetCurrentClocksEventReasons, h),
-                "recovery": (int(field[0].value.ullVal) if field and field[0].nvmlReturn == 0
-                             else None),
-                "xids": xids.get(i, [])}
-        return out
+def _why(exc):
+    return ("%s: %s" % (type(exc).__name__, exc))[:120]
 
 
 class GpuWatch:
-    """The host's NVIDIA GPUs, looked at every few seconds; nothing on a host without them."""
+    """The host's NVIDIA GPUs, read by a thread of its own from construction to close();
+    nothing on a host without them. look(), processes(), buses(), error() and `how` only read
+    what the thread left, so none of them waits on the driver.
 
-    def __init__(self, command=None):
-        self.command, self.nvml, self.how, self.last = command, None, None, {}
-        self.next_m = 0.0
-        if not has_nvidia():
+    pynvml: the binding (None: import nvidia-ml-py's, if there is one; False: nvidia-smi
+    only); present: whether the host has NVIDIA GPUs (None: the driver's files say)."""
+
+    def __init__(self, command=None, pynvml=None, present=None, every_s=None,
+                 wait_s=EVENT_WAIT_S):
+        self.command, self.nv, self.wait_s = command, None, wait_s
+        self.every_s = every_s
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.pending = {}          # (kind, code, gpu) -> event not yet taken
+        self.busy = None           # (call, gpu, pci_bus, started_m, own wait_s) in flight
+        self.stuck = None          # (call, gpu, pci_bus, started_m): unanswered until answered
+        self.answered_m = time.monotonic()   # the last time the driver answered anything
+        self.stall_sent = 0        # 1: its warning sent, 2: its fatal too
+        self.mode = None           # "nvml" | "nvidia-smi" once chosen
+        self.read_any = False      # the newest sample read something
+        self.whole_why = None      # why the GPUs are not read at all
+        self.wait_why = None       # why NVML's Xid events are not read
+        self.failed = {}           # call -> why, in the newest sample, failed on every GPU
+        self.last, self.last_m = None, None   # the newest sample and when it began
+        self.apps = None           # {pci_bus: set of PIDs} of the newest sample that said
+        self.gpus = None           # [pci_bus] in index order
+        self.dropped = 0
+        self.thread = None
+        if not (has_nvidia() if present is None else present):
             return
-        try:
-            import pynvml  # nvidia-ml-py
-            self.nvml, self.how = Nvml(pynvml), "nvml"
-        except Exception:  # not installed, or NVML not loadable: nvidia-smi then
-            self.nvml = None
-            self.how = "nvidia-smi" if command is not None else None
+        if pynvml is None:
+            try:
+                import pynvml  # nvidia-ml-py
+            except Exception:  # not installed, or not importable: nvidia-smi then
+                pynvml = False
+        self.nv = pynvml or None
+        if self.nv is None and command is None:
+            self.whole_why = "no pynvml (nvidia-ml-py) and no way to run nvidia-smi"
+            return
+        self.thread = threading.Thread(target=self._run, name="gpuwatch", daemon=True)
+        self.thread.start()
 
-    def _sample(self):
-        if self.nvml is not None:
-            return self.nvml.sample()
-        out, why = self.command(["nvidia-smi", "--query-gpu=" + SMI_FIELDS, "--format=csv"],
-                                timeout_s=10)
-        return parse_smi(out) if why is None else None
+    # -- what the agent's loop asks (never waits on the driver) --------------------------
+
+    @property
+    def how(self):
+        """"nvml" or "nvidia-smi" while its newest sample read something; else None."""
+        return self.mode if self.read_any else None
+
+    def error(self):
+        """Why the GPUs are not (or not wholly) read, for the watch's status; None."""
+        if self.whole_why:
+            return self.whole_why[:300]
+        failed = list(self.failed.items()) + ([("Xid events", self.wait_why)]
+                                              if self.wait_why else [])
+        if not failed:
+            return None
+        by_why = {}          # the calls that failed alike, named together
+        for call, why in failed:
+            by_why.setdefault(why, []).append(call)
+        return ("%s: %s" % (self.mode, "; ".join(
+            "%s: %s" % (", ".join(calls), why) for why, calls in by_why.items())))[:300]
+
+    @property
+    def why(self):
+        """error(), by the name the other watches give it (kmsg.KernelLog.why)."""
+        return self.error()
+
+    def processes(self):
+        """{pci_bus: set of PIDs running compute work on it} from the newest sample that could
+        say (CUDA opens every /dev/nvidiaN in every rank: these are the ranks whose context
+        is on the GPU); None when unknown."""
+        apps = self.apps
+        return None if apps is None else {bus: set(pids) for bus, pids in apps.items()}
+
+    def buses(self):
+        """The PCI addresses of the GPUs watched, in NVML's / nvidia-smi's index order."""
+        return list(self.gpus) if self.gpus is not None else None
 
     def look(self, now_m):
-        """The events since the last sample, when a sample is due."""
-        if self.how is None or now_m < self.next_m:
+        """The events read since the last look, each with age_s and age_err_s at now_m."""
+        with self.lock:
+            found, self.pending = list(self.pending.values()), {}
+        out = []
+        for event in found:
+            read_m = event.pop("read_m")
+            out.append(dict(event, age_s=round(max(0.0, now_m - read_m), 3)))
+        return out + self._stalled(now_m)
+
+    def _stalled(self, now_m):
+        """The "did not answer" event: a warning past NVML_DEADLINE_S, fatal past
+        NVML_FATAL_S; dated from the unanswered call's start back to the last answer."""
+        busy, stuck = self.busy, self.stuck
+        since = None
+        if busy is not None and now_m - busy[3] > busy[4] + NVML_DEADLINE_S:
+            since = busy[:4]
+        if stuck is not None and (since is None or stuck[3] < since[3]):
+            since = stuck
+        if since is None:
+            self.stall_sent = 0
             return []
-        self.next_m = now_m + (NVML_EVERY_S if self.nvml is not None else SMI_EVERY_S)
+        call, gpu, bus, started_m = since
+        lasted = now_m - started_m
+        fatal = lasted >= NVML_FATAL_S
+        if self.stall_sent >= (2 if fatal else 1):
+            return []
+        self.stall_sent = 2 if fatal else 1
+        who = "nvidia-smi" if call == "nvidia-smi" else "NVML"
+        what = ("%s did not answer in %g s (%s%s)" % (
+            who, NVML_FATAL_S if fatal else NVML_DEADLINE_S, call,
+            "" if gpu is None else ", GPU %d" % gpu)
+            + (": the GPU's firmware or driver is stuck" if fatal else ""))
+        event = _event("nvml", "timeout", gpu, {"pci_bus": bus}, what, fatal)
+        event.update(age_s=round(max(0.0, lasted), 3), count=1, age_err_s=round(
+            min(600.0, max(0.0, started_m - min(self.answered_m, started_m))), 3))
+        return [event]
+
+    def close(self):
+        """Stop the thread at its next answer (one stuck in the driver is left, a daemon)."""
+        self.stopping.set()
+        if self.thread is not None:
+            self.thread.join(timeout=1.0)
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def _put(self, event, read_m, age_err_s):
+        """Hand an event to the next look; a repeat not yet taken adds to its count."""
+        key = (event["kind"], event["code"], event["gpu"])
+        with self.lock:
+            kept = self.pending.get(key)
+            if kept is not None:
+                kept["count"] += 1
+            elif len(self.pending) < MAX_PENDING or event["fatal"]:
+                self.pending[key] = dict(event, read_m=read_m, count=1,
+                                         age_err_s=round(min(600.0, max(0.0, age_err_s)), 3))
+            else:
+                self.dropped += 1
+
+    def _run(self):
         try:
-            sample = self._sample()
-        except Exception:  # a driver that stops answering is the kernel log's to name
-            sample = None
-        if not sample:
-            return []
-        events = changes(self.last, sample) if self.last else [
-            e for e in changes({}, sample) if e["kind"] == "xid"]
-        self.last = sample
-        return events
+            if self.nv is not None and self._nvml_open():
+                self.mode, self.whole_why = "nvml", None
+                self._nvml_loop()
+            elif self.command is not None and not self.stopping.is_set():
+                self.mode, self.nv = "nvidia-smi", None
+                self._smi_loop()
+        except Exception as exc:  # the thread's own fault: said in the status, never raised
+            self.whole_why = "the GPU watch stopped: %s" % _why(exc)
+            self.read_any = False
+        finally:
+            if self.mode == "nvml":
+                self._call("nvmlShutdown")
+
+    def _publish(self, sample, began_m, ended_m, apps):
+        """A sample taken between began_m and ended_m: its changes since the last one."""
+        if self.last is not None:
+            for event in changes(self.last, sample):
+                self._put(event, ended_m, ended_m - self.last_m)
+        self.last, self.last_m = sample, began_m
+        self.gpus = [sample[i]["pci_bus"] for i in sorted(sample)]
+        if apps is not None:
+            self.apps = apps
+
+    # -- NVML ------------------------------------------------------------------------------
+
+    def _call(self, name, *args, gpu=None, bus=None, wait_s=0.0, quiet=()):
+        """One NVML call by name: its answer, or None with why kept in self.errors (a missing
+        call, any exception). The call is `busy` meanwhile, for the loop's deadline."""
+        call = getattr(self.nv, name, None)
+        if call is None:
+            self.errors[name] = "not in this pynvml"
+            return None
+        self.busy = (name, gpu, bus, time.monotonic(), wait_s)
+        try:
+            return call(*args)
+        except Exception as exc:
+            if not isinstance(exc, quiet):
+                self.errors.setdefault(name, _why(exc))
+                self.unsupported[name] = getattr(exc, "value", None) == NVML_ERROR_NOT_SUPPORTED
+            return None
+        finally:
+            self.busy, self.stuck, self.answered_m = None, None, time.monotonic()
+
+    def _first(self, names, *args, **kw):
+        """The first of names the binding has and answers (remembered for the next calls)."""
+        chosen = self.chosen.get(names)
+        for name in [chosen] if chosen else names:
+            if getattr(self.nv, name, None) is None:
+                continue
+            self.errors.pop(name, None)
+            value = self._call(name, *args, **kw)
+            if name not in self.errors or self.unsupported.get(name):  # it answered
+                self.chosen[names] = name
+                for other in names:   # an older name's FunctionNotFound is no fault
+                    if other != name:
+                        self.errors.pop(other, None)
+                return value
+        whys = [self.errors.pop(n) for n in names if n in self.errors]   # said once, by
+        self.errors[names[0]] = (whys[0] if whys else                    # the newest name
+                                 "not in this pynvml (nor %s)" % ", ".join(names[1:]))
+        return None
+
+    def _nvml_open(self):
+        nv = self.nv
+        self.errors, self.unsupported, self.chosen = {}, {}, {}
+        if self._call("nvmlInit", wait_s=NVML_INIT_S) is None and "nvmlInit" in self.errors:
+            self.whole_why = "nvml: nvmlInit: %s" % self.errors["nvmlInit"]
+            return False
+        count = self._call("nvmlDeviceGetCount")
+        if not isinstance(count, int) or count < 1:
+            self.whole_why = "nvml: no GPU (nvmlDeviceGetCount: %s)" % self.errors.get(
+                "nvmlDeviceGetCount", count)
+            self._call("nvmlShutdown")
+            return False
+        self.handles, self.pci = [], []
+        for i in range(min(MAX_GPUS, count)):
+            handle = self._call("nvmlDeviceGetHandleByIndex", i, gpu=i)
+            pci = self._call("nvmlDeviceGetPciInfo", handle, gpu=i) if handle else None
+            self.handles.append(handle)
+            self.pci.append(_bus(getattr(pci, "busId", None)) if pci is not None else None)
+        self.gpus = list(self.pci)
+        self.events = self._call("nvmlEventSetCreate")
+        xid_type = getattr(nv, "nvmlEventTypeXidCriticalError", 0x8)
+        registered = 0
+        for i, h in enumerate(self.handles if self.events is not None else ()):
+            self.errors.pop("nvmlDeviceRegisterEvents", None)
+            if h is not None:   # one GPU that cannot is no reason to leave the others
+                self._call("nvmlDeviceRegisterEvents", h, xid_type, self.events, gpu=i,
+                           bus=self.pci[i])
+                registered += "nvmlDeviceRegisterEvents" not in self.errors
+        if not registered:
+            self.events = None
+            self.wait_why = "no Xid events: %s" % self.errors.get(
+                "nvmlDeviceRegisterEvents", self.errors.get("nvmlEventSetCreate"))
+        self.empty_m = time.monotonic()   # the event set was last seen empty
+        return True
+
+    def _nvml_loop(self):
+        every = self.every_s or NVML_EVERY_S
+        next_m = 0.0
+        while not self.stopping.is_set():
+            now_m = time.monotonic()
+            if now_m >= next_m:   # the next begins an interval after this one began
+                next_m = now_m + every
+                self._nvml_sample(now_m)
+            wait_s = min(self.wait_s, max(0.0, next_m - time.monotonic()))
+            if self.events is None:
+                self.stopping.wait(wait_s)
+            else:
+                self._nvml_xids(wait_s)
+
+    def _nvml_xids(self, wait_s):
+        """Wait up to wait_s on the Xid event set, then take what else it holds (64 at most)."""
+        nv = self.nv
+        timeout = getattr(nv, "NVMLError_Timeout", None)
+        quiet = timeout if isinstance(timeout, type) else ()
+        for n in range(64):
+            self.errors = {}
+            ms = int(wait_s * 1000) if n == 0 else 0
+            data = self._first(WAIT_CALLS, self.events, ms, wait_s=wait_s if n == 0 else 0.0,
+                               quiet=quiet)
+            now_m = time.monotonic()
+            if data is None:
+                if not self.errors:   # timed out: the set is empty now
+                    self.empty_m, self.wait_why = now_m, None
+                elif n == 0:          # a broken wait: said, and no busy loop on it
+                    self.wait_why = "; ".join("%s: %s" % kv for kv in self.errors.items())
+                    self.stopping.wait(wait_s)
+                return
+            xid_type = getattr(nv, "nvmlEventTypeXidCriticalError", 0x8)
+            if getattr(data, "eventType", xid_type) != xid_type:
+                continue
+            code = _int(getattr(data, "eventData", None))
+            if code is None:
+                continue
+            gpu = self._call("nvmlDeviceGetIndex", getattr(data, "device", None))
+            gpu = gpu if isinstance(gpu, int) and 0 <= gpu < len(self.pci) else None
+            sample = {"pci_bus": self.pci[gpu] if gpu is not None else None}
+            self._put(xid_event(code, gpu, sample), now_m, now_m - self.empty_m)
+
+    def _nvml_sample(self, began_m):
+        nv = self.nv
+        self.errors, self.unsupported = {}, {}
+        failed = {}          # call -> [why] per GPU
+        out, apps = {}, {}
+        recovery_id = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        for i, h in enumerate(self.handles):
+            if h is None:
+                continue
+            bus = self.pci[i]
+            self.errors, self.unsupported = {}, {}
+            kw = {"gpu": i, "bus": bus}
+            ecc = self._call("nvmlDeviceGetTotalEccErrors", h,
+                             getattr(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
+                             getattr(nv, "NVML_VOLATILE_ECC", 0), **kw)
+            rows = self._call("nvmlDeviceGetRemappedRows", h, **kw)
+            reasons = self._first(REASONS_CALLS, h, **kw)
+            field = (self._call("nvmlDeviceGetFieldValues", h, [recovery_id], **kw)
+                     if recovery_id is not None else None)
+            procs = self._first(PROCS_CALLS, h, **kw)
+            out[i] = {
+                "pci_bus": bus,
+                "ecc_uncorrected": ecc if isinstance(ecc, int) else None,
+                "remap_pending": bool(rows[2]) if isinstance(rows, (tuple, list))
+                and len(rows) > 2 else None,
+                "reasons": reasons if isinstance(reasons, int) else None,
+                "recovery": _field(field)}
+            if procs is not None and bus:
+                try:
+                    apps[bus] = {int(p.pid) for p in list(procs)[:1024]}
+                except (TypeError, ValueError, AttributeError):
+                    self.errors[PROCS_CALLS[-1]] = "no PIDs in its answer"
+            for name, why in self.errors.items():
+                if not self.unsupported.get(name):
+                    failed.setdefault(name, []).append(why)
+        read = [v for s in out.values() for k, v in s.items() if k != "pci_bus"]
+        self.read_any = any(v is not None for v in read) or bool(apps)
+        gpus = len([h for h in self.handles if h is not None])
+        self.failed = {name: whys[0] for name, whys in failed.items() if len(whys) >= gpus}
+        self._publish(out, began_m, time.monotonic(), apps or None)
+
+    # -- nvidia-smi ------------------------------------------------------------------------
+
+    def _smi(self, argv):
+        """One bounded nvidia-smi call; a timed-out one stays `stuck` until one answers."""
+        started_m = time.monotonic()
+        self.busy = ("nvidia-smi", None, None, started_m, SMI_TIMEOUT_S)
+        try:
+            out, why = self.command(argv, timeout_s=SMI_TIMEOUT_S)
+        except Exception as exc:   # the command runner's own fault
+            out, why = None, _why(exc)
+        self.busy = None
+        if why is not None and "did not answer" in str(why):
+            self.stuck = self.stuck or ("nvidia-smi", None, None, started_m)
+        else:
+            self.stuck, self.answered_m = None, time.monotonic()
+        return out, why
+
+    def _smi_loop(self):
+        fields, apps_m = None, 0.0
+        every = self.every_s or SMI_EVERY_S
+        while not self.stopping.is_set():
+            began_m = time.monotonic()
+            if fields is None:     # asked once the driver answers it
+                out, why = self._smi(["nvidia-smi", "--help-query-gpu"])
+                fields = smi_fields(parse_help(out)) if why is None else None
+                self.whole_why = (None if fields else "nvidia-smi --help-query-gpu: %s"
+                            % (str(why)[:200] if why is not None else "no index field"))
+            if fields is not None:
+                out, why = self._smi(["nvidia-smi", "--query-gpu=" + fields, "--format=csv"])
+                sample = parse_smi(out) if why is None else {}
+                self.read_any = bool(sample)
+                self.failed = {} if sample else {"--query-gpu": str(why or "no GPU rows")[:200]}
+                apps = None
+                if sample and (not any((self.apps or {}).values()) or began_m >= apps_m):
+                    out, why = self._smi(SMI_APPS)
+                    apps = parse_apps(out) if why is None else None
+                    if apps is not None:
+                        apps = {s["pci_bus"]: set() for s in sample.values()
+                                if s["pci_bus"]} | apps
+                        apps_m = began_m + SMI_APPS_EVERY_S
+                if sample:
+                    self._publish(sample, began_m, time.monotonic(), apps)
+            self.stopping.wait(max(0.0, began_m + every - time.monotonic()))
+
+
+def _field(values):
+    """The recovery action from nvmlDeviceGetFieldValues' answer, by its value type; None."""
+    try:
+        value = values[0]
+        if value.nvmlReturn != 0:
+            return None
+        return int(getattr(value.value, _VALUE.get(getattr(value, "valueType", 3), "ullVal")))
+    except (TypeError, IndexError, AttributeError, ValueError):
+        return None
