@@ -175,6 +175,24 @@ def test_recorded_xid_13_is_an_application_error_a_warning():
         [(WARNING, False)] * 2
 
 
+def test_xid_classes_follow_nvidias_catalog_in_preflight_too():
+    # Issue 57: a row remap pending (63, recorded) and a high single-bit ECC rate (92) no longer
+    # fail gpu.xid; an unrecovered ECC error (140) does, and so does an unknown code whose line
+    # says the GPU must be reset. Raw dmesg lines; 63's is a recorded one.
+    row_remap = (FIXTURES / "kmsg" / "xid63.ml-engineering.txt").read_text().strip()
+    log = "\n".join("[ 1843.30814%d] %s" % (i, line) for i, line in enumerate([
+        row_remap,
+        "NVRM: Xid (PCI:0000:5d:00): 92, pid='<unknown>', name=<unknown>, made here",
+        "NVRM: Xid (PCI:0000:b3:00): 140, pid='<unknown>', name=<unknown>, made here",
+        "NVRM: Xid (PCI:0000:c3:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 "
+        "(GPU Reset Required)"]))
+    records = verdicts({"dmesg.txt": log, "uptime.txt": "1900.0 1.0",
+                        "nvidia-smi-q.txt": text("nvidia-smi-q.h100x8.txt")})
+    assert sorted((r["detail"].split(" on ")[0], r["severity"]) for r in records
+                  if r["id"] == "gpu.xid") == [
+        ("Xid 140", ERROR), ("Xid 154", ERROR), ("Xid 63", WARNING), ("Xid 92", WARNING)]
+
+
 def test_the_window_keeps_recent_xids_only():
     # A raw dmesg line (seconds since boot) in the kernel's own form, and /proc/uptime.
     line = "[ 1843.308145] NVRM: Xid (PCI:0000:b3:00): 79, pid=1, GPU has fallen off the bus."

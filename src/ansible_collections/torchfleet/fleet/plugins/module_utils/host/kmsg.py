@@ -7,8 +7,11 @@ It knows the lines of (format strings from the kernel and the drivers that print
 
 - NVIDIA Xids (`NVRM: Xid (PCI:0000:5d:00): 79, pid=..., name=..., ...`): fatal when xid.py
   drains on the code;
-- PCIe AER (drivers/pci/pcie/aer.c: `AER: Uncorrected (Fatal) error received: ...`,
-  `PCIe Bus Error: severity=...`): uncorrected (fatal or not) is fatal, corrected a warning;
+- PCIe AER (drivers/pci/pcie/aer.c and err.c, 3.x to 6.x: `AER: Uncorrected (Fatal) error
+  received: ...`, 6.x's `AER: Uncorrectable (Non-Fatal) error message received from ...`,
+  `PCIe Bus Error: severity=...`, `AER: device recovery failed`): an uncorrected fatal error,
+  or a recovery that failed, is fatal (on the run's devices: the host watch scopes it); a
+  non-fatal one, which the kernel recovers, and a corrected one are warnings;
 - AMD GPUs (drivers/gpu/drm/amd/amdgpu: `GPU reset begin!`, RAS `... uncorrectable hardware
   errors detected in ... block`): a reset or an uncorrectable error is fatal, a correctable one
   a warning;
@@ -16,11 +19,21 @@ It knows the lines of (format strings from the kernel and the drivers that print
   `internal error`, `unrecoverable`, events.c's `Port module event: ... Cable unplugged`):
   fatal; its link messages (`Link down`) a warning;
 - the OOM killer (mm/oom_kill.c: `Out of memory: Killed process 12584 (python3) total-vm:...kB,
-  anon-rss:...kB, ...`, `Memory cgroup out of memory: Killed process ...`): kind oom.
+  anon-rss:...kB, ...`, `Memory cgroup out of memory: Killed process ...`; before 5.0 `...: Kill
+  process N (name) score S or sacrifice child` then `Killed process N (name) total-vm:...`;
+  since 4.19 `oom-kill:constraint=...,task_memcg=/...,task=name,pid=N,uid=0`, whose task_memcg
+  is the event's `cgroup`): kind oom, one key (code, pid) for the lines of one kill.
 
 KernelLog follows the log from the moment it is opened: /dev/kmsg (from its end), else
 `journalctl -k -f`, or a file followed like `tail -F` (a container that sees the host's log
-elsewhere, the lab); where none can be read it says why, once.
+elsewhere, the lab); where none can be read it says why, once. A flood is read at most
+LINES_MAX lines a look, and what is not returned waits for the next look, never dropped: the
+bytes held are bounded by reading less (HOLD_MAX), the rest waits in the file, the pipe or the
+kernel's ring. age_of() turns a line's printk stamp into an age on CLOCK_MONOTONIC: the printk
+clock drifts from it by tens of seconds over weeks of uptime, so a root agent calibrates it
+once, when the log is opened, by writing one marker record to /dev/kmsg and reading its stamp
+back; without that, a line is dated by the looks (after the last look that read everything,
+before this one).
 
 Only the standard library: it runs inside the agent on every host.
 """
@@ -32,6 +45,7 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import xid
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import procs
@@ -39,27 +53,38 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.run import procs
 KMSG = "/dev/kmsg"
 FIX = ("run the agents as root, or `sysctl kernel.dmesg_restrict=0`, or add the user to group "
        "adm / systemd-journal, or set kernel_log to a file that holds the kernel's log")
-LINE_MAX = 512        # bytes of one line kept (a kmsg record is at most ~1 KiB)
+LINE_MAX = 1024       # bytes of one line kept (a kmsg record is at most ~1 KiB)
 READ_MAX = 64 << 10   # bytes read from the log per look
-LINES_MAX = 256       # lines parsed per look: a flood is not read faster than this
+HOLD_MAX = 256 << 10  # bytes read and not yet returned; past it, the log is read less
+LINES_MAX = 256       # lines returned per look: a flood is not read faster than this
+AGE_MAX_S = 600.0     # the most uncertain an age is said to be
+DRIFT = 1e-4          # printk clock against CLOCK_MONOTONIC, s/s, allowed after calibration
+MARK = "torchfleet: printk clock mark %d"
 
 _KMSG_PREFIX = re.compile(r"^[0-9]{1,3},[0-9]{1,20},([0-9]{1,20}),[^;]{0,16};")
 _DMESG_RAW = re.compile(r"^\s*(?:<[0-9]{1,3}>)?\[\s*([0-9]{1,12}\.[0-9]{1,9})\]\s?")
 _BDF = r"[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?"
 _PID = re.compile(r"\bpid=([0-9]{1,10})\b")
-_AER_RECEIVED = re.compile(r"AER: (?:Multiple )?(Corrected|Uncorrected \((?:Non-)?Fatal\)|"
-                           r"Uncorrectable \((?:Non-)?Fatal\)) error (?:message )?received"
-                           r"(?::| from) ?(?:id=[0-9a-fA-F]+)?(" + _BDF + r")?")
-_AER_SEVERITY = re.compile(r"PCIe Bus Error: severity=(Corrected|Uncorrected \((?:Non-)?Fatal\)"
-                           r"|Uncorrectable \((?:Non-)?Fatal\))")
+_AER_RECEIVED = re.compile(r"AER: (?:Multiple )?(Corrected|Correctable|Uncorrected \((?:Non-)?"
+                           r"Fatal\)|Uncorrectable \((?:Non-)?Fatal\)) error (?:message )?"
+                           r"received(?::| from) ?(?:id=[0-9a-fA-F]+)?(" + _BDF + r")?")
+_AER_SEVERITY = re.compile(r"PCIe Bus Error: severity=(Corrected|Correctable|Uncorrected "
+                           r"\((?:Non-)?Fatal\)|Uncorrectable \((?:Non-)?Fatal\))")
 _DEVICE = re.compile(r"(?:^|\s)([a-z0-9_]+) (" + _BDF + r")(?: [^:\s]+)?: ")
 _AMD_RESET = re.compile(r"GPU reset begin|GPU reset\(\d+\) failed|ring \S+ timeout")
 _AMD_RAS = re.compile(r"([0-9]+) (uncorrectable|correctable) hardware errors detected")
 _MLX5_FATAL = re.compile(r"health compromised|internal error|unrecoverable|Cable unplugged|"
                          r"PCI (?:error|slot)|device is in error state|fatal", re.I)
 _MLX5_LINK = re.compile(r"Link down|Link DOWN")
-_OOM = re.compile(r"(Memory cgroup out of memory|Out of memory[^:]{0,40}): Killed process "
-                  r"([0-9]{1,10}),? (?:UID [0-9]+, )?\(([^)]{0,64})\)(?:.*?anon-rss:([0-9]+)kB)?")
+_OOM = re.compile(r"(?:(Memory cgroup out of memory|Out of memory[^:]{0,40}): |(?:^|\s))"
+                  r"Killed process ([0-9]{1,10}),? (?:UID [0-9]+, )?\(([^)]{0,64})\)"
+                  r"(?:.*?anon-rss:([0-9]+)kB)?")
+_OOM_CHOSEN = re.compile(r"(Memory cgroup out of memory|Out of memory[^:]{0,40}): Kill process "
+                         r"([0-9]{1,10}) \(([^)]{0,64})\) score [0-9]+ or sacrifice child")
+_OOM_KILL = re.compile(r"oom-kill:constraint=(CONSTRAINT_[A-Z_]{1,20}),")
+_OOM_MEMCG = re.compile(r",task_memcg=([^,]{1,400}),task=")
+_OOM_PID = re.compile(r",task=[^,]{0,64},pid=([0-9]{1,10}),uid=")
+_RECOVERY = re.compile(r"AER: [Dd]evice recovery (failed|successful)")
 
 
 def _bus(text):
@@ -81,14 +106,18 @@ def split(line):
     return None, line
 
 
-def parse(line):
+def parse(line, memo=None):
     """One kernel log line: {"kind", "code", "pci_bus", "pid", "fatal", "what", "line",
-    "boot_s"} or None when it says nothing torchfleet acts on. Never raises."""
+    "boot_s"} (an OOM event adds "cgroup") or None when it says nothing torchfleet acts on.
+    memo: a dict kept between the lines of one log (KernelLog.parse keeps one): the kernels
+    before 5.0 say in one line whether the OOM was a memory cgroup's and in the next whom it
+    killed. Never raises."""
     if not isinstance(line, str):
         return None
     line = line[:LINE_MAX].rstrip("\r\n")
     boot_s, msg = split(line)
-    event = _xid(msg) or _oom(msg) or _aer(msg) or _amd(msg) or _mlx5(msg)
+    memo = memo if isinstance(memo, dict) else {}
+    event = _xid(msg) or _oom(msg, memo) or _aer(msg) or _amd(msg) or _mlx5(msg)
     if event is None:
         return None
     return dict({"code": None, "pci_bus": None, "pid": None}, **event,
@@ -101,26 +130,54 @@ def _xid(msg):
         return None
     code = int(match.group(2)[:6])
     pid = _PID.search(match.group(3))
-    kind, meaning = xid.classify(code)
+    kind, meaning = xid.classify(code, match.group(3))
     return {"kind": "xid", "code": code, "pci_bus": _bus(match.group(1)),
             "pid": int(pid.group(1)) if pid else None, "fatal": kind == "drain",
             "what": "Xid %d, %s" % (code, meaning)}
 
 
-def _oom(msg):
-    match = _OOM.search(msg)
-    if not match:
-        return None
-    memcg = match.group(1).startswith("Memory cgroup")
-    rss = int(match.group(4)) if match.group(4) else None
+def _oom_event(memcg, pid, rss=None, cgroup=None):
     size = "" if rss is None else ", anon-rss %.1f GiB" % (rss / (1 << 20)) if rss >= 1 << 20 \
         else ", anon-rss %.0f MiB" % (rss / 1024)
-    return {"kind": "oom", "code": "memcg" if memcg else "global", "pid": int(match.group(2)),
-            "fatal": True, "what": "killed by the kernel's OOM killer (%s%s)" % (
+    return {"kind": "oom", "code": "memcg" if memcg else "global", "pid": pid, "fatal": True,
+            "cgroup": cgroup, "what": "killed by the kernel's OOM killer (%s%s)" % (
                 "memory cgroup" if memcg else "out of memory", size)}
 
 
+def _oom(msg, memo):
+    if "oom-kill:" in msg:  # 4.19+: the summary before the kill, its cgroup and victim
+        constraint = _OOM_KILL.search(msg)
+        pid = _OOM_PID.search(msg)
+        if not constraint:
+            return None
+        memo["oom"] = constraint.group(1) == "CONSTRAINT_MEMCG"
+        if not pid:
+            return None  # cut short: the "Killed process" line says whom
+        memcg = _OOM_MEMCG.search(msg)
+        return _oom_event(memo["oom"], int(pid.group(1)),
+                          cgroup=memcg.group(1)[:300] if memcg else None)
+    chosen = _OOM_CHOSEN.search(msg)
+    if chosen:  # before 5.0; not the kill yet (a child may be sacrificed instead)
+        memo["oom"] = chosen.group(1).startswith("Memory cgroup")
+        return None
+    match = _OOM.search(msg)
+    if not match:
+        return None
+    memcg = match.group(1).startswith("Memory cgroup") if match.group(1) else memo.get(
+        "oom", False)
+    return _oom_event(memcg, int(match.group(2)),
+                      int(match.group(4)) if match.group(4) else None)
+
+
 def _aer(msg):
+    recovery = _RECOVERY.search(msg)
+    if recovery:  # err.c: "AER: Device recovery failed" (before 5.8), "device recovery failed"
+        if recovery.group(1) != "failed":
+            return None
+        named = _DEVICE.search(msg)
+        return {"kind": "aer", "code": "recovery failed",
+                "pci_bus": _bus(named.group(2)) if named else None, "fatal": True,
+                "what": "PCIe AER: the kernel could not recover the device"}
     received = _AER_RECEIVED.search(msg)
     severity = received or _AER_SEVERITY.search(msg)
     if not severity:
@@ -130,9 +187,14 @@ def _aer(msg):
     if device is None:
         named = _DEVICE.search(msg)
         device = named.group(2) if named else None
-    corrected = level == "Corrected"
+    # 6.x names them Correctable / Uncorrectable; one code whichever kernel wrote it.
+    level = level.replace("Uncorrectable", "Uncorrected").replace("Correctable", "Corrected")
+    fatal = level == "Uncorrected (Fatal)"
+    what = "PCIe AER %s error" % level.lower()
+    if level == "Uncorrected (Non-Fatal)":
+        what += " (the kernel recovers it; a failed recovery is said apart)"
     return {"kind": "aer", "code": level, "pci_bus": _bus(device) if device else None,
-            "fatal": not corrected, "what": "PCIe AER %s error" % level.lower()}
+            "fatal": fatal, "what": what}
 
 
 def _amd(msg):
@@ -185,17 +247,26 @@ def readable(source=KMSG):
 class KernelLog:
     """The kernel log from now on, a few lines per look. source: /dev/kmsg (falls back to
     journalctl -k -f where it cannot be read) or a file followed like tail -F. `how` names what
-    is read; `why` says why nothing can be (None while it can)."""
+    is read; `why` says why nothing can be (None while it can). clock: CLOCK_MONOTONIC's
+    seconds (time.monotonic), injected by tests."""
 
-    def __init__(self, source=KMSG, command=None):
-        self.source, self.command = source or KMSG, command
+    def __init__(self, source=KMSG, command=None, clock=time.monotonic):
+        self.source, self.command, self.clock = source or KMSG, command, clock
         self.fd, self.proc, self.file, self.inode, self.rest = None, None, None, None, b""
-        self.how, self.why = None, None
+        self.how, self.why, self.skip, self.memo, self.early = None, None, False, {}, []
+        self.mark = None
+        # printk stamp + offset = CLOCK_MONOTONIC, within offset_err (None: not calibrated)
+        self.offset = self.offset_err = self.calibrated_m = None
+        self.look_m = self.since_m = self.caught_m = self.clock()
         if self.source == KMSG:
             self._open_kmsg()
         else:
             self.how = self.source
             self._open_file(from_end=True)
+
+    def parse(self, line):
+        """parse() with this log's memo (the OOM lines of kernels before 5.0)."""
+        return parse(line, self.memo)
 
     # -- /dev/kmsg, else journalctl ---------------------------------------------------------
 
@@ -204,6 +275,7 @@ class KernelLog:
             self.fd = os.open(KMSG, os.O_RDONLY | os.O_NONBLOCK)
             os.lseek(self.fd, 0, os.SEEK_END)
             self.how = KMSG
+            self.calibrate()
             return
         except OSError as exc:
             denied = exc.strerror or str(exc)
@@ -223,12 +295,48 @@ class KernelLog:
                         "root, or set kernel.dmesg_restrict=0, or set kernel_log to a file "
                         "that holds the kernel's log" % (KMSG, denied))
 
+    def calibrate(self, path=KMSG):
+        """Where /dev/kmsg can be written (root): write one marker record, read its printk
+        stamp back, and keep stamp -> CLOCK_MONOTONIC. The records read before the marker are
+        kept for the next look. True when calibrated; never raises."""
+        mark = self.mark = MARK % (os.getpid() * 1000 + int(self.clock() * 1000) % 1000)
+        try:
+            out = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            return False  # not root: lines are dated by the looks
+        try:
+            before = self.clock()
+            os.write(out, ("<6>%s\n" % mark).encode())
+            after = self.clock()
+        except OSError:
+            return False
+        finally:
+            os.close(out)
+        for _ in range(LINES_MAX):
+            try:
+                record = os.read(self.fd, 8192).decode("utf-8", "replace")
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:
+                    continue
+                break
+            boot_s, msg = split(record)
+            if msg.rstrip("\r\n") == mark and boot_s is not None:
+                self.offset, self.offset_err = (before + after) / 2 - boot_s, (after - before) / 2
+                self.calibrated_m = after
+                return True
+            self.early.append(record)
+        return False
+
     def _read_kmsg(self):
-        lines = []
+        lines, drained = self.early[:LINES_MAX], False
+        del self.early[:LINES_MAX]
         while len(lines) < LINES_MAX:
             try:
                 record = os.read(self.fd, 8192)
             except BlockingIOError:
+                drained = True
                 break
             except OSError as exc:
                 if exc.errno == errno.EPIPE:  # records overwritten before we read them
@@ -237,9 +345,12 @@ class KernelLog:
                 self.close()
                 break
             if not record:
+                drained = True
                 break
-            lines.append(record.decode("utf-8", "replace"))
-        return lines
+            text = record.decode("utf-8", "replace")
+            if split(text)[1].rstrip("\r\n") != self.mark:
+                lines.append(text)
+        return lines, drained and not self.early
 
     def _read_pipe(self):
         if self.proc.poll() is not None and not self.rest:
@@ -247,12 +358,13 @@ class KernelLog:
                 self.why = ("journalctl -k -f ended (exit %s): the agent's user may not read "
                             "the journal; add it to group systemd-journal or adm, or set "
                             "kernel_log" % self.proc.returncode)
-            return []
+            return [], True
+        want = self._room()
         try:
-            data = os.read(self.proc.stdout.fileno(), READ_MAX)
+            data = os.read(self.proc.stdout.fileno(), want) if want else b""
         except (BlockingIOError, OSError):
             data = b""
-        return self._lines(data)
+        return self._lines(data, want and len(data) < want)
 
     # -- a file, like tail -F -----------------------------------------------------------------
 
@@ -270,38 +382,86 @@ class KernelLog:
         if self.file is None:
             self._open_file(from_end=False)  # appeared after the run began: all of it is new
             if self.file is None:
-                return []
+                return [], True
         try:
             st = os.stat(self.source)
-            if (st.st_dev, st.st_ino) != self.inode or st.st_size < self.file.tell():
-                self.file.close()  # rotated or truncated: the new file from its start
-                self.file, self.rest = None, b""
-                self._open_file(from_end=False)
-                if self.file is None:
-                    return []
+            rotated = (st.st_dev, st.st_ino) != self.inode
+            if rotated or st.st_size < self.file.tell():
+                # rotated: what the old file still holds first; truncated: nothing left of it
+                want = self._room()
+                rest = (self.file.read(want) or b"") if rotated and want else b""
+                if not rotated or len(rest) < want:
+                    self.file.close()  # then the new file from its start
+                    self.file, self.skip = None, False
+                    if not (self.rest + rest).endswith(b"\n") and (self.rest + rest):
+                        rest += b"\n"  # the old file's unfinished last line ends here
+                    self._open_file(from_end=False)
+                if self.file is None or len(rest) >= want:
+                    return self._lines(rest, False)[0], False
+                self.rest, rest = self.rest + rest, b""
         except OSError:
             pass  # removed: what was written before stays readable on the open file
-        data = self.file.read(READ_MAX)
-        return self._lines(data or b"")
+        want = self._room()
+        data = self.file.read(want) if want else b""
+        return self._lines(data or b"", want and len(data or b"") < want)
 
-    def _lines(self, data):
-        data = self.rest + data
-        parts = data.split(b"\n")
-        self.rest = parts.pop()[-LINE_MAX:]  # a line not finished yet
-        return [p[:LINE_MAX].decode("utf-8", "replace") for p in parts[:LINES_MAX]]
+    def _room(self):
+        """How much to read now: READ_MAX, less what is held (a flood is read less, not
+        dropped)."""
+        return max(0, min(READ_MAX, HOLD_MAX - len(self.rest)))
+
+    def _lines(self, data, eof):
+        """At most LINES_MAX whole lines of what is held and data; the rest is held. A line
+        longer than LINE_MAX keeps its first LINE_MAX bytes."""
+        if self.skip:
+            cut = data.find(b"\n")
+            if cut < 0:
+                data = b""
+            else:
+                data, self.skip = b"\n" + data[cut + 1:], False
+        parts = (self.rest + data).split(b"\n", LINES_MAX)
+        self.rest = parts.pop()
+        if b"\n" not in self.rest and len(self.rest) > LINE_MAX:
+            self.rest, self.skip = self.rest[:LINE_MAX], True  # its end is not kept
+        lines = [p[:LINE_MAX].decode("utf-8", "replace") for p in parts]
+        return lines, bool(eof) and b"\n" not in self.rest
 
     def read(self):
-        """The new lines since the last look (at most LINES_MAX). Never raises."""
+        """The new lines since the last look, at most LINES_MAX; the others wait for the next
+        look. Never raises."""
+        start = self.clock()
+        lines, drained = [], False
         try:
             if self.fd is not None:
-                return self._read_kmsg()
-            if self.proc is not None:
-                return self._read_pipe()
-            if self.how == self.source:
-                return self._read_file()
+                lines, drained = self._read_kmsg()
+            elif self.proc is not None:
+                lines, drained = self._read_pipe()
+            elif self.how == self.source:
+                lines, drained = self._read_file()
         except (OSError, ValueError) as exc:
             self.why = "reading %s failed: %s" % (self.how, exc)
-        return []
+        # These lines were written after the last look that read everything, before now.
+        self.since_m, self.look_m = self.caught_m, self.clock()
+        if drained:
+            self.caught_m = start
+        return lines
+
+    def age_of(self, boot_s, now_m=None):
+        """(age_s, age_err_s) of a line the last read() returned, on CLOCK_MONOTONIC at now_m
+        (that read's time if None): it happened between now_m - age_s - age_err_s and
+        now_m - age_s. A calibrated /dev/kmsg stamp (boot_s) dates it within the calibration's
+        uncertainty and DRIFT since; else the looks bound it."""
+        now_m = self.look_m if now_m is None else now_m
+        lo, hi = self.since_m, self.look_m
+        if (self.offset is not None and isinstance(boot_s, (int, float))
+                and not isinstance(boot_s, bool)):
+            at = boot_s + self.offset
+            err = self.offset_err + DRIFT * abs(hi - self.calibrated_m)
+            s_lo, s_hi = max(lo, at - err), min(hi, at + err)
+            if s_lo <= s_hi:  # a stamp outside the looks' bounds is not believed
+                lo, hi = s_lo, s_hi
+        age = max(0.0, now_m - hi)
+        return round(age, 6), round(min(AGE_MAX_S, max(0.0, hi - lo)), 6)
 
     def close(self):
         if self.fd is not None:

@@ -1,11 +1,23 @@
 """NVIDIA Xid events in a kernel log, and what each code means for a training run.
 
-The codes that drain a node are the union of the lists three fleet operators act on: Azure's
-azurehpc-health-checks (check_gpu_xid), Meta's GCM health checks (xid) and AWS's EKS node
-monitoring agent (NVIDIA Xid conditions), as gathered in torchfleet issue 36; their names are
-NVIDIA's Xid catalog's (docs.nvidia.com/deploy/xid-errors). Application-level codes (a
-program's own fault: an illegal address, a page fault, a preemption) are reported, not failed:
-the GPU is fine and the next program runs. Any other code is reported as unknown.
+Each code's class is NVIDIA's Xid catalog's resolution for the running application
+(docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, "Resolution Bucket (Immediate
+Action)"; leptonai/gpud's catalog_generated.go mirrors it):
+
+- "drain" (fatal: the run ends and the host is drained): the GPU must be reset or the node
+  rebooted before it runs work right again (RESET_GPU, RESTART_BM, RESTART_VM, and the DBE and
+  NVLink workflows that begin with a reset); also 94, a memory error the GPU contained by
+  ending the application that touched it, with a row remap pending until a reset (as Azure's,
+  Meta's and AWS's health checks drain on it); and the codes the catalog marks unused on A100
+  and later that these three fleets' lists drain on (older GPUs').
+- "application" (a warning): the application is ended for its own fault or restarts
+  (RESTART_APP with CHECK_APP/CUDA, or the Xid 13/31/45 workflows): the GPU runs the next
+  program; the rank's own exit is the run's failure.
+- "warning": running work goes on (IGNORE): a row remap pending until the next reset (63), a
+  high single-bit ECC rate (92) ...
+- any other code is "unknown", a warning, unless its line says the GPU must be reset (e.g.
+  Xid 154's "GPU recovery action changed ... to 0x1 (GPU Reset Required)"); a reset that only
+  applies a pending change ("reset gpu to activate") is not one.
 
 Log lines come as `dmesg` prints them (raw `[  1843.308145]` seconds since boot, `-T`'s
 `[Sun Feb 23 16:24:18 2025]`, `--time-format iso` with or without `--decode`'s facility
@@ -16,36 +28,59 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
+# code: (meaning, NVIDIA's immediate action) -- docs/checks.md's Xid table is made of these.
 DRAIN = {
-    48: "double-bit ECC error",
-    56: "display engine error",
-    57: "error programming video memory interface",
-    58: "unstable video memory interface detected",
-    62: "internal micro-controller halt",
-    63: "ECC page retirement or row remapping recording event",
-    64: "ECC page retirement or row remapper recording failure",
-    65: "video processor exception",
-    69: "graphics engine class error",
-    73: "NVENC2 error",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    80: "corrupted data sent to GPU",
-    81: "VGA subsystem error",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
+    46: ("GPU stopped processing", "RESET_GPU"),
+    48: ("double-bit ECC error", "WORKFLOW_XID_48"),
+    56: ("display engine error", "unused on A100+; drained by the fleet lists"),
+    57: ("error programming video memory interface",
+         "unused on A100+; drained by the fleet lists"),
+    58: ("unstable video memory interface detected",
+         "unused on A100+; drained by the fleet lists"),
+    62: ("internal micro-controller halt", "RESET_GPU"),
+    64: ("ECC page retirement or row remapper recording failure", "RESET_GPU"),
+    65: ("video processor exception", "unused on A100+; drained by the fleet lists"),
+    73: ("NVENC2 error", "unused on A100+; drained by the fleet lists"),
+    74: ("NVLink error", "WORKFLOW_NVLINK_ERR"),
+    79: ("GPU has fallen off the bus", "RESTART_BM"),
+    81: ("VGA subsystem error", "unused on A100+; drained by the fleet lists"),
+    94: ("contained ECC error", "RESTART_APP; drained by the fleet lists (remap pending)"),
+    95: ("uncontained ECC error", "RESET_GPU"),
+    109: ("context switch timeout", "RESET_GPU"),
+    110: ("security fault error", "RESET_GPU"),
+    119: ("GSP RPC timeout", "RESET_GPU"),
+    120: ("GSP error", "RESET_GPU"),
+    136: ("link training failed", "RESET_GPU"),
+    140: ("unrecovered ECC error", "RESET_GPU"),
+    143: ("GPU initialization error", "RESET_GPU"),
+    151: ("key rotation error", "RESTART_VM"),
+    155: ("NVLink SW defined error", "RESET_GPU"),
+    158: ("GPU fatal timeout", "RESET_GPU"),
 }
 APPLICATION = {
-    13: "graphics engine exception (often an illegal address in a kernel)",
-    31: "GPU memory page fault (often the program's own bad address)",
-    43: "GPU stopped processing (a program's fault)",
-    45: "preemptive cleanup after a program ended",
-    68: "NVDEC0 exception",
-    109: "context switch timeout",
+    8: ("GPU stopped processing (the channel's idle timeout)", "RESTART_APP"),
+    11: ("invalid or corrupted push buffer stream", "RESTART_APP, CHECK_APP/CUDA"),
+    13: ("graphics engine exception (often an illegal address in a kernel)",
+         "RESTART_APP, WORKFLOW_XID_13"),
+    25: ("invalid or illegal push buffer stream", "RESTART_APP, CHECK_APP/CUDA"),
+    31: ("GPU memory page fault (often the program's own bad address)",
+         "RESTART_APP, WORKFLOW_XID_31"),
+    32: ("invalid or corrupted push buffer stream", "RESTART_APP, CHECK_APP/CUDA"),
+    43: ("GPU stopped processing (a program's fault)", "IGNORE"),
+    45: ("preemptive cleanup after a program ended", "WORKFLOW_XID_45"),
+    68: ("NVDEC0 exception", "RESTART_APP"),
+    69: ("graphics engine class error", "RESTART_APP, CHECK_APP/CUDA"),
+    80: ("corrupted data sent to GPU", "RESTART_APP, CHECK_APP/CUDA"),
 }
-SOURCES = "azurehpc-health-checks, Meta GCM, AWS EKS node monitoring agent; NVIDIA Xid catalog"
+WARNING = {
+    63: ("row remapping pending (running work goes on; a GPU reset applies it)", "IGNORE"),
+    92: ("high single-bit ECC error rate (corrected)", "IGNORE"),
+    93: ("InfoROM wear limit exceeded (non-fatal)", "IGNORE"),
+    121: ("C2C error", "IGNORE"),
+    137: ("NVLink privilege error", "IGNORE"),
+}
+SOURCES = ("NVIDIA Xid catalog (resolution buckets); azurehpc-health-checks, Meta GCM, AWS EKS "
+           "node monitoring agent for the codes unused on A100 and later")
 MAX_LOG = 16 << 20  # the kernel ring buffer is at most a few MiB
 
 _XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})[^)]*\): "
@@ -79,12 +114,29 @@ def _stamp(line):
     return None, None
 
 
-def classify(code):
-    """("drain" | "application" | "unknown", meaning)."""
-    if code in DRAIN:
-        return "drain", DRAIN[code]
-    if code in APPLICATION:
-        return "application", APPLICATION[code]
+_RESET = re.compile(r"\b(?:reset|reboot)\b", re.I)
+_ACTIVATE = re.compile(r"to activate", re.I)
+_ACTION = re.compile(r"recovery action changed (?:from 0x[0-9a-f]+ \([^)]*\) )?to (0x[0-9a-f]+)"
+                     r"(?: \(([^)]{0,40})\))?", re.I)
+
+
+def classify(code, message=""):
+    """("drain" | "application" | "warning" | "unknown", meaning). message: the rest of the
+    NVRM line, read for a code not in the lists (does it say the GPU must be reset?)."""
+    for kind, table in (("drain", DRAIN), ("application", APPLICATION), ("warning", WARNING)):
+        if code in table:
+            return kind, table[code][0]
+    message = str(message or "")[:300]
+    if code == 154:  # "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
+        action = _ACTION.search(message)
+        # NVML's recovery actions: 0 none, 3 drain P2P (gpuwatch.RECOVERY_FATAL's reading:
+        # running work goes on); reset, reboot, drain and reset, and any later one end it.
+        if action and int(action.group(1), 16) not in (0, 3):
+            return "drain", "GPU recovery action changed to %s" % (
+                action.group(2) or action.group(1))
+        return "warning", "GPU recovery action changed"
+    if _RESET.search(message) and not _ACTIVATE.search(message):
+        return "drain", "not in torchfleet's list; its line says the GPU must be reset"
     return "unknown", "not in torchfleet's list"
 
 
@@ -97,7 +149,7 @@ def parse_xids(text):
             continue
         code = int(match.group(2)[:6])
         clock, at = _stamp(line)
-        kind, meaning = classify(code)
+        kind, meaning = classify(code, match.group(3))
         events.append({"pci": match.group(1).lower(), "code": code, "kind": kind,
                        "meaning": meaning, "clock": clock, "at": at,
                        "message": match.group(3).strip()[:200]})

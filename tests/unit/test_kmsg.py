@@ -1,0 +1,321 @@
+"""The kernel log (issue 57): a flood never hides the line after it (a followed file, a pipe
+like journalctl's), AER's non-fatal errors the kernel recovers are warnings, each Xid's class is
+NVIDIA's catalog's, the OOM killer's lines of every kernel since 3.10 give one event per kill,
+and a line's age on CLOCK_MONOTONIC with its uncertainty (the printk clock calibrated once).
+
+Recorded inputs: tests/fixtures/kmsg/ (sources in its README.md). A line made here in a
+driver's or the kernel's format, not recorded, says so."""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import kmsg, xid
+from tests.conftest import FIXTURES, ROOT
+
+KMSG_DIR = FIXTURES / "kmsg"
+# gpu-burn's recorded corrected error (xid79-aer.gpu-burn.txt), and its Xid 79.
+AER = "[74785.660366] pcieport 0000:00:02.0: AER: Corrected error received: id=0010"
+XID79 = "[74889.644138] NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus."
+
+
+def events_of(path, memo=None):
+    memo = {} if memo is None else memo
+    return [e for e in (kmsg.parse(line, memo) for line in path.read_text().splitlines()) if e]
+
+
+def brief(events):
+    return [(e["kind"], e["code"], e["pci_bus"], e["pid"], e["fatal"]) for e in events]
+
+
+def flood(n=300):
+    return "".join("%s%d\n" % (AER, i) for i in range(n)) + XID79 + "\n"
+
+
+class Clock:
+    """CLOCK_MONOTONIC as a test sets it."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+# -- item 2: a flood waits, it is not dropped ----------------------------------------------------
+
+def test_300_corrected_aer_lines_then_an_xid_79_in_a_followed_file_give_the_xid_at_the_second_look(
+        tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    follower = kmsg.KernelLog(str(log))
+    with open(log, "a") as f:
+        f.write(flood())  # written at once, as a burst reaches the log
+    looks = [follower.read() for _ in range(3)]
+    assert [len(lines) for lines in looks] == [kmsg.LINES_MAX, 301 - kmsg.LINES_MAX, 0]
+    seen = [line for lines in looks for line in lines]
+    assert seen == flood().splitlines()  # every line once, in order
+    assert [e["code"] for e in map(follower.parse, looks[1]) if e and e["kind"] == "xid"] == [79]
+    follower.close()
+
+
+def test_the_same_flood_through_a_pipe_as_journalctl_writes_it(tmp_path):
+    # A stand-in for `journalctl -k -f`: writes the burst into the pipe, then stays, as journalctl
+    # does; KernelLog reads its stdout exactly as it reads journalctl's.
+    follower = kmsg.KernelLog(str(tmp_path / "unused.log"))
+    writer = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; sys.stdout.write(sys.argv[1]); "
+         "sys.stdout.flush(); time.sleep(60)", flood()], stdout=subprocess.PIPE)
+    os.set_blocking(writer.stdout.fileno(), False)
+    follower.proc, follower.how = writer, "journalctl -k -f"
+    seen, looks, deadline = [], 0, time.monotonic() + 30
+    try:
+        while len(seen) < 301 and time.monotonic() < deadline:
+            lines = follower.read()
+            assert len(lines) <= kmsg.LINES_MAX
+            looks += bool(lines)
+            seen += lines
+            if not lines:
+                time.sleep(0.01)
+    finally:
+        follower.close()
+    assert seen == flood().splitlines()
+    assert looks <= 3 and follower.why is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 3 * kmsg.LINE_MAX), min_size=1, max_size=400),
+       st.integers(1, 5))
+def test_any_flood_is_returned_whole_and_in_order_within_the_bounds(tmp_path_factory, sizes,
+                                                                    chunks):
+    log = tmp_path_factory.mktemp("flood") / "kern.log"
+    log.write_text("")
+    follower = kmsg.KernelLog(str(log))
+    lines = ["%d:" % i + "x" * n for i, n in enumerate(sizes)]
+    data = "".join(line + "\n" for line in lines).encode()
+    seen, step = [], len(data) // chunks + 1
+    for start in range(0, len(data), step):
+        with open(log, "ab") as f:
+            f.write(data[start:start + step])
+        got = follower.read()
+        assert len(got) <= kmsg.LINES_MAX and len(follower.rest) <= kmsg.HOLD_MAX
+        seen += got
+    for _ in range(len(lines) // kmsg.LINES_MAX + 2):
+        seen += follower.read()
+    assert seen == [line[:kmsg.LINE_MAX] for line in lines]  # a long line keeps its start
+    follower.close()
+
+
+def test_a_flood_larger_than_the_bytes_held_is_read_less_not_dropped(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    follower = kmsg.KernelLog(str(log))
+    lines = ["%06d %s" % (i, "y" * 900) for i in range(1500)]  # 1.3 MiB at once
+    log.write_text("".join(line + "\n" for line in lines))
+    seen, looks = [], 0
+    while len(seen) < len(lines) and looks < 100:
+        seen += follower.read()
+        looks += 1
+        assert len(follower.rest) <= kmsg.HOLD_MAX
+    assert seen == lines and looks == 21  # READ_MAX a look: 72 of these long lines
+    follower.close()
+
+
+# -- item 5: AER, as aer.c and err.c write it ----------------------------------------------------
+
+def test_a_non_fatal_uncorrected_error_the_kernel_recovered_is_a_warning_6x_words():
+    # linux-pci: a flood of Non-Fatal errors on a root port, "device recovery successful".
+    assert brief(events_of(KMSG_DIR / "aer-nonfatal.ptm-patch.txt")) == [
+        ("aer", "Uncorrected (Non-Fatal)", "0000:00:07.1", None, False)] * 3
+
+
+def test_a_failed_recovery_is_fatal_and_the_non_fatal_errors_around_it_are_not_pre_58_words():
+    assert brief(events_of(KMSG_DIR / "aer-nonfatal-failed.asm1064.txt")) == [
+        ("aer", "recovery failed", "0000:00:00.0", None, True),
+        ("aer", "Uncorrected (Non-Fatal)", "0000:00:00.0", None, False),
+        ("aer", "Uncorrected (Non-Fatal)", "0000:00:00.0", None, False)]
+
+
+def test_6x_correctable_and_uncorrectable_words_and_a_journal_prefix():
+    assert brief(events_of(KMSG_DIR / "aer-6x.ms02.txt")) == [
+        ("aer", "recovery failed", "0000:80:1b.4", None, True),
+        ("aer", "Corrected", "0000:80:1b.4", None, False),
+        ("aer", "Uncorrected (Non-Fatal)", "0000:80:1b.4", None, False),
+        ("aer", "Uncorrected (Non-Fatal)", "0000:80:1b.4", None, False)]
+
+
+def test_an_uncorrected_fatal_error_stays_fatal_and_a_successful_recovery_says_nothing():
+    assert ("aer", "Uncorrected (Fatal)", "0000:00:02.0", None, True) in brief(
+        events_of(KMSG_DIR / "xid79-aer.gpu-burn.txt"))
+    # err.c before 5.8 wrote "AER: Device recovery successful" / "failed" (capital D).
+    assert kmsg.parse("pcieport 0000:00:01.0: AER: Device recovery successful") is None
+    assert brief([kmsg.parse("pcieport 0000:00:01.0: AER: Device recovery failed")]) == [
+        ("aer", "recovery failed", "0000:00:01.0", None, True)]
+
+
+# -- item 6: Xid classes, NVIDIA's catalog ------------------------------------------------------
+
+def xid_line(code, text="a line in NVRM's format, made here"):
+    return "NVRM: Xid (PCI:0000:5d:00): %d, pid=4242, name=python3, %s" % (code, text)
+
+
+@pytest.mark.parametrize("code", sorted(xid.DRAIN))
+def test_an_xid_the_catalog_resets_for_is_fatal(code):
+    event = kmsg.parse(xid_line(code))
+    assert (event["kind"], event["code"], event["fatal"]) == ("xid", code, True)
+    assert xid.classify(code)[0] == "drain" and xid.DRAIN[code][1]  # its source, stated
+
+
+@pytest.mark.parametrize("code", sorted(xid.APPLICATION))
+def test_an_xid_that_ends_the_application_only_is_a_warning(code):
+    assert kmsg.parse(xid_line(code))["fatal"] is False
+    assert xid.classify(code)[0] == "application" and xid.APPLICATION[code][1]
+
+
+@pytest.mark.parametrize("code", sorted(xid.WARNING))
+def test_an_xid_running_work_survives_is_a_warning(code):
+    assert kmsg.parse(xid_line(code))["fatal"] is False
+    assert xid.classify(code)[0] == "warning" and xid.WARNING[code][1]
+
+
+def test_xid_140_unrecovered_ecc_is_fatal_and_63_92_are_not():
+    assert kmsg.parse(xid_line(140, "ECC unrecovered error"))["fatal"] is True
+    (row_remap,) = events_of(KMSG_DIR / "xid63.ml-engineering.txt")  # "reset gpu to activate"
+    assert (row_remap["code"], row_remap["fatal"]) == (63, False)
+    assert kmsg.parse(xid_line(92, "High single-bit ECC error rate"))["fatal"] is False
+
+
+def test_an_unknown_xid_is_a_warning_unless_its_line_says_the_gpu_must_be_reset():
+    assert kmsg.parse(xid_line(171, "Uncorrectable DRAM error"))["fatal"] is False
+    assert kmsg.parse(xid_line(999, "reset gpu to activate"))["fatal"] is False  # pending only
+    fatal = kmsg.parse(xid_line(999, "GPU Reset Required"))
+    assert fatal["fatal"] is True and "must be reset" in fatal["what"]
+    # Xid 154 as the driver writes it (quoted in NVIDIA/NVSentinel's syslog monitor tests).
+    reset = kmsg.parse("NVRM: Xid (PCI:0008:01:00): 154, GPU recovery action changed from 0x0 "
+                       "(None) to 0x1 (GPU Reset Required)")
+    assert (reset["fatal"], reset["what"]) == (
+        True, "Xid 154, GPU recovery action changed to GPU Reset Required")
+    none = kmsg.parse("NVRM: Xid (PCI:0008:01:00): 154, GPU recovery action changed from 0x1 "
+                      "(GPU Reset Required) to 0x0 (None)")
+    assert none["fatal"] is False
+
+
+def test_the_xid_table_in_docs_checks_md_states_each_codes_class_and_source():
+    table = (ROOT / "docs" / "checks.md").read_text().split("### Xid codes", 1)[1]
+    rows = dict(re.findall(r"^\| ([0-9]{1,3}) \| ([a-z]+) \|", table, re.M))
+    expected = {str(c): k for k, tab in (("fatal", xid.DRAIN), ("application", xid.APPLICATION),
+                                         ("warning", xid.WARNING)) for c in tab}
+    assert rows == expected
+
+
+# -- item 7: the OOM killer, every kernel's words -----------------------------------------------
+
+def test_before_5_0_kill_process_then_killed_process_is_one_kill():
+    # "Linux Performance Analysis in 60,000 Milliseconds" (Netflix), dmesg of a 3.x host.
+    assert brief(events_of(KMSG_DIR / "oom-old.netflix.txt")) == [
+        ("oom", "global", None, 18694, True)]
+    # CentOS 7 (3.10.0-1160), syslog's prefix and ", UID 1000," after the name.
+    assert brief(events_of(KMSG_DIR / "oom-3.10.tidb.txt")) == [
+        ("oom", "global", None, 21945, True)]
+    # A memory cgroup's: the first line says so, the second whom (mm/oom_kill.c 4.14's format).
+    follower = kmsg.KernelLog.__new__(kmsg.KernelLog)
+    follower.memo = {}
+    assert follower.parse("Memory cgroup out of memory: Kill process 18286 (java) score 933 or "
+                          "sacrifice child") is None
+    killed = follower.parse("Killed process 18286 (java) total-vm:5091224kB, "
+                            "anon-rss:812004kB, file-rss:0kB, shmem-rss:0kB")
+    assert (killed["code"], killed["pid"], killed["cgroup"]) == ("memcg", 18286, None)
+
+
+def test_the_oom_kill_summary_line_is_the_same_event_with_its_cgroup():
+    events = events_of(KMSG_DIR / "oom.gpud-memory.txt")
+    assert brief(events) == [("oom", "global", None, 123, True), ("oom", "global", None, 123, True),
+                             ("oom", "memcg", None, 863987, True)]
+    assert events[2]["cgroup"].startswith("/lxc.payload.ny2g2r5hh3-lxc/kubepods.slice/")
+    assert events[2]["cgroup"].endswith("/cri-containerd-3fc28fa1c647ceede9f6b340d0b16c9f1f66"
+                                        "3698972d22a52e296f291638e014.scope")
+    # 5.x: the summary, then the kill, of one victim (mm/oom_kill.c's formats, made here).
+    memo = {}
+    summary = kmsg.parse("oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,"
+                         "mems_allowed=0,oom_memcg=/system.slice/job.scope,task_memcg=/system."
+                         "slice/job.scope,task=python3,pid=4242,uid=0", memo)
+    killed = kmsg.parse("Memory cgroup out of memory: Killed process 4242 (python3) "
+                        "total-vm:323768kB, anon-rss:65280kB, file-rss:0kB, shmem-rss:0kB, "
+                        "UID:0 pgtables:420kB oom_score_adj:0", memo)
+    key = [(e["kind"], e["code"], e["pid"]) for e in (summary, killed)]
+    assert key == [("oom", "memcg", 4242)] * 2 and summary["cgroup"] == "/system.slice/job.scope"
+    glob = kmsg.parse("oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,"
+                      "mems_allowed=0,global_oom,task_memcg=/user.slice,task=python3,pid=77,uid=0")
+    assert (glob["code"], glob["pid"], glob["cgroup"]) == ("global", 77, "/user.slice")
+
+
+# -- item 10: a line's age on CLOCK_MONOTONIC ----------------------------------------------------
+
+def test_a_followed_files_line_is_dated_by_the_looks(tmp_path):
+    clock = Clock(100.0)
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    follower = kmsg.KernelLog(str(log), clock=clock)
+    with open(log, "a") as f:
+        f.write(XID79 + "\n")
+    clock.t = 105.0
+    assert follower.read() == [XID79]
+    # Written after the log was opened (100), before this look (105); its stamp is not believed.
+    assert follower.age_of(74889.644138, now_m=107.0) == (2.0, 5.0)
+    clock.t = 110.0
+    assert follower.read() == []
+    with open(log, "a") as f:
+        f.write(flood())
+    clock.t = 112.0
+    assert len(follower.read()) == kmsg.LINES_MAX
+    assert follower.age_of(None) == (0.0, 2.0)  # after the look at 110 that read everything
+    clock.t = 113.0
+    assert follower.read()[-1] == XID79
+    assert follower.age_of(None) == (0.0, 3.0)  # held over a look: still after 110, not 112
+    follower.close()
+
+
+def test_a_kmsg_stamp_is_calibrated_once_against_clock_monotonic(tmp_path):
+    # /dev/kmsg stood for by a socket that gives one record a read, as /dev/kmsg does; the
+    # marker goes to a file here (never to this machine's kernel log).
+    ours, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    clock = Clock(1_000_030.0)  # 11 days up: the printk clock is 30 s behind CLOCK_MONOTONIC
+    follower = kmsg.KernelLog(str(tmp_path / "unused.log"), clock=clock)
+    ours.setblocking(False)
+    follower.fd, follower.how = ours.fileno(), kmsg.KMSG
+    mark = kmsg.MARK % (os.getpid() * 1000)  # the clock's millisecond is 0
+    kernel.send(b"4,100,999999000000,-;a line written before the mark")
+    kernel.send(b"6,101,1000000000000,-;" + mark.encode())
+    (tmp_path / "sink").write_text("")
+    assert follower.calibrate(str(tmp_path / "sink")) is True
+    assert (tmp_path / "sink").read_text() == "<6>%s\n" % mark
+    kernel.send(b"2,102,1000100000000,-;" + XID79.split("] ", 1)[1].encode())
+    clock.t = 1_000_135.0
+    lines = follower.read()
+    assert [kmsg.split(line)[1] for line in lines] == [
+        "a line written before the mark", XID79.split("] ", 1)[1]]
+    age, err = follower.age_of(kmsg.split(lines[1])[0], now_m=1_000_140.0)
+    # 10 s old (printk 1000100 + 30), not the 40 s CLOCK_MONOTONIC - stamp says, within the
+    # drift allowed since the calibration (105 s x DRIFT either side).
+    assert (round(age, 2), round(err, 3)) == (9.99, 0.021)
+    # A stamp the looks contradict is not believed: the looks bound it.
+    assert follower.age_of(5.0, now_m=1_000_140.0) == (5.0, 105.0)
+    follower.fd = None
+    follower.close()
+    ours.close()
+    kernel.close()
+
+
+def test_without_root_nothing_is_written_and_ages_come_from_the_looks(tmp_path):
+    follower = kmsg.KernelLog(str(tmp_path / "unused.log"), clock=Clock(50.0))
+    assert follower.calibrate(str(tmp_path / "not-writable" / "kmsg")) is False
+    assert follower.offset is None and follower.age_of(123.4, now_m=50.0) == (0.0, 0.0)
+    follower.close()
