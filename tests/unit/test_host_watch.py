@@ -270,6 +270,19 @@ def test_a_rank_in_its_own_cgroup_with_another_pid_namespace(tmp_path, rank_with
     assert (other["pid"], other["rank"], other["fatal"]) == (3141593, None, False)
 
 
+def test_the_oom_kill_summary_waits_for_its_killed_process_line(tmp_path):
+    """4.19+ writes oom-kill:... then "Killed process N": read by two looks, one event."""
+    w, log = watch(tmp_path)
+    ranks = {os.getpid(): (0, 4)}
+    write(log, oom_kill(os.getpid(), "/"))
+    assert sent(w, 1.0, ranks) == []
+    write(log, killed(os.getpid()))
+    (event,) = sent(w, 2.0, ranks)
+    assert (event["rank"], event["fatal"], event["count"]) == (4, True, 1)
+    assert event["line"].startswith("Memory cgroup out of memory: Killed process %d (pt_data"
+                                    % os.getpid())
+
+
 def test_a_cgroup_path_seen_from_inside_a_cgroup_namespace():
     assert hwwatch.same_cgroup("/system.slice/docker-1f2e.scope/train", "/train")
     assert hwwatch.same_cgroup("/docker/1f2e", "/docker/1f2e/")
@@ -353,6 +366,8 @@ def test_the_same_xid_from_the_kernel_log_and_from_nvml_is_one_event(tmp_path):
     assert (event["source"], event["count"]) == ("kmsg", 1)
     gpus.events = [dict(nvml, age_s=0.0, age_err_s=0.5)]  # 60 s later: another one
     assert [e["count"] for e in sent(w, 70.0)] == [2]
+    gpus.events = [dict(nvml, age_s=0.0, age_err_s=0.5, count=3)]  # 3 between two looks
+    assert [e["count"] for e in sent(w, 90.0)] == [5]
 
 
 def test_two_ports_down_are_two_events_and_a_flap_caught_mid_sample(tmp_path):

@@ -39,8 +39,10 @@ RESEND_S = 10.0     # a fault seen again is sent again with its count at most th
 SAME_S = 10.0       # the kernel log's and NVML's sightings of one Xid this close: one fault
 KEYS_MAX = 4096     # faults remembered; past it a new warning is counted as dropped
 TREE_MAX = 1024     # the ranks' descendants remembered (PID -> rank)
-WALK_MAX = 256      # /proc children files read per look for them
-AGE_MAX_S = 600.0   # a kmsg stamp further off than this is not believed
+WALK_MAX = 256      # /proc children files read per walk of their tree
+TREE_EVERY_S = 2.0  # how often it is walked
+OOM_WAIT_S = 2.0    # an oom-kill: summary waits this long for its "Killed process" line
+AGE_MAX_S = 600.0   # the most uncertain an event's time is said to be
 SYSFS = "/sys"
 CGROUP_FS = "/sys/fs/cgroup"
 GPU_VENDORS = ("0x10de", "0x1002")  # NVIDIA, AMD: a display-class PCI function of theirs
@@ -237,14 +239,16 @@ class HostWatch:
         self.faults = {}    # key -> {"event", "count", "sent", "read_m", "next_m", "seen"}
         self.queue = []     # keys with something to send
         self.tree = {}      # PID of a rank's descendant (or the ranks' torchrun) -> rank or None
-        self.rank_facts = {}  # rank PID -> (CUDA_VISIBLE_DEVICES, LOCAL_RANK, cgroup, its dir)
+        self.rank_facts = {}  # rank PID -> (CUDA_VISIBLE_DEVICES, LOCAL_RANK, own_cgroup())
+        self.gone, self.walk_m = set(), 0.0  # ranks seen dead; when the tree is walked next
         self.gpu_pids = {}  # GPU -> the PIDs NVML last saw computing on it
         self.warned = self.dropped = 0
 
     def status(self):
         """What the master's record says of this host's watch."""
         out = {"kmsg": self.log.how, "kmsg_error": self.log.why,
-               "gpu": getattr(self.gpu, "how", None), "dropped": self.dropped}
+               "gpu": getattr(self.gpu, "how", None),
+               "dropped": self.dropped + getattr(self.gpu, "dropped", 0)}
         why = getattr(self.gpu, "why", None)
         if why:
             out["gpu_error"] = why
@@ -252,10 +256,13 @@ class HostWatch:
 
     # -- the ranks' processes -----------------------------------------------------------------
 
-    def _follow(self, ranks):
-        """The ranks' facts at first sight (their environ and cgroup go with them) and their
-        descendants now, kept for the OOM killer's lines that come after they died."""
-        reads = 0
+    def _follow(self, now_m, ranks):
+        """The ranks' facts at first sight (their environ and cgroup go with them) and, every
+        TREE_EVERY_S, their descendants, kept for the OOM killer's lines that come after they
+        died."""
+        walk, reads = now_m >= self.walk_m, 0
+        if walk:
+            self.walk_m = now_m + TREE_EVERY_S
         for pid, rank in list(ranks.items())[:256]:
             if pid not in self.rank_facts:
                 env = procs.environ(pid)
@@ -268,6 +275,11 @@ class HostWatch:
                 parent = procs.parent(pid)
                 if parent and parent not in ranks and parent != os.getpid():
                     self._remember(parent, None)  # torchrun: the run's, no rank's
+            if not walk or pid in self.gone:
+                continue
+            if not procs.alive(pid):
+                self.gone.add(pid)  # its PID may be another process's one day
+                continue
             todo = [pid]
             while todo and reads < WALK_MAX:
                 reads += 1
@@ -363,7 +375,7 @@ class HostWatch:
         """Read every source that is due. ranks: {pid: (local_rank, rank)} of the run's live and
         dead ranks on this host (the agent's own list). Never raises."""
         try:
-            self._follow(ranks)
+            self._follow(now_m, ranks)
             self.scope.update(getattr(self.gpu, "buses", lambda: None)())
             found = self._kernel_events()
             for e in self.gpu.look(now_m):
@@ -401,9 +413,10 @@ class HostWatch:
                         kept.update(line=event["line"], what=event["what"])
                     self._judge(kept, ranks)
                 return
-            if self._paired(fault, event, at):
+            more = sum(not self._paired(fault, event, at) for _ in range(_count(event)))
+            if not more:
                 return
-            fault["count"] += 1
+            fault["count"] += more
             if fault["sent"] not in (0, DROPPED) and key not in self.queue:
                 self.queue.append(key)
             return
@@ -412,7 +425,7 @@ class HostWatch:
             return
         event["rank"] = None
         self._judge(event, ranks)
-        self.faults[key] = {"event": event, "count": 1, "sent": 0, "read_m": now_m,
+        self.faults[key] = {"event": event, "count": _count(event), "sent": 0, "read_m": now_m,
                             "next_m": 0.0, "seen": {event["source"]: [(at, event["age_err_s"])]}}
         self.queue.append(key)
 
@@ -459,7 +472,8 @@ class HostWatch:
         for key in sorted(self.queue, key=lambda k: not self.faults[k]["event"].get("fatal")):
             fault = self.faults[key]
             event = fault["event"]
-            if len(out) >= PER_BEAT or fault["sent"] and now_m < fault["next_m"]:
+            if len(out) >= PER_BEAT or fault["sent"] and now_m < fault["next_m"] or \
+                    "oom-kill:" in event["line"] and now_m < fault["read_m"] + OOM_WAIT_S:
                 later.append(key)
                 continue
             if not fault["sent"] and not event.get("fatal"):
@@ -479,6 +493,14 @@ class HostWatch:
 
     def close(self):
         self.log.close()
+        getattr(self.gpu, "close", lambda: None)()
+
+
+def _count(event):
+    """How many sightings an event stands for (gpuwatch counts an Xid's repeats between two
+    looks), at least 1 and bounded."""
+    count = event.get("count")
+    return min(1 << 20, count) if isinstance(count, int) and count > 1 else 1
 
 
 def own_cgroup(pid):
