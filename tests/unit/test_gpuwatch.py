@@ -302,6 +302,9 @@ def test_a_sampled_change_is_uncertain_by_the_sampling_interval(watches, every_s
 def test_a_gpu_that_stops_answering_blocks_only_the_watch_a_warning_then_fatal(watches):
     gpus = [Gpu(bus) for bus in H100X8_BUSES]
     nv = binding(gpus)
+    # No event set (as where registering fails): only the sampling thread's calls are in
+    # flight, so the looks below may pretend to be later than they are.
+    nv.fail["nvmlDeviceRegisterEvents"] = nv.NVMLError_NotSupported()
     watch = watches(pynvml=nv, every_s=0.05, wait_s=0.02)
     sampled(watch)
     release = threading.Event()
@@ -326,6 +329,18 @@ def test_a_gpu_that_stops_answering_blocks_only_the_watch_a_warning_then_fatal(w
     sampled(watch, 2)
     assert [e for e in watch.look(time.monotonic()) if e["kind"] == "nvml"] == []
     assert watch.stall_sent == 0
+
+
+def test_while_one_gpus_calls_hang_the_other_gpus_xids_are_read(watches):
+    nv = binding([Gpu(bus) for bus in H100X8_BUSES])
+    watch = watches(pynvml=nv, every_s=0.05, wait_s=0.02)
+    sampled(watch)
+    nv.hang["nvmlDeviceGetTotalEccErrors"] = (3, threading.Event())
+    assert nv.entered.wait(20.0)
+    nv.xids.put((5, 79))
+    (event,) = collect(watch, lambda e: e["kind"] == "xid")
+    assert (event["gpu"], event["pci_bus"], event["fatal"]) == (5, "0000:a8:00.0", True)
+    assert event["age_err_s"] < 2.0
 
 
 def test_nvml_init_that_hangs_is_said_without_blocking_construction(watches):

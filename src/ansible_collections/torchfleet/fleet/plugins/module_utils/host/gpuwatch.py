@@ -12,9 +12,10 @@ changes() turns two samples into events (pure: the tests feed it recorded sample
   gpu.throttle accepts (idle, the SW power cap: the H200 under a matmul reads reason 4 all the
   time), any other Xid.
 
-Everything that asks the driver runs in a thread of its own, never on the agent's loop (on
+Everything that asks the driver runs in threads of its own, never on the agent's loop (on
 the master the judge runs there too): a GPU whose firmware stops answering (Xid 119's case)
-blocks each NVML call for seconds. A call unanswered past NVML_DEADLINE_S is itself an event
+blocks each NVML call for seconds. One thread samples, another waits on the Xid event set, so
+a GPU whose calls hang leaves the other GPUs' Xids read. A call unanswered past NVML_DEADLINE_S is itself an event
 (kind "nvml", code "timeout"): a warning, fatal once it lasts NVML_FATAL_S. Every exception of
 the binding is survived per call, and a call the binding lacks (pynvml 11.x has the clocks
 "throttle" reasons, not the "event" ones) is asked by the name it has.
@@ -219,9 +220,12 @@ class GpuWatch:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.pending = {}          # (kind, code, gpu) -> event not yet taken
-        self.busy = None           # (call, gpu, pci_bus, started_m, own wait_s) in flight
-        self.stuck = None          # (call, gpu, pci_bus, started_m): unanswered until answered
-        self.answered_m = time.monotonic()   # the last time the driver answered anything
+        # Per thread ("sample": the samples, nvidia-smi's too; "xid": NVML's event set): the
+        # call in flight, (call, gpu, pci_bus, started_m, its own wait_s), and the last answer.
+        self.busy = {"sample": None, "xid": None}
+        self.answered = dict.fromkeys(self.busy, time.monotonic())
+        self.stuck = None          # (call, gpu, pci_bus, started_m): nvidia-smi timed out
+        self.t = threading.local()   # the thread's slot, errors and unsupported calls
         self.stall_sent = 0        # 1: its warning sent, 2: its fatal too
         self.mode = None           # "nvml" | "nvidia-smi" once chosen
         self.read_any = False      # the newest sample read something
@@ -297,16 +301,14 @@ class GpuWatch:
     def _stalled(self, now_m):
         """The "did not answer" event: a warning past NVML_DEADLINE_S, fatal past
         NVML_FATAL_S; dated from the unanswered call's start back to the last answer."""
-        busy, stuck = self.busy, self.stuck
-        since = None
-        if busy is not None and now_m - busy[3] > busy[4] + NVML_DEADLINE_S:
-            since = busy[:4]
-        if stuck is not None and (since is None or stuck[3] < since[3]):
-            since = stuck
-        if since is None:
+        late = [(busy[:4], self.answered[slot]) for slot, busy in list(self.busy.items())
+                if busy is not None and now_m - busy[3] > busy[4] + NVML_DEADLINE_S]
+        if self.stuck is not None:
+            late.append((self.stuck, self.answered["sample"]))
+        if not late:
             self.stall_sent = 0
             return []
-        call, gpu, bus, started_m = since
+        (call, gpu, bus, started_m), answered_m = min(late, key=lambda x: x[0][3])
         lasted = now_m - started_m
         fatal = lasted >= NVML_FATAL_S
         if self.stall_sent >= (2 if fatal else 1):
@@ -319,7 +321,7 @@ class GpuWatch:
             + (": the GPU's firmware or driver is stuck" if fatal else ""))
         event = _event("nvml", "timeout", gpu, {"pci_bus": bus}, what, fatal)
         event.update(age_s=round(max(0.0, lasted), 3), count=1, age_err_s=round(
-            min(600.0, max(0.0, started_m - min(self.answered_m, started_m))), 3))
+            min(600.0, max(0.0, started_m - min(answered_m, started_m))), 3))
         return [event]
 
     def close(self):
@@ -343,7 +345,13 @@ class GpuWatch:
             else:
                 self.dropped += 1
 
+    errors = property(lambda self: self.t.__dict__.setdefault("errors", {}),
+                      lambda self, value: setattr(self.t, "errors", value))
+    unsupported = property(lambda self: self.t.__dict__.setdefault("unsupported", {}),
+                           lambda self, value: setattr(self.t, "unsupported", value))
+
     def _run(self):
+        self.t.slot = "sample"
         try:
             if self.nv is not None and self._nvml_open():
                 self.mode, self.whole_why = "nvml", None
@@ -377,7 +385,8 @@ class GpuWatch:
         if call is None:
             self.errors[name] = "not in this pynvml"
             return None
-        self.busy = (name, gpu, bus, time.monotonic(), wait_s)
+        slot = getattr(self.t, "slot", "sample")
+        self.busy[slot] = (name, gpu, bus, time.monotonic(), wait_s)
         try:
             return call(*args)
         except Exception as exc:
@@ -386,7 +395,7 @@ class GpuWatch:
                 self.unsupported[name] = getattr(exc, "value", None) == NVML_ERROR_NOT_SUPPORTED
             return None
         finally:
-            self.busy, self.stuck, self.answered_m = None, None, time.monotonic()
+            self.busy[slot], self.answered[slot] = None, time.monotonic()
 
     def _first(self, names, *args, **kw):
         """The first of names the binding has and answers (remembered for the next calls)."""
@@ -443,18 +452,30 @@ class GpuWatch:
         return True
 
     def _nvml_loop(self):
+        """Samples here; the event set waited on by a thread of its own, so that a GPU whose
+        calls hang (its firmware stuck) leaves the other GPUs' Xids read."""
+        xids = None
+        if self.events is not None:
+            xids = threading.Thread(target=self._xid_loop, name="gpuwatch-xid", daemon=True)
+            xids.start()
         every = self.every_s or NVML_EVERY_S
-        next_m = 0.0
-        while not self.stopping.is_set():
-            now_m = time.monotonic()
-            if now_m >= next_m:   # the next begins an interval after this one began
-                next_m = now_m + every
-                self._nvml_sample(now_m)
-            wait_s = min(self.wait_s, max(0.0, next_m - time.monotonic()))
-            if self.events is None:
-                self.stopping.wait(wait_s)
-            else:
-                self._nvml_xids(wait_s)
+        try:
+            while not self.stopping.is_set():
+                began_m = time.monotonic()   # the next begins an interval after this one did
+                self._nvml_sample(began_m)
+                self.stopping.wait(max(0.0, began_m + every - time.monotonic()))
+        finally:
+            self.stopping.set()
+            if xids is not None:   # before nvmlShutdown; one stuck in the driver is left
+                xids.join(timeout=self.wait_s + 1.0)
+
+    def _xid_loop(self):
+        self.t.slot = "xid"
+        try:
+            while not self.stopping.is_set():
+                self._nvml_xids(self.wait_s)
+        except Exception as exc:  # said in the status, never raised
+            self.wait_why = "stopped: %s" % _why(exc)
 
     def _nvml_xids(self, wait_s):
         """Wait up to wait_s on the Xid event set, then take what else it holds (64 at most)."""
@@ -531,16 +552,16 @@ class GpuWatch:
     def _smi(self, argv):
         """One bounded nvidia-smi call; a timed-out one stays `stuck` until one answers."""
         started_m = time.monotonic()
-        self.busy = ("nvidia-smi", None, None, started_m, SMI_TIMEOUT_S)
+        self.busy["sample"] = ("nvidia-smi", None, None, started_m, SMI_TIMEOUT_S)
         try:
             out, why = self.command(argv, timeout_s=SMI_TIMEOUT_S)
         except Exception as exc:   # the command runner's own fault
             out, why = None, _why(exc)
-        self.busy = None
+        self.busy["sample"] = None
         if why is not None and "did not answer" in str(why):
             self.stuck = self.stuck or ("nvidia-smi", None, None, started_m)
         else:
-            self.stuck, self.answered_m = None, time.monotonic()
+            self.stuck, self.answered["sample"] = None, time.monotonic()
         return out, why
 
     def _smi_loop(self):
