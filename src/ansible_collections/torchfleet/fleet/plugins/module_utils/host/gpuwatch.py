@@ -206,7 +206,7 @@ def _why(exc):
 
 
 class GpuWatch:
-    """The host's NVIDIA GPUs, read by a thread of its own from construction to close();
+    """The host's NVIDIA GPUs, read by threads of their own from construction to close();
     nothing on a host without them. look(), processes(), buses(), error() and `how` only read
     what the thread left, so none of them waits on the driver.
 
