@@ -72,8 +72,8 @@ def test_the_same_flood_through_a_pipe_as_journalctl_writes_it(tmp_path):
     # does; KernelLog reads its stdout exactly as it reads journalctl's.
     follower = kmsg.KernelLog(str(tmp_path / "unused.log"))
     writer = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; sys.stdout.write(sys.argv[1]); "
-         "sys.stdout.flush(); time.sleep(60)", flood()], stdout=subprocess.PIPE)
+        [sys.executable, "-c", "import os, sys, time; os.write(1, sys.argv[1].encode()); "
+         "time.sleep(60)", flood()], stdout=subprocess.PIPE)
     os.set_blocking(writer.stdout.fileno(), False)
     follower.proc, follower.how = writer, "journalctl -k -f"
     seen, looks, deadline = [], 0, time.monotonic() + 30
@@ -88,7 +88,8 @@ def test_the_same_flood_through_a_pipe_as_journalctl_writes_it(tmp_path):
     finally:
         follower.close()
     assert seen == flood().splitlines()
-    assert looks <= 3 and follower.why is None
+    # 2 looks when the burst is in the pipe whole; a loaded machine may hand it over in parts.
+    assert looks <= 5 and follower.why is None
 
 
 @settings(max_examples=60, deadline=None)
