@@ -320,3 +320,30 @@ def test_without_root_nothing_is_written_and_ages_come_from_the_looks(tmp_path):
     assert follower.calibrate(str(tmp_path / "not-writable" / "kmsg")) is False
     assert follower.offset is None and follower.age_of(123.4, now_m=50.0) == (0.0, 0.0)
     follower.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access(kmsg.KMSG, os.R_OK | os.W_OK),
+                    reason="writing /dev/kmsg needs root")
+def test_the_real_dev_kmsg_calibrates_and_dates_a_record_it_did_not_write_itself():
+    # Two info records in this machine's kernel log: the marker, and a line as another writer's.
+    follower = kmsg.KernelLog(kmsg.KMSG)
+    try:
+        assert follower.how == kmsg.KMSG and follower.offset is not None
+        assert follower.offset_err < 0.5
+        out = os.open(kmsg.KMSG, os.O_WRONLY)
+        try:
+            written = time.monotonic()
+            os.write(out, b"<6>torchfleet: test_kmsg, a record to date\n")
+            done = time.monotonic()
+        finally:
+            os.close(out)
+        deadline, lines = time.monotonic() + 10, []
+        while not lines and time.monotonic() < deadline:
+            lines = [x for x in follower.read() if "test_kmsg, a record to date" in x]
+        assert len(lines) == 1 and kmsg.MARK.split("%")[0] not in "".join(follower.read())
+        now = time.monotonic()
+        age, err = follower.age_of(kmsg.split(lines[0])[0], now_m=now)
+        # It happened between now - age - err and now - age, and really in [written, done].
+        assert now - age - err <= done + 0.005 and now - age >= written - 0.005 and err < 0.5
+    finally:
+        follower.close()
