@@ -60,7 +60,9 @@ def test_xids_48_119_94_drain_and_43_is_the_programs_own():
 
 
 def test_aer_multiple_uncorrected_names_the_port_and_mlx5_cable_unplugged_is_fatal():
+    # err.c's "device recovery failed" is a fatal line of its own (issue 57, kmsg.py).
     assert brief(events_of(KMSG_DIR / "aer-fatal.returnn.txt")) == [
+        ("aer", "recovery failed", "0000:00:03.0", None, True)] + [
         ("aer", "Uncorrected (Fatal)", "0000:00:03.0", None, True)] * 2
     # Of the mlx5 lines only the unplugged cable counts; "Link up", bandwidth, E-Switch do not.
     assert brief(events_of(KMSG_DIR / "mlx5.gpud-pstore.txt")) == [
@@ -68,8 +70,10 @@ def test_aer_multiple_uncorrected_names_the_port_and_mlx5_cable_unplugged_is_fat
 
 
 def test_the_oom_killers_lines_give_the_victims_pid_and_the_h200_boot_log_says_nothing():
+    # Not the reaper, not "Kill process ... or"; the oom-kill summary with its victim (issue
+    # 57: its task_memcg is the event's cgroup), not the ones cut short.
     assert brief(events_of(KMSG_DIR / "oom.gpud-memory.txt")) == [
-        ("oom", "global", None, 123, True)] * 2  # not the reaper, not "Kill process ... or"
+        ("oom", "global", None, 123, True)] * 2 + [("oom", "memcg", None, 863987, True)]
     # The shape mm/oom_kill.c writes for a memory cgroup (the issue's line from this machine's
     # v1 memory cgroup), as a /dev/kmsg record.
     e = kmsg.parse("3,2517,227996636,-;Memory cgroup out of memory: Killed process 12584 "
