@@ -261,7 +261,10 @@ def test_a_gpu_fallen_off_the_bus_is_the_cause_not_the_peer_that_timed_out_first
             and f["reason"] == "failed"] == [True]
 
 
-def test_an_event_after_the_first_failure_changes_nothing_and_one_during_a_hang_is_the_cause():
+def test_an_event_after_the_first_failure_changes_nothing_nor_one_after_a_hang_was_declared():
+    """A hang is dated when it was declared: an event dated after that (beyond its slack) is
+    late, however soon it arrives; one dated before it is the hang's cause (issue 57, item 10:
+    any event during the hang phase used to sort first)."""
     s = running()
     s.exited("n0", 1010.0, 1, root_cause={"rank": 0, "local_rank": 0, "exitcode": 1})
     s.report("n1", 1020.0, {"t": runstate.BEAT, "alive": 1, "hw": [hw()]})
@@ -272,10 +275,12 @@ def test_an_event_after_the_first_failure_changes_nothing_and_one_during_a_hang_
     hang.tick(1070.0)  # nothing for 60 s: a hang
     assert hang.phase == runstate.HANG
     hang.report("n3", 1075.0, {"t": runstate.BEAT, "alive": 1, "hw": [hw()]})
-    assert (hang.failure["host"], hang.failure["reason"]) == ("n3", "hardware")
+    assert hang.failure["reason"] == runstate.HANG and hang.failures[-1]["late"]
+    hang.report("n2", 1075.0, {"t": runstate.BEAT, "alive": 1, "hw": [hw(age_s=15.0)]})
+    assert (hang.failure["host"], hang.failure["reason"]) == ("n2", "hardware")
     hang.final = True
     hang.report("n1", 1080.0, {"t": runstate.BEAT, "alive": 1, "hw": [hw()]})
-    assert len(hang.events) == 1  # a final record changes no more
+    assert len(hang.events) == 2  # a final record changes no more
 
 
 def test_two_events_on_two_hosts_the_earliest_and_a_host_not_in_the_run_is_ignored():
@@ -294,7 +299,8 @@ def test_a_warning_is_kept_and_fails_nothing_and_hostile_events_are_bounded():
         dict(hw(), pci_bus="../../etc", rank=99, line="x" * 5000, age_s=1e12)] + [hw()] * 20})
     assert s.phase == runstate.HARDWARE  # the one well-formed fatal event among the junk
     kept = [e for e in s.events if e["host"] == "n1"]
-    assert len(kept) == runstate.EVENTS_PER_MESSAGE - 2  # 8 looked at, the 2 malformed dropped
+    # The 2 malformed dropped; the 20 copies of one fault (each saying count 1) one event.
+    assert len(kept) == 3 and kept[2]["count"] == 1
     assert kept[1]["pci_bus"] is None and kept[1]["rank"] is None  # not n1's rank
     assert len(kept[1]["line"]) == runstate.LINE_MAX and kept[1]["at"] >= 1005 - 3600
     ok = running()
@@ -381,7 +387,8 @@ def test_any_hardware_a_host_may_send_is_bounded_and_never_raises(hw, watch):
     s = running()
     s.report("n1", 1005.0, {"t": runstate.BEAT, "alive": 1, "hw": hw, "watch": watch})
     mine = [e for e in s.events if e["host"] == "n1"]
-    assert len(mine) <= runstate.EVENTS_PER_MESSAGE
+    assert sum(not e["fatal"] for e in mine) <= runstate.EVENTS_PER_MESSAGE
+    assert sum(e["fatal"] for e in mine) <= runstate.FATAL_PER_HOST
     assert all(e["rank"] in (None, 1) and len(e["line"]) <= runstate.LINE_MAX
                and e["at"] >= 1005.0 - runstate.AGE_MAX_S for e in mine)
     runstate.failure_text(s.failure)

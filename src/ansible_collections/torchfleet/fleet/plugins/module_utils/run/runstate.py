@@ -31,20 +31,26 @@ collective.json), the Python API, the CLI and the HTML report read that copy:
                   "untimed": [host whose NCCL collectives are not timed, ...]},
      "hosts": [{"host", "node_rank", "ranks": [first, last], "state", "rc", "alive",
                 "progress_ts", "ranks_at", "last_line", "last_seen", "pid", "elapsed_s",
-                "watch": {"kmsg", "kmsg_error", "gpu", "dropped"}, "events": count}]}
+                "watch": {"kmsg", "kmsg_error", "gpu", "gpu_error", "dropped"}, "events": count,
+                "dropped": warnings the master did not keep, "fatal_more": fatal events past
+                FATAL_PER_HOST that could not change the judgement}]}
     FAILURE = {"host", "node_rank", "reason", "detail", "rc", "rank", "local_rank",
                "exitcode", "root_cause", "consequence", "last_line", "at_s", "detected_s",
                "collective", "waited", "event", and where they apply "stalled" (the rank that
-               never joined), "late", "in_hang", "died" (a hardware cause's)}
+               never joined), "late", "died" (a hardware cause's)}
     EVENT = {"host", "source", "kind", "code", "gpu", "pci_bus", "rank", "pid", "fatal",
-             "what", "line", "at"}
+             "what", "line", "at", "age_err_s" (it happened between at - age_err_s and at),
+             "count" (how many times it was seen)}
     STRAGGLER = {"host", "ranks", "share_last", "late_ms_median", "interval_ms", "first_seen",
                  "last_seen", "active"} (times on the master's clock; active: named at the
                  last judgement)
 
 A host's hardware events (hwwatch.py) come in its heartbeats: a fatal one is a cause
-(`hardware`), the OOM killer ending one of its ranks too (`oom`); how they are ordered against
-the other failures is _judged's.
+(`hardware`), a fatal OOM kill (its victim one of the run's processes, whether or not the
+agent could name the rank) too (`oom`); how they are ordered against the other failures is
+_judged's, each with its own slack (slack()). Every fatal event is judged, whatever came
+before it; warnings are kept up to their own bounds per host and per run, and the ones not
+kept are counted (dropped()).
 
 Stragglers are judged here too, from the ranks' sampled collectives (straggle.py): named in
 the record while the run goes on; with straggler_action=restart a host that stays one for
@@ -118,9 +124,16 @@ DETAIL_MAX = 1000
 # A host's hardware events (hwwatch.py): what the record keeps of them.
 EVENT_SOURCES = ("kmsg", "nvml", "sysfs")
 EVENT_KINDS = ("xid", "aer", "amdgpu", "mlx5", "oom", "ecc", "remap", "clocks", "recovery",
-               "link")
+               "link", "nvml")
+# Warnings: taken per message, kept per host and per run; more are counted (dropped()). Fatal
+# events are never held back by warnings: every one in a message is taken (the channel's
+# MAX_LINE bounds how many), judged, and kept up to FATAL_PER_HOST distinct ones a host (its
+# GPUs, the bridges above them, its HCAs; a repeat is a count, not a second event).
 EVENTS_PER_MESSAGE, EVENTS_PER_HOST, EVENTS_MAX = 8, 64, 512
+FATAL_PER_HOST = 32
 AGE_MAX_S = 3600.0
+AGE_ERR_MAX_S = 600.0  # the widest sampling uncertainty believed (hwwatch's own bound)
+COUNT_MAX = 1 << 31
 _PCI = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 
@@ -136,30 +149,96 @@ def _int(value):
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def events(value):
-    """A message's hardware events (hwwatch.py) checked and bounded: the rest is dropped.
-    The host's name, the rank's range and the time are the master's to add."""
-    out = []
-    for e in value[:EVENTS_PER_MESSAGE] if isinstance(value, list) else []:
-        if not isinstance(e, dict) or e.get("source") not in EVENT_SOURCES \
-                or e.get("kind") not in EVENT_KINDS:
+def _bounded(value, low, high, default):
+    value = _number(value, default)
+    return default if value != value else min(high, max(low, value))  # (NaN: the default)
+
+
+def _event(e):
+    """One event checked and bounded, or None."""
+    if not isinstance(e, dict) or e.get("source") not in EVENT_SOURCES \
+            or e.get("kind") not in EVENT_KINDS:
+        return None
+    code = e.get("code")
+    bus = e.get("pci_bus")
+    return {
+        "source": e["source"], "kind": e["kind"],
+        "code": code if _int(code) is not None else _text(code, 32) or None,
+        "gpu": _int(e.get("gpu")), "rank": _int(e.get("rank")), "pid": _int(e.get("pid")),
+        "pci_bus": bus if isinstance(bus, str) and _PCI.match(bus) else None,
+        "fatal": e.get("fatal") is True, "what": _text(e.get("what"), 160),
+        "line": _text(e.get("line"), LINE_MAX),
+        "age_s": _bounded(e.get("age_s"), 0.0, AGE_MAX_S, 0.0),
+        "age_err_s": _bounded(e.get("age_err_s"), 0.0, AGE_ERR_MAX_S, 0.0),
+        "count": int(_bounded(_int(e.get("count")), 1, COUNT_MAX, 1))}
+
+
+def checked_events(value):
+    """A message's hardware events (hwwatch.py) checked and bounded, and how many well-formed
+    warnings past EVENTS_PER_MESSAGE it carried (counted, not kept). Every fatal event is
+    taken, wherever it is in the list. The host's name, the rank's range and the time are the
+    master's to add."""
+    out, dropped, warnings = [], 0, 0
+    for e in value if isinstance(value, list) else []:
+        e = _event(e)
+        if e is None:
             continue
-        code = e.get("code")
-        bus = e.get("pci_bus")
-        out.append({
-            "source": e["source"], "kind": e["kind"],
-            "code": code if _int(code) is not None else _text(code, 32) or None,
-            "gpu": _int(e.get("gpu")), "rank": _int(e.get("rank")), "pid": _int(e.get("pid")),
-            "pci_bus": bus if isinstance(bus, str) and _PCI.match(bus) else None,
-            "fatal": e.get("fatal") is True, "what": _text(e.get("what"), 160),
-            "line": _text(e.get("line"), LINE_MAX),
-            "age_s": min(AGE_MAX_S, max(0.0, _number(e.get("age_s"), 0.0)))})
+        if not e["fatal"]:
+            warnings += 1
+            if warnings > EVENTS_PER_MESSAGE:
+                dropped += 1
+                continue
+        out.append(e)
+    return out, dropped
+
+
+def events(value):
+    """A message's hardware events checked and bounded (checked_events without its count)."""
+    return checked_events(value)[0]
+
+
+def event_key(e):
+    """The same fault, whichever source saw it: a repeat of a kept event is a count."""
+    return (e.get("host"), e.get("kind"), e.get("code"), e.get("pci_bus"), e.get("pid"),
+            e.get("gpu"))
+
+
+def slack(failure):
+    """How much sooner than its date a hardware cause may have happened: HW_SLACK_S (a rank
+    that died of it may be seen before its line is read) and its event's own dating
+    uncertainty (age_err_s: a sampled source's interval). The one measure of _judged, fail()'s
+    "late" and _explain."""
+    e = failure.get("event") if isinstance(failure, dict) else None
+    err = _number(e.get("age_err_s"), 0.0) if isinstance(e, dict) else 0.0
+    return defaults.HW_SLACK_S + min(AGE_ERR_MAX_S, max(0.0, err))
+
+
+def dropped(record):
+    """{host: how many of its hardware warnings the record does not hold}: those its agent did
+    not send (its watch's "dropped") and those the master did not keep. Hosts with none left
+    out; what every output says as "and N more warnings"."""
+    out = {}
+    for h in record.get("hosts") if isinstance(record, dict) and isinstance(
+            record.get("hosts"), list) else []:
+        if not isinstance(h, dict) or not isinstance(h.get("host"), str):
+            continue
+        watch = h.get("watch") if isinstance(h.get("watch"), dict) else {}
+        n = max(0, _int(watch.get("dropped")) or 0) + max(0, _int(h.get("dropped")) or 0)
+        if n:
+            out[h["host"]] = n
     return out
+
+
+def more_warnings(n):
+    """"and 212 more warnings" ('' for none)."""
+    return "and %d more warning%s" % (n, "" if n == 1 else "s") if n else ""
 
 
 def drains(event):
     """Whether a host's event is a hardware cause (run.hardware, train.json's drain): a fatal
-    event other than the OOM killer's, which is the workload's memory (run.oom)."""
+    event other than the OOM killer's, which is the workload's memory (run.oom). An OOM kill
+    is fatal when its victim was the run's (a rank, a process of a rank's tree or cgroup),
+    whether or not the agent could name the rank; else a warning."""
     return event.get("fatal") is True and event.get("kind") != "oom"
 
 
@@ -169,18 +248,20 @@ def watch_status(value):
     return {"kmsg": _text(value.get("kmsg"), 200) or None,
             "kmsg_error": _text(value.get("kmsg_error"), 400) or None,
             "gpu": _text(value.get("gpu"), 20) or None,
-            "dropped": max(0, _int(value.get("dropped")) or 0)}
+            "gpu_error": _text(value.get("gpu_error"), 400) or None,
+            "dropped": min(COUNT_MAX, max(0, _int(value.get("dropped")) or 0))}
 
 
 def message(body):
     """An agent's verified message with its fields checked and bounded, or None. A signed
     message still comes from another host: nothing in it may break the master's loop."""
     kind = body.get("t")
+    hw, hw_dropped = checked_events(body.get("hw")) if kind in (BEAT, EXIT) else ([], 0)
     if kind == BEAT:
         return {"t": BEAT, "alive": max(0, _int(body.get("alive")) or 0),
                 "idle_s": _number(body.get("idle_s")), "pid": _int(body.get("pid")),
                 "last_line": _text(body.get("last_line"), LINE_MAX), "coll": body.get("coll"),
-                "steady": body.get("steady"), "hw": events(body.get("hw")),
+                "steady": body.get("steady"), "hw": hw, "hw_dropped": hw_dropped,
                 "watch": watch_status(body.get("watch")) if "watch" in body else None,
                 "fr": body.get("fr"), "fr_untimed": body.get("fr_untimed") is True}
     if kind == PONG:
@@ -201,7 +282,7 @@ def message(body):
                 "consequence": body.get("consequence") is True, "root_cause": cause,
                 "age_s": max(0.0, _number(body.get("age_s"), 0.0)),
                 "last_line": _text(body.get("last_line"), LINE_MAX), "coll": body.get("coll"),
-                "steady": body.get("steady"), "hw": events(body.get("hw")),
+                "steady": body.get("steady"), "hw": hw, "hw_dropped": hw_dropped,
                 "watch": watch_status(body.get("watch")) if "watch" in body else None}
     if kind == NOT_STARTED_MSG:
         return {"t": NOT_STARTED_MSG, "detail": _text(body.get("detail"), DETAIL_MAX)}
@@ -261,14 +342,51 @@ def hardware_words(failure):
     host, rank = failure.get("host") or "a host", failure.get("rank")
     when = _clock(e["at"]) if _number(e.get("at")) is not None else "an unknown time"
     if failure.get("reason") == OOM:
-        return "%s rank %s was %s at %s" % (host, "?" if rank is None else rank,
-                                            e.get("what") or "killed by the OOM killer", when)
+        return "%s %s was %s at %s" % (host, oom_victim(rank, e.get("pid")),
+                                       e.get("what") or "killed by the OOM killer", when)
     device = ("GPU %d (%s)" % (e["gpu"], e.get("pci_bus") or "PCI unknown")
               if e.get("gpu") is not None else e.get("pci_bus") or "")
     died = rank if rank is not None else failure.get("died")
     return "%s%s: %s, at %s%s; every other failure follows from it; drain %s" % (
         host, " " + device if device else "", e.get("what") or e.get("line") or "a fatal event",
         when, "; rank %d stopped there" % died if died is not None else "", host)
+
+
+def oom_victim(rank, pid):
+    """An OOM kill's victim in words: its rank, else a process of the run (a DataLoader worker,
+    a rank in a container's own PID namespace: the agent tied it to the run, not to a rank)."""
+    if rank is not None:
+        return "rank %d" % rank
+    return "a process of the run%s" % (" (pid %d)" % pid if _int(pid) is not None else "")
+
+
+def evidence(event, rank=None, died=None):
+    """A hardware or OOM cause's evidence as (label, words) rows, what a person reads first:
+    the event's own line, the device (GPU index, PCI address) or the process, the rank it hit
+    (`rank`: the failure's; else the rank that died of it, `died`), where and when it was
+    seen. The abort that followed (its ranks' SIGTERM tracebacks) is a consequence, not here."""
+    e = event if isinstance(event, dict) else {}
+    gpu, bus = _int(e.get("gpu")), _text(e.get("pci_bus"), 16) or None
+    rank = _int(rank) if _int(rank) is not None else _int(e.get("rank"))
+    if e.get("kind") == "oom":
+        device = ("process", oom_victim(rank, e.get("pid")))
+    else:
+        device = ("device", "GPU %d, PCI %s" % (gpu, bus or "address unknown") if gpu is not None
+                  else "PCI %s (GPU index unknown)" % bus if bus else "none named")
+    if rank is not None:
+        hit = "rank %d" % rank
+    elif _int(died) is not None:
+        hit = "none named by the event; rank %d stopped there" % died
+    else:
+        hit = "none named by the event, and no rank died of it before the run stopped"
+    at, err, count = _number(e.get("at")), _number(e.get("age_err_s"), 0.0), _int(e.get("count"))
+    seen = "%s, at %s%s%s" % (
+        _text(e.get("source"), 16) or "a source unknown",
+        _clock(at) if at is not None else "an unknown time",
+        " (up to %.0f s before: its source is sampled)" % err if err >= 0.5 else "",
+        ", %d times" % count if count is not None and count > 1 else "")
+    return [("line", _text(e.get("line"), LINE_MAX) or _text(e.get("what"), 160) or "-"),
+            device, ("rank", hit), ("seen", seen)]
 
 
 def failure_text(failure):
@@ -330,13 +448,15 @@ def master_lost(record, master, detail):
 
 def _judged(f):
     """The order of the judge: a cause before a consequence (a hardware event after the first
-    failure is neither: late), then the earliest, a hardware event first by HW_SLACK_S (the
-    rank that died of it may be seen before the kernel's line is read) and before a hang it
-    came during, then the lowest node rank (the run as a whole first)."""
+    failure is neither: late), then the earliest, a hardware event first by its slack (the
+    rank that died of it may be seen before its line is read, and a sampled source dates it
+    only to its interval: slack()), then the lowest node rank (the run as a whole first).
+    A hang is no exception: it is dated when it was declared, and an event dated after that
+    (beyond its slack) is late, not the hang's cause; one dated before it, however long before
+    the ranks' last progress, may be (with several process groups the ranks outside the dead
+    GPU's groups go on advancing after it died, so their progress says nothing against it)."""
     hardware = f["reason"] in HW_REASONS and not f.get("late")
-    at = float("-inf") if hardware and f.get("in_hang") else \
-        f["at_s"] - (defaults.HW_SLACK_S if hardware else 0.0)
-    return (f["consequence"] or bool(f.get("late")), at,
+    return (f["consequence"] or bool(f.get("late")), f["at_s"] - (slack(f) if hardware else 0.0),
             -1 if f["node_rank"] is None else f["node_rank"])
 
 
@@ -363,10 +483,12 @@ class RunState:
                           "ranks_at": None,
                           "last_line": "", "last_seen": None, "pid": None, "elapsed_s": None,
                           "coll": {}, "coll_ts": None, "coll_since": {}, "watch": None,
-                          "events": 0}
+                          "events": 0, "dropped": 0, "fatal_more": 0}
                       for i, h in enumerate(self.order)}
         self.closed_at = {}  # host -> when its connection closed without an exit
         self.events = []     # every host's hardware events (hwwatch.py), dated on this clock
+        self._kept = {}      # event_key -> the kept event (a repeat is its count)
+        self._held = {}      # host -> [warnings, fatal events] kept
         # Stragglers (straggle.py), from the ranks' Flight Recorders: named, and with
         # straggler_action=restart, failed here once one stays for its window.
         self.straggle = straggle.Judge({h: tuple(r["ranks"]) for h, r in self.hosts.items()},
@@ -386,7 +508,7 @@ class RunState:
             self.positions_of(host, now, msg["coll"], msg["steady"])
             if msg["watch"] is not None and self.hosts[host]["state"] not in DONE:
                 self.hosts[host]["watch"] = msg["watch"]
-            made = self.hardware(host, now, msg["hw"])
+            made = self.hardware(host, now, msg["hw"], msg["hw_dropped"])
         if msg["t"] == BEAT and msg["fr_untimed"]:
             self.straggle.not_timed(host)
         if msg["t"] == BEAT and msg["fr"] and self.phase == RUNNING:
@@ -500,31 +622,76 @@ class RunState:
             self.phase = SUCCEEDED
         return None
 
-    def hardware(self, host, now, found):
-        """A host's hardware events (checked by events()): each kept, dated on this clock from
-        the age the host measured; a fatal one, or the OOM killer ending one of its ranks, is
-        a cause. Returns the failure it made the run's first, if it did. After the record is
-        final nothing changes."""
+    def hardware(self, host, now, found, dropped=0):
+        """A host's hardware events (checked_events()): each dated on this clock from the age
+        the host measured; a repeat of a kept event (event_key, whichever source saw it)
+        updates its count. A fatal one is a cause, judged whatever came before it (_cause);
+        warnings are kept up to EVENTS_PER_HOST a host and EVENTS_MAX a run, the rest counted
+        in the host's "dropped" with the `dropped` its message could not carry. Returns the
+        failure it made the run's first, if it did. After the record is final nothing
+        changes."""
         rec = self.hosts.get(host)
-        if rec is None or self.final or not found:
+        if rec is None or self.final:
             return None
+        rec["dropped"] = min(COUNT_MAX, rec["dropped"] + dropped)
         first, last = rec["ranks"]
+        held = self._held.setdefault(host, [0, 0])
         made = None
         for e in found:
-            if rec["events"] >= EVENTS_PER_HOST or len(self.events) >= EVENTS_MAX:
-                break
-            rec["events"] += 1
             rank = e["rank"] if e["rank"] is not None and first <= e["rank"] <= last else None
             e = dict(e, host=host, rank=rank, at=round(now - e.pop("age_s"), 3))
+            kept = self._kept.get(event_key(e))
+            if kept is not None:
+                kept["count"] = min(COUNT_MAX, max(kept["count"], e["count"]))
+                if e["fatal"] and not kept["fatal"]:
+                    # A warning that became fatal (NVML silent too long): judged as it is now.
+                    kept.update(e, count=kept["count"])
+                    made = self._cause(kept, now) or made
+                continue
+            if not e["fatal"]:
+                if held[0] >= EVENTS_PER_HOST or self._warnings() >= EVENTS_MAX:
+                    rec["dropped"] = min(COUNT_MAX, rec["dropped"] + 1)
+                    continue
+                held[0] += 1
+            elif held[1] >= FATAL_PER_HOST and not self._replace(host, e):
+                rec["fatal_more"] += 1  # its host has an earlier cause kept: nothing changes
+                continue
+            else:
+                held[1] += 1
+            rec["events"] += 1
+            self._kept[event_key(e)] = e
             self.events.append(e)
-            if e["kind"] == "oom":
-                if rank is not None:  # (the agent sends only its own ranks' OOM kills)
-                    made = self.fail(host, OOM, now, "rank %d was %s" % (rank, e["what"]),
-                                     at=e["at"], event=e, rank=rank) or made
-            elif drains(e):
-                made = self.fail(host, HARDWARE, now, e["what"] or e["line"], at=e["at"],
-                                 event=e, rank=rank) or made
+            if e["fatal"]:
+                made = self._cause(e, now) or made
         return made
+
+    def _warnings(self):
+        return sum(w for w, _f in self._held.values())
+
+    def _replace(self, host, e):
+        """A fatal event past FATAL_PER_HOST: when it is dated before every fatal event kept
+        of its host it takes the place of the newest (its event and its failure go), so the
+        host's earliest cause is never lost and the record stays bounded; else False."""
+        mine = [x for x in self.events if x["host"] == host and x["fatal"]]
+        if e["at"] - slack({"event": e}) >= min(x["at"] - slack({"event": x}) for x in mine):
+            return False
+        newest = max(mine, key=lambda x: x["at"])
+        self.events = [x for x in self.events if x is not newest]
+        self.failures = [f for f in self.failures if f.get("event") is not newest]
+        self._kept.pop(event_key(newest), None)
+        self.hosts[host]["events"] -= 1
+        self.hosts[host]["fatal_more"] += 1
+        return True
+
+    def _cause(self, e, now):
+        """A kept fatal event as a failure: a fatal OOM kill is the run's OOM (run.oom, its rank
+        known or not), anything else a hardware cause (run.hardware)."""
+        if e["kind"] == "oom":
+            return self.fail(e["host"], OOM, now, "%s was %s" % (
+                oom_victim(e["rank"], e["pid"]), e["what"] or "killed by the OOM killer"),
+                at=e["at"], event=e, rank=e["rank"])
+        return self.fail(e["host"], HARDWARE, now, e["what"] or e["line"], at=e["at"], event=e,
+                         rank=e["rank"])
 
     def not_started(self, host, now, detail):
         rec = self.hosts.get(host)
@@ -661,11 +828,9 @@ class RunState:
                  "waited": waited, "event": event}
         if stalled:
             entry["stalled"] = True
-        if reason in HW_REASONS and self.failure is not None:
-            if self.phase == HANG:
-                entry["in_hang"] = True  # the hang it came during is its consequence
-            elif entry["at_s"] > self.failure["at_s"] + defaults.HW_SLACK_S:
-                entry["late"] = True     # after the first failure: kept, not its cause
+        if reason in HW_REASONS and self.failure is not None \
+                and entry["at_s"] - slack(entry) > self.failure["at_s"]:
+            entry["late"] = True  # after the first failure (a hang's too): kept, not its cause
         first_of_run = self.failure is None
         self.failures.append(entry)
         if waited:
@@ -694,7 +859,7 @@ class RunState:
                   collective=found, rank=named["rank"], stalled=True)
 
     def _explain(self):
-        """A rank's death on a host with a hardware cause at most HW_SLACK_S before it (on the
+        """A rank's death on a host with a hardware cause at most its slack before it (on the
         same rank when the event names one) is that cause's consequence; the cause keeps which
         rank died of it."""
         causes = [f for f in self.failures if f["reason"] in HW_REASONS and not f.get("late")]
@@ -703,7 +868,7 @@ class RunState:
                 continue
             for c in causes:
                 if c["host"] == f["host"] and (c["rank"] is None or c["rank"] == f["rank"]) \
-                        and f["at_s"] >= c["at_s"] - defaults.HW_SLACK_S:
+                        and f["at_s"] >= c["at_s"] - slack(c):
                     f["consequence"] = True
                     if c.get("died") is None:
                         c["died"] = f["rank"]
@@ -752,9 +917,11 @@ def summary(record, now):
             "host": slowest["host"], "idle_s": None if slowest["progress_ts"] is None
             else round(now - slowest["progress_ts"], 1)},
         "last_line": (failure or {}).get("last_line") or (hosts[0]["last_line"] if hosts else ""),
-        # Hardware warnings (clocks held down, a link that flapped): shown, never a failure.
+        # Hardware warnings (clocks held down, a link that flapped): shown, never a failure;
+        # and how many more the record does not hold (dropped()).
         "warnings": sorted({e["host"] for e in record.get("events") or []
                             if not e.get("fatal")}),
+        "warnings_dropped": sum(dropped(record).values()),
         # The stragglers named at the master's last judgement (straggle.py), in words.
         "stragglers": [straggle.words(s) for s in straggle.read(record.get("stragglers"))
                        if s["active"]],
