@@ -12,8 +12,10 @@ from pathlib import Path
 # The tables' rendering of a min / median / max spread, shared with the plays' summaries.
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import table
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.nccl_log import describe
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import (
+    evidence, more_warnings)
 
-from torchfleet.results import BusbwRow, Collective, Isolation, Pair, Result, load
+from torchfleet.results import BusbwRow, Collective, Failure, Isolation, Pair, Result, load
 
 
 CSS = """
@@ -343,15 +345,38 @@ def _collective(found: Collective | None) -> str:
     return '<table class="collective">%s</table>' % "".join(rows)
 
 
+def _first_failure(failure: Failure) -> str:
+    """The first failure: under a hardware or OOM cause the event's own line, the device and
+    the rank it hit (the record's evidence; the abort's tracebacks and where the other ranks
+    were are its consequences), else where the ranks diverged and the failing rank's log."""
+    if failure.event is None:
+        return _collective(failure.collective) + '<pre>%s</pre>' % escape(failure.tail)
+    rows = "".join('<tr><th>%s</th><td>%s</td></tr>' % (escape(label), escape(words))
+                   for label, words in evidence(failure.event, failure.rank,
+                                                failure.event.get("died")))
+    found = failure.collective  # (a hang's finding that names ranks is kept, as the record's)
+    return '<p class="bad">%s</p><table class="event">%s</table>%s' % (
+        escape(failure.reason), rows,
+        _collective(found) if found is not None and (found.missing or found.mismatch) else "")
+
+
 def _hardware(result: Result) -> str:
-    """The hosts to drain with their evidence, then every event the hosts reported."""
+    """The hosts to drain with their evidence, then every event the hosts reported and how
+    many more warnings there were than the record holds."""
     rows = ['<tr class="bad"><td>%s</td><td>drain (%s)</td><td>%s</td></tr>' % (
         escape(d.get("host", "")), escape(d.get("reason", "")), escape(d.get("evidence", "")))
         for d in result.drain]
     rows += ['<tr class="%s"><td>%s</td><td>%s%s</td><td>%s</td></tr>' % (
         "bad" if e.get("fatal") else "warn", escape(str(e.get("host", ""))),
         "fatal " if e.get("fatal") else "warning ", escape(str(e.get("kind", ""))),
-        escape(str(e.get("what") or e.get("line") or ""))) for e in result.hardware]
+        escape(str(e.get("what") or e.get("line") or "") + (
+            " (%d times)" % e["count"] if isinstance(e.get("count"), int)
+            and e["count"] > 1 else ""))) for e in result.hardware]
+    more = getattr(result, "hardware_dropped", None)  # (train.json's; results.py may not load it)
+    rows += ['<tr class="warn"><td>%s</td><td colspan="2">%s</td></tr>' % (
+        escape(str(host)), escape(more_warnings(n))) for host, n in sorted(
+        (more if isinstance(more, dict) else {}).items())
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0]
     return '<table class="hardware"><tr><th>host</th><th>what</th><th>evidence</th></tr>%s' \
         '</table>' % "".join(rows)
 
@@ -409,9 +434,8 @@ def render(result: Result) -> str:
     body.append('<p class="%s verdict">%s</p>' % ("ok" if result.ok else "bad",
                                                    escape(result.verdict)))
     if result.first_failure:
-        body.append('<h2>First failure</h2>' + _collective(result.first_failure.collective)
-                    + '<pre>%s</pre>' % escape(result.first_failure.tail))
-    if result.drain or result.hardware:
+        body.append('<h2>First failure</h2>' + _first_failure(result.first_failure))
+    if result.drain or result.hardware or getattr(result, "hardware_dropped", None):
         body.append("<h2>Hardware during the run</h2>" + _hardware(result))
     if result.kind == "train" and _stragglers(result):
         body.append("<h2>Stragglers</h2>" + _stragglers(result))

@@ -18,6 +18,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import more_warnings
 from torchfleet.runner import Event
 
 # The phase each host task belongs to, by its module; other tasks change no phase's counts.
@@ -45,6 +46,13 @@ class Phase:
             text = "ranks alive %s of %s" % (s.get("ranks_alive", "?"), s.get("nranks", "?"))
             if slow.get("host") and slow.get("idle_s") is not None:
                 text += " · slowest %s (idle %.0f s)" % (slow["host"], slow["idle_s"])
+            warned, more = s.get("warnings") or [], s.get("warnings_dropped") or 0
+            if warned:  # hardware warnings (never a failure), and those not kept
+                text += " · warnings on %s%s%s" % (
+                    ", ".join(warned[:3]), " +%d hosts" % (len(warned) - 3)
+                    if len(warned) > 3 else "", " (%s)" % more_warnings(more) if more else "")
+            elif more:
+                text += " · %d hardware warning%s" % (more, "" if more == 1 else "s")
             failure = s.get("failure") or {}
             if failure.get("host"):
                 text += " · first failure: %s %s" % (failure["host"], failure.get("reason"))

@@ -1,7 +1,8 @@
 """A run's status at a glance, from the master's record as one look read it (status.yml,
 `torchfleet status ID`): the run's phase, attempt and elapsed time, and per host its state,
 ranks alive, last line, when the master last heard from it and its hardware (the newest event
-it reported: a warning such as clocks held down, or a fatal one).
+it reported: a warning such as clocks held down, or a fatal one; and how many more warnings
+it had than the record holds).
 
 The record comes from another host: every field is checked here, never assumed (a missing or
 garbled field reads as unknown, and nothing raises).
@@ -9,7 +10,8 @@ garbled field reads as unknown, and nothing raises).
 from __future__ import annotations
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import straggle
-from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import failure_text
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import (
+    dropped, failure_text, more_warnings)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.table import render
 
 LINE_MAX = 120
@@ -30,7 +32,7 @@ def view(record, now, attempt=0):
     ranks_alive, last_line, last_heard_s, hardware}]} of a record read at `now` (the master's
     clock); hardware: how many events the host reported and the newest in words."""
     record = record if isinstance(record, dict) else {}
-    hardware = hardware_by_host(record.get("events"))
+    hardware = hardware_by_host(record.get("events"), dropped(record))
     now = _num(now)
     started = _num(record.get("started"))
     hosts = []
@@ -76,18 +78,26 @@ def report_stragglers(report):
     return [straggle.words(s) for s in straggle.read(report.get("stragglers"))]
 
 
-def hardware_by_host(events):
+def hardware_by_host(events, more=None):
     """{host: how many hardware events it reported, and the newest in words} of a record's
-    `events` or a report's `hardware`."""
+    `events` or a report's `hardware`; more: {host: warnings the record does not hold}
+    (runstate.dropped, a report's `hardware_dropped`), said as "and N more warnings"."""
     mine = {}
     for e in events if isinstance(events, list) else []:
         if isinstance(e, dict) and isinstance(e.get("host"), str):
             mine.setdefault(e["host"], []).append(e)
-    return {host: "%d event%s, last: %s%s" % (
-        len(found), "" if len(found) == 1 else "s",
-        "FATAL " if found[-1].get("fatal") is True else "",
-        _text(found[-1].get("what") or found[-1].get("line"), 80))
-        for host, found in mine.items()}
+    more = more if isinstance(more, dict) else {}
+    out = {}
+    for host in list(mine) + [h for h in more if h not in mine and isinstance(h, str)]:
+        found = mine.get(host, [])
+        n = more.get(host)
+        n = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
+        words = "%d event%s, last: %s%s" % (
+            len(found), "" if len(found) == 1 else "s",
+            "FATAL " if found[-1].get("fatal") is True else "",
+            _text(found[-1].get("what") or found[-1].get("line"), 80)) if found else ""
+        out[host] = ", ".join(w for w in (words, more_warnings(n)) if w)
+    return out
 
 
 def text(v):

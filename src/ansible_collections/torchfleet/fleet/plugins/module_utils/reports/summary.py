@@ -25,7 +25,8 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import
     STACK_DUMP, TORCHRUN_LOG, failed_ranks, read_json, tail)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import (
     CONTROLLER_LOST, HANG, HARDWARE, HW_REASONS, LOST, STATE_FILE, STOPPED_BY_USER, STRAGGLER,
-    SUCCEEDED, TIMEOUT, UNKNOWN, collective_words, drains, failure_text, host_rows)
+    SUCCEEDED, TIMEOUT, UNKNOWN, collective_words, drains, dropped, evidence, failure_text,
+    host_rows, more_warnings, oom_victim)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.table import render, spread, spread_of
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
@@ -180,10 +181,11 @@ def first_failure(record, run_dir, lines):
         return None
     host, local_rank = failure.get("host"), failure.get("local_rank")
     found = failure.get("collective")
-    extra = "" if failure.get("stalled") or failure["reason"] == STRAGGLER \
+    whole = failure["reason"] in HW_REASONS  # its words name the host themselves
+    # (Under a hardware cause where the other ranks were is a consequence: left out.)
+    extra = "" if failure.get("stalled") or failure["reason"] == STRAGGLER or whole \
         else collective_words(failure)
     reason = failure.get("detail") or failure["reason"]
-    whole = failure["reason"] in HW_REASONS  # its words name the host themselves
     if whole:
         reason = failure_text(failure)
         if failure["reason"] == HARDWARE and flight.text(found):
@@ -193,6 +195,13 @@ def first_failure(record, run_dir, lines):
            "consequence": bool(failure.get("consequence")), "failure": failure["reason"],
            "reason": reason + ("; " + extra if extra else ""), "collective": found,
            "event": failure.get("event"), "names_host": whole}
+    if whole:
+        # The event's own line, the device and the rank it hit: not the abort's tracebacks
+        # (the rank log's tail, torchrun's SIGTERM), which are its consequences.
+        out["event"] = dict(failure.get("event") or {}, died=failure.get("died"))
+        out["tail"] = "\n".join("%s: %s" % row for row in evidence(
+            failure.get("event"), failure.get("rank"), failure.get("died")))
+        return out
     if failure["reason"] == HANG:
         reason = out["reason"]
         named = (found or {}).get("missing") or (found or {}).get("mismatch") or []
@@ -221,11 +230,14 @@ def first_failure(record, run_dir, lines):
 
 def hardware_checks(record, hosts):
     """What the record's hardware events say per host: run.hardware (fatal: an error; else a
-    warning that never fails a run), run.oom, host.kmsg (the kernel log could not be read),
-    and `drain`: each host with a fatal hardware event, its first event's line as evidence.
-    Returns {"checks", "drain", "hardware"} (hardware: every event, as the record dated it)."""
+    warning that never fails a run, "and N more warnings" past the ones shown and the ones
+    not kept), run.oom (a fatal OOM kill: the run's), host.kmsg (the kernel log could not be
+    read), and `drain`: each host with a fatal hardware event, its first event's line as
+    evidence. Returns {"checks", "drain", "hardware", "hardware_dropped"} (hardware: every
+    event, as the record dated it; hardware_dropped: {host: warnings not kept})."""
     events = [e for e in record.get("events") or [] if isinstance(e, dict)
               and e.get("host") in hosts]
+    more = {h: n for h, n in dropped(record).items() if h in hosts}
     checks, drain = [], []
     for host in hosts:
         mine = [e for e in events if e["host"] == host]
@@ -239,21 +251,25 @@ def hardware_checks(record, hosts):
                 "drain %s and look at the device named: the run's other failures follow "
                 "from it" % host))
         warned = [e for e in mine if not e.get("fatal")]
-        if warned:
+        untold = max(0, len(warned) - 4) + more.get(host, 0)
+        if warned or untold:
             checks.append(check("run.hardware", host, False, "; ".join(
-                e.get("what") or e.get("line") for e in warned[:4]),
+                ["%s%s" % (e.get("what") or e.get("line"), " (%d times)" % e["count"]
+                           if (e.get("count") or 1) > 1 else "") for e in warned[:4]]
+                + ([more_warnings(untold)] if untold else [])),
                 "watch %s: warnings do not fail a run" % host, severity=WARNING))
         for e in mine:
-            if e.get("kind") == "oom" and e.get("rank") is not None:
-                checks.append(check("run.oom", host, False, "rank %d was %s" % (
-                    e["rank"], e.get("what")), "give the ranks more memory, or use less: the "
-                    "kernel's OOM killer ended it (%s)" % (e.get("line") or "")[:200]))
+            if e.get("kind") == "oom" and e.get("fatal") is True:
+                checks.append(check("run.oom", host, False, "%s was %s" % (
+                    oom_victim(e.get("rank"), e.get("pid")), e.get("what")), "give the ranks "
+                    "more memory, or use less: the kernel's OOM killer ended it (%s)"
+                    % (e.get("line") or "")[:200]))
         watch = next((h.get("watch") for h in record.get("hosts") or []
                       if h.get("host") == host and isinstance(h.get("watch"), dict)), None)
         if watch and watch.get("kmsg_error"):
             checks.append(check("host.kmsg", host, False, watch["kmsg_error"], kmsg.FIX,
                                 severity=WARNING))
-    return {"checks": checks, "drain": drain, "hardware": events}
+    return {"checks": checks, "drain": drain, "hardware": events, "hardware_dropped": more}
 
 
 def straggler_checks(record, hosts):
@@ -479,6 +495,8 @@ def decide(params):
                          "logs": os.path.join(logs_dir, "logs", host)})
     hardware = hardware_checks(record, hosts)
     checks.extend(hardware.pop("checks"))
+    if not hardware["hardware_dropped"]:  # (returned only when some warnings were not kept)
+        del hardware["hardware_dropped"]
     slow = straggler_checks(record, hosts)
     checks.extend(slow.pop("checks"))
     settings = params["settings"]
