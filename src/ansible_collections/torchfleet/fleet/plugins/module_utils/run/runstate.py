@@ -489,6 +489,7 @@ class RunState:
         self.events = []     # every host's hardware events (hwwatch.py), dated on this clock
         self._kept = {}      # event_key -> the kept event (a repeat is its count)
         self._held = {}      # host -> [warnings, fatal events] kept
+        self._warned = 0     # warnings kept in all
         # Stragglers (straggle.py), from the ranks' Flight Recorders: named, and with
         # straggler_action=restart, failed here once one stays for its window.
         self.straggle = straggle.Judge({h: tuple(r["ranks"]) for h, r in self.hosts.items()},
@@ -649,10 +650,11 @@ class RunState:
                     made = self._cause(kept, now) or made
                 continue
             if not e["fatal"]:
-                if held[0] >= EVENTS_PER_HOST or self._warnings() >= EVENTS_MAX:
+                if held[0] >= EVENTS_PER_HOST or self._warned >= EVENTS_MAX:
                     rec["dropped"] = min(COUNT_MAX, rec["dropped"] + 1)
                     continue
                 held[0] += 1
+                self._warned += 1
             elif held[1] >= FATAL_PER_HOST and not self._replace(host, e):
                 rec["fatal_more"] += 1  # its host has an earlier cause kept: nothing changes
                 continue
@@ -665,15 +667,13 @@ class RunState:
                 made = self._cause(e, now) or made
         return made
 
-    def _warnings(self):
-        return sum(w for w, _f in self._held.values())
-
     def _replace(self, host, e):
         """A fatal event past FATAL_PER_HOST: when it is dated before every fatal event kept
         of its host it takes the place of the newest (its event and its failure go), so the
         host's earliest cause is never lost and the record stays bounded; else False."""
         mine = [x for x in self.events if x["host"] == host and x["fatal"]]
-        if e["at"] - slack({"event": e}) >= min(x["at"] - slack({"event": x}) for x in mine):
+        if not mine or e["at"] - slack({"event": e}) >= min(x["at"] - slack({"event": x})
+                                                             for x in mine):
             return False
         newest = max(mine, key=lambda x: x["at"])
         self.events = [x for x in self.events if x is not newest]
