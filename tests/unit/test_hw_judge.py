@@ -190,7 +190,7 @@ def test_a_fatal_oom_kill_without_a_rank_is_the_runs_and_one_outside_the_run_a_w
         "cgroup)"]
 
 
-# -- item 17: the report shows the event, not the abort ---------------------------------------------
+# -- item 17: the report shows the event, not the abort ------------------------------------------
 
 TORCHRUN_SIGTERM = """\
 W1128 04:10:31.002000 4242 torch/distributed/elastic/agent/server/api.py:719] Received 15 \

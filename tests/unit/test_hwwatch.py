@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import gpuwatch, hwwatch, ibwatch, kmsg
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import restart, runstate
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import status
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.summary import hardware_checks
 from tests.conftest import FIXTURES
 
@@ -375,7 +376,9 @@ EVENT = st.fixed_dictionaries({}, optional={
     k: JSON | st.sampled_from(v) for k, v in {
         "source": runstate.EVENT_SOURCES, "kind": runstate.EVENT_KINDS,
         "fatal": (True, False), "rank": (0, 1, 7, -1), "pci_bus": ("0000:5d:00.0",),
-        "age_s": (0.0, 1e300, -5.0)}.items()} | {
+        "age_s": (0.0, 1e300, -5.0, float("nan")),
+        "age_err_s": (0.0, 5.0, 1e300, -5.0, float("nan")),
+        "count": (1, 0, -1, 1 << 70)}.items()} | {
     k: JSON for k in ("code", "gpu", "pid", "what", "line")})
 
 
@@ -390,6 +393,9 @@ def test_any_hardware_a_host_may_send_is_bounded_and_never_raises(hw, watch):
     assert sum(not e["fatal"] for e in mine) <= runstate.EVENTS_PER_MESSAGE
     assert sum(e["fatal"] for e in mine) <= runstate.FATAL_PER_HOST
     assert all(e["rank"] in (None, 1) and len(e["line"]) <= runstate.LINE_MAX
-               and e["at"] >= 1005.0 - runstate.AGE_MAX_S for e in mine)
+               and 1005.0 - runstate.AGE_MAX_S <= e["at"] <= 1005.0
+               and 0.0 <= e["age_err_s"] <= runstate.AGE_ERR_MAX_S
+               and 1 <= e["count"] <= runstate.COUNT_MAX for e in mine)
     runstate.failure_text(s.failure)
     hardware_checks(s.record(), HOSTS)
+    status.text(status.view(s.record(), 1006.0))
