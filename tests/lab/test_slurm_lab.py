@@ -127,7 +127,10 @@ def test_a_gpu_fallen_off_the_bus_is_the_cause_its_host_is_replaced_and_drained(
     the bus leaves its rank hung in the driver) and the kernel writes Xid 79, a real line
     (tests/fixtures/kmsg/xid79-aer.gpu-burn.txt) delivered to node2's kernel_log file, never
     to this machine's own log. The verdict names node2 and the Xid, not a peer's timeout; the
-    restart replaces node2 with the spare node3; node2 is drained in Slurm with the evidence."""
+    restart replaces node2 with the spare node3; node2 is drained in Slurm with the evidence.
+    Before the Xid, in the same write (issue 57): an NVMe drive's uncorrected fatal AER, not a
+    device of the run (a warning, not the cause), and a flood of 300 corrected AER lines (one
+    warning with its count; the Xid after it still read)."""
     job = slurm.allocate("-N", "3")
     kmsg = tmp_path / "kmsg"
     kmsg.mkdir()
@@ -155,9 +158,13 @@ def test_a_gpu_fallen_off_the_bus_is_the_cause_its_host_is_replaced_and_drained(
                    and b"LOCAL_RANK" in procs.environ(pid)
                    and b"torch.distributed.run" not in procs.cmdline(pid).encode()]
         os.kill(rank, signal.SIGSTOP)
-        xid79 = (FIXTURES / "kmsg" / "xid79-aer.gpu-burn.txt").read_text().splitlines()[-1]
+        recorded = (FIXTURES / "kmsg" / "xid79-aer.gpu-burn.txt").read_text().splitlines()
+        xid79, corrected = recorded[-1], recorded[0]
+        # aer-fatal.returnn.txt's fatal line with an NVMe drive's address in it.
+        nvme = ("[74880.000001] nvme 0000:c1:00.0: AER: Multiple Uncorrected (Fatal) error "
+                "received: 0000:c1:00.0")
         with open(kmsg / "node2.log", "a") as f:
-            f.write(xid79 + "\n")
+            f.write("\n".join([nvme] + [corrected] * 300 + [xid79]) + "\n")
         stop_file.touch()
         out, _ = proc.communicate(timeout=300)
         report = json.loads((run_dir / "train.json").read_text())
@@ -172,6 +179,13 @@ def test_a_gpu_fallen_off_the_bus_is_the_cause_its_host_is_replaced_and_drained(
             "; every other failure follows from it; drain node2")
         assert report["drain"] == [{"host": "node2", "reason": "run.hardware",
                                     "evidence": xid79.split("] ", 1)[1]}]
+        (state,) = list(run_dir.glob("**/attempt_0/run_state.json")) or list(
+            runs_root(Path(__file__).stem).glob("%s/**/attempt_0/run_state.json" % run_id))
+        events = {(e["kind"], e["code"], e["pci_bus"]): e for e in json.loads(
+            state.read_text())["events"] if e["host"] == "node2"}
+        drive = events[("aer", "Uncorrected (Fatal)", "0000:c1:00.0")]
+        assert drive["fatal"] is False and drive["what"].endswith(": not a device of the run")
+        assert events[("aer", "Corrected", "0000:00:02.0")]["count"] > 1, events
         shown = slurm.run("scontrol", "-o", "show", "node", "node2").stdout
         assert "DRAIN" in slurm_inventory.fields(shown)["State"]
         assert "Reason=torchfleet %s: run.hardware: NVRM: Xid (PCI:0000:02:00): 79" % run_id \

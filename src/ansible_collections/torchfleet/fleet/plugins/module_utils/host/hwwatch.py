@@ -473,7 +473,7 @@ class HostWatch:
             fault = self.faults[key]
             event = fault["event"]
             if len(out) >= PER_BEAT or fault["sent"] and now_m < fault["next_m"] or \
-                    "oom-kill:" in event["line"] and now_m < fault["read_m"] + OOM_WAIT_S:
+                    "oom-kill:" in event.get("line", "") and now_m < fault["read_m"] + OOM_WAIT_S:
                 later.append(key)
                 continue
             if not fault["sent"] and not event.get("fatal"):
