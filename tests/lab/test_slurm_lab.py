@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -119,6 +120,63 @@ def test_an_ended_job_is_named_before_anything_starts(slurm, tmp_path, monkeypat
     assert check.id == "ansible.error"
     assert "Slurm job %s is CANCELLED, not RUNNING" % job in check.detail
     assert list((tmp_path / result.run_id).glob("*.json")) == []
+
+
+def steps(logs):
+    """The newest step any rank under logs printed."""
+    found = [int(m) for p in logs.glob("**/stdout.log")
+             for m in re.findall(r"step ([0-9]+)", p.read_text(errors="replace"))]
+    return max(found, default=0)
+
+
+def test_a_fatal_error_on_a_device_not_the_runs_is_a_warning_and_the_run_goes_on(slurm,
+                                                                                tmp_path):
+    """An NVMe drive's uncorrected fatal AER in node2's kernel log during the run (issue 57,
+    item 5: on 0303260 it ended the run and drained node2): the run ends as it would have, and
+    the error is a warning on node2 that says it is not a device of the run."""
+    job = slurm.allocate("-N", "2")
+    kmsg = tmp_path / "kmsg"
+    kmsg.mkdir()
+    stop_file = tmp_path / "stop"
+    run_id, run_dir = "nvme-%d" % os.getpid(), tmp_path / "run"
+    proc = subprocess.Popen(
+        [*ansible_cli.command("ansible-playbook"), "train.yml", "-i",
+         str(slurm.lab.root / "slurm.yml"), "-e", "nnodes=2", "-e", "nproc_per_node=1",
+         "-e", "script=%s" % (FIXTURES / "scripts" / "steps_until_file.py"),
+         "-e", json.dumps({"script_args": [str(stop_file)]}),
+         "-e", "kernel_log=%s/{{ inventory_hostname }}.log" % kmsg,
+         "-e", "run_id=%s" % run_id, "-e", "run_dir=%s" % run_dir], cwd=ROOT,
+        env=slurm_env(slurm, job), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdin=subprocess.DEVNULL)
+    try:
+        logs = runs_root(Path(__file__).stem) / run_id
+        end = time.monotonic() + 240
+        while steps(logs) < 3:
+            assert time.monotonic() < end and proc.poll() is None, proc.poll()
+            time.sleep(0.1)
+        # aer-fatal.returnn.txt's fatal line with an NVMe drive's address in it.
+        with open(kmsg / "node2.log", "a") as f:
+            f.write("[74880.000001] nvme 0000:c1:00.0: AER: Multiple Uncorrected (Fatal) error "
+                    "received: 0000:c1:00.0\n")
+        # 30 more steps of 0.2 s: several of the agents' beats, each of which reads the log.
+        seen = steps(logs)
+        while steps(logs) < seen + 30:
+            assert time.monotonic() < end and proc.poll() is None, proc.poll()
+            time.sleep(0.1)
+        stop_file.touch()
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out[-4000:]
+        report = json.loads((run_dir / "train.json").read_text())
+        assert report["ok"] is True and report["drain"] == [], report["verdict"]
+        (warning,) = [c for c in report["checks"] if c["id"] == "run.hardware"]
+        assert (warning["host"], warning["severity"]) == ("node2", "warning"), warning
+        assert "not a device of the run" in warning["detail"], warning
+        assert run_processes(run_id) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        slurm.run("scancel", job)
 
 
 def test_a_gpu_fallen_off_the_bus_is_the_cause_its_host_is_replaced_and_drained(slurm,
