@@ -19,8 +19,10 @@ import sys
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.host import hwwatch, ibwatch
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import hwwatch, ibwatch, kmsg
 from tests.conftest import FIXTURES
 
 GPUS = ["0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0",
@@ -425,3 +427,48 @@ def test_every_event_carries_its_age_uncertainty(tmp_path):
     assert out["xid"]["age_s"] == 0.0 and 0.0 < out["xid"]["age_err_s"] <= between
     assert (out["clocks"]["age_s"], out["clocks"]["age_err_s"]) == (0.0, 5.0)
     assert (out["xid"]["count"], out["clocks"]["count"]) == (1, 1)
+
+
+# -- bounds, on any mix of the recorded lines -----------------------------------------------------
+
+RECORDED = [line for path in sorted((FIXTURES / "kmsg").glob("*.txt"))
+            for line in path.read_text().splitlines()]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(RECORDED), st.integers(1, 40)), max_size=30),
+       st.lists(st.integers(0, 255), max_size=120))
+def test_any_mix_of_recorded_lines_sends_every_fatal_one_and_bounds_the_rest(tmp_path, lines,
+                                                                             buses):
+    """Whatever the kernel writes (the recorded lines, repeated; corrected AER on many
+    devices): every fatal fault is sent, fatal ones first, at most PER_BEAT a beat; warnings
+    stop at PER_RUN and the rest are counted."""
+    base = tmp_path / str(len(list(tmp_path.iterdir())))
+    base.mkdir()
+    log = base / "kern.log"
+    log.touch()  # no sysfs here: no device can be said not to be the run's
+    w = hwwatch.HostWatch(str(log), str(base / "rdma"), env={}, sysfs=str(base / "sys"),
+                          gpu=Gpus(buses=None))
+    flood = ["pcieport 0000:%02x:00.0: AER: Corrected error received: 0000:%02x:00.0" % (b, b)
+             for b in buses]
+    write(log, *[line for line, n in lines for _ in range(n)] + flood)
+    out, t = [], 10.0
+    while True:
+        w.look(t, {})
+        got = w.take(t)
+        assert len(got) <= hwwatch.PER_BEAT
+        out += got
+        if not got and not w.queue and t > 60.0:
+            break
+        t += 1.0
+    fatal = {(e["kind"], e["code"], e["pci_bus"]) for e in (kmsg.parse(x) for x in RECORDED)
+             if e and e["fatal"] and e["kind"] != "oom"}
+    sent_fatal = {(e["kind"], e["code"], e["pci_bus"]) for e in out if e["fatal"]}
+    wanted = {(e["kind"], e["code"], e["pci_bus"]) for e in (
+        kmsg.parse(x) for x, _n in lines) if e} & fatal
+    assert wanted <= sent_fatal
+    warnings = [e for e in out if not e["fatal"]]
+    keys = {(e["kind"], e["code"], e["pci_bus"], e["pid"]) for e in warnings}
+    assert len(keys) <= hwwatch.PER_RUN
+    assert len(keys) + w.status()["dropped"] >= min(len(set(buses)), hwwatch.PER_RUN)
+    w.close()
