@@ -372,7 +372,7 @@ def _hardware(result: Result) -> str:
         escape(str(e.get("what") or e.get("line") or "") + (
             " (%d times)" % e["count"] if isinstance(e.get("count"), int)
             and e["count"] > 1 else ""))) for e in result.hardware]
-    more = getattr(result, "hardware_dropped", None)  # (train.json's; results.py may not load it)
+    more = result.hardware_dropped
     rows += ['<tr class="warn"><td>%s</td><td colspan="2">%s</td></tr>' % (
         escape(str(host)), escape(more_warnings(n))) for host, n in sorted(
         (more if isinstance(more, dict) else {}).items())
@@ -435,7 +435,7 @@ def render(result: Result) -> str:
                                                    escape(result.verdict)))
     if result.first_failure:
         body.append('<h2>First failure</h2>' + _first_failure(result.first_failure))
-    if result.drain or result.hardware or getattr(result, "hardware_dropped", None):
+    if result.drain or result.hardware or result.hardware_dropped:
         body.append("<h2>Hardware during the run</h2>" + _hardware(result))
     if result.kind == "train" and _stragglers(result):
         body.append("<h2>Stragglers</h2>" + _stragglers(result))

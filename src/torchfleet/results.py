@@ -213,6 +213,8 @@ class Result:
     # Hosts with a fatal hardware cause ({host, reason, evidence}) and every hardware event.
     drain: list[dict[str, Any]] = field(default_factory=list)
     hardware: list[dict[str, Any]] = field(default_factory=list)
+    # {host: warnings not kept} (a fatal event is never dropped): "and N more warnings".
+    hardware_dropped: dict[str, int] = field(default_factory=dict)
     # The stragglers the master named ({host, ranks, share_last, late_ms_median, first_seen,
     # last_seen}) and how they were watched ({watched, signal, started, ended}).
     stragglers: list[dict[str, Any]] = field(default_factory=list)
@@ -323,6 +325,7 @@ def from_report(kind: str, data: dict, run_dir: Path) -> Result:
                               names_host=bool(failure.get("names_host")))
         if failure else None,
         drain=list(data.get("drain") or []), hardware=list(data.get("hardware") or []),
+        hardware_dropped=dict(data.get("hardware_dropped") or {}),
         stragglers=list(data.get("stragglers") or []), straggle=dict(data.get("straggle") or {}),
         attempts=[Attempt(attempt=a["attempt"], hosts=list(a.get("hosts", [])),
                           phase=a.get("phase", ""), ok=bool(a.get("ok")),

@@ -117,7 +117,7 @@ def from_report(run_id: str, kind: str, report: dict) -> RunStatus:
     """A gathered run's status: its report's hosts and verdict."""
     from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import status as view
 
-    hardware = view.hardware_by_host(report.get("hardware"))
+    hardware = view.hardware_by_host(report.get("hardware"), report.get("hardware_dropped"))
     hosts = [HostStatus(host=str(h.get("host", "")), state=str(h.get("outcome", "")),
                         ranks_alive=0, last_line="", last_heard_s=None,
                         hardware=hardware.get(str(h.get("host")), ""))

@@ -163,6 +163,11 @@ hardware:
   returned: always
   type: list
   elements: dict
+hardware_dropped:
+  description: The warnings each host's watch or the master did not keep (past 64 a host or
+    512 a run; a fatal event is never dropped), host to count, said as "and N more warnings".
+  returned: when some warnings were not kept
+  type: dict
 stragglers:
   description: Each rank or host the others waited for, as the master named it during the
     run, host, ranks, share_last (the fraction of sampled collectives it was last at),
