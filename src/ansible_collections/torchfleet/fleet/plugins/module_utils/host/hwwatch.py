@@ -42,6 +42,7 @@ TREE_MAX = 1024     # the ranks' descendants remembered (PID -> rank)
 WALK_MAX = 256      # /proc children files read per walk of their tree
 TREE_EVERY_S = 2.0  # how often it is walked
 OOM_WAIT_S = 2.0    # an oom-kill: summary waits this long for its "Killed process" line
+OOM_SAME_S = 60.0   # one kill's lines are this close; later, the same PID is another kill
 AGE_MAX_S = 600.0   # the most uncertain an event's time is said to be
 SYSFS = "/sys"
 CGROUP_FS = "/sys/fs/cgroup"
@@ -386,10 +387,14 @@ class HostWatch:
             for bus, pids in (taken or {}).items():
                 if bus_id(bus) and pids:
                     self.gpu_pids[bus_id(bus)] = set(pids)
-            for event in found:
-                self._add(event, now_m, ranks)
         except Exception as exc:  # a watcher's fault never stops the run's agent
             self.log.why = self.log.why or "the hardware watch failed: %s" % exc
+            return
+        for event in found:
+            try:
+                self._add(event, now_m, ranks)
+            except Exception as exc:  # one odd event: the others still go
+                self.log.why = self.log.why or "the hardware watch failed: %s" % exc
 
     def _add(self, event, now_m, ranks):
         event["pci_bus"] = bus_id(event.get("pci_bus")) or None
@@ -403,6 +408,10 @@ class HostWatch:
         else:
             key = (event["kind"], event.get("code"), bus, event.get("pid"), event.get("gpu"))
         fault = self.faults.get(key)
+        if fault is not None and event["kind"] == "oom" and key not in self.queue \
+                and now_m - fault["read_m"] > OOM_SAME_S:
+            del self.faults[key]  # its PID used again, by a process killed again
+            fault = None
         at = now_m - event["age_s"]
         if fault is not None:
             if event["kind"] == "oom":  # one kill's lines (oom-kill:, then Killed process)
@@ -456,7 +465,7 @@ class HostWatch:
             elif tied and event["what"].endswith(note):
                 event["what"] = event["what"][:-len(note)]
             return
-        rank = ranks.get(event.get("pid"))
+        rank = ranks.get(event.get("pid")) or self.tree.get(event.get("pid"))
         if rank is None and event.get("pci_bus") in self.scope.gpus:
             event["rank"] = self._gpu_rank(event["pci_bus"], ranks)
         else:
