@@ -1,0 +1,96 @@
+"""Stragglers at the collective rates real training has (issue 57, item 13), without the lab:
+when the ranks sample their Flight Recorders (the WATCHER's schedule, flight.py) and what the
+master (straggle.Judge) can then judge.
+
+In the lab (4 hosts, gloo, tens of collectives a second, tests/lab/test_straggler_lab.py) a full
+recorder's dump (2000 entries) cost each rank 50 ms of CPU on the loaded 2-CPU machine: under
+STRAGGLE_BUDGET alone each rank sampled once every 25 s, each from its own start, so the rows
+of one collective reached the master up to 25 s apart, and the master, which forgets a
+collective straggler_window_s (20 s) after its first row, saw 0 complete collectives in most
+judgements after the cap: nobody could be named. Here the same schedule is replayed through
+the real sampling and the real Judge."""
+from __future__ import annotations
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import flight, straggle
+
+HOSTS = {"node%d" % r: (r, r) for r in range(4)}
+RATE = 50            # collectives a second
+COST_S = 0.05        # a full recorder's dump, measured in the lab run
+RECORDER = 2000      # flight_recorder's default entries
+WINDOW_S = 20.0
+BEAT_S = 1.0         # rows reach the master with the host's next beat, at most this late
+
+
+def watcher():
+    namespace: dict = {}
+    exec(compile(flight.WATCHER.replace("\n_torchfleet_flight()\n", "\n"), "sitecustomize.py",
+                 "exec"), namespace)
+    return namespace
+
+
+def budget_alone(cost, period, budget, _now):
+    """The schedule at 0303260: the next sample max(period, cost / budget) after this one."""
+    return max(period, cost / budget)
+
+
+def replay(schedule, seconds=150.0, phases=(0.0, 1.3, 2.9, 4.4)):
+    """Four ranks (one a host) call a collective RATE times a second on one clock; each samples
+    its recorder (the real _torchfleet_samples) when `schedule` says, its first sample at its
+    phase; its rows reach the real Judge within a beat. Returns the complete collectives of
+    each judgement after the first window."""
+    samples = watcher()["_torchfleet_samples"]
+    period, budget = defaults.STRAGGLE_SAMPLE_S, defaults.STRAGGLE_BUDGET
+    judge = straggle.Judge(HOSTS, WINDOW_S, 0.05)
+    for host in HOSTS:
+        judge.offsets.measured(host, 0.0, 0.0)
+    epoch = 1_795_000_000.0
+    events = []  # (when the rows arrive, host, rows)
+    for rank, phase in enumerate(phases):
+        after, t = {}, epoch + phase
+        while t < epoch + seconds:
+            newest = int((t - epoch) * RATE)
+            entries = [{"profiling_name": "gloo:all_reduce", "pg_id": 0, "is_p2p": False,
+                        "process_group": ["0", "default_pg"], "state": "scheduled",
+                        "collective_seq_id": seq,
+                        "time_created_ns": int((epoch + seq / RATE) * 1e9) + rank * 1000}
+                       for seq in range(max(1, newest - RECORDER + 1), newest + 1)]
+            rows, after, _untimed = samples(entries, after, straggle.SAMPLE_MAX)
+            if rows:
+                events.append((t + BEAT_S * (rank + 1) / 4, "node%d" % rank, rows))
+            t += schedule(COST_S, period, budget, t)
+    events.sort(key=lambda e: e[0])
+    complete, now, i = [], epoch, 0
+    while now < epoch + seconds:
+        while i < len(events) and events[i][0] <= now:
+            _t, host, rows = events[i]
+            rank = HOSTS[host][0]
+            judge.add(host, now, straggle.clean({str(rank): rows}, range(rank, rank + 1)))
+            i += 1
+        judge.judge(now)
+        if now - epoch >= WINDOW_S + max(phases) + 5.0:
+            complete.append(judge.complete)
+        now += defaults.STRAGGLE_EVAL_S
+    return complete
+
+
+def test_the_ranks_sample_at_the_same_wall_clock_moments_and_often_enough():
+    nxt = watcher()["_torchfleet_next"]
+    period, budget = defaults.STRAGGLE_SAMPLE_S, defaults.STRAGGLE_BUDGET
+    for cost in (0.0005, 0.01, 0.03, 0.05, 0.2, 5.0):
+        # Four ranks whose last samples ended at different moments of one period.
+        at = {round(now + nxt(cost, period, budget, now), 6)
+              for now in (1000.3, 1001.7, 1003.2, 1004.9)}
+        assert len(at) == 1, (cost, at)
+        wait = at.pop() - 1000.3
+        assert 0 < wait <= 2 * period, (cost, wait)
+        if cost <= period * budget:  # a dump within the budget: every period
+            assert wait <= period, (cost, wait)
+
+
+def test_the_master_sees_complete_collectives_in_every_window_at_real_rates():
+    before = replay(budget_alone)
+    # What the lab run showed: rows of a collective further apart than the window.
+    assert min(before) < straggle.MIN_COLLECTIVES, before
+    after = replay(watcher()["_torchfleet_next"])
+    assert min(after) >= 2 * straggle.MIN_COLLECTIVES, after
