@@ -372,6 +372,31 @@ def test_the_same_xid_from_the_kernel_log_and_from_nvml_is_one_event(tmp_path):
     assert [e["count"] for e in sent(w, 90.0)] == [5]
 
 
+def test_nvml_that_stops_answering_is_a_warning_then_sent_again_fatal_at_once(tmp_path):
+    """gpuwatch sends NVML's timeout as a warning, then the same fault fatal once it lasts
+    (NVML_FATAL_S): the fatal one goes at once, not after RESEND_S, also when the warning
+    itself was past the cap."""
+    gpus = Gpus(buses=GPUS)
+    w, log = watch(tmp_path, gpu=gpus)
+    stuck = {"source": "nvml", "kind": "nvml", "code": "timeout", "gpu": 2, "pci_bus": GPUS[2],
+             "pid": None, "fatal": False, "what": "NVML did not answer in 2 s",
+             "line": "GPU 2: NVML did not answer in 2 s", "age_s": 2.0, "age_err_s": 1.0}
+    gpus.events = [stuck]
+    (warning,) = sent(w, 10.0)
+    assert warning["fatal"] is False
+    gpus.events = [dict(stuck, fatal=True, what="NVML did not answer in 30 s", age_s=30.0)]
+    (fatal,) = sent(w, 11.0)
+    assert (fatal["fatal"], fatal["what"], fatal["count"], fatal["gpu"]) == (
+        True, "NVML did not answer in 30 s", 2, 2)
+    # Past the cap: the warning was never sent, its fatal sighting is.
+    w2, _ = watch(tmp_path, gpu=gpus)
+    w2.warned = hwwatch.PER_RUN
+    gpus.events = [stuck]
+    assert sent(w2, 10.0) == [] and w2.status()["dropped"] == 1
+    gpus.events = [dict(stuck, fatal=True)]
+    assert [e["fatal"] for e in sent(w2, 11.0)] == [True]
+
+
 def test_two_ports_down_are_two_events_and_a_flap_caught_mid_sample(tmp_path):
     root = tmp_path / "ib"
     shutil.copytree(FIXTURES / "ib-h100", root)

@@ -422,6 +422,9 @@ class HostWatch:
                         kept.update(line=event["line"], what=event["what"])
                     self._judge(kept, ranks)
                 return
+            if event.get("fatal") and not fault["event"].get("fatal") \
+                    and self._turned_fatal(key, fault, event, now_m, ranks):
+                return
             more = sum(not self._paired(fault, event, at) for _ in range(_count(event)))
             if not more:
                 return
@@ -437,6 +440,22 @@ class HostWatch:
         self.faults[key] = {"event": event, "count": _count(event), "sent": 0, "read_m": now_m,
                             "next_m": 0.0, "seen": {event["source"]: [(at, event["age_err_s"])]}}
         self.queue.append(key)
+
+    def _turned_fatal(self, key, fault, event, now_m, ranks):
+        """A fault kept as a warning that comes again fatal (NVML that has not answered for
+        NVML_FATAL_S): sent again at once, fatal, dated by this sighting, unless it is not
+        the run's; a warning dropped past the cap is sent too (a fatal event never is
+        dropped)."""
+        kept = dict(fault["event"], fatal=True, what=event["what"], line=event["line"],
+                    age_s=event["age_s"], age_err_s=event.get("age_err_s", 0.0))
+        self._judge(kept, ranks)
+        if not kept["fatal"]:
+            return False
+        fault.update(event=kept, read_m=now_m, next_m=0.0, count=fault["count"] + _count(event),
+                     sent=0 if fault["sent"] == DROPPED else fault["sent"])
+        if key not in self.queue:
+            self.queue.append(key)
+        return True
 
     def _paired(self, fault, event, at):
         """Whether this sighting is one another source already counted (an Xid in the kernel
