@@ -151,10 +151,10 @@ REGISTRY = (
          'reset the GPU (or reboot) so the remap or retirement takes effect; replace it when '
          'remapping failed'),
     Unit(('gpu.xid',), PREFLIGHT,
-         'health: Xid events in the kernel log of the last `health_xid_window_s` (2 h): codes '
-         'that drain a node (48, 56-58, 62-65, 69, 73, 74, 79-81, 92, 94, 95, 119, 120) fail, '
-         'application-level ones (13, 31, 43, 45, 68, 109) and unknown ones warn; a kernel log '
-         'the user may not read warns',
+         'health: Xid events in the kernel log of the last `health_xid_window_s` (2 h): the '
+         'codes the Xid table below calls fatal fail, the others and unknown ones warn (an '
+         'unknown one whose line says the GPU must be reset fails); a kernel log the user may '
+         'not read warns',
          "drain the host and reset or replace the GPU NVIDIA's Xid catalog names"),
     Unit(('gpu.pcie', 'gpu.nvlink', 'gpu.xgmi'), PREFLIGHT,
          'health: a GPU whose PCIe link is narrower than its maximum ("GPU 3 at PCIe x8, '
@@ -219,15 +219,20 @@ REGISTRY = (
          'stack is in its log directory',
          'read where each rank was stuck'),
     Unit(('run.hardware',), RUN,
-         'a fatal hardware event on a host during the run (an Xid that drains, an uncorrected '
-         'PCIe AER error, an mlx5 health error, an AMD GPU reset, climbing uncorrected ECC, an '
-         'RDMA port that went down and stayed down): the cause, named first; warnings (clocks '
-         'held down, a link that flapped, other Xids) never fail a run',
+         "a fatal hardware event on one of the run's devices during the run (an Xid NVIDIA's "
+         'catalog resolves with a reset, an uncorrected fatal PCIe AER error or a failed '
+         'recovery, an mlx5 health error, an AMD GPU reset, climbing uncorrected ECC, NVML '
+         "asking for a reset, an RDMA port of the run's HCAs that went down and stayed down, "
+         'NVML unanswered for 30 s): the cause, named first; warnings (clocks held down, a '
+         'link that flapped or slowed, a recovered non-fatal AER error, other Xids, the same '
+         'fatal line on a device the run does not use) never fail a run; the table below',
          'drain the host (listed in `drain`; `slurm_drain=true` drains it in Slurm) and look '
          'at the device named; the restart skips it'),
     Unit(('run.oom',), RUN,
-         "the kernel's OOM killer ended a rank (global or its memory cgroup), from the line "
-         'the kernel wrote, by its PID',
+         "the kernel's OOM killer ended a process of the run (global or its memory cgroup), "
+         "from the line the kernel wrote: a rank by its PID, a process in a rank's tree (a "
+         "DataLoader worker), or one in a rank's own cgroup (a container with its own PID "
+         "namespace); another program's OOM kill is a warning",
          'give the ranks more memory or use less; the host is not drained '
          '(`restart_on=any` restarts the run)'),
     Unit(('run.straggler',), RUN,
