@@ -8,11 +8,22 @@ STRAGGLE_BUDGET alone each rank sampled once every 25 s, each from its own start
 of one collective reached the master up to 25 s apart, and the master, which forgets a
 collective straggler_window_s (20 s) after its first row, saw 0 complete collectives in most
 judgements after the cap: nobody could be named. Here the same schedule is replayed through
-the real sampling and the real Judge."""
+the real sampling and the real Judge.
+
+And with every collective in hand the judge still named nobody at 31 collectives a second:
+under CFS throttling the capped rank is stopped for the rest of each 100 ms period once its
+quota is spent, and is late only at the collective that straddles the stop (rarely, by tens of
+ms), arriving with the others in between (tests/fixtures/straggle/README.md). The recorded
+call times go through the real window() and name() here."""
 from __future__ import annotations
+
+import json
+
+import pytest
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import flight, straggle
+from tests.conftest import FIXTURES
 
 HOSTS = {"node%d" % r: (r, r) for r in range(4)}
 RATE = 50            # collectives a second
@@ -94,3 +105,23 @@ def test_the_master_sees_complete_collectives_in_every_window_at_real_rates():
     assert min(before) < straggle.MIN_COLLECTIVES, before
     after = replay(watcher()["_torchfleet_next"])
     assert min(after) >= 2 * straggle.MIN_COLLECTIVES, after
+
+
+@pytest.mark.parametrize("recording", ["gloo_cfs15_4hz", "gloo_cfs15_31hz"])
+def test_a_cpu_capped_host_is_named_from_its_recorded_call_times_and_nobody_before(
+        monkeypatch, recording):
+    """600 collectives of 4 lab ranks before and after rank 2's host was capped at 15 % (one
+    clock: no offsets): nobody named before, the capped host after. At 31 a second it was last
+    at 27 % of the collectives (the others at 16-22 %) but the others waited for its calls 21 %
+    of the time (2-4 % for each other rank)."""
+    monkeypatch.setattr(straggle, "JUDGE_KEYS", 4096, raising=False)  # all of them
+    data = json.loads((FIXTURES / "straggle" / (recording + ".json")).read_text())
+    host_of = {r: "node%d" % r for r in range(4)}
+    for part, expected in (("healthy", []), ("capped", ["node2"])):
+        keys = {("0", seq): {"seen": 0.0, "r": {r: (t, None, (t, straggle.CALL_FLOOR_MS))
+                                                for r, t in enumerate(row)}}
+                for seq, row in enumerate(data[part])}
+        figures = straggle.window(keys, {"0": 4}, host_of)
+        assert figures["complete"] == len(data[part])
+        named = straggle.name(figures, host_of, HOSTS, 0.05)
+        assert [s["host"] for s in named] == expected, (recording, part, named)
