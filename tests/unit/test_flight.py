@@ -279,9 +279,10 @@ def test_any_positions_from_a_host_leave_the_judge_standing_and_name_only_its_ra
 FLIGHT = Path(__file__).resolve().parent.parent / "fixtures" / "flight"
 
 
-def watcher_reader():
-    """The watcher's reading of a dump, from the sitecustomize text itself (outside a rank it
-    only defines its functions)."""
+def watcher_reader(names=None):
+    """The watcher's reading of dumps (status dumps, entry dumps) -> positions, from the
+    sitecustomize text itself (outside a rank it only defines its functions); names: the
+    {(source, pg_id): group} it learned so far."""
     namespace = {}
     env = {k: os.environ.pop(k) for k in ("TORCHELASTIC_ERROR_FILE", "RANK", flight.ENV_TRIGGER)
            if k in os.environ}
@@ -289,15 +290,19 @@ def watcher_reader():
         exec(compile(flight.WATCHER, "sitecustomize.py", "exec"), namespace)
     finally:
         os.environ.update(env)
-    return namespace["_torchfleet_pgs"]
+    names = {} if names is None else names
+    return lambda status, entries: namespace["_torchfleet_pgs"](
+        [("_dump_fr_trace", d) for d in status], [("_dump_fr_trace", d) for d in entries],
+        names)[0]
 
 
 def test_the_watcher_reads_a_recorded_gloo_dump_of_a_rank_waiting_in_a_collective():
     read = watcher_reader()
     status = json.loads((FLIGHT / "gloo_2.13_rank0_waiting_in_4_status.json").read_text())
     full = json.loads((FLIGHT / "gloo_2.13_rank0_waiting_in_4.json").read_text())
-    assert read([status], []) == {"0": [4, 3, "", "", "", -1]}  # gloo starts nothing apart
+    assert read([status], []) == {}  # pg 0's name is not known before an entry names it
     assert read([status], [full]) == {"0": [4, 3, "gloo:all_reduce", "[[1024]]", "Float", -1]}
+    assert read([status], []) == {"0": [4, 3, "", "", "", -1]}  # gloo starts nothing apart
     assert flight.clean_groups(read([status], [full])) is not None
 
 
@@ -379,3 +384,28 @@ def test_with_nccl_timing_the_rank_whose_gpu_never_started_the_collective_is_nam
     untimed = flight.finding({0: ("gpuhost", flight.clean_groups(plain_pos))}, 1)
     assert untimed["not_started"] == [] and "a GPU, NCCL or the network is stuck" in \
         flight.text(untimed)
+
+
+def test_a_hang_in_one_of_two_tensor_parallel_groups_names_the_rank_that_never_joined():
+    """Recorded here (tests/fixtures/flight/tp_dp_hang.py, README there): tensor-parallel
+    groups [0, 1] ("1") and [2, 3] ("2"), data-parallel [0, 2] ("3") and [1, 3] ("4"); rank 0
+    stopped before its data-parallel all_reduce #11. pg_id 1 is "1" on ranks 0-1 and "2" on
+    ranks 2-3: matched by pg_id, rank 2 (in step in its own group) was "behind" rank 1's #12
+    and was named beside rank 0."""
+    ranks = {}
+    for rank in range(4):
+        dump = json.loads((FLIGHT / ("gloo_2.13_tp_dp_hang_rank%d.json" % rank)).read_text())
+        status = {k: v for k, v in dump.items() if k != "entries"}
+        read = watcher_reader()  # each rank's watcher learns its own pg_ids' names
+        assert read([status], []) == {}
+        groups = flight.clean_groups(read([status], [dump]))
+        # From then on without the entries (the op is read from them only).
+        assert {g: v[:2] for g, v in read([status], []).items()} == \
+            {g: v[:2] for g, v in groups.items()}
+        ranks[rank] = ("cqnode%d" % (rank // 2), groups)
+    assert {r: sorted(g) for r, (_h, g) in ranks.items()} == {
+        0: ["1", "3"], 1: ["1", "4"], 2: ["2", "3"], 3: ["2", "4"]}
+    f = flight.finding(ranks, 4)
+    assert flight.culprits(f) == [0] and (f["group"], f["seq"]) == ("1", 12)
+    assert flight.text(f).startswith("collective #12 (all_reduce, 4.0 KiB, group 1): "
+                                     "cqnode0 rank 0 never joined")

@@ -46,29 +46,55 @@ FILE_MAX = 16 << 10
 
 WATCHER = r'''
 
-def _torchfleet_pgs(status_dumps, entry_dumps):
-    """torchfleet: {group: [last enqueued, last completed, op, shapes, dtypes, last started]}
-    from the recorder's JSON dumps (gloo's and NCCL's have the same pg_status; gloo writes its
-    numbers as strings; last started is -1 unless NCCL times its collectives,
-    TORCH_NCCL_ENABLE_TIMING=1); the op of each group's newest collective from entry_dumps,
-    when given."""
+def _torchfleet_group(e):
+    """torchfleet: the key of a recorder entry's process group, the same on every rank of it:
+    its name (process_group[0]: torch's _process_group_name, a run-wide count or a hash of its
+    ranks), hashed when longer than 16 characters. Not pg_id: that counts the groups of one
+    process, so rank 0's pg 1 may be its tensor-parallel group and rank 2's pg 1 another.
+    A torch whose entries carry no name: pg_id (right while the run has one group)."""
+    pg = e.get("process_group")
+    name = str(pg[0]) if isinstance(pg, (list, tuple)) and pg and pg[0] != "" else ""
+    if not name:
+        return str(e.get("pg_id"))
+    if len(name) <= 16:
+        return name
+    import hashlib
+    return "~" + hashlib.sha1(name.encode()).hexdigest()[:15]
+
+
+def _torchfleet_pgs(status_dumps, entry_dumps, names):
+    """torchfleet: ({group: [last enqueued, last completed, op, shapes, dtypes, last started]},
+    the pg_ids without a name yet) from the recorder's JSON dumps, each (source, dump): gloo's
+    and NCCL's have the same pg_status, keyed by pg_id (gloo writes its numbers as strings;
+    last started is -1 unless NCCL times its collectives, TORCH_NCCL_ENABLE_TIMING=1). Each
+    group is keyed by _torchfleet_group, names ({(source, pg_id): group}) learned from the
+    entries of entry_dumps (the only place a pg_id meets its group's name); the op of each
+    group's newest collective from them too."""
     import json
-    pgs = {}
-    for d in status_dumps:
-        for pg, s in (d.get("pg_status") or {}).items():
+    for src, d in entry_dumps:
+        for e in d.get("entries") or []:
+            names[(src, str(e.get("pg_id")))] = _torchfleet_group(e)
+    pgs, unknown = {}, set()
+    for src, d in status_dumps:
+        for pg_id, s in (d.get("pg_status") or {}).items():
             seq = int(s.get("last_enqueued_collective", -1))
             done = int(s.get("last_completed_collective", -1))
             started = int(s.get("last_started_collective", -1))
-            if str(pg) not in pgs or seq > pgs[str(pg)][0]:  # -1: none yet
-                pgs[str(pg)] = [seq, done, "", "", "", started]
-    for d in entry_dumps:
+            group = names.get((src, str(pg_id)))
+            if group is None:
+                if seq > 0:  # (none yet: -1 or 0, and nothing to say)
+                    unknown.add((src, str(pg_id)))
+                continue
+            if group not in pgs or seq > pgs[group][0]:
+                pgs[group] = [seq, done, "", "", "", started]
+    for _src, d in entry_dumps:
         for e in d.get("entries") or []:
-            v = pgs.get(str(e.get("pg_id")))
+            v = pgs.get(_torchfleet_group(e))
             if v and not e.get("is_p2p") and e.get("collective_seq_id") == v[0]:
                 v[2:5] = [str(e.get("profiling_name") or ""),
                           json.dumps(e.get("input_sizes"))[:120],
                           ",".join(map(str, e.get("input_dtypes") or []))[:60]]
-    return pgs
+    return pgs, unknown
 
 
 def _torchfleet_samples(entries, after, n_max):
@@ -80,14 +106,14 @@ def _torchfleet_samples(entries, after, n_max):
     collectives whose seq hashes into the top 2^-j, j the least that keeps them to n_max (the
     same seqs on every rank: straggle.sampled)."""
     fresh, untimed = [], 0
-    for e in entries:
+    for e in entries:  # (the group: _torchfleet_group)
         name, dur = str(e.get("profiling_name") or ""), e.get("duration_ms")
         timed = isinstance(dur, (int, float)) and not isinstance(dur, bool) and dur >= 0
         untimed += name.startswith("nccl:") and not timed and e.get("state") == "completed"
         if e.get("is_p2p") or not (name.startswith("gloo:") or name.startswith("nccl:")
                                    and timed):
             continue
-        pg, seq = str(e.get("pg_id")), int(e.get("collective_seq_id") or 0)
+        pg, seq = _torchfleet_group(e), int(e.get("collective_seq_id") or 0)
         if seq > after.get(pg, -1):
             fresh.append([pg, seq, int(e.get("time_created_ns") or 0),
                           float(dur) if timed else -1.0])
@@ -115,7 +141,8 @@ def _torchfleet_flight():
     if not err or rank is None or not trigger:
         return
     here, pid = os.path.dirname(err), os.getpid()
-    seen = {"pgs": None, "detailed": None, "dumped": False, "after": {}, "next": 0.0}
+    seen = {"pgs": None, "detailed": None, "dumped": False, "after": {}, "next": 0.0,
+            "names": {}, "lost": set()}
     try:  # stragglers: "period,budget,rows" (straggle.py), or unset: off
         period, budget, n_max = (float(v) for v in os.environ["TORCHFLEET_FR_SAMPLE"].split(","))
     except (KeyError, ValueError):
@@ -138,7 +165,7 @@ def _torchfleet_flight():
             dump = getattr(c10d, name, None)
             if dump is not None:
                 try:
-                    out.append(json.loads(dump(includeCollectives=collectives)))
+                    out.append((name[:-5], json.loads(dump(includeCollectives=collectives))))
                 except Exception:
                     pass
         return out
@@ -150,9 +177,13 @@ def _torchfleet_flight():
         os.replace(tmp, os.path.join(here, name))
 
     def look(c10d, detail):
-        pgs = _torchfleet_pgs(dumps(c10d, False), [])
-        if detail and any(v[0] > v[1] for v in pgs.values()):
-            pgs = _torchfleet_pgs(dumps(c10d, False), dumps(c10d, True))
+        pgs, unknown = _torchfleet_pgs(dumps(c10d, False), [], seen["names"])
+        # A group not named yet: its name from the entries, once (a group whose entries the
+        # recorder no longer holds stays unnamed: nothing of it is said).
+        if unknown - seen["lost"] or detail and any(v[0] > v[1] for v in pgs.values()):
+            pgs, unknown = _torchfleet_pgs(dumps(c10d, False), dumps(c10d, True),
+                                           seen["names"])
+            seen["lost"] |= unknown
         return pgs
 
     def save(pgs):
@@ -191,6 +222,8 @@ def _torchfleet_flight():
                 try:
                     entries = pickle.loads(dump(includeCollectives=True,
                                                 includeStackTraces=False))["entries"]
+                    for e in entries:
+                        seen["names"][(name, str(e.get("pg_id")))] = _torchfleet_group(e)
                     break
                 except Exception:
                     pass

@@ -24,13 +24,20 @@ Three parts, one per place they run:
 - on the master, Offsets (the round trips) and Judge (what the rows say over
   straggler_window_s), owned by runstate.RunState, the run's one judge.
 
-A rank is last at a collective when it arrived later than every other by more than their
-uncertainties; the others' wait for it is the median of their distances to it. A rank last
-at SHARE_MIN of the window's complete collectives or more, whose median wait is at least
-straggler_threshold of the median interval between collectives, is a straggler; a host whose
-ranks together are (its latest rank against every other host's) is a slow host, named with
-all its ranks. Periodic work on one rank (logging, a checkpoint every N steps) makes it last at
-1/N of them: nobody is named.
+Collectives are matched by their group's name and sequence number: the group's name
+(process_group[0] of the recorder's entry, torch's _process_group_name) is the same on every
+rank, while pg_id counts the groups of one process (rank 0's pg 1 may be its tensor-parallel
+group and rank 2's another). Each collective is judged among its own group's ranks.
+
+At each collective a rank's lateness is its arrival less the median of the others'; a host's
+is the median of its ranks' (the lower one: most of its ranks late) less the median of the
+other hosts'. It is late there when by more than the two sides' uncertainties. A rank or host
+is a straggler when it was late at SHARE_MIN of its collectives or more, at odds below ALPHA
+were it no later than the others (a sign test of the paired latenesses: with two hosts one is
+always the later, and either is later half the time), and by at least straggler_threshold of
+the median interval between collectives (median). A slow host is named with all its ranks.
+Periodic work on one rank (logging, a checkpoint every N steps) makes it late at 1/N of them
+more than even odds: nobody is named.
 
 Only the standard library, defaults.py and flight.py: it runs inside the agent on every host.
 """
@@ -53,15 +60,18 @@ HOST_BURST = 16 << 10    # ... saved up at most this much
 PG_MAX = 16
 SEQ_MAX = 1 << 62
 DURATION_MAX_MS = 1e7
-SHARE_MIN = 0.5
-MIN_COLLECTIVES = 8      # complete sampled collectives in the window before anyone is named
+SHARE_MIN = 0.75         # late at this share of its collectives at least (even odds: 1/2)
+ALPHA = 1e-3             # the odds of naming anybody in a healthy window, a judgement at most
+MIN_COLLECTIVES = 16     # complete sampled collectives a rank or host was in before it is named
 CONFIRM = 2              # judgements in a row that name a straggler before it is said
 KEYS_MAX = 4096          # sampled collectives the master keeps
-JUDGE_KEYS = 64          # the newest complete ones a judgement reads (its cost at 4096 ranks)
+JUDGE_KEYS = 64          # the newest complete ones of each group a judgement reads
+JUDGE_ARRIVALS = 1 << 17  # ... and their ranks' arrivals at most (its cost at 4096 ranks)
+SERIES_RANKS = 4         # ranks of each collective whose clocks give the interval
 STRAGGLERS_MAX = 16      # stragglers the record keeps
 OFFSETS_KEPT = 6         # round trips per host; the tightest counts
 NCCL_UNCERTAINTY_MS = 0.05  # GPU event timing
-CALL_FLOOR_MS = 0.5      # gloo: a call time within this of another's is not later
+CALL_FLOOR_MS = 0.25     # gloo: a clock offset is never known better than this
 ENV_SAMPLE = "TORCHFLEET_FR_SAMPLE"  # the WATCHER's "period,budget,rows" (unset: no sampling)
 
 
@@ -314,16 +324,20 @@ class Judge:
 
 
 def window(keys, size, host_of):
-    """What a window's newest JUDGE_KEYS complete collectives say: per rank and per host, how
-    often it was last and the others' waits for it; the median interval between collectives
-    (each rank's, on its own clock)."""
+    """What a window's complete collectives say (the newest of each group, JUDGE_ARRIVALS
+    arrivals at most: a busy group does not crowd out the others): per rank and per host, at
+    how many it was later than the others (their median) by more than the uncertainties, and
+    by how much; the median interval between collectives (each rank's, on its own clock)."""
+    groups = {}
+    for (pg, seq), v in keys.items():
+        if len(v["r"]) >= max(2, size.get(pg, 0)):
+            groups.setdefault(pg, []).append((seq, v["r"]))
     per_rank, per_host = {}, {}
     complete, signal = 0, ""
     series = {}
-    whole = [(k, v["r"]) for k, v in keys.items() if len(v["r"]) >= max(2, size.get(k[0], 0))]
-    for (pg, seq), ranks in sorted(whole, key=lambda kv: kv[0][1])[-JUDGE_KEYS:]:
-        for rank, (local_ms, _d, _c) in ranks.items():
-            series.setdefault((rank, pg), []).append((seq, local_ms))
+    for pg, seq, ranks in _newest(groups):
+        for rank in sorted(ranks)[:SERIES_RANKS]:
+            series.setdefault((rank, pg), []).append((seq, ranks[rank][0]))
         if all(d is not None for _t, d, _c in ranks.values()):
             arrive = {r: (-d, NCCL_UNCERTAINTY_MS) for r, (_t, d, _c) in ranks.items()}
             signal = "durations"
@@ -333,8 +347,7 @@ def window(keys, size, host_of):
         else:
             continue
         complete += 1
-        _last(arrive, {r: r for r in arrive}, per_rank)
-        _last(arrive, {r: host_of.get(r) for r in arrive}, per_host)
+        _lateness(arrive, host_of, per_rank, per_host)
     gaps = []
     for points in series.values():
         points.sort()
@@ -344,52 +357,111 @@ def window(keys, size, host_of):
             "interval_ms": statistics.median(gaps) if gaps else None}
 
 
-def _last(arrive, owner, tally):
-    """Count the owner (a rank, or a host: its latest rank) that arrived last at one
-    collective by more than the uncertainties, with the others' median wait for it."""
-    latest = {}
-    for r, (t, unc) in arrive.items():
-        o = owner[r]
-        if o not in latest or t > latest[o][1]:
-            latest[o] = (r, t, unc)
-    for o in latest:
-        tally.setdefault(o, {"n": 0, "last": 0, "waits": []})["n"] += 1
-    if len(latest) < 2:
-        return
-    order = sorted(latest.items(), key=lambda kv: kv[1][1])
-    (who, (_r, t, unc)), (_o2, (_r2, t2, unc2)) = order[-1], order[-2]
-    if t - t2 <= unc + unc2:
-        return
-    tally[who]["last"] += 1
-    tally[who]["waits"].append(statistics.median(t - t_o for r, (t_o, _u) in arrive.items()
-                                                 if owner[r] != who))
+def _newest(groups):
+    """(group, seq, ranks) of each group's newest complete collectives, JUDGE_KEYS a group at
+    most, taken in rounds (every group's newest, then every group's second newest, ...) until
+    JUDGE_ARRIVALS arrivals."""
+    for found in groups.values():
+        found.sort(key=lambda kv: kv[0], reverse=True)
+    out, arrivals = [], 0
+    for i in range(JUDGE_KEYS):
+        more = False
+        for pg in sorted(groups):
+            found = groups[pg]
+            if i < len(found):
+                more = True
+                if arrivals + len(found[i][1]) > JUDGE_ARRIVALS:
+                    return out
+                arrivals += len(found[i][1])
+                out.append((pg, found[i][0], found[i][1]))
+        if not more:
+            break
+    return out
+
+
+def _lateness(arrive, host_of, per_rank, per_host):
+    """Tally one collective: each rank's arrival against the median of the others'; each
+    host's (the lower median of its ranks': a host is late when most of its ranks are)
+    against the median of the other hosts'. Late when by more than the uncertainties of the
+    two sides (a gloo host's clock offset is uncertain by half a round trip, the same error at
+    every collective: as if it were all lateness). Tallies: [collectives, late at, [lateness,
+    ...]]."""
+    items = sorted([(t, u, r) for r, (t, u) in arrive.items()])
+    ts = [x[0] for x in items]
+    n = len(ts)
+    mid = sorted([x[1] for x in items])[n // 2]
+    lo, hi = (n - 2) // 2, (n - 1) // 2  # the median of the others: ts[lo], ts[hi] without i
+    at = {}
+    for i, (t_r, u_r, r) in enumerate(items):
+        late = t_r - ((ts[lo] if lo < i else ts[lo + 1]) + (ts[hi] if hi < i else ts[hi + 1])) / 2.0
+        tally = per_rank.get(r)
+        if tally is None:
+            tally = per_rank[r] = [0, 0, []]
+        tally[0] += 1
+        if late > u_r + mid:
+            tally[1] += 1
+        tally[2].append(late)
+        host = host_of.get(r)
+        pos = at.get(host)
+        if pos is None:
+            at[host] = [i]
+        else:
+            pos.append(i)
+    if len(at) < 2:
+        return  # one host's group: its ranks are compared, the host with nobody
+    values = sorted(items[pos[(len(pos) - 1) // 2]][:2] + (host,) for host, pos in at.items())
+    vs = [v[0] for v in values]
+    n = len(vs)
+    lo, hi = (n - 2) // 2, (n - 1) // 2
+    for i, (t_h, u_h, host) in enumerate(values):
+        late = t_h - ((vs[lo] if lo < i else vs[lo + 1]) + (vs[hi] if hi < i else vs[hi + 1])) / 2.0
+        tally = per_host.get(host)
+        if tally is None:
+            tally = per_host[host] = [0, 0, []]
+        tally[0] += 1
+        if late > u_h + mid:
+            tally[1] += 1
+        tally[2].append(late)
+
+
+def tail(n, k):
+    """P(at least k of n fair coin tosses come up heads): how likely a rank that is no later
+    than the others is late at k of n collectives (each time even odds, or less)."""
+    return sum(math.comb(n, i) for i in range(k, n + 1)) / 2.0 ** n
 
 
 def name(figures, host_of, hosts, threshold):
-    """The stragglers of a window's figures: a rank, else a slow host with all its ranks."""
+    """The stragglers of a window's figures: a slow host with all its ranks, else ranks.
+
+    One is named when it was late (beyond the uncertainties) at SHARE_MIN of its collectives
+    or more, at odds below ALPHA (shared among every rank and host judged) were it no later
+    than the others (a sign test of the paired latenesses: a periodic stall of one rank does
+    not tip it), and by at least straggler_threshold of the median interval (median)."""
     interval = figures["interval_ms"]
     if figures["complete"] < MIN_COLLECTIVES or not interval:
         return []
+    alpha = ALPHA / max(1, len(figures["rank"]) + len(figures["host"]))
 
     def straggles(t):
-        return t["n"] and t["last"] / t["n"] >= SHARE_MIN \
-            and statistics.median(t["waits"]) >= threshold * interval
+        n, late, waits = t
+        return n >= MIN_COLLECTIVES and late >= SHARE_MIN * n and tail(n, late) <= alpha \
+            and statistics.median(waits) >= threshold * interval
 
     out, said = [], set()
-    for rank, t in sorted(figures["rank"].items()):
-        if straggles(t):
-            out.append(_entry(host_of[rank], [rank], t, interval))
-            said.add(host_of[rank])
     for host, t in sorted(figures["host"].items(), key=lambda kv: str(kv[0])):
-        if host in hosts and host not in said and straggles(t):
+        if host in hosts and straggles(t):
             first, last = hosts[host]
             out.append(_entry(host, list(range(first, last + 1)), t, interval))
+            said.add(host)
+    for rank, t in sorted(figures["rank"].items()):
+        if host_of.get(rank) in hosts and host_of[rank] not in said and straggles(t):
+            out.append(_entry(host_of[rank], [rank], t, interval))
     return out
 
 
 def _entry(host, ranks, t, interval):
-    return {"host": host, "ranks": ranks, "share_last": round(t["last"] / t["n"], 3),
-            "late_ms_median": round(statistics.median(t["waits"]), 3),
+    return {"host": host, "ranks": ranks, "share_last": round(t[1] / t[0], 3),
+            "late_ms_median": round(statistics.median(t[2]), 3),
             "interval_ms": round(interval, 3)}
 
 
@@ -398,13 +470,15 @@ def span(ranks):
 
 
 def words(s):
-    """A straggler in one sentence: who, how often last, how long the others wait for it and
+    """A straggler in one sentence: who, how often late, how long the others wait for it and
     what share of the run's time that is."""
     cost = s["share_last"] * s["late_ms_median"] / s["interval_ms"] if s.get("interval_ms") \
         else None
-    return "%s (%s) last at %.0f %% of collectives, the others wait %.0f ms (median) for it%s" % (
-        s["host"], span(s["ranks"]), 100 * s["share_last"], s["late_ms_median"],
-        ": about %.0f %% of the run's time" % (100 * min(1.0, cost)) if cost is not None else "")
+    return "%s (%s) later than the others at %.0f %% of collectives, the others wait %.0f ms " \
+        "(median) for it%s" % (
+            s["host"], span(s["ranks"]), 100 * s["share_last"], s["late_ms_median"],
+            ": about %.0f %% of the run's time" % (100 * min(1.0, cost)) if cost is not None
+            else "")
 
 
 def _num(value):
