@@ -19,7 +19,8 @@ from pathlib import Path
 
 from bench import (detach_cost, diagnosis, fail_fast, flood, fuzz, hardware_watch,
                    harness_overhead, health_cost, isolate, launch_overhead, output_lines, preflight_cost, recording_cost,
-                   report_scale, restart_cost, scale, spares_cost, start_skew, straggler, watch_cpu)
+                   report_scale, restart_cost, scale, spares_cost, start_skew, straggler,
+                   straggler_rates, watch_cpu)
 from bench.harness import RESULTS, machine, markdown, merge, write
 
 BENCHES = {
@@ -42,6 +43,7 @@ BENCHES = {
     "detach_cost": detach_cost.run,
     "hardware_watch": hardware_watch.run,
     "straggler": straggler.run,
+    "straggler_rates": straggler_rates.run,
     "scale": scale.run,
 }
 NEEDS_ROOT = {"launch_overhead", "fail_fast", "watch_cpu", "diagnosis", "harness_overhead",

@@ -73,19 +73,44 @@ def rates(hosts_n, jitter_ms, signal, windows, seed=0):
     return false, found
 
 
+def judge_cost(hosts_n=512, per_host=8, repeat=3):
+    """Seconds one Judge.judge() takes on the master at hosts_n x per_host ranks with a window
+    full of the default group's collectives (every rank's rows of 200 of them): the least of
+    `repeat`."""
+    hosts = {"n%d" % h: (h * per_host, h * per_host + per_host - 1) for h in range(hosts_n)}
+    rnd = random.Random(1)
+    took = []
+    for _ in range(repeat):
+        j = straggle.Judge(hosts, 30.0, THRESHOLD)
+        for h, (a, b) in hosts.items():
+            j.offsets.measured(h, 0.0, 0.0002)
+            j.add(h, 100.0, {r: [["0", s, 10**18 + s * 20_000_000 + int(rnd.random() * 1e6), -1.0]
+                                 for s in range(1, 200)] for r in range(a, b + 1)})
+        j.first_data = 50.0
+        began = time.perf_counter()
+        j.judge(100.0)
+        took.append(time.perf_counter() - began)
+    return round(min(took), 3)
+
+
 def run(args, tmp):
-    """Per signal, hosts and jitter: false positives and detections out of `windows`."""
+    """Per signal, hosts and jitter: false positives and detections, each out of `windows`
+    (100; 40 at 64 hosts); and what a judgement costs the master at 512 hosts x 8 ranks."""
     del tmp
-    windows = 200 if args.runs >= 5 else 100
+    windows = 100 if args.runs >= 3 else 50
     out = {"interval_ms": INTERVAL_MS, "slow_ms": SLOW_SHARE * INTERVAL_MS,
            "threshold": THRESHOLD, "ranks_per_host": PER_HOST, "collectives": WINDOW,
            "windows": windows, "rates": []}
     began = time.perf_counter()
     for signal in ("durations", "calls"):
         for hosts_n in HOSTS:
+            n = windows if hosts_n <= 8 else windows * 2 // 5  # 64 x 8: its minutes
             for jitter in JITTER_MS:
-                false, found = rates(hosts_n, jitter, signal, windows)
+                false, found = rates(hosts_n, jitter, signal, n)
                 out["rates"].append({"signal": signal, "hosts": hosts_n, "jitter_ms": jitter,
-                                     "false": false, "found": found})
+                                     "windows": n, "false": false, "found": found})
+                print("  %s %d hosts, jitter %g ms: %d false, %d found of %d" % (
+                    signal, hosts_n, jitter, false, found, n), flush=True)
     out["seconds"] = round(time.perf_counter() - began, 1)
+    out["judge_s_512x8"] = judge_cost()
     return out

@@ -18,6 +18,13 @@ Three parts, one per place they run:
 - clean() and finding(), in the master's judge (runstate.py): a heartbeat's positions from
   another host are hostile until checked; finding() reads every rank's last position.
 
+A position's groups are keyed by each group's name (the entries' process_group[0], torch's
+_process_group_name: a run-wide count, "0" the default group, or a hash of the ranks), the
+same on every rank of the group; the recorder's pg_status is keyed by pg_id, which counts the
+groups of one process (with tensor- and data-parallel groups rank 0's pg 1 and rank 2's are two
+groups), so the watcher learns each pg_id's name from the entries (_torchfleet_pgs). Each
+group's hang is judged among the ranks that have it.
+
 torch's analyzer (torchfrtrace) is not run by the judge: it needs the dumps of every rank in
 one place, and on gloo it raises KeyError (gloo's dumps carry an empty pg_config). Its rule for
 a hang is the one here: the ranks behind the highest sequence number of a group never joined
