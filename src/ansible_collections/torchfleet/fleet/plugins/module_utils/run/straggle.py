@@ -427,7 +427,7 @@ def _lateness(arrive, host_of, per_rank, per_host):
 def tail(n, k):
     """P(at least k of n fair coin tosses come up heads): how likely a rank that is no later
     than the others is late at k of n collectives (each time even odds, or less)."""
-    return sum(math.comb(n, i) for i in range(k, n + 1)) / 2.0 ** n
+    return sum(math.comb(n, i) for i in range(k, n + 1)) / (1 << n)  # (exact: any n)
 
 
 def name(figures, host_of, hosts, threshold):
