@@ -515,3 +515,21 @@ def test_the_clis_status_says_the_stragglers_live_and_from_a_gathered_report():
     assert "straggler: node2" in rundirs.text(gathered)
     off = rundirs.from_report("r", "train", {"straggle": {"watched": False, "why": "not watched: x"}})
     assert off.stragglers == ["not watched: x"]
+
+
+def test_a_hosts_spread_among_its_own_ranks_is_not_lateness():
+    """Two hosts of 8 ranks in step on average; node0's ranks spread over a few ms each
+    collective (its own ranks' jitter, 3 ms), node1's by 0.3 ms. Judged by its latest rank,
+    node0 was last at nearly every collective."""
+    rnd = random.Random(11)
+    hosts = {"node0": (0, 7), "node1": (8, 15)}
+    host_of = {r: "node%d" % (r // 8) for r in range(16)}
+    for _window in range(20):
+        keys = {}
+        for c in range(64):
+            arrive = {r: c * 20.0 + rnd.gauss(0.0, 3.0 if r < 8 else 0.3) for r in range(16)}
+            last = max(arrive.values())
+            keys[("0", c + 1)] = {"seen": 0.0, "r": {r: (a, last - a + 0.2, None)
+                                                     for r, a in arrive.items()}}
+        figures = straggle.window(keys, {"0": 16}, host_of)
+        assert straggle.name(figures, host_of, hosts, 0.05) == []
