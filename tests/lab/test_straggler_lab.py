@@ -35,7 +35,9 @@ CAPPED, PCT = "node2", 15
 WINDOW_S = 20            # straggler_window_s
 CAP_AFTER_S = 20         # into training (the workload sizes its steps in its first 10 s)
 NAMED_WITHIN_S = 60      # after the cap
-HELD_S = WINDOW_S + 10   # named without a break this long (a restart waits WINDOW_S)
+# Named without a break this long: past a restart's WINDOW_S, and past the 25 s the ranks'
+# samples came apart once their recorders were full (each dump 50 ms of CPU, STRAGGLE_BUDGET).
+HELD_S = WINDOW_S + 25
 
 
 class Training:
@@ -172,7 +174,7 @@ def check_named_alone(run, training, restarted=False):
     record = json.loads((run.run_dir / "attempt_0" / "run_state.json").read_text()) \
         if restarted else report
     assert {s["host"] for s in record["stragglers"]} == {CAPPED}, record["stragglers"]
-    assert report["straggle"]["watched"] and report["straggle"]["signal"] == "calls"
+    assert record["straggle"]["watched"] and record["straggle"]["signal"] == "calls"
     assert run_processes(report["run_id"]) == []
     return report
 
