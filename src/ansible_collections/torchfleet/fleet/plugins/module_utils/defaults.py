@@ -255,9 +255,12 @@ PERF_PER_HOST_S = 0.75  # plus this per host of a fork batch (SSH, module transf
 #                         import, one host after another on a small controller)
 PERF_LATE_S = 0.5       # a CPU measurement that started later than this is not compared
 PERF_TIMEOUT_S = 120.0  # health=full: the longest one device's measurement may take
-STRAGGLE_SAMPLE_S = 5.0  # a rank samples its recorder for stragglers at most this often,
-STRAGGLE_BUDGET = 0.002  # and its dumps take at most this share of its CPU time (they hold the GIL:
-#                         the training thread loses about 2.5 times as much; bench straggler)
+STRAGGLE_SAMPLE_S = 5.0  # a rank samples its recorder for stragglers every this or twice this
+STRAGGLE_BUDGET = 0.002  # (at wall-clock multiples, every rank at once), twice when its dumps
+#                         would take more than this share of its CPU time (they hold the GIL:
+#                         the training thread loses about 2.5 times as much; bench straggler);
+#                         never rarer, or one collective's rows of every rank never meet in a
+#                         window (issue 57): a 50 ms dump every 10 s is 0.5 % of a core
 STRAGGLE_EVAL_S = 5.0   # the master judges stragglers this often
 STRAGGLER_SAY_S = 60.0  # the controller's progress names a straggler at most this often
 PING_S = 5.0            # the master measures each host's clock offset this often (a round trip)

@@ -133,6 +133,21 @@ def _torchfleet_samples(entries, after, n_max):
     return sorted(rows, key=lambda r: (r[1], r[0]))[-n_max:], after, untimed
 
 
+def _torchfleet_next(cost, period, budget, now):
+    """torchfleet: seconds from now (the wall clock) until a rank's next sample for stragglers,
+    after one that cost `cost` s of CPU: the next multiple on the wall clock of `period` or
+    twice it, the shorter whose samples keep within budget. Ranks whose dumps cost alike
+    sample at the same moments: each collective's rows reach the master from every rank
+    together, and the ranks' stalls of the GIL overlap instead of adding up. Never rarer than
+    twice `period`: a full recorder's dump cost 50 ms on a loaded 2-CPU host, one each 25 s at
+    the budget alone, and the rows of one collective came further apart than the master's
+    window (issue 57): the dumps then cost up to cost / (2 x period) of a core."""
+    every = period
+    while every < cost / budget and every < 2 * period:
+        every *= 2
+    return (now // every + 1) * every - now
+
+
 def _torchfleet_flight():
     """torchfleet: this rank's place in its collectives, from torch's Flight Recorder, each
     second to fr_position.json beside its logs; the whole recording when the agent asks."""
@@ -238,8 +253,8 @@ def _torchfleet_flight():
         if rows or untimed:
             write("fr_sample.json", json.dumps({"rank": int(rank), "rows": rows,
                                                 "untimed": untimed > 0}).encode())
-        cost = time.thread_time() - began
-        seen["next"] = time.monotonic() + max(period, cost / budget)
+        seen["next"] = time.monotonic() + _torchfleet_next(time.thread_time() - began, period,
+                                                           budget, time.time())
 
     def once():
         c10d = recorder()
