@@ -45,7 +45,7 @@ class Phase:
             s, slow = self.run, self.run.get("slowest") or {}
             text = "ranks alive %s of %s" % (s.get("ranks_alive", "?"), s.get("nranks", "?"))
             if slow.get("host") and slow.get("idle_s") is not None:
-                text += " · slowest %s (idle %.0f s)" % (slow["host"], slow["idle_s"])
+                text += " · quietest %s (no log line for %.0f s)" % (slow["host"], slow["idle_s"])
             warned, more = s.get("warnings") or [], s.get("warnings_dropped") or 0
             if warned:  # hardware warnings (never a failure), and those not kept
                 text += " · warnings on %s%s%s" % (

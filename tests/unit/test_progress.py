@@ -46,7 +46,7 @@ def test_one_line_per_phase_then_the_failing_hosts():
     assert "40 of 40 hosts checked · 4 failing" in lines[0]
     assert lines[1].startswith("launch") and "40 of 40 hosts started" in lines[1]
     assert lines[2].startswith("run") and "ranks alive 79 of 80" in lines[2]
-    assert "slowest node9" in lines[2] and "first failure: node12 rank.exit" in lines[2]
+    assert "quietest node9 (no log line for 3 s)" in lines[2] and "first failure: node12 rank.exit" in lines[2]
     hosts = [line.split()[0] for line in lines[3:]]
     assert hosts == ["node5", "node17", "node33", "node21", "node12"]
 

@@ -127,7 +127,7 @@ def progress_text(s):
         s["elapsed_s"], s["phase"], s["ranks_alive"], s["nranks"], s["hosts_running"],
         s["nnodes"])
     if slow.get("host") and slow.get("idle_s") is not None:
-        text += "  slowest %s (quiet %.0f s)" % (slow["host"], slow["idle_s"])
+        text += "  quietest %s (no log line for %.0f s)" % (slow["host"], slow["idle_s"])
     if s.get("warnings"):
         text += "  hardware warnings on %s" % ", ".join(s["warnings"][:3]) + (
             " and %d more" % (len(s["warnings"]) - 3) if len(s["warnings"]) > 3 else "")

@@ -903,7 +903,8 @@ def summary(record, now):
     """What the controller shows while a run goes on: the same few fields at any N."""
     hosts = record["hosts"]
     running = [h for h in hosts if h["state"] == STARTED]
-    # The slowest host: the one whose ranks made progress longest ago.
+    # The quietest host: the one whose ranks wrote to their logs longest ago (not a straggler:
+    # that is the judge's, straggle.py; the key stays "slowest" for the readers of progress).
     slowest = min(running, key=lambda h: h["progress_ts"] or 0, default=None)
     failure = record.get("failure")
     return {
