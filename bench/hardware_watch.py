@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -28,6 +29,20 @@ from torchfleet import ansible_cli
 XID79 = (ROOT / "tests" / "fixtures" / "kmsg" / "xid79-aer.gpu-burn.txt").read_text() \
     .splitlines()[-1]
 LOOKS = 2000
+NOISE = 5  # kernel lines a look (a second): a busy 8-GPU host's corrected errors and NIC noise
+NOISE_LINE = ("pcieport 0000:00:01.1: AER: Corrected error received: 0000:01:00.0\n")
+
+
+def stand_in_ranks():
+    """8 processes standing for a host's ranks, each with 4 children (its DataLoader
+    workers): {pid: (local_rank, rank)} and every process to end."""
+    ranks, procs = {}, []
+    for i in range(8):
+        p = subprocess.Popen(["sh", "-c", "for i in 1 2 3 4; do sleep 600 & done; wait"],
+                             start_new_session=True)
+        ranks[p.pid] = (i, i)
+        procs.append(p)
+    return ranks, procs
 
 
 def per_look_cpu_s(step, looks=LOOKS):
@@ -45,19 +60,39 @@ def watcher_cpu(runs):
             d.mkdir(parents=True)
             (d / "stdout.log").write_text("step 1\n")
             (d / "stderr.log").write_text("")
-        source = kmsg.KMSG if kmsg.readable(kmsg.KMSG) is None else str(run_dir / "kern.log")
-        watch = hwwatch.HostWatch(source, defaults.default("rdma_sysfs"))
+        # A fleet host's shape: 8 ranks of 4 DataLoader workers each (the watch walks their
+        # tree for the OOM killer's victims), and a kernel log that is never quiet: a file
+        # the bench writes NOISE corrected AER lines a look to (as well as /dev/kmsg, when
+        # it can be read, which this machine's own kernel writes to).
+        ranks, procs = stand_in_ranks()
+        log = run_dir / "kern.log"
+        log.touch()
+        watches = [hwwatch.HostWatch(str(log), defaults.default("rdma_sysfs"))]
+        if kmsg.readable(kmsg.KMSG) is None:
+            watches.append(hwwatch.HostWatch(kmsg.KMSG, defaults.default("rdma_sysfs")))
         pid = os.getpid()
         beat, watched = [], []
+
+        def look(now):
+            with open(log, "a") as f:
+                f.write(NOISE_LINE * NOISE)
+            for w in watches:
+                w.look(now * defaults.BEAT_S, ranks)
+                w.take(now * defaults.BEAT_S)
         try:
             for _run in range(runs):
                 beat.append(per_look_cpu_s(lambda now: agent.local_status(str(run_dir), pid)))
-                # The watched beat: the same beat plus the watcher's look and take.
+                # The watched beat: the same beat plus the watchers' look and take.
                 watched.append(per_look_cpu_s(lambda now: (
-                    agent.local_status(str(run_dir), pid), watch.look(now * defaults.BEAT_S, {}),
-                    watch.take(now))))
+                    agent.local_status(str(run_dir), pid), look(now))))
         finally:
-            watch.close()
+            for w in watches:
+                w.close()
+            for p in procs:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        source = ", ".join(w.status()["kmsg"] or "?" for w in watches) + \
+            " (%d corrected AER lines a look written to the file; 8 ranks x 4 workers)" % NOISE
     extra = [w - b for w, b in zip(watched, beat, strict=True)]
     return {"source": source, "beat_cpu_s": stats(beat), "watched_cpu_s": stats(watched),
             "watch_cpu_s": stats(extra),
