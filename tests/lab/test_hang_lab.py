@@ -49,6 +49,28 @@ def test_a_hang_names_the_rank_the_collective_and_where_it_is(healthy_lab, tmp_p
     assert run_processes(report["run_id"]) == []
 
 
+def test_a_hang_in_one_data_parallel_group_names_its_rank_among_tensor_parallel_groups(
+        healthy_lab, tmp_path):
+    """Tensor-parallel groups of each host's two ranks and data-parallel groups across the
+    hosts, both used every step: every rank's pg_id 1 is another group. Rank 3 stops between
+    its tensor- and its data-parallel all_reduce of step AT; ranks 1 and 5 wait for it in
+    that data-parallel collective, and the tensor-parallel partners of everyone then wait in
+    the next step's. The verdict names rank 3 alone, in its data-parallel group's collective
+    #AT, not a "collective" merged from groups that share a pg_id."""
+    run = run_fault(healthy_lab, tmp_path, "groups")
+    assert run.rc != 0
+    report = run.report("train.json")
+    verdict = report["verdict"]
+    # Its data-parallel #AT, or its tensor-parallel #AT+1 its partner waits in: both true.
+    assert verdict.startswith(tuple("train failed: hang at collective #%d (all_reduce, 1.0 MiB, "
+                                    "group " % seq for seq in (AT, AT + 1))), verdict
+    assert "node1 rank 3 never joined; it is in load_batch (collective_fault.py:" in verdict, \
+        verdict
+    found = load(run.run_dir).first_failure.collective
+    assert [(m.host, m.rank) for m in found.missing + found.mismatch] == [("node1", 3)]
+    assert run_processes(report["run_id"]) == []
+
+
 def test_a_size_mismatch_under_gloo_is_the_abort_of_the_rank_that_received_it(healthy_lab,
                                                                               tmp_path):
     """gloo does not wait on a size mismatch: the rank that receives the larger message aborts

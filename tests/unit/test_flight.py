@@ -386,6 +386,36 @@ def test_with_nccl_timing_the_rank_whose_gpu_never_started_the_collective_is_nam
         flight.text(untimed)
 
 
+def test_a_rank_behind_in_one_group_because_it_waits_in_another_is_not_named():
+    """3 hosts x 2 ranks: tensor-parallel groups [0, 1] ("1"), [2, 3] ("2"), [4, 5] ("3"),
+    data-parallel [0, 2, 4] ("4") and [1, 3, 5] ("5"), both all-reduced every step (the hang
+    lab's `groups` case). Rank 3 stopped between its tensor-parallel #15 and its
+    data-parallel #15: ranks 1 and 5 wait for it there; ranks 0, 2 and 4 went on to the
+    tensor-parallel #16, where their partners 1 and 5 are "behind" only because they wait in
+    #15 of group 5. Rank 3 is named, never rank 1 or 5 (before, group 1's rank 1 was)."""
+    op, size, dtype = "gloo:all_reduce", "[[262144]]", "Float"
+
+    def at(enq, done):
+        return [enq, done, op, size, dtype]
+    ranks = {
+        0: ("node0", {"1": at(16, 15), "4": at(15, 15)}),
+        1: ("node0", {"1": at(15, 15), "5": at(15, 14)}),
+        2: ("node1", {"2": at(16, 15), "4": at(15, 15)}),
+        3: ("node1", {"2": at(15, 15), "5": at(14, 14)}),
+        4: ("node2", {"3": at(16, 15), "4": at(15, 15)}),
+        5: ("node2", {"3": at(15, 15), "5": at(15, 14)}),
+    }
+    f = flight.finding(ranks, 6)
+    assert flight.culprits(f) == [3], f
+    assert (f["group"], f["seq"]) in (("2", 16), ("5", 15))
+    # Where every rank behind waits elsewhere (two ranks that called two groups' collectives
+    # in opposite orders: no rank is free), the first group's finding stands, as before.
+    cycle = {0: ("node0", {"1": at(5, 4), "2": at(4, 4)}),
+             1: ("node1", {"1": at(4, 4), "2": at(5, 4)})}
+    f = flight.finding(cycle, 2)
+    assert flight.culprits(f) == [1] and (f["group"], f["seq"]) == ("1", 5)
+
+
 def test_a_hang_in_one_of_two_tensor_parallel_groups_names_the_rank_that_never_joined():
     """Recorded here (tests/fixtures/flight/tp_dp_hang.py, README there): tensor-parallel
     groups [0, 1] ("1") and [2, 3] ("2"), data-parallel [0, 2] ("3") and [1, 3] ("4"); rank 0

@@ -515,6 +515,12 @@ def finding(ranks, world, failed_rank=None, moving=()):
                     key=lambda g: (g != "0", len(g), g))
     if "0" not in groups:
         groups.insert(0, "0")
+    # A rank behind in one group while it waits in another group's collective is held there,
+    # a consequence (tensor- and data-parallel groups: rank 1 behind in its tensor-parallel
+    # group because it waits for rank 3 in their data-parallel one): a group whose ranks
+    # behind all wait elsewhere is named only when no group names a rank that waits nowhere.
+    held = {r for r, (_h, pgs) in ranks.items() if any(v[0] > v[1] for v in pgs.values())}
+    found = None
     for g in groups:
         members = {r: pgs[g] for r, (_h, pgs) in ranks.items() if g in pgs}
         if g == "0":  # every rank is in the default group: one without it has not used it
@@ -532,6 +538,13 @@ def finding(ranks, world, failed_rank=None, moving=()):
             set(signature.values())) > 1 else []
         if not behind and not odd and len(waiting) < len(at_top):
             continue
+        if behind and not odd and held.issuperset(behind):
+            found = found or (g, members, top, at_top, waiting, behind, signature, common, odd)
+            continue
+        found = (g, members, top, at_top, waiting, behind, signature, common, odd)
+        break
+    if found is not None:
+        g, members, top, at_top, waiting, behind, signature, common, odd = found
         ref = next((at_top[r] for r in sorted(at_top) if signature.get(r) == common), None)
         out.update(group=g, seq=top, waiting=len(waiting),
                    backend=ref[2].split(":", 1)[0] if ref and ":" in ref[2] else "",
