@@ -518,6 +518,21 @@ def test_nvidia_smi_that_hangs_blocks_only_the_watch(watches):
     assert event["what"].startswith("nvidia-smi did not answer")
 
 
+def test_a_stalled_nvidia_smi_stays_a_warning_however_long(watches):
+    # Another nvidia-smi or DCGM holding the driver lock stalls every call of this one, on no
+    # GPU it names: a host without pynvml is not drained for it (review 57, finding 7).
+    smi = Smi(HELP_R535)
+    watch = watches(smi, pynvml=False, every_s=0.02)
+    sampled(watch)
+    smi.hang = threading.Event()
+    assert smi.entered.wait(20.0)
+    late = time.monotonic() + gpuwatch.SMI_TIMEOUT_S + gpuwatch.NVML_FATAL_S * 10
+    (event,) = watch.look(late)
+    assert (event["kind"], event["code"], event["fatal"]) == ("nvml", "timeout", False)
+    assert watch.look(late + 1.0) == []      # once
+    smi.hang.set()
+
+
 # -- the pure parts -----------------------------------------------------------------------------
 
 def test_parsers_on_recorded_and_stated_outputs():

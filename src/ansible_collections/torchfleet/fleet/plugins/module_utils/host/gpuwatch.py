@@ -16,7 +16,8 @@ Everything that asks the driver runs in threads of its own, never on the agent's
 the master the judge runs there too): a GPU whose firmware stops answering (Xid 119's case)
 blocks each NVML call for seconds. One thread samples, another waits on the Xid event set, so
 a GPU whose calls hang leaves the other GPUs' Xids read. A call unanswered past NVML_DEADLINE_S is itself an event
-(kind "nvml", code "timeout"): a warning, fatal once it lasts NVML_FATAL_S. Every exception of
+(kind "nvml", code "timeout"): a warning, fatal once an NVML call on a GPU it names lasts
+NVML_FATAL_S (a stalled nvidia-smi stays a warning: another tool may hold the driver). Every exception of
 the binding is survived per call, and a call the binding lacks (pynvml 11.x has the clocks
 "throttle" reasons, not the "event" ones) is asked by the name it has.
 
@@ -300,7 +301,10 @@ class GpuWatch:
 
     def _stalled(self, now_m):
         """The "did not answer" event: a warning past NVML_DEADLINE_S, fatal past
-        NVML_FATAL_S; dated from the unanswered call's start back to the last answer."""
+        NVML_FATAL_S only for an NVML call stuck on a GPU it names (nvidia-smi, or a call of
+        no one GPU, waits as long behind another tool that holds the driver: DCGM, another
+        nvidia-smi; it stays a warning); dated from the unanswered call's start back to the
+        last answer."""
         late = [(busy[:4], self.answered[slot]) for slot, busy in list(self.busy.items())
                 if busy is not None and now_m - busy[3] > busy[4] + NVML_DEADLINE_S]
         if self.stuck is not None:
@@ -308,9 +312,14 @@ class GpuWatch:
         if not late:
             self.stall_sent = 0
             return []
-        (call, gpu, bus, started_m), answered_m = min(late, key=lambda x: x[0][3])
+
+        def fatal_of(call, gpu, started_m):
+            return call != "nvidia-smi" and gpu is not None and now_m - started_m >= NVML_FATAL_S
+        # A GPU's stuck call first (the fault to name), else the oldest.
+        (call, gpu, bus, started_m), answered_m = min(late, key=lambda x: (
+            not fatal_of(x[0][0], x[0][1], x[0][3]), x[0][3]))
         lasted = now_m - started_m
-        fatal = lasted >= NVML_FATAL_S
+        fatal = fatal_of(call, gpu, started_m)
         if self.stall_sent >= (2 if fatal else 1):
             return []
         self.stall_sent = 2 if fatal else 1
