@@ -209,6 +209,21 @@ def test_an_unknown_xid_is_a_warning_unless_its_line_says_the_gpu_must_be_reset(
     assert none["fatal"] is False
 
 
+@pytest.mark.parametrize("text, fatal", [
+    # The words of a reset the GPU needs (154's recovery actions as the driver names them) ...
+    ("GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)", True),
+    ("reset required", True), ("Reboot Required", True), ("requires a GPU reset", True),
+    ("the GPU must be reset", True), ("Drain and Reset", True),
+    # ... not the word alone: an engine's or channel's own recovery, a pending change.
+    ("Ch 00000010, engine reset", False), ("channel reset done", False),
+    ("reset gpu to activate", False), ("will reboot the firmware", False),
+    ("reset count 3", False)])
+def test_an_unknown_xid_drains_only_on_the_words_of_a_reset_the_gpu_needs(text, fatal):
+    # Review 57, finding 9: any "reset" or "reboot" in an unknown code's line drained the host.
+    assert kmsg.parse(xid_line(999, text))["fatal"] is fatal
+    assert xid.classify(999, text)[0] == ("drain" if fatal else "unknown")
+
+
 def test_the_xid_table_in_docs_checks_md_states_each_codes_class_and_source():
     table = (ROOT / "docs" / "checks.md").read_text().split("### Xid codes", 1)[1]
     rows = dict(re.findall(r"^\| ([0-9]{1,3}) \| ([a-z]+) \|", table, re.M))

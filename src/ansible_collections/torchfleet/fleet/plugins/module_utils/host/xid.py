@@ -15,9 +15,11 @@ Action)"; leptonai/gpud's catalog_generated.go mirrors it):
   program; the rank's own exit is the run's failure.
 - "warning": running work goes on (IGNORE): a row remap pending until the next reset (63), a
   high single-bit ECC rate (92) ...
-- any other code is "unknown", a warning, unless its line says the GPU must be reset (e.g.
-  Xid 154's "GPU recovery action changed ... to 0x1 (GPU Reset Required)"); a reset that only
-  applies a pending change ("reset gpu to activate") is not one.
+- any other code is "unknown", a warning, unless its line says the GPU must be reset or the
+  node rebooted, in those words ("GPU Reset Required", "reboot required", "must be reset";
+  e.g. Xid 154's "GPU recovery action changed ... to 0x1 (GPU Reset Required)"); a "reset"
+  alone (an engine's or channel's own recovery) or one that only applies a pending change
+  ("reset gpu to activate") is not one.
 
 Log lines come as `dmesg` prints them (raw `[  1843.308145]` seconds since boot, `-T`'s
 `[Sun Feb 23 16:24:18 2025]`, `--time-format iso` with or without `--decode`'s facility
@@ -114,7 +116,13 @@ def _stamp(line):
     return None, None
 
 
-_RESET = re.compile(r"\b(?:reset|reboot)\b", re.I)
+# A line that says the GPU must be reset or the node rebooted: "GPU Reset Required", "Node
+# Reboot Required" (Xid 154's recovery actions), "reset required", "requires a GPU reset",
+# "must be reset", "Drain and Reset"; not any "reset" ("engine reset", "channel reset",
+# "reset gpu to activate" a pending change: the driver's own recoveries say the word too).
+_RESET = re.compile(r"\b(?:reset|reboot)\s+(?:is\s+)?(?:required|needed)\b"
+                    r"|\brequires?\s+(?:an?\s+)?(?:gpu\s+|node\s+|system\s+)?(?:reset|reboot)\b"
+                    r"|\bmust\s+be\s+(?:reset|rebooted)\b|\bdrain\s+and\s+reset\b", re.I)
 _ACTIVATE = re.compile(r"to activate", re.I)
 _ACTION = re.compile(r"recovery action changed (?:from 0x[0-9a-f]+ \([^)]*\) )?to (0x[0-9a-f]+)"
                      r"(?: \(([^)]{0,40})\))?", re.I)
