@@ -134,6 +134,26 @@ def test_fatal_events_are_bounded_per_host_and_an_earlier_one_past_the_bound_is_
     assert len(s.failures) == runstate.FATAL_PER_HOST
 
 
+def test_fatal_events_of_one_message_are_capped_keeping_the_earliest_and_counted():
+    """Review 57, finding 9: a broken or hostile agent's thousands of fatal events in one beat
+    were all taken, each past FATAL_PER_HOST weighed against every kept event. One message
+    gives FATAL_PER_MESSAGE, its earliest (the first cause among them), and counts the rest."""
+    flood = [xid79(gpu=g, age_s=1.0 + g % 7) for g in range(2000)]
+    flood.insert(1500, xid79(gpu=9999, age_s=90.0))         # dated first, deep in the list
+    flood.append(xid79(gpu=8888, age_s=50.0, age_err_s=30.0))  # dated second (its slack)
+    msg = runstate.message({"t": runstate.BEAT, "alive": 8, "hw": flood + [clocks(0)]})
+    taken = [e for e in msg["hw"] if e["fatal"]]
+    assert len(taken) == runstate.FATAL_PER_MESSAGE
+    assert msg["hw_fatal_more"] == len(flood) - runstate.FATAL_PER_MESSAGE
+    assert {9999, 8888} <= {e["gpu"] for e in taken} and len(msg["hw"]) == len(taken) + 1
+    assert [e["gpu"] for e in taken] == sorted(
+        (e["gpu"] for e in taken), key=[e["gpu"] for e in flood].index)  # the message's order
+    s = running(["n0", "n1"])
+    beat(s, "n1", 1100.0, flood)
+    assert s.failure["event"]["gpu"] == 9999 and s.failure["at_s"] == 10.0
+    assert s.record()["hosts"][1]["fatal_more"] == len(flood) - runstate.FATAL_PER_HOST
+
+
 # -- item 3: each event's own slack --------------------------------------------------------------
 
 def test_an_xid_seen_through_nvml_after_its_rank_died_is_the_cause_a_kernel_line_is_late():

@@ -68,6 +68,7 @@ the watch's look.
 """
 from __future__ import annotations
 
+import heapq
 import re
 import time
 
@@ -131,6 +132,10 @@ EVENT_KINDS = ("xid", "aer", "amdgpu", "mlx5", "oom", "ecc", "remap", "clocks", 
 # GPUs, the bridges above them, its HCAs; a repeat is a count, not a second event).
 EVENTS_PER_MESSAGE, EVENTS_PER_HOST, EVENTS_MAX = 8, 64, 512
 FATAL_PER_HOST = 32
+# Fatal events taken from one message, its earliest: a host's first cause is among them, and
+# a broken or hostile agent's thousands cannot stall the master's loop (each one past
+# FATAL_PER_HOST is weighed against every kept event); the rest are counted in fatal_more.
+FATAL_PER_MESSAGE = 64
 AGE_MAX_S = 3600.0
 AGE_ERR_MAX_S = 600.0  # the widest sampling uncertainty believed (hwwatch's own bound)
 COUNT_MAX = 1 << 31
@@ -174,26 +179,34 @@ def _event(e):
 
 
 def checked_events(value):
-    """A message's hardware events (hwwatch.py) checked and bounded, and how many well-formed
-    warnings past EVENTS_PER_MESSAGE it carried (counted, not kept). Every fatal event is
-    taken, wherever it is in the list. The host's name, the rank's range and the time are the
-    master's to add."""
-    out, dropped, warnings = [], 0, 0
+    """A message's hardware events (hwwatch.py) checked and bounded, how many well-formed
+    warnings past EVENTS_PER_MESSAGE it carried and how many fatal events past
+    FATAL_PER_MESSAGE (counted, not kept). The fatal events taken are the earliest (the
+    largest age_s + age_err_s), wherever they are in the list. The host's name, the rank's
+    range and the time are the master's to add."""
+    out, dropped, warnings, fatal = [], 0, 0, []
     for e in value if isinstance(value, list) else []:
         e = _event(e)
         if e is None:
             continue
-        if not e["fatal"]:
+        if e["fatal"]:
+            fatal.append(e)
+        else:
             warnings += 1
             if warnings > EVENTS_PER_MESSAGE:
                 dropped += 1
                 continue
         out.append(e)
-    return out, dropped
+    more = max(0, len(fatal) - FATAL_PER_MESSAGE)
+    if more:  # in the message's order still
+        keep = {id(e) for e in heapq.nsmallest(FATAL_PER_MESSAGE, fatal, key=lambda e: -(
+            e["age_s"] + e["age_err_s"]))}
+        out = [e for e in out if not e["fatal"] or id(e) in keep]
+    return out, dropped, more
 
 
 def events(value):
-    """A message's hardware events checked and bounded (checked_events without its count)."""
+    """A message's hardware events checked and bounded (checked_events without its counts)."""
     return checked_events(value)[0]
 
 
@@ -256,12 +269,14 @@ def message(body):
     """An agent's verified message with its fields checked and bounded, or None. A signed
     message still comes from another host: nothing in it may break the master's loop."""
     kind = body.get("t")
-    hw, hw_dropped = checked_events(body.get("hw")) if kind in (BEAT, EXIT) else ([], 0)
+    hw, hw_dropped, hw_fatal_more = checked_events(body.get("hw")) if kind in (BEAT, EXIT) \
+        else ([], 0, 0)
     if kind == BEAT:
         return {"t": BEAT, "alive": max(0, _int(body.get("alive")) or 0),
                 "idle_s": _number(body.get("idle_s")), "pid": _int(body.get("pid")),
                 "last_line": _text(body.get("last_line"), LINE_MAX), "coll": body.get("coll"),
                 "steady": body.get("steady"), "hw": hw, "hw_dropped": hw_dropped,
+                "hw_fatal_more": hw_fatal_more,
                 "watch": watch_status(body.get("watch")) if "watch" in body else None,
                 "fr": body.get("fr"), "fr_untimed": body.get("fr_untimed") is True}
     if kind == PONG:
@@ -283,6 +298,7 @@ def message(body):
                 "age_s": max(0.0, _number(body.get("age_s"), 0.0)),
                 "last_line": _text(body.get("last_line"), LINE_MAX), "coll": body.get("coll"),
                 "steady": body.get("steady"), "hw": hw, "hw_dropped": hw_dropped,
+                "hw_fatal_more": hw_fatal_more,
                 "watch": watch_status(body.get("watch")) if "watch" in body else None}
     if kind == NOT_STARTED_MSG:
         return {"t": NOT_STARTED_MSG, "detail": _text(body.get("detail"), DETAIL_MAX)}
@@ -509,7 +525,7 @@ class RunState:
             self.positions_of(host, now, msg["coll"], msg["steady"])
             if msg["watch"] is not None and self.hosts[host]["state"] not in DONE:
                 self.hosts[host]["watch"] = msg["watch"]
-            made = self.hardware(host, now, msg["hw"], msg["hw_dropped"])
+            made = self.hardware(host, now, msg["hw"], msg["hw_dropped"], msg["hw_fatal_more"])
         if msg["t"] == BEAT and msg["fr_untimed"]:
             self.straggle.not_timed(host)
         if msg["t"] == BEAT and msg["fr"] and self.phase == RUNNING:
@@ -623,7 +639,7 @@ class RunState:
             self.phase = SUCCEEDED
         return None
 
-    def hardware(self, host, now, found, dropped=0):
+    def hardware(self, host, now, found, dropped=0, fatal_more=0):
         """A host's hardware events (checked_events()): each dated on this clock from the age
         the host measured; a repeat of a kept event (event_key, whichever source saw it)
         updates its count. A fatal one is a cause, judged whatever came before it (_cause);
@@ -635,6 +651,7 @@ class RunState:
         if rec is None or self.final:
             return None
         rec["dropped"] = min(COUNT_MAX, rec["dropped"] + dropped)
+        rec["fatal_more"] = min(COUNT_MAX, rec["fatal_more"] + max(0, fatal_more))
         first, last = rec["ranks"]
         held = self._held.setdefault(host, [0, 0])
         made = None
