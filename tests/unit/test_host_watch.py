@@ -167,6 +167,42 @@ def test_a_fatal_line_is_fatal_only_on_the_runs_devices(tmp_path, line, fatal):
     assert event["what"].endswith(": not a device of the run") is (not fatal)
 
 
+STORAGE_ETH = "0000:c3:00.0"  # ens3f0: an Ethernet NIC for storage, no RDMA device
+
+
+@pytest.mark.parametrize("route, fatal", [
+    ("eth0", {ETH: True, STORAGE_ETH: False}),    # the master is reached by eth0
+    ("ens3f0", {ETH: False, STORAGE_ETH: True}),  # ... or by the storage NIC itself
+    (None, {ETH: True, STORAGE_ETH: True}),       # no route known: every NIC, as before
+])
+def test_with_no_socket_interface_the_nic_that_routes_to_the_master_only(tmp_path, route,
+                                                                         fatal):
+    """Review finding 3: with torchfleet's defaults (socket_ifname and nccl_ib_hca unset) a
+    storage NIC's "Cable unplugged" drained the host: every NIC but lo and docker was the
+    run's. The run's traffic outside RDMA (torchrun's rendezvous, the TCP store, gloo, NCCL's
+    bootstrap) leaves by the NIC that routes to the master."""
+    sysfs = hgx(tmp_path / "sys")
+    nic = _device(sysfs, ["0000:c0:03.0", STORAGE_ETH], "0x15b3", "0x020000")
+    (sysfs / "class" / "net" / "ens3f0").mkdir()
+    (sysfs / "class" / "net" / "ens3f0" / "device").symlink_to(nic)
+    asked = []
+    w, log = watch(tmp_path, env={}, gpu=Gpus(buses=GPUS), master_addr="10.0.0.1",
+                   route=lambda addr: asked.append(addr) or route)
+    for bus in fatal:  # mlx5.gpud-pstore.txt's line on each NIC
+        write(log, "mlx5_core %s: Port module event: module 1, Cable unplugged" % bus)
+    out = {e["pci_bus"]: e for e in sent(w, 10.0)}
+    assert {bus: out[bus]["fatal"] for bus in fatal} == fatal
+    assert asked == ["10.0.0.1"]  # asked once
+    # Every HCA stays the run's: NCCL with NCCL_IB_HCA unset uses every RDMA device.
+    assert w.scope.hca_ports() == {"mlx5_0/1", "mlx5_1/1", "mlx5_2/1"}
+
+
+def test_the_route_to_the_master_from_the_kernel_never_raises():
+    assert hwwatch.route_nic(None) is None and hwwatch.route_nic("") is None
+    assert hwwatch.route_nic("127.0.0.1") in ("lo", None)  # None: no netlink here
+    assert hwwatch.route_nic("not an address\0") is None
+
+
 @pytest.mark.parametrize("env, fatal", [
     ({}, {0: True, 1: True, 2: True}),                          # unset: every HCA
     ({"NCCL_IB_HCA": "mlx5_0"}, {0: True, 1: False, 2: False}),
@@ -276,7 +312,7 @@ def test_the_oom_kill_summary_waits_for_its_killed_process_line(tmp_path):
     """4.19+ writes oom-kill:... then "Killed process N": read by two looks, one event."""
     w, log = watch(tmp_path)
     ranks = {os.getpid(): (0, 4)}
-    write(log, oom_kill(os.getpid(), "/"))
+    write(log, oom_kill(os.getpid(), hwwatch.own_cgroup(os.getpid())[0]))  # its own memcg
     assert sent(w, 1.0, ranks) == []
     write(log, killed(os.getpid()))
     (event,) = sent(w, 2.0, ranks)
@@ -290,6 +326,60 @@ def test_a_cgroup_path_seen_from_inside_a_cgroup_namespace():
     assert hwwatch.same_cgroup("/docker/1f2e", "/docker/1f2e/")
     assert not hwwatch.same_cgroup("/docker/1f2e", "/")  # the namespace's root tells nothing
     assert not hwwatch.same_cgroup("/docker/other", "/docker/1f2e")
+
+
+REAPED = """import subprocess, sys
+worker = subprocess.Popen(["sleep", "300"])  # a DataLoader worker, reaped when it ends
+print(worker.pid, flush=True)
+worker.wait()
+print("reaped", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_dead_workers_pid_and_another_cgroups_kill_are_not_the_runs(tmp_path):
+    """Review finding 2: the ranks' descendants were kept until 1,024 newer ones pushed them
+    out, and a kill of a PID among them was the run's whatever its task_memcg said: a stand-in
+    rank's worker that ended, then an OOM kill of its PID in /system.slice/other.service, was
+    (True, its rank), and an Xid line's pid= named that rank."""
+    proc = subprocess.Popen([sys.executable, "-c", REAPED], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(proc.stdout.readline())
+        ranks = {proc.pid: (1, 5)}
+        own = hwwatch.own_cgroup(proc.pid)[0]
+        watches = {}
+        for name in ("other", "own", "late"):
+            (tmp_path / name).mkdir()
+            watches[name] = watch(tmp_path / name)
+            watches[name][0].look(1.0, ranks)  # the worker seen alive, under its rank
+        os.kill(worker, signal.SIGKILL)
+        assert proc.stdout.readline() == "reaped\n"  # its PID is free for another program
+        # Within OOM_SAME_S, a kill line naming another cgroup than the ranks' is not theirs;
+        # one naming the rank's own cgroup (the worker's kill, read late) still is.
+        w, log = watches["other"]
+        assert own != "/system.slice/other.service"
+        write(log, oom_kill(worker, "/system.slice/other.service"), killed(worker))
+        (event,) = sent(w, 2.0, ranks)
+        assert (event["pid"], event["rank"], event["fatal"]) == (worker, None, False)
+        w, log = watches["own"]
+        write(log, oom_kill(worker, own), killed(worker))
+        (event,) = sent(w, 2.0, ranks)
+        assert (event["pid"], event["rank"], event["fatal"]) == (worker, 5, True)
+        # Past OOM_SAME_S the dead worker's PID is forgotten: another process's kill (no
+        # task_memcg on a pre-4.19 line) and an Xid naming that PID are no rank's.
+        w, log = watches["late"]
+        late = 1.0 + hwwatch.OOM_SAME_S + 2 * hwwatch.TREE_EVERY_S
+        w.look(late - hwwatch.TREE_EVERY_S, ranks)
+        write(log, killed(worker), "NVRM: Xid (PCI:0000:10:1c): 63, pid=%d, Row Remapper: "
+              "New row marked for remapping, reset gpu to activate." % worker)  # xid63's
+        out = {e["kind"]: e for e in sent(w, late, ranks)}
+        assert (out["oom"]["rank"], out["oom"]["fatal"]) == (None, False)
+        assert out["xid"]["rank"] is None
+        assert worker not in w.tree and len(w.tree) <= 1  # torchrun's (the test's) at most
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 # -- item 8: GPU -> rank --------------------------------------------------------------------
@@ -452,6 +542,29 @@ def test_every_event_carries_its_age_uncertainty(tmp_path):
     assert out["xid"]["age_s"] == 0.0 and 0.0 < out["xid"]["age_err_s"] <= between
     assert (out["clocks"]["age_s"], out["clocks"]["age_err_s"]) == (0.0, 5.0)
     assert (out["xid"]["count"], out["clocks"]["count"]) == (1, 1)
+
+
+def test_a_crash_inside_the_watch_is_its_own_error_not_the_kernel_logs(tmp_path):
+    """Review finding 8: a crash in the watch was written into the kernel log's error (shown as
+    host.kmsg, "run the agents as root") and hid any later reason of the log's own."""
+    gpus = Gpus(buses=GPUS)
+    w, log = watch(tmp_path, gpu=gpus)
+
+    def broken(now_m):
+        raise RuntimeError("the stand-in broke")
+    gpus.look = broken
+    w.look(1.0, {})
+    gpus.events = [{"kind": None}]  # an event _add cannot take
+    del gpus.look
+    w.look(2.0, {})
+    status = w.status()
+    assert status["kmsg_error"] is None
+    assert status["watch_error"].startswith("the hardware watch failed: the stand-in broke")
+    assert status["watch_error"].endswith("(2 times)")
+    w.log.why = "permission denied"  # the kernel log's own reason is still its own
+    assert w.status()["kmsg_error"] == "permission denied"
+    write(log, XID79 % GPUS[3][:-2])  # and the watch goes on
+    assert [e["code"] for e in sent(w, 3.0)] == [79]
 
 
 # -- bounds, on any mix of the recorded lines -----------------------------------------------------

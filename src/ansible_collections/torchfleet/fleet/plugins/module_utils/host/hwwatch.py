@@ -4,14 +4,18 @@ kernel log: kmsg.py; NVIDIA GPUs: gpuwatch.py; RDMA ports: ibwatch.py), composed
 - Scope: a fatal event is the run's only on the run's devices (Scope): its GPUs
   (CUDA_VISIBLE_DEVICES of the host's GPUs), the PCIe bridges and switches above them (the
   device's sysfs path: /sys/bus/pci/devices/<bdf> resolves to /sys/devices/pci0000:00/<root
-  port>/<switch ports>/<bdf>), the HCAs its NCCL uses (NCCL_IB_HCA) and the NIC of its socket
-  interface (NCCL_SOCKET_IFNAME), and the bridges above those. Anything else (an NVMe drive, a
-  storage NIC) is a warning that says "not a device of the run".
+  port>/<switch ports>/<bdf>), the HCAs its NCCL uses (NCCL_IB_HCA; unset: every RDMA device,
+  as NCCL then uses them all) and the NIC of its socket interface (NCCL_SOCKET_IFNAME; unset:
+  the NIC that routes to the master, which torchrun's rendezvous, the TCP store and gloo use),
+  and the bridges above those. Anything else (an NVMe drive, a storage NIC) is a warning that
+  says "not a device of the run".
 - The OOM killer's victim is the run's when its PID is a rank's, a process in a rank's tree
   (a DataLoader worker is dead when its line is read: the ranks' descendants are kept from the
-  looks before), or in a rank's own cgroup (a container with its own PID namespace), the
-  cgroup holding nothing but this agent's own processes (lab hosts share one kernel and may
-  share one cgroup). Another program's OOM kill is a warning.
+  looks before, for OOM_SAME_S once gone, as its PID may be another program's next), or in a
+  rank's own cgroup (a container with its own PID namespace), the cgroup holding nothing but
+  this agent's own processes (lab hosts share one kernel and may share one cgroup). A kill
+  line whose task_memcg is in none of the ranks' cgroups is not the run's, whatever its PID.
+  Another program's OOM kill is a warning.
 - GPU -> rank: NVML's compute processes per GPU (gpuwatch); without NVML, each rank's
   CUDA_VISIBLE_DEVICES and LOCAL_RANK (every rank holds every visible /dev/nvidiaN: no tie).
 - One event per fault: the same fault again is a count (sent again with the new count, at most
@@ -27,10 +31,13 @@ Only the standard library: it runs inside the agent on every host.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
+import socket
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.host import gpuwatch, ibwatch, kmsg, rdma
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import (
+    gpuwatch, ibwatch, kmsg, net, netlink, rdma)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import procs
 
 PER_BEAT = 8        # events per heartbeat, fatal ones first
@@ -44,6 +51,7 @@ TREE_EVERY_S = 2.0  # how often it is walked
 OOM_WAIT_S = 2.0    # an oom-kill: summary waits this long for its "Killed process" line
 OOM_SAME_S = 60.0   # one kill's lines are this close; later, the same PID is another kill
 AGE_MAX_S = 600.0   # the most uncertain an event's time is said to be
+ERROR_MAX = 400     # characters of the watch's own error kept
 SYSFS = "/sys"
 CGROUP_FS = "/sys/fs/cgroup"
 GPU_VENDORS = ("0x10de", "0x1002")  # NVIDIA, AMD: a display-class PCI function of theirs
@@ -147,13 +155,37 @@ def chosen(name, port, spec):
     return hit != exclude
 
 
+def route_nic(addr):
+    """The interface traffic to addr leaves by (the kernel's own lookup, netlink), the one that
+    holds addr where it is this host's own; None where that cannot be said. Never raises."""
+    try:
+        addr = str(addr or "").strip()
+        if not addr or "\0" in addr:
+            return None
+        try:
+            ip = str(ipaddress.ip_address(addr))
+        except ValueError:  # a name: resolved as the agent's own client resolved it
+            ip = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)[0][4][0]
+        route = netlink.route_get(ip)
+        if route.get("local"):
+            return net.nic_holding(netlink.interfaces(), ip) or route.get("dev")
+        return route.get("dev")
+    except (OSError, ValueError, IndexError, UnicodeError):
+        return None
+
+
 class Scope:
     """The run's devices on this host: what a fatal event must be on to stay fatal. sysfs: the
     root sysfs is read under (injectable for the tests), rdma_root: /sys/class/infiniband, env:
-    the run's environment (NCCL_IB_HCA, NCCL_IB_DISABLE, NCCL_SOCKET_IFNAME, CUDA_VISIBLE_DEVICES)."""
+    the run's environment (NCCL_IB_HCA, NCCL_IB_DISABLE, NCCL_SOCKET_IFNAME, CUDA_VISIBLE_DEVICES,
+    MASTER_ADDR); master_addr: the master's address (else env's MASTER_ADDR); route: addr -> the
+    interface that reaches it, or None (route_nic; injectable for the tests)."""
 
-    def __init__(self, sysfs=SYSFS, rdma_root=rdma.SYSFS, env=None):
+    def __init__(self, sysfs=SYSFS, rdma_root=rdma.SYSFS, env=None, master_addr=None,
+                 route=route_nic):
         self.sysfs, self.rdma_root, self.env = sysfs, rdma_root, dict(env or {})
+        self.master_addr = master_addr or self.env.get("MASTER_ADDR")
+        self.route, self._master_nic = route, False  # False: not asked yet
         self.hca_spec = name_list(self.env.get("NCCL_IB_HCA"))
         self.ib_used = str(self.env.get("NCCL_IB_DISABLE", "0")).strip() != "1" \
             and self.env.get("TORCHFLEET_BACKEND") != "gloo"
@@ -173,8 +205,24 @@ class Scope:
                     out.add("%s/%s" % (name, port))
         return out
 
+    def master_nic(self):
+        """The interface that routes to the master (asked once), or None."""
+        if self._master_nic is False:
+            self._master_nic = None
+            if self.master_addr:
+                try:
+                    nic = self.route(self.master_addr)
+                except Exception:  # an injected route's fault: as if unknown
+                    nic = None
+                self._master_nic = nic if isinstance(nic, str) and nic else None
+        return self._master_nic
+
     def _nics(self):
         spec = self.env.get("NCCL_SOCKET_IFNAME") or self.env.get("GLOO_SOCKET_IFNAME")
+        if not spec and self.master_nic():
+            # Unset: the run's sockets (rendezvous, TCP store, gloo) reach the master by its
+            # route; every NIC but lo and docker only where that route is unknown.
+            spec = "=" + self.master_nic()
         spec = name_list(spec, ("lo", "docker"))
         base = os.path.join(self.sysfs, "class", "net")
         out = set()
@@ -222,16 +270,18 @@ class HostWatch:
     """The host's hardware from the run's start: look() each beat, take() what to send.
     env: the run's environment (the agent's, with the run's env over it); sysfs: where sysfs is
     read (default: above rdma_sysfs when that is <root>/class/infiniband, else /sys); gpu: a
-    GpuWatch (the tests give a stand-in); cgroup_fs: where the cgroup file system is."""
+    GpuWatch (the tests give a stand-in); cgroup_fs: where the cgroup file system is;
+    master_addr, route: how the NIC of the run's sockets is found (Scope)."""
 
     def __init__(self, kernel_log=kmsg.KMSG, rdma_sysfs=ibwatch.rdma.SYSFS, command=None,
-                 env=None, sysfs=None, gpu=None, cgroup_fs=CGROUP_FS):
+                 env=None, sysfs=None, gpu=None, cgroup_fs=CGROUP_FS, master_addr=None,
+                 route=route_nic):
         rdma_sysfs = rdma_sysfs or rdma.SYSFS
         if sysfs is None:
             head, tail = os.path.split(os.path.normpath(rdma_sysfs))
             sysfs = os.path.dirname(head) if tail == "infiniband" and \
                 os.path.basename(head) == "class" else SYSFS
-        self.scope = Scope(sysfs, rdma_sysfs, env)
+        self.scope = Scope(sysfs, rdma_sysfs, env, master_addr, route)
         self.cgroup_fs = cgroup_fs
         self.log = kmsg.KernelLog(kernel_log)
         self.gpu = gpu if gpu is not None else gpuwatch.GpuWatch(command)
@@ -240,10 +290,12 @@ class HostWatch:
         self.faults = {}    # key -> {"event", "count", "sent", "read_m", "next_m", "seen"}
         self.queue = []     # keys with something to send
         self.tree = {}      # PID of a rank's descendant (or the ranks' torchrun) -> rank or None
+        self.tree_seen = {}  # its PID -> when a walk last found it alive
         self.rank_facts = {}  # rank PID -> (CUDA_VISIBLE_DEVICES, LOCAL_RANK, own_cgroup())
         self.gone, self.walk_m = set(), 0.0  # ranks seen dead; when the tree is walked next
         self.gpu_pids = {}  # GPU -> the PIDs NVML last saw computing on it
         self.warned = self.dropped = 0
+        self.error, self.errors = None, 0  # the watch's own first fault, and how many
 
     def status(self):
         """What the master's record says of this host's watch."""
@@ -253,7 +305,16 @@ class HostWatch:
         why = getattr(self.gpu, "why", None)
         if why:
             out["gpu_error"] = why
+        if self.error:  # the watch's own fault, apart from the kernel log's reason
+            out["watch_error"] = self.error if self.errors < 2 else "%s (%d times)" % (
+                self.error, self.errors)
         return out
+
+    def _failed(self, exc):
+        self.errors += 1
+        if self.error is None:
+            self.error = ("the hardware watch failed: %s" % (
+                str(exc) or type(exc).__name__))[:ERROR_MAX]
 
     # -- the ranks' processes -----------------------------------------------------------------
 
@@ -275,7 +336,7 @@ class HostWatch:
                     int(local) if local.isdigit() else rank[0], cgroup)
                 parent = procs.parent(pid)
                 if parent and parent not in ranks and parent != os.getpid():
-                    self._remember(parent, None)  # torchrun: the run's, no rank's
+                    self._remember(parent, None, now_m)  # torchrun: the run's, no rank's
             if not walk or pid in self.gone:
                 continue
             if not procs.alive(pid):
@@ -286,14 +347,30 @@ class HostWatch:
                 reads += 1
                 for child in procs.children(todo.pop()):
                     if child not in ranks:
-                        self._remember(child, rank)
+                        self._remember(child, rank, now_m)
                         todo.append(child)
+        if walk:
+            self._forget(now_m, ranks)
 
-    def _remember(self, pid, rank):
+    def _remember(self, pid, rank, now_m):
         self.tree.pop(pid, None)
         self.tree[pid] = rank
+        self.tree_seen[pid] = now_m
         while len(self.tree) > TREE_MAX:
-            self.tree.pop(next(iter(self.tree)))
+            oldest = next(iter(self.tree))
+            del self.tree[oldest]
+            self.tree_seen.pop(oldest, None)
+
+    def _forget(self, now_m, ranks):
+        """Drop a descendant no walk has found alive for OOM_SAME_S: its kill line has been read
+        by then, and its PID may be another program's next (workers are new each epoch).
+        torchrun (no rank's) is kept while it lives."""
+        for pid in list(self.tree):
+            if self.tree[pid] is None and procs.alive(pid):
+                self.tree_seen[pid] = now_m
+            elif now_m - self.tree_seen.get(pid, now_m) > OOM_SAME_S:
+                del self.tree[pid]
+                self.tree_seen.pop(pid, None)
 
     def _ours(self):
         """This agent's own processes: its ancestors and everything below it."""
@@ -315,12 +392,12 @@ class HostWatch:
     def _oom_owner(self, event, ranks):
         """(tied to the run, rank or None) of an OOM kill."""
         pid, path = event.get("pid"), event.get("cgroup")
-        if pid in ranks:
-            return True, ranks[pid][1]
-        if pid in self.tree:
-            rank = self.tree[pid]
-            return True, rank[1] if rank else None
         if not isinstance(path, str) or not path.startswith("/"):
+            path = None
+        if (pid in ranks or pid in self.tree) and not self._outside(path, ranks):
+            rank = ranks[pid] if pid in ranks else self.tree[pid]
+            return True, rank[1] if rank else None
+        if path is None:
             return False, None
         within = [(p, facts[2]) for p, facts in self.rank_facts.items()
                   if facts[2] and same_cgroup(path, facts[2][0])]
@@ -334,6 +411,14 @@ class HostWatch:
             return False, None  # another lab host's, another program's: not claimed
         tied = {ranks.get(p, (None, None))[1] for p, _ in within} - {None}
         return True, tied.pop() if len(tied) == 1 else None
+
+    def _outside(self, path, ranks):
+        """Whether the kernel's task_memcg path is in none of the ranks' cgroups (a PID of the
+        run's reused by another program); False where a rank's cgroup is unknown."""
+        known = [facts[2] for pid, facts in self.rank_facts.items() if pid in ranks]
+        if path is None or not known or None in known:
+            return False
+        return not any(in_cgroup(path, cgroup[0]) for cgroup in known)
 
     # -- GPUs and ranks -------------------------------------------------------------------------
 
@@ -388,13 +473,13 @@ class HostWatch:
                 if bus_id(bus) and pids:
                     self.gpu_pids[bus_id(bus)] = set(pids)
         except Exception as exc:  # a watcher's fault never stops the run's agent
-            self.log.why = self.log.why or "the hardware watch failed: %s" % exc
+            self._failed(exc)
             return
         for event in found:
             try:
                 self._add(event, now_m, ranks)
             except Exception as exc:  # one odd event: the others still go
-                self.log.why = self.log.why or "the hardware watch failed: %s" % exc
+                self._failed(exc)
 
     def _add(self, event, now_m, ranks):
         event["pci_bus"] = bus_id(event.get("pci_bus")) or None
@@ -555,3 +640,11 @@ def same_cgroup(kernel_path, own_path):
     if kernel_path == own_path:
         return True
     return own_path != "/" and kernel_path.endswith(own_path)
+
+
+def in_cgroup(kernel_path, own_path):
+    """Whether the kernel's task_memcg is the cgroup a rank sees as own_path or one below it
+    (same_cgroup's namespace rule); every path is below the root "/"."""
+    own = own_path.rstrip("/")
+    return not own or same_cgroup(kernel_path, own_path) or \
+        own + "/" in kernel_path.rstrip("/") + "/"
