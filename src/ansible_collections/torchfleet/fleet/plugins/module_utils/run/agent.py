@@ -658,7 +658,8 @@ def start(p, command):
     argv = torchrun_argv(p, script)
     # The kernel log from before torchrun starts: nothing of the run's is missed.
     watch = hwwatch.HostWatch(p["kernel_log"], p["rdma_sysfs"], command, env=dict(
-        os.environ, **{k: str(v) for k, v in p["env"].items()}))  # the ranks' (start_torchrun)
+        os.environ, **{k: str(v) for k, v in p["env"].items()}),  # the ranks' (start_torchrun)
+        master_addr=p["master_addr"])  # its route: the run's NIC where socket_ifname is unset
     started = time.time()
     proc = start_torchrun(p, argv)
     write_json(os.path.join(run_dir, PIDFILE), {"pid": proc.pid, "run_id": p["run_id"],
