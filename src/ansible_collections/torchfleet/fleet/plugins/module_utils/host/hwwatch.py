@@ -282,6 +282,7 @@ class HostWatch:
             sysfs = os.path.dirname(head) if tail == "infiniband" and \
                 os.path.basename(head) == "class" else SYSFS
         self.scope = Scope(sysfs, rdma_sysfs, env, master_addr, route)
+        self.scope.master_nic()  # at the agent's start: a name's lookup never delays a look
         self.cgroup_fs = cgroup_fs
         self.log = kmsg.KernelLog(kernel_log)
         self.gpu = gpu if gpu is not None else gpuwatch.GpuWatch(command)
