@@ -26,10 +26,14 @@ It knows the lines of (format strings from the kernel and the drivers that print
 
 KernelLog follows the log from the moment it is opened: /dev/kmsg (from its end), else
 `journalctl -k -f`, or a file followed like `tail -F` (a container that sees the host's log
-elsewhere, the lab); where none can be read it says why, once. A flood is read at most
-LINES_MAX lines a look, and what is not returned waits for the next look, never dropped: the
-bytes held are bounded by reading less (HOLD_MAX), the rest waits in the file, the pipe or the
-kernel's ring. age_of() turns a line's printk stamp into an age on CLOCK_MONOTONIC: the printk
+elsewhere, the lab); where none can be read it says why, once. A look reads and judges lines
+for BUDGET_S of the agent's CPU (at most LINES_MAX), a cheap test of a few words before the
+parsers' expressions and a flood of one line's words parsed once; what is not returned waits
+for the next look, never dropped: the bytes held are bounded by reading less (HOLD_MAX), the
+rest waits in the file, the pipe or the kernel's ring. Where the ring overwrote records before
+they were read (/dev/kmsg's EPIPE, a gap in its sequence numbers) the log says how many were
+lost: `how` carries it to the watch's status, a reason the log was not wholly read, never a
+failure. age_of() turns a line's printk stamp into an age on CLOCK_MONOTONIC: the printk
 clock drifts from it by tens of seconds over weeks of uptime, so a root agent calibrates it
 once, when the log is opened, by writing one marker record to /dev/kmsg and reading its stamp
 back; without that, a line is dated by the looks (after the last look that read everything,
@@ -56,7 +60,13 @@ FIX = ("run the agents as root, or `sysctl kernel.dmesg_restrict=0`, or add the 
 LINE_MAX = 1024       # bytes of one line kept (a kmsg record is at most ~1 KiB)
 READ_MAX = 64 << 10   # bytes read from the log per look
 HOLD_MAX = 256 << 10  # bytes read and not yet returned; past it, the log is read less
-LINES_MAX = 256       # lines returned per look: a flood is not read faster than this
+LINES_MAX = 8192      # lines returned per look at most, whatever the budget leaves
+STEP = 64             # lines read between two looks at the budget
+BUDGET_S = 0.02       # the agent's CPU seconds a look reads and judges lines for (the parsers
+#                       take 10-40 us a line that names a device, ~1 us one that does not)
+MARK_RECORDS = 256    # records read back for the calibration's marker
+SAME_MAX = 256        # messages whose event is remembered (a flood of one kind parsed once)
+OVERRAN = "the kernel log overran"
 AGE_MAX_S = 600.0     # the most uncertain an age is said to be
 DRIFT = 1e-4          # printk clock against CLOCK_MONOTONIC, s/s, allowed after calibration
 MARK = "torchfleet: printk clock mark %d"
@@ -85,6 +95,15 @@ _OOM_KILL = re.compile(r"oom-kill:constraint=(CONSTRAINT_[A-Z_]{1,20}),")
 _OOM_MEMCG = re.compile(r",task_memcg=([^,]{1,400}),task=")
 _OOM_PID = re.compile(r",task=[^,]{0,64},pid=([0-9]{1,10}),uid=")
 _RECOVERY = re.compile(r"AER: [Dd]evice recovery (failed|successful)")
+_SEQ = re.compile(rb"^[0-9]{1,3},([0-9]{1,20}),")
+# Every line a parser acts on holds one of these (a test far cheaper than the expressions).
+WORDS = ("Xid", "AER", "PCIe Bus Error", "Kill", "oom-kill", "amdgpu", "mlx5_core")
+
+
+def _maybe(text):
+    """Whether a parser may act on text (WORDS, spelled out: twice any()'s speed)."""
+    return ("Xid" in text or "AER" in text or "PCIe Bus Error" in text or "Kill" in text
+            or "oom-kill" in text or "amdgpu" in text or "mlx5_core" in text)
 
 
 def _bus(text):
@@ -116,6 +135,8 @@ def parse(line, memo=None):
         return None
     line = line[:LINE_MAX].rstrip("\r\n")
     boot_s, msg = split(line)
+    if not _maybe(msg):
+        return None
     memo = memo if isinstance(memo, dict) else {}
     event = _xid(msg) or _oom(msg, memo) or _aer(msg) or _amd(msg) or _mlx5(msg)
     if event is None:
@@ -255,6 +276,11 @@ class KernelLog:
         self.fd, self.proc, self.file, self.inode, self.rest = None, None, None, None, b""
         self.how, self.why, self.skip, self.memo, self.early = None, None, False, {}, []
         self.mark = None
+        self.seq = None          # the last /dev/kmsg record's sequence number
+        self.lost = self.overruns = 0   # records the ring overwrote unread; EPIPEs
+        self.judged = {}         # id(line) -> (line, event) of the last read()
+        self.same = {}           # message -> event (a flood's repeats), SAME_MAX at most
+        self.budget_s = BUDGET_S
         # printk stamp + offset = CLOCK_MONOTONIC, within offset_err (None: not calibrated)
         self.offset = self.offset_err = self.calibrated_m = None
         self.look_m = self.since_m = self.caught_m = self.clock()
@@ -264,9 +290,69 @@ class KernelLog:
             self.how = self.source
             self._open_file(from_end=True)
 
+    @property
+    def how(self):
+        """What is read ("/dev/kmsg", "journalctl -k -f", the file), and where the ring
+        overran, how many records were lost (the watch's status carries it as "kmsg")."""
+        lost = self.overran()
+        return self._how if self._how is None or lost is None else "%s (%s)" % (self._how, lost)
+
+    @how.setter
+    def how(self, value):
+        self._how = value
+
+    def overran(self):
+        """"the kernel log overran: N records were lost before they were read", or None."""
+        if self.lost:
+            return "%s: %d record%s lost before %s read" % (
+                OVERRAN, self.lost, " was" if self.lost == 1 else "s were",
+                "it was" if self.lost == 1 else "they were")
+        if self.overruns:
+            return "%s %d time%s: records were lost before they were read" % (
+                OVERRAN, self.overruns, "" if self.overruns == 1 else "s")
+        return None
+
     def parse(self, line):
-        """parse() with this log's memo (the OOM lines of kernels before 5.0)."""
+        """parse() with this log's memo (the OOM lines of kernels before 5.0); a line the last
+        read() returned was judged there, within its budget: its event is handed over."""
+        judged = getattr(self, "judged", {}).pop(id(line), None)
+        if judged is not None and judged[0] is line:
+            return judged[1]
         return parse(line, self.memo)
+
+    def _judge(self, line):
+        """parse() for read(), a flood's repeated message parsed once (not the OOM killer's
+        lines: the memo ties them to the lines before)."""
+        try:
+            if not _maybe(line):  # most of a busy log: no stamp or prefix holds these words
+                self.judged[id(line)] = (line, None)
+                return
+            boot_s, msg = split(line[:LINE_MAX].rstrip("\r\n"))
+            key = msg.strip()
+            if "Kill" in key or "oom-kill" in key:
+                event = parse(line, self.memo)
+            elif key in self.same:
+                event = self.same[key]
+                event = None if event is None else dict(event, boot_s=boot_s)
+            else:
+                event = parse(line, self.memo)
+                if len(self.same) >= SAME_MAX:
+                    self.same.clear()
+                self.same[key] = None if event is None else dict(event)
+        except Exception:  # never: parse() is total; the line is parsed again by parse()
+            return
+        self.judged[id(line)] = (line, event)
+
+    def _count(self, record):
+        """A /dev/kmsg record's sequence number: a gap after the last is records the ring
+        overwrote before they were read."""
+        seq = _SEQ.match(record)
+        if seq is None:
+            return
+        seq = int(seq.group(1))
+        if self.seq is not None and seq > self.seq + 1:
+            self.lost = min(1 << 62, self.lost + seq - self.seq - 1)
+        self.seq = seq
 
     # -- /dev/kmsg, else journalctl ---------------------------------------------------------
 
@@ -312,15 +398,18 @@ class KernelLog:
             return False
         finally:
             os.close(out)
-        for _ in range(LINES_MAX):
+        for _ in range(MARK_RECORDS):
             try:
-                record = os.read(self.fd, 8192).decode("utf-8", "replace")
+                record = os.read(self.fd, 8192)
             except BlockingIOError:
                 break
             except OSError as exc:
                 if exc.errno == errno.EPIPE:
+                    self.overruns += 1
                     continue
                 break
+            self._count(record)
+            record = record.decode("utf-8", "replace")
             boot_s, msg = split(record)
             if msg.rstrip("\r\n") == mark and boot_s is not None:
                 self.offset, self.offset_err = (before + after) / 2 - boot_s, (after - before) / 2
@@ -329,10 +418,10 @@ class KernelLog:
             self.early.append(record)
         return False
 
-    def _read_kmsg(self):
-        lines, drained = self.early[:LINES_MAX], False
-        del self.early[:LINES_MAX]
-        while len(lines) < LINES_MAX:
+    def _read_kmsg(self, n):
+        lines, drained = self.early[:n], False
+        del self.early[:n]
+        while len(lines) < n:
             try:
                 record = os.read(self.fd, 8192)
             except BlockingIOError:
@@ -340,6 +429,7 @@ class KernelLog:
                 break
             except OSError as exc:
                 if exc.errno == errno.EPIPE:  # records overwritten before we read them
+                    self.overruns += 1        # (the next record's number says how many)
                     continue
                 self.why = "reading %s failed: %s" % (KMSG, exc.strerror)
                 self.close()
@@ -347,24 +437,25 @@ class KernelLog:
             if not record:
                 drained = True
                 break
+            self._count(record)
             text = record.decode("utf-8", "replace")
             if split(text)[1].rstrip("\r\n") != self.mark:
                 lines.append(text)
         return lines, drained and not self.early
 
-    def _read_pipe(self):
+    def _read_pipe(self, n):
         if self.proc.poll() is not None and not self.rest:
             if self.why is None:
                 self.why = ("journalctl -k -f ended (exit %s): the agent's user may not read "
                             "the journal; add it to group systemd-journal or adm, or set "
                             "kernel_log" % self.proc.returncode)
             return [], True
-        want = self._room()
+        want = self._room(n)
         try:
             data = os.read(self.proc.stdout.fileno(), want) if want else b""
         except (BlockingIOError, OSError):
             data = b""
-        return self._lines(data, want and len(data) < want)
+        return self._lines(data, want and len(data) < want, n)
 
     # -- a file, like tail -F -----------------------------------------------------------------
 
@@ -378,7 +469,7 @@ class KernelLog:
             f.seek(0, os.SEEK_END)
         self.file, self.inode = f, (st.st_dev, st.st_ino)
 
-    def _read_file(self):
+    def _read_file(self, n):
         if self.file is None:
             self._open_file(from_end=False)  # appeared after the run began: all of it is new
             if self.file is None:
@@ -397,29 +488,31 @@ class KernelLog:
                         rest += b"\n"  # the old file's unfinished last line ends here
                     self._open_file(from_end=False)
                 if self.file is None or len(rest) >= want:
-                    return self._lines(rest, False)[0], False
+                    return self._lines(rest, False, n)[0], False
                 self.rest, rest = self.rest + rest, b""
         except OSError:
             pass  # removed: what was written before stays readable on the open file
-        want = self._room()
+        want = self._room(n)
         data = self.file.read(want) if want else b""
-        return self._lines(data or b"", want and len(data or b"") < want)
+        return self._lines(data or b"", want and len(data or b"") < want, n)
 
-    def _room(self):
+    def _room(self, n=None):
         """How much to read now: READ_MAX, less what is held (a flood is read less, not
-        dropped)."""
+        dropped); nothing while n whole lines are held already."""
+        if n is not None and self.rest.count(b"\n") >= n:
+            return 0
         return max(0, min(READ_MAX, HOLD_MAX - len(self.rest)))
 
-    def _lines(self, data, eof):
-        """At most LINES_MAX whole lines of what is held and data; the rest is held. A line
-        longer than LINE_MAX keeps its first LINE_MAX bytes."""
+    def _lines(self, data, eof, n=STEP):
+        """At most n whole lines of what is held and data; the rest is held. A line longer
+        than LINE_MAX keeps its first LINE_MAX bytes."""
         if self.skip:
             cut = data.find(b"\n")
             if cut < 0:
                 data = b""
             else:
                 data, self.skip = b"\n" + data[cut + 1:], False
-        parts = (self.rest + data).split(b"\n", LINES_MAX)
+        parts = (self.rest + data).split(b"\n", n)
         self.rest = parts.pop()
         if b"\n" not in self.rest and len(self.rest) > LINE_MAX:
             self.rest, self.skip = self.rest[:LINE_MAX], True  # its end is not kept
@@ -427,19 +520,30 @@ class KernelLog:
         return lines, bool(eof) and b"\n" not in self.rest
 
     def read(self):
-        """The new lines since the last look, at most LINES_MAX; the others wait for the next
-        look. Never raises."""
-        start = self.clock()
+        """The new lines since the last look, STEP at a time while the look's BUDGET_S of CPU
+        lasts (each judged as it is read: parse() hands its event over), at most LINES_MAX;
+        the others wait for the next look. Never raises."""
+        start, spent = self.clock(), time.thread_time()
         lines, drained = [], False
+        self.judged = {}
         try:
-            if self.fd is not None:
-                lines, drained = self._read_kmsg()
-            elif self.proc is not None:
-                lines, drained = self._read_pipe()
-            elif self.how == self.source:
-                lines, drained = self._read_file()
+            while len(lines) < LINES_MAX:
+                n = min(STEP, LINES_MAX - len(lines))
+                if self.fd is not None:
+                    got, drained = self._read_kmsg(n)
+                elif self.proc is not None:
+                    got, drained = self._read_pipe(n)
+                elif self._how == self.source:
+                    got, drained = self._read_file(n)
+                else:
+                    got, drained = [], True
+                for line in got:
+                    self._judge(line)
+                lines += got
+                if drained or not got or time.thread_time() - spent >= self.budget_s:
+                    break
         except (OSError, ValueError) as exc:
-            self.why = "reading %s failed: %s" % (self.how, exc)
+            self.why = "reading %s failed: %s" % (self._how, exc)
         # These lines were written after the last look that read everything, before now.
         self.since_m, self.look_m = self.caught_m, self.clock()
         if drained:
