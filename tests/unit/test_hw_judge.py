@@ -154,6 +154,25 @@ def test_fatal_events_of_one_message_are_capped_keeping_the_earliest_and_counted
     assert s.record()["hosts"][1]["fatal_more"] == len(flood) - runstate.FATAL_PER_HOST
 
 
+def test_the_watchs_partial_reads_and_the_fatal_events_not_kept_are_shown():
+    """Review 57, findings 8 and 4: the watch's gpu_error (why NVML or nvidia-smi is not read)
+    and hosts[].fatal_more were kept in the record and shown nowhere; a kernel log whose ring
+    overran (records lost unread) is said too. All warnings but the fatal event's own check."""
+    s = running(["n0", "n1"])
+    watch = {"kmsg": "/dev/kmsg (the kernel log overran: 39 records were lost before they "
+                     "were read)", "kmsg_error": None, "gpu": None, "dropped": 0,
+             "gpu_error": "nvml: nvmlDeviceGetTotalEccErrors: Timeout"}
+    beat(s, "n1", 1100.0, [xid79(gpu=g, age_s=1.0) for g in range(40)], watch=watch)
+    checks = hardware_checks(s.record(), ["n0", "n1"])["checks"]
+    assert [(c["id"], c["severity"]) for c in checks] == [
+        ("run.hardware", "error"), ("host.kmsg", "warning"), ("run.hardware", "warning")]
+    assert checks[0]["detail"].endswith("; and 36 more fatal events")  # 4 shown, 28 + 8
+    assert checks[1]["detail"] == ("/dev/kmsg: the kernel log overran: 39 records were lost "
+                                   "before they were read")
+    assert checks[2]["detail"] == ("the GPUs were not wholly watched: nvml: "
+                                   "nvmlDeviceGetTotalEccErrors: Timeout")
+
+
 # -- item 3: each event's own slack --------------------------------------------------------------
 
 def test_an_xid_seen_through_nvml_after_its_rank_died_is_the_cause_a_kernel_line_is_late():

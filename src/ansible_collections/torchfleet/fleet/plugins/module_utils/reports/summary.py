@@ -228,11 +228,18 @@ def first_failure(record, run_dir, lines):
     return out
 
 
+def _count(value):
+    """A record's count, a non-negative int (0 for anything else)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def hardware_checks(record, hosts):
-    """What the record's hardware events say per host: run.hardware (fatal: an error; else a
+    """What the record's hardware events say per host: run.hardware (fatal: an error, "and N
+    more fatal events" past the ones shown and the ones the master did not keep; else a
     warning that never fails a run, "and N more warnings" past the ones shown and the ones
-    not kept), run.oom (a fatal OOM kill: the run's), host.kmsg (the kernel log could not be
-    read), and `drain`: each host with a fatal hardware event, its first event's line as
+    not kept; and a warning where the GPUs were not wholly watched: the watch's gpu_error),
+    run.oom (a fatal OOM kill: the run's), host.kmsg (the kernel log could not be read, or
+    its ring overran and records were lost unread: warnings), and `drain`: each host with a fatal hardware event, its first event's line as
     evidence. Returns {"checks", "drain", "hardware", "hardware_dropped"} (hardware: every
     event, as the record dated it; hardware_dropped: {host: warnings not kept})."""
     events = [e for e in record.get("events") or [] if isinstance(e, dict)
@@ -242,12 +249,19 @@ def hardware_checks(record, hosts):
     for host in hosts:
         mine = [e for e in events if e["host"] == host]
         fatal = [e for e in mine if drains(e)]
+        rec = next((h for h in record.get("hosts") or [] if isinstance(h, dict)
+                    and h.get("host") == host), None) or {}
         if fatal:
             drain.append({"host": host, "reason": "run.hardware",
                           "evidence": fatal[0].get("line") or fatal[0].get("what")})
+            # Past the four shown: the others kept, and those the master did not keep
+            # (fatal_more: past FATAL_PER_HOST or FATAL_PER_MESSAGE, none earlier).
+            untold = max(0, len(fatal) - 4) + max(0, _count(rec.get("fatal_more")))
             checks.append(check("run.hardware", host, False, "; ".join(
-                "%s%s" % (e.get("what") or e.get("line"), " (rank %d)" % e["rank"]
-                          if e.get("rank") is not None else "") for e in fatal[:4]),
+                ["%s%s" % (e.get("what") or e.get("line"), " (rank %d)" % e["rank"]
+                           if e.get("rank") is not None else "") for e in fatal[:4]]
+                + (["and %d more fatal event%s" % (untold, "" if untold == 1 else "s")]
+                   if untold else [])),
                 "drain %s and look at the device named: the run's other failures follow "
                 "from it" % host))
         warned = [e for e in mine if not e.get("fatal")]
@@ -264,10 +278,23 @@ def hardware_checks(record, hosts):
                     oom_victim(e.get("rank"), e.get("pid")), e.get("what")), "give the ranks "
                     "more memory, or use less: the kernel's OOM killer ended it (%s)"
                     % (e.get("line") or "")[:200]))
-        watch = next((h.get("watch") for h in record.get("hosts") or []
-                      if h.get("host") == host and isinstance(h.get("watch"), dict)), None)
+        watch = rec.get("watch") if isinstance(rec.get("watch"), dict) else None
         if watch and watch.get("kmsg_error"):
             checks.append(check("host.kmsg", host, False, watch["kmsg_error"], kmsg.FIX,
+                                severity=WARNING))
+        how = str((watch or {}).get("kmsg") or "")
+        if kmsg.OVERRAN in how:  # read, not wholly: the records the ring overwrote unread
+            checks.append(check("host.kmsg", host, False, "%s: %s" % (
+                how.split(" (", 1)[0], how[how.find(kmsg.OVERRAN):].rstrip(")")),
+                "the kernel printed faster than the watch read it: look for the flood in "
+                "the host's kernel log (corrected PCIe AER errors of a kernel without AER's "
+                "rate limit, a NIC's link messages); a fatal line among the lost is not seen",
+                severity=WARNING))
+        if watch and watch.get("gpu_error"):  # why NVML or nvidia-smi is not (wholly) read
+            checks.append(check("run.hardware", host, False, "the GPUs were not wholly "
+                                "watched: %s" % watch["gpu_error"],
+                                "install nvidia-ml-py in the agents' Python, or fix what the "
+                                "message names: Xids still come from the kernel log",
                                 severity=WARNING))
     return {"checks": checks, "drain": drain, "hardware": events, "hardware_dropped": more}
 
