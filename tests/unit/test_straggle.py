@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import random
 from pathlib import Path
 
@@ -71,7 +72,9 @@ def test_the_recorded_gloo_dumps_name_the_rank_that_called_late_and_not_the_peri
     assert s["share_last"] >= 0.8  # rank 0's periodic sleep made it late at 1 in 10 more at most
     assert 25 <= s["late_ms_median"] <= 60  # the 40 ms it slept more, on a loaded machine
     assert s["interval_ms"] > s["late_ms_median"]
-    assert "node1 (rank 1) later than the others at" in straggle.words(s)
+    assert 25 <= s["late_ms_mean"] <= 60
+    assert straggle.words(s).startswith("node1 (rank 1): the others wait %.1f ms for it on "
+                                        "average, about" % s["late_ms_mean"])
 
 
 def nccl_entries(durations, start_ns=1795727729990880906, every_ns=20_000_000, seq0=22100):
@@ -123,6 +126,8 @@ def test_ranks_that_wait_alike_name_nobody():
 # Gaussian jitter; a slow host 10 % of the interval late at every collective. The stated
 # level: jitter up to 2 ms (standard deviation), twice the threshold's 1 ms.
 JITTER_MS = 2.0
+WINDOW = 64  # sampled collectives a window (a judgement reads up to straggle.JUDGE_KEYS: the
+#              bench's figures are at that; fewer here, the harder case and a quarter the time)
 
 
 @pytest.mark.parametrize("signal", ["durations", "calls"])
@@ -130,19 +135,35 @@ JITTER_MS = 2.0
 def test_a_healthy_run_names_nobody_and_a_host_10_percent_slower_is_named(signal, hosts):
     rnd = random.Random("%s-%d" % (signal, hosts))
     per_host = rates.PER_HOST
-    healthy = [rates.simulate(hosts, JITTER_MS, False, signal, rnd, per_host)
+    healthy = [rates.simulate(hosts, JITTER_MS, False, signal, rnd, per_host, WINDOW)
                for _ in range(200)]
     assert sum(bool(named) for named in healthy) == 0
     found = sum(any(s["host"] == "n1" and len(s["ranks"]) == per_host for s in
-                    rates.simulate(hosts, JITTER_MS, True, signal, rnd, per_host))
+                    rates.simulate(hosts, JITTER_MS, True, signal, rnd, per_host, WINDOW))
                 for _ in range(100))
     assert found >= 95
 
 
-def test_the_sign_test_tail_is_exact():
-    assert straggle.tail(4, 0) == 1.0 and straggle.tail(4, 4) == 1 / 16
-    assert straggle.tail(10, 8) == (45 + 10 + 1) / 1024
-    assert 0.0 <= straggle.tail(4096, 3000) < 1e-100  # a rank in many groups: no overflow
+def test_the_z_bound_needs_the_lateness_spread_over_many_collectives():
+    # k equal stalls among n: z = sqrt(k) about; one stall of 5 s is no straggler.
+    assert straggle.z_score([5000.0] + [0.0] * 255) < 1.01
+    assert 2.9 < straggle.z_score([50.0] * 9 + [0.0] * 247) < 3.1
+    assert straggle.z_score([]) == 0.0 and straggle.z_score([1.0, 1.0]) == float("inf")
+    j = judge(HOSTS4)
+    add_calls(j, calls(1, lambda i: 5000.0 if i == 100 else 0.0, n=256))
+    assert judged(j, 10.0) == []
+
+
+def test_periodic_work_is_set_aside_and_irregular_lateness_is_not():
+    seqs = list(range(1000, 1256))
+    periodic = [200.0 if s % 5 == 0 else -0.5 for s in seqs]
+    kept = straggle.aperiodic(periodic, seqs)
+    assert all(seqs[i] % 5 for i in kept) and len(kept) == 256 - 256 // 5 - 1
+    rnd = random.Random(2)  # a rank stopped at about 1 collective in 3, at no fixed period
+    irregular = [rnd.choice([0.0, 0.0, 40.0 + rnd.random() * 40]) for _ in seqs]
+    kept = straggle.aperiodic(irregular, seqs)
+    assert math.fsum(irregular[i] for i in kept) >= 0.6 * math.fsum(irregular)
+    assert straggle.aperiodic([-1.0] * 4, [1, 2, 3, 4]) == [0, 1, 2, 3]
 
 
 def tp_dp_entries(rank, steps, tp_at, dp_at, duration=None):
@@ -314,6 +335,10 @@ def test_periodic_work_on_rank_0_names_nobody():
     j = judge(HOSTS4)
     add_calls(j, calls(0, lambda i: 200.0 if i % 5 == 0 else 0.0, n=200))
     assert judged(j, 10.0) == []
+    # The others did wait for it (40 ms a collective on average, the z bound far passed): it is
+    # its period that sets it aside (straggle.aperiodic), not a lack of evidence.
+    waits, beyond, _seqs = zip(*straggle.window(j.keys, j.size, j.host_of)["rank"][0], strict=True)
+    assert math.fsum(waits) / len(waits) > 30.0 and straggle.z_score(beyond) > 5.0
 
 
 def test_the_sampled_collectives_are_the_same_on_every_rank_and_never_in_step_with_a_period():
@@ -393,9 +418,10 @@ def test_warn_names_the_straggler_in_the_record_status_and_train_json_and_fails_
     # Named once a whole window was sampled, on the second judgement in a row.
     assert 30.0 <= s["first_seen"] - 1000.0 <= 30.0 + 2 * defaults.STRAGGLE_EVAL_S
     assert s["last_seen"] > s["first_seen"]
-    assert runstate.summary(record, 1080.0)["stragglers"][0].startswith("node2 (rank 2) later")
+    assert runstate.summary(record, 1080.0)["stragglers"][0].startswith(
+        "node2 (rank 2): the others wait 30.0 ms for it on average, about 12 % of the run's time")
     text = status.text(status.view(record, 1080.0))
-    assert "straggler: node2 (rank 2) later than the others at" in text
+    assert "straggler: node2 (rank 2): the others wait 30.0 ms for it on average" in text
     out = summary.straggler_checks(record, ["node0", "node1", "node2", "node3"])
     assert [(c["id"], c["host"], c["severity"]) for c in out["checks"]] == [
         ("run.straggler", "node2", "warning")]
@@ -507,11 +533,11 @@ def test_the_clis_status_says_the_stragglers_live_and_from_a_gathered_report():
 
     record = run_with_straggler("warn").record()
     live = rundirs.text(rundirs.from_view("train", status.view(record, 1080.0)))
-    assert "\nstraggler: node2 (rank 2) later than the others at" in live
+    assert "\nstraggler: node2 (rank 2): the others wait 30.0 ms for it on average" in live
     report = dict(summary.straggler_checks(record, ["node0", "node1", "node2", "node3"]),
                   hosts=[{"host": "node2", "outcome": "succeeded"}], ok=True, verdict="train ok")
     gathered = rundirs.from_report("r", "train", report)
-    assert gathered.stragglers[0].startswith("node2 (rank 2) later than the others at")
+    assert gathered.stragglers[0].startswith("node2 (rank 2): ")
     assert "straggler: node2" in rundirs.text(gathered)
     off = rundirs.from_report("r", "train", {"straggle": {"watched": False, "why": "not watched: x"}})
     assert off.stragglers == ["not watched: x"]

@@ -31,13 +31,36 @@ group and rank 2's another). Each collective is judged among its own group's ran
 
 At each collective a rank's lateness is its arrival less the median of the others'; a host's
 is the median of its ranks' (the lower one: most of its ranks late) less the median of the
-other hosts'. It is late there when by more than the two sides' uncertainties. A rank or host
-is a straggler when it was late at SHARE_MIN of its collectives or more, at odds below ALPHA
-were it no later than the others (a sign test of the paired latenesses: with two hosts one is
-always the later, and either is later half the time), and by at least straggler_threshold of
-the median interval between collectives (median). A slow host is named with all its ranks.
-Periodic work on one rank (logging, a checkpoint every N steps) makes it late at 1/N of them
-more than even odds: nobody is named.
+other hosts'. A rank or host is a straggler when the others wait for it on average: the mean
+of its latenesses, less the two sides' uncertainties at each (a gloo host's clock offset is
+the same error at every collective), is above zero at odds below ALPHA were it no later than
+the others (a z test of the paired latenesses, the bound shared among every rank and host
+judged; with two hosts either is the later half the time, and the mean is what the run
+loses), and the mean lateness is at least straggler_threshold of the median interval between
+collectives. The mean, not the median or a share of times late: a host whose CPU is capped
+(CFS bandwidth throttling: it runs its quota of each 100 ms, then stops) is late, by tens of
+ms, only at the collective that straddles its stop, one in three at tens of collectives a
+second, and with the others in between (tests/fixtures/straggle/); the others waited for it
+21 % of the time, its median lateness was 0. One long stall is no straggler: k equal stalls
+among n give z = sqrt(k), so the effect must be spread over the bound's z squared collectives
+or more (about 14 at 4 hosts of one rank), and the z test lowers a rank's largest WINSOR of
+latenesses to the next (one stall neither makes the mean nor, by its spread, hides the rest).
+Rare, large lateness needs many collectives: a window of 256 sampled ones named the recorded
+capped host in every window, 128 in a third, 64 in none; a judgement reads JUDGE_KEYS of each
+group, JUDGE_ARRIVALS in all (at 512 hosts of 8 ranks: 32 of one group, where only a host
+late at most collectives is named).
+
+Periodic work on one rank (logging, a checkpoint every N steps) makes it late at 1 collective
+in N, by as much as the work takes: the run waits for it, but the work is the rank's (rank 0
+logs wherever it runs), and a spare host would inherit it. So the lateness must hold outside
+any period: the collectives whose sequence number is one residue mod N (PERIOD_MIN <= N <=
+PERIOD_MAX) that holds PERIODIC_SHARE of its lateness or more (the most beyond an even share)
+are set aside, and the rest must pass both bounds alone. Throttling is not periodic in collectives, or not for long (its 100 ms period
+against steps whose length varies): in the recording one residue held at most 39 % of the
+capped host's lateness (mod 4), and 62 % mod 2, hence PERIOD_MIN (a step's own collectives).
+A period of more than PERIOD_MAX collectives leaves too few late ones among a window's samples
+to pass the z bound. Periodic work that costs the run its time is still set aside: it is the
+training script's to fix, not a host's. A slow host is named with all its ranks.
 
 Only the standard library, defaults.py and flight.py: it runs inside the agent on every host.
 """
@@ -52,21 +75,26 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.flight import rank_key
 
 SAMPLE_FILE = "fr_sample.json"
-SAMPLE_MAX = 32          # rows a rank writes at once
-FILE_MAX = 8 << 10
+SAMPLE_MAX = 128         # rows a rank writes at once (a 10 s sample at ~13 rows a second)
+FILE_MAX = 16 << 10      # ... 128 rows of the longest group names and numbers: 10 KiB
 ROW_BYTES = 48           # a row as a beat carries it, about: what HOST_BYTES_S counts
-HOST_BYTES_S = 2048      # a host's straggler rows to the master, bytes a second at most
-HOST_BURST = 16 << 10    # ... saved up at most this much
+HOST_BYTES_S = 4096      # a host's straggler rows to the master, bytes a second at most (8
+#                          ranks: ~10 rows a second each, ~300 sampled collectives a 30 s window)
+HOST_BURST = 48 << 10    # ... saved up at most this much (8 ranks' rows of one sample)
 PG_MAX = 16
 SEQ_MAX = 1 << 62
 DURATION_MAX_MS = 1e7
-SHARE_MIN = 0.75         # late at this share of its collectives at least (even odds: 1/2)
+WINSOR = 1 / 64          # the share of a rank's largest latenesses the z test lowers to the next
 ALPHA = 1e-3             # the odds of naming anybody in a healthy window, a judgement at most
 MIN_COLLECTIVES = 16     # complete sampled collectives a rank or host was in before it is named
+PERIOD_MIN, PERIOD_MAX = 4, 128  # periodic work of a period of so many collectives is set
+PERIODIC_SHARE = 0.75    # aside: one residue mod the period holding this share of its lateness
 CONFIRM = 2              # judgements in a row that name a straggler before it is said
 KEYS_MAX = 4096          # sampled collectives the master keeps
-JUDGE_KEYS = 64          # the newest complete ones of each group a judgement reads
-JUDGE_ARRIVALS = 1 << 17  # ... and their ranks' arrivals at most (its cost at 4096 ranks)
+JUDGE_KEYS = 256         # the newest complete ones of each group a judgement reads (rare, large
+#                          lateness needs them: 40-64 found a capped host in 3-28 % of windows)
+JUDGE_ARRIVALS = 1 << 17  # ... and their ranks' arrivals at most (its cost at 4096 ranks: 32
+#                          collectives of the default group, ~1.5 s of the master's CPU)
 SERIES_RANKS = 4         # ranks of each collective whose clocks give the interval
 STRAGGLERS_MAX = 16      # stragglers the record keeps
 OFFSETS_KEPT = 6         # round trips per host; the tightest counts
@@ -310,7 +338,8 @@ class Judge:
     def record(self):
         """(stragglers, straggle) as the record keeps them."""
         out = [{k: s[k] for k in ("host", "ranks", "share_last", "late_ms_median",
-                                  "interval_ms", "first_seen", "last_seen", "active")}
+                                  "late_ms_mean", "interval_ms", "first_seen", "last_seen",
+                                  "active")}
                for s in self.found.values()]
         return out, {"watched": self.watched, "signal": self.signal,
                      "collectives": self.complete, "window_s": self.window_s,
@@ -325,9 +354,9 @@ class Judge:
 
 def window(keys, size, host_of):
     """What a window's complete collectives say (the newest of each group, JUDGE_ARRIVALS
-    arrivals at most: a busy group does not crowd out the others): per rank and per host, at
-    how many it was later than the others (their median) by more than the uncertainties, and
-    by how much; the median interval between collectives (each rank's, on its own clock)."""
+    arrivals at most: a busy group does not crowd out the others): per rank and per host, its
+    lateness against the others (their median) at each, and beyond the uncertainties; the
+    median interval between collectives (each rank's, on its own clock)."""
     groups = {}
     for (pg, seq), v in keys.items():
         if len(v["r"]) >= max(2, size.get(pg, 0)):
@@ -347,7 +376,7 @@ def window(keys, size, host_of):
         else:
             continue
         complete += 1
-        _lateness(arrive, host_of, per_rank, per_host)
+        _lateness(seq, arrive, host_of, per_rank, per_host)
     gaps = []
     for points in series.values():
         points.sort()
@@ -379,13 +408,13 @@ def _newest(groups):
     return out
 
 
-def _lateness(arrive, host_of, per_rank, per_host):
+def _lateness(seq, arrive, host_of, per_rank, per_host):
     """Tally one collective: each rank's arrival against the median of the others'; each
     host's (the lower median of its ranks': a host is late when most of its ranks are)
     against the median of the other hosts'. Late when by more than the uncertainties of the
     two sides (a gloo host's clock offset is uncertain by half a round trip, the same error at
-    every collective: as if it were all lateness). Tallies: [collectives, late at, [lateness,
-    ...]]."""
+    every collective: as if it were all lateness). Tallies: [(lateness, lateness less the
+    uncertainties, seq), ...]."""
     items = sorted([(t, u, r) for r, (t, u) in arrive.items()])
     ts = [x[0] for x in items]
     n = len(ts)
@@ -396,11 +425,8 @@ def _lateness(arrive, host_of, per_rank, per_host):
         late = t_r - ((ts[lo] if lo < i else ts[lo + 1]) + (ts[hi] if hi < i else ts[hi + 1])) / 2.0
         tally = per_rank.get(r)
         if tally is None:
-            tally = per_rank[r] = [0, 0, []]
-        tally[0] += 1
-        if late > u_r + mid:
-            tally[1] += 1
-        tally[2].append(late)
+            tally = per_rank[r] = []
+        tally.append((late, late - u_r - mid, seq))
         host = host_of.get(r)
         pos = at.get(host)
         if pos is None:
@@ -417,35 +443,69 @@ def _lateness(arrive, host_of, per_rank, per_host):
         late = t_h - ((vs[lo] if lo < i else vs[lo + 1]) + (vs[hi] if hi < i else vs[hi + 1])) / 2.0
         tally = per_host.get(host)
         if tally is None:
-            tally = per_host[host] = [0, 0, []]
-        tally[0] += 1
-        if late > u_h + mid:
-            tally[1] += 1
-        tally[2].append(late)
+            tally = per_host[host] = []
+        tally.append((late, late - u_h - mid, seq))
 
 
-def tail(n, k):
-    """P(at least k of n fair coin tosses come up heads): how likely a rank that is no later
-    than the others is late at k of n collectives (each time even odds, or less)."""
-    return sum(math.comb(n, i) for i in range(k, n + 1)) / (1 << n)  # (exact: any n)
+def z_score(values):
+    """The mean of `values` over its standard error (0 for fewer than 2 or none above 0), its
+    largest WINSOR share (one at least) lowered to the next: one long stall neither makes the
+    mean nor, by its spread, hides the rest."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    top = max(1, int(n * WINSOR))
+    values = sorted(values)
+    values[n - top:] = [values[n - top - 1]] * top
+    mean = math.fsum(values) / n
+    var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
+    if var <= 0.0:
+        return math.inf if mean > 0 else 0.0
+    return mean / math.sqrt(var / n)
+
+
+def aperiodic(values, seqs):
+    """The indices of `values` outside the residue mod N (PERIOD_MIN <= N <= PERIOD_MAX) of the seqs
+    that holds the most of their positive part beyond its even share (1/N), when it holds
+    PERIODIC_SHARE of it or more: periodic work set aside (else all of them)."""
+    total = math.fsum(v for v in values if v > 0)
+    best, where = 0.0, None
+    if total > 0:
+        for period in range(PERIOD_MIN, PERIOD_MAX + 1):
+            sums = {}
+            for v, seq in zip(values, seqs, strict=True):
+                if v > 0:
+                    sums[seq % period] = sums.get(seq % period, 0.0) + v
+            residue, most = max(sums.items(), key=lambda kv: kv[1])
+            if most - total / period > best and most >= PERIODIC_SHARE * total:
+                best, where = most - total / period, (period, residue)
+    return [i for i, seq in enumerate(seqs) if where is None or seq % where[0] != where[1]]
 
 
 def name(figures, host_of, hosts, threshold):
     """The stragglers of a window's figures: a slow host with all its ranks, else ranks.
 
-    One is named when it was late (beyond the uncertainties) at SHARE_MIN of its collectives
-    or more, at odds below ALPHA (shared among every rank and host judged) were it no later
-    than the others (a sign test of the paired latenesses: a periodic stall of one rank does
-    not tip it), and by at least straggler_threshold of the median interval (median)."""
+    One is named when its mean lateness beyond the uncertainties is above zero at odds below
+    ALPHA (shared among every rank and host judged: a z test of the paired latenesses), its
+    mean lateness at least straggler_threshold of the median interval, and both hold outside
+    its periodic work (aperiodic())."""
     interval = figures["interval_ms"]
     if figures["complete"] < MIN_COLLECTIVES or not interval:
         return []
-    alpha = ALPHA / max(1, len(figures["rank"]) + len(figures["host"]))
+    judged = max(1, len(figures["rank"]) + len(figures["host"]))
+    z_min = statistics.NormalDist().inv_cdf(1.0 - ALPHA / judged)
+    cost = threshold * interval
 
     def straggles(t):
-        n, late, waits = t
-        return n >= MIN_COLLECTIVES and late >= SHARE_MIN * n and tail(n, late) <= alpha \
-            and statistics.median(waits) >= threshold * interval
+        n = len(t)
+        if n < MIN_COLLECTIVES or math.fsum(x[0] for x in t) < cost * n:
+            return False
+        waits, beyond, seqs = zip(*t, strict=True)
+        if z_score(beyond) < z_min:
+            return False
+        keep = aperiodic(beyond, seqs)
+        return len(keep) >= MIN_COLLECTIVES and z_score([beyond[i] for i in keep]) >= z_min \
+            and math.fsum(waits[i] for i in keep) >= cost * len(keep)
 
     out, said = [], set()
     for host, t in sorted(figures["host"].items(), key=lambda kv: str(kv[0])):
@@ -460,9 +520,11 @@ def name(figures, host_of, hosts, threshold):
 
 
 def _entry(host, ranks, t, interval):
-    return {"host": host, "ranks": ranks, "share_last": round(t[1] / t[0], 3),
-            "late_ms_median": round(statistics.median(t[2]), 3),
-            "interval_ms": round(interval, 3)}
+    waits = [x[0] for x in t]
+    return {"host": host, "ranks": ranks,
+            "share_last": round(sum(x[1] > 0 for x in t) / len(t), 3),
+            "late_ms_median": round(statistics.median(waits), 3),
+            "late_ms_mean": round(math.fsum(waits) / len(t), 3), "interval_ms": round(interval, 3)}
 
 
 def span(ranks):
@@ -470,11 +532,17 @@ def span(ranks):
 
 
 def words(s):
-    """A straggler in one sentence: who, how often late, how long the others wait for it and
-    what share of the run's time that is."""
-    cost = s["share_last"] * s["late_ms_median"] / s["interval_ms"] if s.get("interval_ms") \
-        else None
-    return "%s (%s) later than the others at %.0f %% of collectives, the others wait %.0f ms " \
+    """A straggler in one sentence: who, how long the others wait for it on average and what
+    share of the run's time that is (a record without the mean, from before: how often it was
+    late and the median wait)."""
+    mean, interval = _num(s.get("late_ms_mean")), _num(s.get("interval_ms"))
+    if mean is not None:
+        return "%s (%s): the others wait %.1f ms for it on average%s" % (
+            s["host"], span(s["ranks"]), mean,
+            ", about %.0f %% of the run's time" % (100 * min(1.0, max(0.0, mean / interval)))
+            if interval else "")
+    cost = s["share_last"] * s["late_ms_median"] / interval if interval else None
+    return "%s (%s): later than the others at %.0f %% of collectives, the others wait %.0f ms " \
         "(median) for it%s" % (
             s["host"], span(s["ranks"]), 100 * s["share_last"], s["late_ms_median"],
             ": about %.0f %% of the run's time" % (100 * min(1.0, cost)) if cost is not None
@@ -506,7 +574,8 @@ def read(value):
         if not isinstance(s, dict) or not isinstance(s.get("host"), str):
             continue
         ranks = s.get("ranks")
-        keys = ("share_last", "late_ms_median", "interval_ms", "first_seen", "last_seen")
+        keys = ("share_last", "late_ms_median", "late_ms_mean", "interval_ms", "first_seen",
+                "last_seen")
         nums = {k: _num(s.get(k)) for k in keys}
         if not (isinstance(ranks, list) and 0 < len(ranks) <= 4096 and all(
                 isinstance(r, int) and not isinstance(r, bool) for r in ranks)) \
