@@ -161,16 +161,19 @@ def test_the_watchs_partial_reads_and_the_fatal_events_not_kept_are_shown():
     s = running(["n0", "n1"])
     watch = {"kmsg": "/dev/kmsg (the kernel log overran: 39 records were lost before they "
                      "were read)", "kmsg_error": None, "gpu": None, "dropped": 0,
-             "gpu_error": "nvml: nvmlDeviceGetTotalEccErrors: Timeout"}
+             "gpu_error": "nvml: nvmlDeviceGetTotalEccErrors: Timeout",
+             "watch_error": "the hardware watch failed: boom (2 times)"}
     beat(s, "n1", 1100.0, [xid79(gpu=g, age_s=1.0) for g in range(40)], watch=watch)
     checks = hardware_checks(s.record(), ["n0", "n1"])["checks"]
     assert [(c["id"], c["severity"]) for c in checks] == [
-        ("run.hardware", "error"), ("host.kmsg", "warning"), ("run.hardware", "warning")]
+        ("run.hardware", "error"), ("host.kmsg", "warning"), ("run.hardware", "warning"),
+        ("run.hardware", "warning")]
     assert checks[0]["detail"].endswith("; and 36 more fatal events")  # 4 shown, 28 + 8
     assert checks[1]["detail"] == ("/dev/kmsg: the kernel log overran: 39 records were lost "
                                    "before they were read")
     assert checks[2]["detail"] == ("the GPUs were not wholly watched: nvml: "
                                    "nvmlDeviceGetTotalEccErrors: Timeout")
+    assert checks[3]["detail"] == "the hardware watch failed: boom (2 times)"
 
 
 # -- item 3: each event's own slack --------------------------------------------------------------

@@ -296,6 +296,10 @@ def hardware_checks(record, hosts):
                                 "install nvidia-ml-py in the agents' Python, or fix what the "
                                 "message names: Xids still come from the kernel log",
                                 severity=WARNING))
+        if watch and watch.get("watch_error"):  # the watch's own crash, not the log's
+            checks.append(check("run.hardware", host, False, watch["watch_error"],
+                                "a fault of torchfleet's hardware watch: its other sources "
+                                "went on; report it with the agent's log", severity=WARNING))
     return {"checks": checks, "drain": drain, "hardware": events, "hardware_dropped": more}
 
 

@@ -31,9 +31,10 @@ collective.json), the Python API, the CLI and the HTML report read that copy:
                   "untimed": [host whose NCCL collectives are not timed, ...]},
      "hosts": [{"host", "node_rank", "ranks": [first, last], "state", "rc", "alive",
                 "progress_ts", "ranks_at", "last_line", "last_seen", "pid", "elapsed_s",
-                "watch": {"kmsg", "kmsg_error", "gpu", "gpu_error", "dropped"}, "events": count,
+                "watch": {"kmsg", "kmsg_error", "gpu", "gpu_error", "watch_error", "dropped"},
+                "events": count,
                 "dropped": warnings the master did not keep, "fatal_more": fatal events past
-                FATAL_PER_HOST that could not change the judgement}]}
+                FATAL_PER_HOST or FATAL_PER_MESSAGE that could not change the judgement}]}
     FAILURE = {"host", "node_rank", "reason", "detail", "rc", "rank", "local_rank",
                "exitcode", "root_cause", "consequence", "last_line", "at_s", "detected_s",
                "collective", "waited", "event", and where they apply "stalled" (the rank that
@@ -262,6 +263,7 @@ def watch_status(value):
             "kmsg_error": _text(value.get("kmsg_error"), 400) or None,
             "gpu": _text(value.get("gpu"), 20) or None,
             "gpu_error": _text(value.get("gpu_error"), 400) or None,
+            "watch_error": _text(value.get("watch_error"), 400) or None,
             "dropped": min(COUNT_MAX, max(0, _int(value.get("dropped")) or 0))}
 
 
