@@ -559,3 +559,40 @@ def test_a_hosts_spread_among_its_own_ranks_is_not_lateness():
                                                      for r, a in arrive.items()}}
         figures = straggle.window(keys, {"0": 16}, host_of)
         assert straggle.name(figures, host_of, hosts, 0.05) == []
+
+
+def test_a_tensor_parallel_group_per_host_leaves_room_for_the_data_parallel_collectives():
+    """128 hosts x 8 ranks: a tensor-parallel group of each host's 8 ranks and 8 data-parallel
+    groups across the hosts, each rank's sample 40 rows of the one and 13 of the other (the
+    byte budget's share). The master kept keys oldest-first run-wide: 128 x 40 tensor-parallel
+    keys a sample pushed every data-parallel collective out before all 128 hosts' rows came,
+    and no host was tallied. Now each group's oldest go first: every host is tallied, and
+    one whose ranks call 3 ms late (a tenth of the interval) is named."""
+    n_hosts, per = 128, 8
+    hosts = {"n%d" % h: (h * per, h * per + per - 1) for h in range(n_hosts)}
+    judge = straggle.Judge(hosts, 30.0, 0.05)
+    for h in hosts:
+        judge.offsets.measured(h, 0.0, 0.0001)
+    rng = random.Random(7)
+    now = 0.0
+    for sample in range(7):
+        order = list(range(n_hosts))
+        rng.shuffle(order)
+        for h in order:
+            late = 3.0 if h == 5 else 0.0
+            rows = {}
+            for local in range(per):
+                base = sample * 1000
+                rows[h * per + local] = [
+                    ["tp%d" % h, base + s, int(((sample * 5 + s * 0.03) * 1e3
+                                                + rng.random() * 0.2) * 1e6), -1.0]
+                    for s in range(40)] + [
+                    ["dp%d" % local, base + s, int(((sample * 5 + s * 0.03) * 1e3 + late
+                                                    + rng.random() * 0.2) * 1e6), -1.0]
+                    for s in range(13)]
+            judge.add("n%d" % h, now + h / n_hosts, rows)
+        now += 5.0
+    figures = straggle.window(judge.keys, judge.size, judge.host_of)
+    assert len(figures["host"]) == n_hosts
+    named = straggle.name(figures, judge.host_of, judge.hosts, judge.threshold)
+    assert [s["host"] for s in named] == ["n5"], named

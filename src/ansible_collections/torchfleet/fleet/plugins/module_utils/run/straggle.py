@@ -90,7 +90,12 @@ MIN_COLLECTIVES = 16     # complete sampled collectives a rank or host was in be
 PERIOD_MIN, PERIOD_MAX = 4, 128  # periodic work of a period of so many collectives is set
 PERIODIC_SHARE = 0.75    # aside: one residue mod the period holding this share of its lateness
 CONFIRM = 2              # judgements in a row that name a straggler before it is said
-KEYS_MAX = 4096          # sampled collectives the master keeps
+KEYS_MAX = 1 << 16       # sampled collectives the master keeps (what it holds is bounded by
+#                          the hosts' byte budget over a window; this bounds the keys alone)
+GROUP_KEYS = 512         # ... of one group at most: a group's oldest go first, never another
+#                          group's (a tensor-parallel group per host, 512 of them, filled a
+#                          run-wide oldest-first bound before a data-parallel collective's rows
+#                          from every host came: no host was tallied from 128 hosts up)
 JUDGE_KEYS = 256         # the newest complete ones of each group a judgement reads (rare, large
 #                          lateness needs them: 40-64 found a capped host in 3-28 % of windows)
 JUDGE_ARRIVALS = 1 << 17  # ... and their ranks' arrivals at most (its cost at 4096 ranks: 32
@@ -262,6 +267,7 @@ class Judge:
         # (group, seq) -> {"seen": t, "r": {rank: (its own clock's ms, duration_ms or None,
         # (call ms on the master's clock, uncertainty ms) or None before a round trip)}}
         self.keys = {}
+        self.order = {}               # group -> {seq: None}, its keys oldest first
         self.size = {}                # group -> most ranks seen at one of its collectives
         self.found = {}               # (host, ranks) -> straggler, as record() shows it
         self.signal = ""              # "durations" (NCCL) or "calls" (gloo), once seen
@@ -278,14 +284,26 @@ class Judge:
             for pg, seq, t_ns, dur in found:
                 key = self.keys.get((pg, seq))
                 if key is None:
+                    mine = self.order.setdefault(pg, {})
+                    if len(mine) >= GROUP_KEYS:  # this group's oldest
+                        self._forget((pg, next(iter(mine))))
                     if len(self.keys) >= KEYS_MAX:  # the first kept, about the oldest
-                        del self.keys[next(iter(self.keys))]
+                        self._forget(next(iter(self.keys)))
                     key = self.keys[(pg, seq)] = {"seen": now, "r": {}}
+                    self.order.setdefault(pg, {})[seq] = None
                 local_ms = t_ns / 1e6
                 call = None if offset is None else (local_ms - offset[0] * 1e3,
                                                     max(offset[1] * 1e3, CALL_FLOOR_MS))
                 key["r"][rank] = (local_ms, dur if dur >= 0 else None, call)
                 self.size[pg] = max(self.size.get(pg, 0), len(key["r"]))
+
+    def _forget(self, key):
+        self.keys.pop(key, None)
+        mine = self.order.get(key[0])
+        if mine is not None:
+            mine.pop(key[1], None)
+            if not mine:
+                del self.order[key[0]]
 
     def due(self, now):
         if now < self.next_judge:
@@ -296,7 +314,7 @@ class Judge:
     def judge(self, now):
         """Judge the window ending now; returns the stragglers named (their record entries)."""
         for k in [k for k, v in self.keys.items() if now - v["seen"] > self.window_s]:
-            del self.keys[k]
+            self._forget(k)
         live = {pg for pg, _seq in self.keys}
         self.size = {pg: n for pg, n in self.size.items() if pg in live}
         figures = window(self.keys, self.size, self.host_of)
