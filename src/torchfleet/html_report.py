@@ -12,6 +12,7 @@ from pathlib import Path
 # The tables' rendering of a min / median / max spread, shared with the plays' summaries.
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import table
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.nccl_log import describe
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import straggle
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import (
     evidence, more_warnings)
 
@@ -405,9 +406,10 @@ def _stragglers(result: Result) -> str:
         ranks = s.get("ranks") or [0]
         label = "%s (%s)" % (s.get("host", ""), "rank %s" % ranks[0] if len(ranks) == 1
                              else "ranks %s-%s" % (ranks[0], ranks[-1]))
-        title = "%s: last at %.0f%% of collectives, the others waited %.0f ms (median), %s to %s" % (
-            label, 100 * float(s.get("share_last") or 0), float(s.get("late_ms_median") or 0),
-            s.get("first_seen"), s.get("last_seen"))
+        title = "%s, %s to %s" % (straggle.words(dict(
+            s, host=s.get("host", ""), ranks=ranks, share_last=float(s.get("share_last") or 0),
+            late_ms_median=float(s.get("late_ms_median") or 0))), s.get("first_seen"),
+            s.get("last_seen"))
         bar = ""
         if start is not None and end is not None and first is not None and last is not None \
                 and end > start:

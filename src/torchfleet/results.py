@@ -215,8 +215,9 @@ class Result:
     hardware: list[dict[str, Any]] = field(default_factory=list)
     # {host: warnings not kept} (a fatal event is never dropped): "and N more warnings".
     hardware_dropped: dict[str, int] = field(default_factory=dict)
-    # The stragglers the master named ({host, ranks, share_last, late_ms_median, first_seen,
-    # last_seen}) and how they were watched ({watched, signal, started, ended}).
+    # The stragglers the master named ({host, ranks, late_ms_mean, interval_ms, share_last,
+    # late_ms_median, first_seen, last_seen}) and how they were watched ({watched, signal,
+    # started, ended}).
     stragglers: list[dict[str, Any]] = field(default_factory=list)
     straggle: dict[str, Any] = field(default_factory=dict)
     preflight: Result | None = None

@@ -101,9 +101,9 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
         "rank's Flight Recorder); with straggler_action=restart, a host that stays one this "
         "long ends the attempt."))),
     (("straggler_threshold", "float", 0.05), dict(description=(
-        "A rank last to arrive at half the sampled collectives or more is a straggler when the "
-        "others wait for it at least this fraction of the interval between collectives "
-        "(median)."))),
+        "A rank or host is a straggler when the others wait for it, on average over the "
+        "sampled collectives and beyond chance, at least this fraction of the interval between "
+        "collectives (median)."))),
     (("straggler_action", "str", "warn"), dict(choices=("warn", "restart"), description=(
         "warn names a straggler in status, progress and the report; restart also ends the "
         "attempt (run.straggler) and starts the run again without its host (max_restarts, "

@@ -170,8 +170,10 @@ hardware_dropped:
   type: dict
 stragglers:
   description: Each rank or host the others waited for, as the master named it during the
-    run, host, ranks, share_last (the fraction of sampled collectives it was last at),
-    late_ms_median (the others' median wait for it), first_seen and last_seen (ISO 8601 UTC).
+    run, host, ranks, late_ms_mean (the others' mean wait for it at a sampled collective, what
+    named it), interval_ms (the median interval between collectives), share_last (the fraction
+    of sampled collectives it was late at beyond the clocks' uncertainties), late_ms_median
+    (the others' median wait for it), first_seen and last_seen (ISO 8601 UTC).
   returned: always
   type: list
   elements: dict

@@ -236,11 +236,13 @@ REGISTRY = (
          'give the ranks more memory or use less; the host is not drained '
          '(`restart_on=any` restarts the run)'),
     Unit(('run.straggler',), RUN,
-         'a rank or host the others waited for: last to arrive at half the sampled '
-         'collectives or more, the others waiting at least `straggler_threshold` of the '
-         'interval between collectives (from the ranks\' Flight Recorders: NCCL\'s GPU-timed '
-         'durations, gloo\'s call times on offsets the master measured); a warning, an error '
-         'when `straggler_action=restart` ended the attempt with it',
+         'a rank or host the others waited for: at each sampled collective of its own '
+         'groups, later than the others (their median) beyond the clocks\' uncertainties, on '
+         'average at least `straggler_threshold` of the interval between collectives and '
+         'beyond chance (a z test), periodic work of the script set aside (from the ranks\' '
+         'Flight Recorders: NCCL\'s GPU-timed durations, gloo\'s call times on offsets the '
+         'master measured); a warning, an error when `straggler_action=restart` ended the '
+         'attempt with it',
          "look at the host's GPU clocks and thermals, CPU load and NIC rate; "
          '`straggler_action=restart` with a spare replaces it'),
     Unit(('host.kmsg',), RUN,

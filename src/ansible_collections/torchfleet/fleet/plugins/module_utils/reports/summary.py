@@ -325,6 +325,8 @@ def straggler_checks(record, hosts):
             "stragglers": [{"host": s["host"], "ranks": s["ranks"],
                             "share_last": s["share_last"],
                             "late_ms_median": s["late_ms_median"],
+                            "late_ms_mean": s["late_ms_mean"],
+                            "interval_ms": s["interval_ms"],
                             "first_seen": _iso(s["first_seen"]),
                             "last_seen": _iso(s["last_seen"])} for s in found]}
 

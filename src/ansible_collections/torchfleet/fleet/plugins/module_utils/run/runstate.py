@@ -42,9 +42,9 @@ collective.json), the Python API, the CLI and the HTML report read that copy:
     EVENT = {"host", "source", "kind", "code", "gpu", "pci_bus", "rank", "pid", "fatal",
              "what", "line", "at", "age_err_s" (it happened between at - age_err_s and at),
              "count" (how many times it was seen)}
-    STRAGGLER = {"host", "ranks", "share_last", "late_ms_median", "interval_ms", "first_seen",
-                 "last_seen", "active"} (times on the master's clock; active: named at the
-                 last judgement)
+    STRAGGLER = {"host", "ranks", "share_last", "late_ms_median", "late_ms_mean",
+                 "interval_ms", "first_seen", "last_seen", "active"} (times on the master's
+                 clock; active: named at the last judgement)
 
 A host's hardware events (hwwatch.py) come in its heartbeats: a fatal one is a cause
 (`hardware`), a fatal OOM kill (its victim one of the run's processes, whether or not the
