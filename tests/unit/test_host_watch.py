@@ -308,6 +308,40 @@ def test_a_rank_in_its_own_cgroup_with_another_pid_namespace(tmp_path, rank_with
     assert (other["pid"], other["rank"], other["fatal"]) == (3141593, None, False)
 
 
+def test_a_container_rank_at_its_cgroup_namespace_root_is_tied_by_its_cgroups_oom_count(
+        tmp_path, rank_with_worker):
+    """Docker's default on cgroup v2: the ranks see their cgroup as "/" (a cgroup namespace of
+    their own) and their PIDs in a PID namespace of their own, so neither the kernel's
+    task_memcg nor its PID is theirs. The rank's cgroup counts the kill (memory.events.local's
+    oom_kill; v1's memory.oom_control): that ties it, once; a kill it did not count, or a
+    cgroup shared with another host's processes, ties nothing."""
+    rank, worker = rank_with_worker
+    _path, rel = hwwatch.own_cgroup(rank)
+    fs = tmp_path / "cgroup"
+    (fs / rel).mkdir(parents=True)
+    events = fs / rel / "memory.events.local"
+    events.write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 0\n")
+    (fs / rel / "cgroup.procs").write_text("%d\n%d\n" % (rank, worker))
+    w, log = watch(tmp_path, cgroup_fs=str(fs))
+    ranks = {rank: (0, 2)}
+    w.look(1.0, ranks)
+    events.write_text("low 0\nhigh 0\nmax 3\noom 2\noom_kill 1\n")
+    write(log, oom_kill(3141592, "/system.slice/docker-0123abcd.scope"), killed(3141592))
+    (event,) = sent(w, 2.0, ranks)
+    assert (event["pid"], event["rank"], event["fatal"]) == (3141592, 2, True)
+    # Another kill the cgroup did not count (another container's): not the run's.
+    write(log, oom_kill(3141593, "/system.slice/docker-4567ef.scope"), killed(3141593))
+    (other,) = sent(w, 3.0, ranks)
+    assert (other["pid"], other["rank"], other["fatal"]) == (3141593, None, False)
+    # Counted, but the cgroup holds a process outside this agent's tree (the lab's shared
+    # cgroup): not claimed.
+    events.write_text("low 0\nhigh 0\nmax 3\noom 3\noom_kill 2\n")
+    (fs / rel / "cgroup.procs").write_text("%d\n%d\n4194000\n" % (rank, worker))
+    write(log, killed(3141594))
+    (third,) = sent(w, 4.0, ranks)
+    assert (third["pid"], third["fatal"]) == (3141594, False)
+
+
 def test_the_oom_kill_summary_waits_for_its_killed_process_line(tmp_path):
     """4.19+ writes oom-kill:... then "Killed process N": read by two looks, one event."""
     w, log = watch(tmp_path)

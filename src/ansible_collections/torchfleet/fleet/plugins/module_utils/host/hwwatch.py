@@ -293,6 +293,7 @@ class HostWatch:
         self.tree = {}      # PID of a rank's descendant (or the ranks' torchrun) -> rank or None
         self.tree_seen = {}  # its PID -> when a walk last found it alive
         self.rank_facts = {}  # rank PID -> (CUDA_VISIBLE_DEVICES, LOCAL_RANK, own_cgroup())
+        self.oom_kills = {}   # a rank cgroup's directory -> its own OOM kills, when last read
         self.gone, self.walk_m = set(), 0.0  # ranks seen dead; when the tree is walked next
         self.gpu_pids = {}  # GPU -> the PIDs NVML last saw computing on it
         self.warned = self.dropped = 0
@@ -335,6 +336,8 @@ class HostWatch:
                 self.rank_facts[pid] = (
                     None if visible_ is None else visible_.decode(errors="replace"),
                     int(local) if local.isdigit() else rank[0], cgroup)
+                if cgroup and cgroup[1] not in self.oom_kills:
+                    self.oom_kills[cgroup[1]] = oom_kills(self.cgroup_fs, cgroup[1])
                 parent = procs.parent(pid)
                 if parent and parent not in ranks and parent != os.getpid():
                     self._remember(parent, None, now_m)  # torchrun: the run's, no rank's
@@ -397,21 +400,48 @@ class HostWatch:
             path = None
         if (pid in ranks or pid in self.tree) and not self._outside(path, ranks):
             rank = ranks[pid] if pid in ranks else self.tree[pid]
+            self._counted()
             return True, rank[1] if rank else None
-        if path is None:
-            return False, None
         within = [(p, facts[2]) for p, facts in self.rank_facts.items()
-                  if facts[2] and same_cgroup(path, facts[2][0])]
+                  if facts[2] and path is not None and same_cgroup(path, facts[2][0])]
         if not within:
-            return False, None
-        procs_text = _read(os.path.join(self.cgroup_fs, within[0][1][1], "cgroup.procs"), 65536)
-        if procs_text is None or len(procs_text) >= 65536:
-            return False, None
-        ours = self._ours()
-        if any(not x.isdigit() or int(x) not in ours for x in procs_text.split()):
+            within = self._killed_within()
+        if not within or not self._only_ours(within[0][1][1]):
             return False, None  # another lab host's, another program's: not claimed
         tied = {ranks.get(p, (None, None))[1] for p, _ in within} - {None}
+        self._counted()
         return True, tied.pop() if len(tied) == 1 else None
+
+    def _counted(self):
+        """A kill tied by its PID or path is counted in its cgroup too: taken from the counts,
+        so that another program's line never takes it later."""
+        for rel in self.oom_kills:
+            self.oom_kills[rel] = oom_kills(self.cgroup_fs, rel)
+
+    def _killed_within(self):
+        """The ranks whose own cgroup counts an OOM kill more than when last read (cgroup v2's
+        memory.events.local, v1's memory.oom_control): a container whose ranks see their
+        cgroup as "/" (its own cgroup namespace, Docker's default on cgroup v2) and their PIDs
+        in a PID namespace of their own, where neither the kernel's path nor its PID is theirs.
+        The kill is taken from the count, once."""
+        for rel, before in list(self.oom_kills.items()):
+            now = oom_kills(self.cgroup_fs, rel)
+            if now is not None and before is not None and now > before:
+                self.oom_kills[rel] = before + 1
+                return [(p, facts[2]) for p, facts in self.rank_facts.items()
+                        if facts[2] and facts[2][1] == rel]
+            if before is None:
+                self.oom_kills[rel] = now
+        return []
+
+    def _only_ours(self, rel):
+        """Whether the cgroup holds this agent's own processes alone (the lab's hosts share one
+        kernel and may share one cgroup: another host's victim is never claimed)."""
+        procs_text = _read(os.path.join(self.cgroup_fs, rel, "cgroup.procs"), 65536)
+        if procs_text is None or len(procs_text) >= 65536:
+            return False
+        ours = self._ours()
+        return all(x.isdigit() and int(x) in ours for x in procs_text.split())
 
     def _outside(self, path, ranks):
         """Whether the kernel's task_memcg path is in none of the ranks' cgroups (a PID of the
@@ -504,9 +534,11 @@ class HostWatch:
                 if not fault["sent"]:
                     kept = fault["event"]
                     kept["cgroup"] = kept.get("cgroup") or event.get("cgroup")
+                    tied = kept.get("fatal") is True
                     if "oom-kill:" in kept["line"]:
                         kept.update(line=event["line"], what=event["what"])
-                    self._judge(kept, ranks)
+                    if not tied:  # (a kill tied once stays so: its cgroup's count is taken)
+                        self._judge(kept, ranks)
                 return
             if event.get("fatal") and not fault["event"].get("fatal") \
                     and self._turned_fatal(key, fault, event, now_m, ranks):
@@ -631,6 +663,17 @@ def own_cgroup(pid):
         if hierarchy == "0" and controllers == "":
             unified = (path, path.lstrip("/"))
     return unified
+
+
+def oom_kills(cgroup_fs, rel):
+    """How many processes the OOM killer ended in this cgroup itself (cgroup v2's
+    memory.events.local, v1's memory.oom_control), None where neither says."""
+    for name in ("memory.events.local", "memory.oom_control"):
+        for line in (_read(os.path.join(cgroup_fs, rel, name), 4096) or "").splitlines():
+            key, _sep, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value.strip())
+    return None
 
 
 def same_cgroup(kernel_path, own_path):
