@@ -426,7 +426,9 @@ def test_warn_names_the_straggler_in_the_record_status_and_train_json_and_fails_
     assert [(c["id"], c["host"], c["severity"]) for c in out["checks"]] == [
         ("run.straggler", "node2", "warning")]
     assert set(out["stragglers"][0]) == {"host", "ranks", "share_last", "late_ms_median",
-                                         "first_seen", "last_seen"}
+                                         "late_ms_mean", "interval_ms", "first_seen",
+                                         "last_seen"}
+    assert round(out["stragglers"][0]["late_ms_mean"]) == 30  # what named it, in train.json too
     assert out["stragglers"][0]["first_seen"].endswith("Z")
     assert "warning: straggler node2" in verdict("train", out["checks"])
 

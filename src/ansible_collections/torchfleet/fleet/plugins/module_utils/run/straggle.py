@@ -434,35 +434,30 @@ def _lateness(seq, arrive, host_of, per_rank, per_host):
     every collective: as if it were all lateness). Tallies: [(lateness, lateness less the
     uncertainties, seq), ...]."""
     items = sorted([(t, u, r) for r, (t, u) in arrive.items()])
-    ts = [x[0] for x in items]
-    n = len(ts)
-    mid = sorted([x[1] for x in items])[n // 2]
-    lo, hi = (n - 2) // 2, (n - 1) // 2  # the median of the others: ts[lo], ts[hi] without i
+    mid = sorted([x[1] for x in items])[len(items) // 2]
+    _against_others(seq, items, mid, per_rank)
     at = {}
-    for i, (t_r, u_r, r) in enumerate(items):
-        late = t_r - ((ts[lo] if lo < i else ts[lo + 1]) + (ts[hi] if hi < i else ts[hi + 1])) / 2.0
-        tally = per_rank.get(r)
-        if tally is None:
-            tally = per_rank[r] = []
-        tally.append((late, late - u_r - mid, seq))
-        host = host_of.get(r)
-        pos = at.get(host)
-        if pos is None:
-            at[host] = [i]
-        else:
-            pos.append(i)
+    for i, (_t, _u, r) in enumerate(items):
+        at.setdefault(host_of.get(r), []).append(i)
     if len(at) < 2:
         return  # one host's group: its ranks are compared, the host with nobody
-    values = sorted(items[pos[(len(pos) - 1) // 2]][:2] + (host,) for host, pos in at.items())
-    vs = [v[0] for v in values]
-    n = len(vs)
-    lo, hi = (n - 2) // 2, (n - 1) // 2
-    for i, (t_h, u_h, host) in enumerate(values):
-        late = t_h - ((vs[lo] if lo < i else vs[lo + 1]) + (vs[hi] if hi < i else vs[hi + 1])) / 2.0
-        tally = per_host.get(host)
+    _against_others(seq, sorted(items[pos[(len(pos) - 1) // 2]][:2] + (host,)
+                                for host, pos in at.items()), mid, per_host)
+
+
+def _against_others(seq, values, mid, tallies):
+    """Each of values ([(time, uncertainty, who)], sorted by time) against the median of the
+    others' times, tallied for who: (lateness, lateness less its and the others' (mid)
+    uncertainties, seq)."""
+    ts = [v[0] for v in values]
+    n = len(ts)
+    lo, hi = (n - 2) // 2, (n - 1) // 2  # the median of the others: ts[lo], ts[hi] without i
+    for i, (t, u, who) in enumerate(values):
+        late = t - ((ts[lo] if lo < i else ts[lo + 1]) + (ts[hi] if hi < i else ts[hi + 1])) / 2.0
+        tally = tallies.get(who)
         if tally is None:
-            tally = per_host[host] = []
-        tally.append((late, late - u_h - mid, seq))
+            tally = tallies[who] = []
+        tally.append((late, late - u - mid, seq))
 
 
 def z_score(values):
