@@ -248,9 +248,11 @@ REGISTRY = (
     Unit(('host.kmsg',), RUN,
          "the kernel log could not be read during the run, or preflight found it unreadable "
          '(a non-root agent where `kernel.dmesg_restrict=1`): hardware events are not seen '
-         'there; a warning',
+         'there; or it overran (the kernel printed faster than the watch read, records were '
+         'lost unread); a warning',
          'run the agents as root, `sysctl kernel.dmesg_restrict=0`, add the user to group '
-         'adm / systemd-journal, or set `kernel_log` to a readable file'),
+         'adm / systemd-journal, or set `kernel_log` to a readable file; for an overrun, find '
+         'the flood in the kernel log'),
     Unit(('run.timeout',), RUN,
          'the run outlived `job_timeout_s`',
          'raise `job_timeout_s`'),
