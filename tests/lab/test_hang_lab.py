@@ -13,6 +13,8 @@ from torchfleet.results import load
 pytestmark = pytest.mark.lab
 SCRIPT = FIXTURES / "scripts" / "collective_fault.py"
 AT = 15  # the collective the bad rank (3, the second of node1) goes wrong before
+STUCK = next(i for i, line in enumerate(SCRIPT.read_text().splitlines(), 1)
+             if "STUCK-HERE" in line)
 HEAD = "train failed: hang at collective #%d (all_reduce, 1.0 MiB, group 0): node1 rank 3 " % AT
 
 
@@ -24,7 +26,7 @@ def run_fault(lab, tmp_path, fault, *extra):
 
 
 @pytest.mark.parametrize("fault, named", [
-    ("sleep", "never joined; it is in load_batch (collective_fault.py:27)"),
+    ("sleep", "never joined; it is in load_batch (collective_fault.py:%d)" % STUCK),
     # Its log keeps growing: only the collectives say it is stuck.
     ("print", "never joined; it is in load_batch (collective_fault.py:"),
     ("other_op", "called all_gather (16 B, Float)"),

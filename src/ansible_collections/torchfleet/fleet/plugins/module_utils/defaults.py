@@ -233,8 +233,9 @@ TEARDOWN_S = 2.0        # an aborted torchrun already ending after a rank's deat
 ABORT_GRACE_S = 0.5     # after the first failure, before an agent stops its own torchrun
 SETTLE_SLACK_S = 5.0    # the master waits this much past the stops for the last reports
 CLOSED_LOST_S = 3.0     # an agent's connection closed without its exit, not back within: lost
-HW_SLACK_S = 2.0        # a rank's death this soon before its host's hardware event is its consequence,
-                        # beyond the event's own dating uncertainty (its age_err_s: runstate.slack)
+# A rank's death this soon before its host's hardware event is its consequence, beyond the
+# event's own dating uncertainty (its age_err_s: runstate.slack).
+HW_SLACK_S = 2.0
 PYSPY_TIMEOUT_S = 60.0  # one py-spy dump of a rank's stack (a host's ranks are dumped at once)
 FR_DUMP_S = 5.0         # after the stacks, each rank's Flight Recorder dump may take this long
 DUMP_S = PYSPY_TIMEOUT_S + FR_DUMP_S + 10.0  # the master waits this long for a hang's stacks

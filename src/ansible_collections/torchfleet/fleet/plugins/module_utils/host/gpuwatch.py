@@ -581,8 +581,8 @@ class GpuWatch:
             if fields is None:     # asked once the driver answers it
                 out, why = self._smi(["nvidia-smi", "--help-query-gpu"])
                 fields = smi_fields(parse_help(out)) if why is None else None
-                self.whole_why = (None if fields else "nvidia-smi --help-query-gpu: %s"
-                            % (str(why)[:200] if why is not None else "no index field"))
+                self.whole_why = None if fields else "nvidia-smi --help-query-gpu: %s" % (
+                    str(why)[:200] if why is not None else "no index field")
             if fields is not None:
                 out, why = self._smi(["nvidia-smi", "--query-gpu=" + fields, "--format=csv"])
                 sample = parse_smi(out) if why is None else {}

@@ -379,7 +379,7 @@ class HostWatch:
     def _ours(self):
         """This agent's own processes: its ancestors and everything below it."""
         out, pid = set(), os.getpid()
-        for _ in range(64):
+        for _step in range(64):
             if not pid or pid in out:
                 break
             out.add(pid)
@@ -408,7 +408,7 @@ class HostWatch:
             within = self._killed_within()
         if not within or not self._only_ours(within[0][1][1]):
             return False, None  # another lab host's, another program's: not claimed
-        tied = {ranks.get(p, (None, None))[1] for p, _ in within} - {None}
+        tied = {ranks.get(p, (None, None))[1] for p, _cgroup in within} - {None}
         self._counted()
         return True, tied.pop() if len(tied) == 1 else None
 
@@ -543,7 +543,7 @@ class HostWatch:
             if event.get("fatal") and not fault["event"].get("fatal") \
                     and self._turned_fatal(key, fault, event, now_m, ranks):
                 return
-            more = sum(not self._paired(fault, event, at) for _ in range(_count(event)))
+            more = sum(not self._paired(fault, event, at) for _sighting in range(_count(event)))
             if not more:
                 return
             fault["count"] += more

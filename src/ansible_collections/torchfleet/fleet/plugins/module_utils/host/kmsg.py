@@ -398,7 +398,7 @@ class KernelLog:
             return False
         finally:
             os.close(out)
-        for _ in range(MARK_RECORDS):
+        for _record in range(MARK_RECORDS):
             try:
                 record = os.read(self.fd, 8192)
             except BlockingIOError:

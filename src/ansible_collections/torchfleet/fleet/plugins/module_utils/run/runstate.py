@@ -70,6 +70,7 @@ the watch's look.
 from __future__ import annotations
 
 import heapq
+import math
 import re
 import time
 
@@ -157,7 +158,9 @@ def _int(value):
 
 def _bounded(value, low, high, default):
     value = _number(value, default)
-    return default if value != value else min(high, max(low, value))  # (NaN: the default)
+    if isinstance(value, float) and math.isnan(value):
+        return default
+    return min(high, max(low, value))
 
 
 def _event(e):
@@ -691,8 +694,8 @@ class RunState:
         of its host it takes the place of the newest (its event and its failure go), so the
         host's earliest cause is never lost and the record stays bounded; else False."""
         mine = [x for x in self.events if x["host"] == host and x["fatal"]]
-        if not mine or e["at"] - slack({"event": e}) >= min(x["at"] - slack({"event": x})
-                                                             for x in mine):
+        earliest = min(x["at"] - slack({"event": x}) for x in mine) if mine else None
+        if earliest is None or e["at"] - slack({"event": e}) >= earliest:
             return False
         newest = max(mine, key=lambda x: x["at"])
         self.events = [x for x in self.events if x is not newest]
