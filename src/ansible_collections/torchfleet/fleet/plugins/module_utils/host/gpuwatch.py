@@ -97,12 +97,20 @@ def _int(text, base=10):
         return None
 
 
-def _bus(text):
-    """'0000:00:06.0' (the kernel's, /proc/driver/nvidia/gpus') from NVML's and nvidia-smi's
-    '00000000:00:06.0'; None."""
-    bus = (text.decode("ascii", "replace") if isinstance(text, bytes) else str(text or ""))
-    bus = bus.strip().lower()[:32]
-    return (bus[4:] if len(bus) == 16 else bus) or None
+_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_BUS_NO_FN = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}$")
+
+def bus_id(text):
+    """A PCI address as sysfs and the kernel write it (0000:5d:00.0) from NVML's and
+    nvidia-smi's (00000000:5D:00.0, str or bytes) or an Xid line's (0000:5d:00); None for
+    anything else."""
+    text = (text.decode("ascii", "replace") if isinstance(text, bytes) else str(text or ""))
+    text = text.strip().lower()[:32]
+    if len(text) == 16 and text.startswith("0000"):
+        text = text[4:]
+    if _BUS_NO_FN.match(text):
+        text += ".0"
+    return text if _BDF.match(text) else None
 
 
 def _rows(text, first):
@@ -126,7 +134,7 @@ def parse_smi(text):
         pending = row.get("remapped_rows.pending")
         reasons = next((row[f] for f in REASON_FIELDS if f in row), "")
         out[index] = {
-            "pci_bus": _bus(row.get("pci.bus_id")),
+            "pci_bus": bus_id(row.get("pci.bus_id")),
             "ecc_uncorrected": _int(row.get("ecc.errors.uncorrected.volatile.total", "")),
             "remap_pending": pending == "Yes" if pending in ("Yes", "No") else None,
             "reasons": _int(reasons, 16) if reasons.startswith("0x") else None}
@@ -157,7 +165,7 @@ def parse_apps(text):
         return None
     out = {}
     for row in _rows(text, "gpu_bus_id"):
-        pid, bus = _int(row.get("pid", "")), _bus(row.get("gpu_bus_id"))
+        pid, bus = _int(row.get("pid", "")), bus_id(row.get("gpu_bus_id"))
         if pid is not None and pid > 0 and bus:
             out.setdefault(bus, set()).add(pid)
     return out
@@ -442,7 +450,7 @@ class GpuWatch:
             handle = self._call("nvmlDeviceGetHandleByIndex", i, gpu=i)
             pci = self._call("nvmlDeviceGetPciInfo", handle, gpu=i) if handle else None
             self.handles.append(handle)
-            self.pci.append(_bus(getattr(pci, "busId", None)) if pci is not None else None)
+            self.pci.append(bus_id(getattr(pci, "busId", None)) if pci is not None else None)
         self.gpus = list(self.pci)
         self.events = self._call("nvmlEventSetCreate")
         xid_type = getattr(nv, "nvmlEventTypeXidCriticalError", 0x8)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import re
 import socket
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import (
@@ -57,8 +56,6 @@ CGROUP_FS = "/sys/fs/cgroup"
 GPU_VENDORS = ("0x10de", "0x1002")  # NVIDIA, AMD: a display-class PCI function of theirs
 GPU_KINDS = ("xid", "ecc", "remap", "clocks", "recovery", "amdgpu", "nvml")
 DROPPED = -1        # a fault's "sent" when it was a warning past PER_RUN
-_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-_BUS_NO_FN = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}$")
 
 
 def _read(path, size=4096):
@@ -76,26 +73,16 @@ def _listdir(path, limit):
         return []
 
 
-def bus_id(text):
-    """A PCI address as sysfs writes it (0000:5d:00.0) from NVML's (00000000:5D:00.0) or an Xid
-    line's (0000:5d:00); None for anything else."""
-    text = str(text or "").strip().lower()
-    if len(text) == 16 and text.startswith("0000"):
-        text = text[4:]
-    if _BUS_NO_FN.match(text):
-        text += ".0"
-    return text if _BDF.match(text) else None
-
-
 def device_of(path):
     """The PCI address a sysfs `device` link (or a device's own directory) resolves to."""
-    return bus_id(os.path.basename(os.path.realpath(path)))
+    return gpuwatch.bus_id(os.path.basename(os.path.realpath(path)))
 
 
 def pci_chain(sysfs, bus):
     """bus and every bridge above it, from its sysfs path; [bus] where sysfs does not have it."""
     path = os.path.realpath(os.path.join(sysfs, "bus", "pci", "devices", bus))
-    chain = [p for p in path.split(os.sep) if _BDF.match(p)] if os.path.exists(path) else []
+    chain = [p for p in path.split(os.sep) if gpuwatch.bus_id(p) == p] if os.path.exists(path) \
+        else []
     return chain if bus in chain else chain + [bus]
 
 
@@ -106,8 +93,8 @@ def gpus_in_sysfs(sysfs):
     for name in _listdir(base, 4096):
         vendor = (_read(os.path.join(base, name, "vendor"), 64) or "").strip()
         cls = (_read(os.path.join(base, name, "class"), 64) or "").strip()
-        if vendor in GPU_VENDORS and cls.startswith("0x03") and bus_id(name):
-            out.append(bus_id(name))
+        if vendor in GPU_VENDORS and cls.startswith("0x03") and gpuwatch.bus_id(name):
+            out.append(gpuwatch.bus_id(name))
     return out
 
 
@@ -240,7 +227,7 @@ class Scope:
     def update(self, buses=None):
         """The run's devices again when the GPUs known changed (buses: GpuWatch.buses())."""
         if buses:
-            gpus = [b for b in (bus_id(x) for x in buses) if b]
+            gpus = [b for b in (gpuwatch.bus_id(x) for x in buses) if b]
         else:
             if self._sysfs_gpus is None:
                 self._sysfs_gpus = gpus_in_sysfs(self.sysfs) if self.pci else []
@@ -501,8 +488,8 @@ class HostWatch:
             found += self.ib.look(now_m)
             taken = getattr(self.gpu, "processes", lambda: None)()
             for bus, pids in (taken or {}).items():
-                if bus_id(bus) and pids:
-                    self.gpu_pids[bus_id(bus)] = set(pids)
+                if gpuwatch.bus_id(bus) and pids:
+                    self.gpu_pids[gpuwatch.bus_id(bus)] = set(pids)
         except Exception as exc:  # a watcher's fault never stops the run's agent
             self._failed(exc)
             return
@@ -513,7 +500,7 @@ class HostWatch:
                 self._failed(exc)
 
     def _add(self, event, now_m, ranks):
-        event["pci_bus"] = bus_id(event.get("pci_bus")) or None
+        event["pci_bus"] = gpuwatch.bus_id(event.get("pci_bus")) or None
         bus = event["pci_bus"]
         if event.get("gpu") is None and bus in self.scope.gpus:
             event["gpu"] = self.scope.gpus.index(bus)

@@ -51,7 +51,7 @@ import signal
 import subprocess
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.host import xid
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import gpuwatch, xid
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import procs
 
 KMSG = "/dev/kmsg"
@@ -106,13 +106,6 @@ def _maybe(text):
             or "oom-kill" in text or "amdgpu" in text or "mlx5_core" in text)
 
 
-def _bus(text):
-    """A PCI address as NVML and sysfs write it: 0000:5d:00.0 (Xid lines leave out the
-    function)."""
-    text = text.lower()
-    return text if "." in text else text + ".0"
-
-
 def split(line):
     """(seconds since boot or None, the message): the kmsg record's or dmesg's stamp taken off;
     any other prefix (a wall time, a host name) stays, the parsers search past it."""
@@ -152,7 +145,7 @@ def _xid(msg):
     code = int(match.group(2)[:6])
     pid = _PID.search(match.group(3))
     kind, meaning = xid.classify(code, match.group(3))
-    return {"kind": "xid", "code": code, "pci_bus": _bus(match.group(1)),
+    return {"kind": "xid", "code": code, "pci_bus": gpuwatch.bus_id(match.group(1)),
             "pid": int(pid.group(1)) if pid else None, "fatal": kind == "drain",
             "what": "Xid %d, %s" % (code, meaning)}
 
@@ -197,7 +190,7 @@ def _aer(msg):
             return None
         named = _DEVICE.search(msg)
         return {"kind": "aer", "code": "recovery failed",
-                "pci_bus": _bus(named.group(2)) if named else None, "fatal": True,
+                "pci_bus": gpuwatch.bus_id(named.group(2)) if named else None, "fatal": True,
                 "what": "PCIe AER: the kernel could not recover the device"}
     received = _AER_RECEIVED.search(msg)
     severity = received or _AER_SEVERITY.search(msg)
@@ -214,7 +207,7 @@ def _aer(msg):
     what = "PCIe AER %s error" % level.lower()
     if level == "Uncorrected (Non-Fatal)":
         what += " (the kernel recovers it; a failed recovery is said apart)"
-    return {"kind": "aer", "code": level, "pci_bus": _bus(device) if device else None,
+    return {"kind": "aer", "code": level, "pci_bus": gpuwatch.bus_id(device) if device else None,
             "fatal": fatal, "what": what}
 
 
@@ -222,7 +215,7 @@ def _amd(msg):
     if "amdgpu" not in msg:
         return None
     named = _DEVICE.search(msg)
-    bus = _bus(named.group(2)) if named else None
+    bus = gpuwatch.bus_id(named.group(2)) if named else None
     if _AMD_RESET.search(msg):
         return {"kind": "amdgpu", "code": "reset", "pci_bus": bus, "fatal": True,
                 "what": "AMD GPU reset"}
@@ -238,7 +231,7 @@ def _mlx5(msg):
     if "mlx5_core" not in msg:
         return None
     named = _DEVICE.search(msg)
-    bus = _bus(named.group(2)) if named else None
+    bus = gpuwatch.bus_id(named.group(2)) if named else None
     text = msg[named.end():] if named else msg
     if _MLX5_FATAL.search(text):
         return {"kind": "mlx5", "code": "cable" if "Cable unplugged" in text else "health",
