@@ -100,6 +100,7 @@ def _int(text, base=10):
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _BUS_NO_FN = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}$")
 
+
 def bus_id(text):
     """A PCI address as sysfs and the kernel write it (0000:5d:00.0) from NVML's and
     nvidia-smi's (00000000:5D:00.0, str or bytes) or an Xid line's (0000:5d:00); None for
