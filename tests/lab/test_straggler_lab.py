@@ -1,11 +1,12 @@
 """A straggler named while the run trains, for real: 4 hosts of the lab (and one spare) run a
 training loop of torch matmuls on one intra-op thread and an all_reduce (gloo) at a collective
-rate real training has (tests/fixtures/scripts/matmul_allreduce.py: 20, 150 and 500 a second,
-as far as this machine reaches them); 20 s into training one host's CPU is capped at 15 % of
+rate real training has (tests/fixtures/scripts/matmul_allreduce.py: 20 and 500 a second, as
+far as this machine reaches them: 500 reached 37 to 58 here and 150 about as much, so 150 is
+not run on its own); 20 s into training one host's CPU is capped at 15 % of
 a CPU by a cgroup (the lab's limit_cpu: a noisy neighbour). The master names it from the ranks'
 Flight Recorders (gloo's call times, on the clock offsets it measured), names no other host,
 and keeps naming it: at 20 a second with straggler_action=restart the run ends ok after one
-restart on the spare; at 150 and 500 (warn) it is named without a break for longer than
+restart on the spare; at 500 (warn) it is named without a break for longer than
 straggler_window_s, which is what a restart waits for.
 
 Each rank also writes when it called each all_reduce (the workload's trace, on this machine's
@@ -200,7 +201,7 @@ def test_a_host_capped_mid_run_is_named_within_a_minute_and_replaced_by_the_spar
     assert [h["host"] for h in report["hosts"]] == ["node0", "node1", "node3", "node4"]
 
 
-@pytest.mark.parametrize("rate", [150, 500])
+@pytest.mark.parametrize("rate", [500])
 def test_a_host_capped_at_hundreds_of_collectives_a_second_is_named_and_stays_named(
         healthy_lab, tmp_path, rate):
     training = Training(healthy_lab, tmp_path, rate)

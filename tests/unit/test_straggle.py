@@ -304,6 +304,45 @@ def add_calls(j, rows):
 HOSTS4 = {"node%d" % i: (i, i) for i in range(4)}
 
 
+def add_window(j, now, late_at, late_ms=30.0, n=40, seq0=1000):
+    """n collectives of 4 hosts, added at `now`; rank 2 late by late_ms at the indices of
+    late_at."""
+    for rank, found in calls(2, lambda i: late_ms if i in late_at else 0.0, n=n).items():
+        j.add("node%d" % rank, now, {rank: [[g, seq - 100 + seq0, t, d] for g, seq, t, d in found]})
+
+
+# rank 2 late by 30 ms at 6 irregular collectives of 40 (no period holds 75 % of it): the
+# others waited 4.5 ms a collective (the threshold is 2.5), at a z near 2.7, between
+# straggle.KEEP_ALPHA's and ALPHA's bounds.
+THIN = {3, 10, 11, 19, 27, 34}
+
+
+def test_a_named_straggler_stays_named_through_a_thinner_window_and_is_cleared_in_step():
+    fresh = judge(HOSTS4)
+    add_window(fresh, 50.0, THIN)
+    assert judged(fresh, 50.0) == []  # not enough to name anybody
+    j = judge(HOSTS4)
+    add_window(j, 10.0, set(range(40)))
+    assert [s["ranks"] for s in judged(j, 10.0)] == [[2]]
+    add_window(j, 50.0, THIN, seq0=2000)  # the first window's collectives are gone by now
+    kept = j.judge(50.0)
+    assert [(s["ranks"], s["last_seen"]) for s in kept] == [([2], 50.0)]
+    assert 3.0 < kept[0]["late_ms_mean"] < 6.0  # what the window said, not the first one
+    add_window(j, 90.0, set(), seq0=3000)  # back in step
+    assert j.judge(90.0) == []
+
+
+def test_a_named_straggler_without_collectives_to_judge_is_held_a_window_and_not_restarted():
+    j = judge(HOSTS4)
+    add_window(j, 0.0, set(range(40)))
+    assert [s["ranks"] for s in judged(j, 10.0)] == [[2]]
+    add_window(j, 31.0, set(range(8)), n=8, seq0=2000)  # the first window's gone: 8 left
+    held = j.judge(31.0)
+    assert [(s["ranks"], s["last_seen"]) for s in held] == [([2], 10.0)]
+    assert j.stayed(41.0) is None  # named 31 s, but a restart needs a window that says so
+    assert j.judge(41.0) == []  # no more than a window after it was last judged one
+
+
 def test_a_host_whose_clock_runs_ahead_is_compared_on_its_measured_offset():
     # node3's clock is 5 s ahead: as is, it would look 5 s late at every collective.
     j = judge(HOSTS4)

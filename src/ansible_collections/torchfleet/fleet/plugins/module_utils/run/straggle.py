@@ -50,6 +50,14 @@ capped host in every window, 128 in a third, 64 in none; a judgement reads JUDGE
 group, JUDGE_ARRIVALS in all (at 512 hosts of 8 ranks: 32 of one group, where only a host
 late at most collectives is named).
 
+Once named (CONFIRM judgements in a row), one stays named while its z passes KEEP_ALPHA and
+its mean lateness the threshold: a capped host's recorder dumps and agent are capped too, its
+rows come late or thinned, and a window of fewer complete collectives gives the same lateness
+a lower z (in the lab at 58 collectives a second, 64 instead of 200: z 3.8 against ALPHA's
+3.7, and a named host went unnamed for 25 s). A window with too few of its collectives to
+judge it holds it, a window at most; a restart (straggler_action) is only on a window that
+judged it.
+
 Periodic work on one rank (logging, a checkpoint every N steps) makes it late at 1 collective
 in N, by as much as the work takes: the run waits for it, but the work is the rank's (rank 0
 logs wherever it runs), and a spare host would inherit it. So the lateness must hold outside
@@ -90,6 +98,7 @@ MIN_COLLECTIVES = 16     # complete sampled collectives a rank or host was in be
 PERIOD_MIN, PERIOD_MAX = 4, 128  # periodic work of a period of so many collectives is set
 PERIODIC_SHARE = 0.75    # aside: one residue mod the period holding this share of its lateness
 CONFIRM = 2              # judgements in a row that name a straggler before it is said
+KEEP_ALPHA = 0.025       # a named one stays named while its z passes this one-sided level
 KEYS_MAX = 1 << 16       # sampled collectives the master keeps (what it holds is bounded by
 #                          the hosts' byte budget over a window; this bounds the keys alone)
 GROUP_KEYS = 512         # ... of one group at most: a group's oldest go first, never another
@@ -324,7 +333,15 @@ class Judge:
         # Nobody is named before a whole window was sampled (a run's first seconds: ranks
         # still warming up), nor on one judgement alone (a passing stall of one host).
         full = self.first_data is not None and now - self.first_data >= self.window_s
-        named = name(figures, self.host_of, self.hosts, self.threshold) if full else []
+        held = {k: s for k, s in self.found.items() if s["active"]}
+        named = name(figures, self.host_of, self.hosts, self.threshold, held) if full else []
+        # A named one the window has too few collectives of to judge (rows of its ranks
+        # late or thinned out: a capped host's agent is capped too) stays named, up to a
+        # window after it was last judged one: an absence of evidence clears nothing.
+        said = {(s["host"], tuple(s["ranks"])) for s in named}
+        named += [{k: s[k] for k in (*ENTRY, "last_seen")} for k, s in held.items()
+                  if k not in said
+                  and now - s["last_seen"] <= self.window_s and not judgeable(figures, k)]
         streak = {}
         for s in named:
             key = (s["host"], tuple(s["ranks"]))
@@ -343,14 +360,16 @@ class Judge:
                 old = self.found[key] = dict(s, first_seen=since, since=since)
             elif not old["was_active"]:
                 old["since"] = since
-            old.update(s, last_seen=now, active=True)
+            old.update({"last_seen": now, **s}, active=True)  # (a hold keeps its own)
         for s in self.found.values():
             s["was_active"] = s["active"]
         return [s for s in self.found.values() if s["active"]]
 
     def stayed(self, now):
-        """The first straggler named without a break for window_s, or None."""
-        return next((s for s in self.found.values() if s["active"]
+        """The first straggler named without a break for window_s and judged one at `now`
+        (not held for want of collectives: a restart is never on a window without them), or
+        None."""
+        return next((s for s in self.found.values() if s["active"] and s["last_seen"] >= now
                      and now - s["since"] >= self.window_s), None)
 
     def record(self):
@@ -495,24 +514,38 @@ def aperiodic(values, seqs):
     return [i for i, seq in enumerate(seqs) if where is None or seq % where[0] != where[1]]
 
 
-def name(figures, host_of, hosts, threshold):
+def judgeable(figures, key):
+    """Whether a window's figures hold enough collectives of `key` ((host, ranks): a host
+    with all its ranks, or one rank) to judge it."""
+    host, ranks = key
+    t = figures["rank"].get(ranks[0]) if len(ranks) == 1 else figures["host"].get(host)
+    return bool(figures["interval_ms"]) and figures["complete"] >= MIN_COLLECTIVES \
+        and t is not None and len(t) >= MIN_COLLECTIVES
+
+
+def name(figures, host_of, hosts, threshold, held=()):
     """The stragglers of a window's figures: a slow host with all its ranks, else ranks.
 
     One is named when its mean lateness beyond the uncertainties is above zero at odds below
     ALPHA (shared among every rank and host judged: a z test of the paired latenesses), its
     mean lateness at least straggler_threshold of the median interval, and both hold outside
-    its periodic work (aperiodic())."""
+    its periodic work (aperiodic()). One named already (`held`: (host, ranks) keys) stays
+    named at odds below KEEP_ALPHA: its lateness is known, and a window thinner than the one
+    that named it (fewer sampled collectives, a lower z for the same lateness) does not
+    clear it, while a host back in step (its mean lateness under the threshold) is cleared."""
     interval = figures["interval_ms"]
     if figures["complete"] < MIN_COLLECTIVES or not interval:
         return []
     judged = max(1, len(figures["rank"]) + len(figures["host"]))
-    z_min = statistics.NormalDist().inv_cdf(1.0 - ALPHA / judged)
+    z_new = statistics.NormalDist().inv_cdf(1.0 - ALPHA / judged)
+    z_kept = statistics.NormalDist().inv_cdf(1.0 - KEEP_ALPHA)
     cost = threshold * interval
 
-    def straggles(t):
+    def straggles(t, key):
         n = len(t)
         if n < MIN_COLLECTIVES or math.fsum(x[0] for x in t) < cost * n:
             return False
+        z_min = min(z_new, z_kept) if key in held else z_new
         waits, beyond, seqs = zip(*t, strict=True)
         if z_score(beyond) < z_min:
             return False
@@ -522,14 +555,18 @@ def name(figures, host_of, hosts, threshold):
 
     out, said = [], set()
     for host, t in sorted(figures["host"].items(), key=lambda kv: str(kv[0])):
-        if host in hosts and straggles(t):
-            first, last = hosts[host]
+        first, last = hosts.get(host, (0, -1))
+        if host in hosts and straggles(t, (host, tuple(range(first, last + 1)))):
             out.append(_entry(host, list(range(first, last + 1)), t, interval))
             said.add(host)
     for rank, t in sorted(figures["rank"].items()):
-        if host_of.get(rank) in hosts and host_of[rank] not in said and straggles(t):
+        if host_of.get(rank) in hosts and host_of[rank] not in said \
+                and straggles(t, (host_of[rank], (rank,))):
             out.append(_entry(host_of[rank], [rank], t, interval))
     return out
+
+
+ENTRY = ("host", "ranks", "share_last", "late_ms_median", "late_ms_mean", "interval_ms")
 
 
 def _entry(host, ranks, t, interval):
