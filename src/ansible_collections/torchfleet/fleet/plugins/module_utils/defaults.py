@@ -156,9 +156,11 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
         "Message of each pair's busbw (4M with gloo, 1G with nccl when unset)."))),
     (("collective_pair_iters", "int"), dict(description=(
         "Timed exchanges of each pair (10 when unset)."))),
-    (("collective_pair_passes", "int", 2), dict(description=(
-        "Times the pair rounds run; a pair is slow only when it is slow in every pass (a "
-        "burst of other load is rarely in all of them)."))),
+    (("collective_pair_passes", "int", 3), dict(description=(
+        "The most passes of the pair rounds: the first measures every pair of the schedule, "
+        "each later one only what is in doubt (a slow pair again, a host slow with every "
+        "partner against a host shown good); none follows a clean first pass. A pair is "
+        "slow only when it is slow in every pass it ran."))),
     (("collective_isolate_threshold", "float", 0.5), dict(description=(
         "With collective_isolate, a pair is slow below this fraction of the median of each "
         "host's best pair."))),

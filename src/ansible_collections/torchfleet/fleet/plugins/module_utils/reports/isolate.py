@@ -1,7 +1,10 @@
 """The isolation verdict: from the pair rounds' measurements, the slow host or the slow link.
 
 Every rank records, for each round it took part in, its exchange with its partner
-(collective.py's isolate). Here, on the controller:
+(collective.py's isolate): the schedule's rounds in the first pass, and in each later pass only
+what the passes before left in doubt (_pairs.next_pass, which judges them by the same rule as
+here: a slow pair again, a host slow with every partner against a host shown good). Here, on
+the controller:
 
 - a pass's figure of a pair: both sides time the same exchange and the side that started
   later waited less, so the higher of the two; across local ranks (rails) the lowest busbw,
@@ -11,10 +14,12 @@ Every rank records, for each round it took part in, its exchange with its partne
   slow but it is one host of many, and a slow link leaves both its hosts a good partner, so
   the reference holds while fewer than half the hosts are slow, with no hand-set figure;
 - a pair is slow when it failed, or its busbw is below floor_gbs (when one is set), or when in
-  every pass it was below threshold x reference and also below threshold x the median of
-  its own round (when the round had other pairs): what every pair of a round shares (a busy
-  fabric at that moment; on the lab, the machine's CPUs) moves a round's figures together
-  and is not a fault, and a fault is there in every pass where a burst of load is not;
+  every pass it ran it was below threshold x reference and, in the first pass, also below
+  threshold x the median of its own round (when the round had other pairs): what every pair
+  of a round shares (a busy fabric at that moment; on the lab, the machine's CPUs) moves a
+  round's figures together and is not a fault, and a fault is there in every pass where a
+  burst of load is not. A later pass's rounds hold only suspects: their median says nothing
+  of the moment;
 - node.slow: a host whose every pair is slow, with at least two partners (with one partner,
   host and link cannot be told apart); link.slow: a slow pair neither of whose hosts is slow.
 """
@@ -97,11 +102,11 @@ def verdict(results, hosts, threshold=0.5, floor_gbs=0.0, nics=None):
     rounds = {}
     for f in figures.values():
         for m in f["passes"]:
-            if m["busbw_gbs"] is not None:
-                rounds.setdefault((m["pass"], m["round"]), []).append(m["busbw_gbs"])
+            if m["busbw_gbs"] is not None and m["pass"] == 0:
+                rounds.setdefault(m["round"], []).append(m["busbw_gbs"])
 
     def below_reference(m):
-        bw, mates = m["busbw_gbs"], rounds.get((m["pass"], m["round"]), [])
+        bw, mates = m["busbw_gbs"], rounds.get(m["round"], []) if m["pass"] == 0 else []
         return (bw is not None and reference is not None and bw < threshold * reference
                 and (len(mates) < 2 or bw < threshold * statistics.median(mates)))
 
@@ -145,6 +150,8 @@ def verdict(results, hosts, threshold=0.5, floor_gbs=0.0, nics=None):
     return {
         "schedule": runs[0]["schedule"], "rounds": runs[0]["rounds"],
         "passes": runs[0].get("passes", 1),
+        "pass_rounds": runs[0].get("pass_rounds") or [runs[0]["rounds"]] * runs[0].get(
+            "passes", 1),
         "size_bytes": runs[0]["size_bytes"], "small_bytes": runs[0]["small_bytes"],
         "time_s": max(r["time_s"] for r in runs), "threshold": threshold,
         "floor_gbs": floor_gbs, "reference_gbs": reference,
@@ -158,10 +165,13 @@ def verdict(results, hosts, threshold=0.5, floor_gbs=0.0, nics=None):
 def text(v):
     """The verdict for the end-of-play summary: slow pairs first, then the slowest few."""
     pairs = sorted(v["pairs"], key=lambda p: (not p["slow"], p["busbw_gbs"] or 0.0))
-    lines = ["pair rounds (%s, %d rounds x %d passes, %.1f s): reference %s GB/s, slow below "
-             "%.2g x" % (v["schedule"], v["rounds"], v["passes"], v["time_s"],
-                         "-" if v["reference_gbs"] is None else "%.3g" % v["reference_gbs"],
-                         v["threshold"])]
+    later = v["pass_rounds"][1:]
+    lines = ["pair rounds (%s, %d rounds, %s, %.1f s): reference %s GB/s, slow below %.2g x" % (
+        v["schedule"], v["rounds"],
+        "then %s round%s for the suspects" % (" + ".join(str(k) for k in later),
+                                               "s" if sum(later) > 1 else "") if later
+        else "no second pass", v["time_s"],
+        "-" if v["reference_gbs"] is None else "%.3g" % v["reference_gbs"], v["threshold"])]
     for p in pairs[:8]:
         lines.append("  %-24s %s%s" % (
             "%s <-> %s" % (p["a"], p["b"]),

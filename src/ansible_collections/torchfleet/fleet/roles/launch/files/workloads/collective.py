@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import itertools
+import json
 import time
 
 import torch
@@ -172,6 +172,22 @@ class RoundBarrier:
     def _failed_key(host):
         return "torchfleet/isolate/failed/%d" % host
 
+    def next_pass(self, number, rank, sides, history, threshold):
+        """The rounds of pass `number`, the same on every rank: each rank hands its sides of
+        the pass before to the store, rank 0 reads them all, adds that pass's figures to
+        history (its own) and plans the next (_pairs.next_pass); the others read its plan."""
+        key = "torchfleet/isolate/pass-%d/" % (number - 1)
+        self.store.set(key + str(rank), json.dumps(sides))
+        plan = "torchfleet/isolate/plan-%d" % number
+        if rank == 0:
+            keys = [key + str(r) for r in range(self.n)]
+            self.store.wait(keys, self.timeout)
+            history.append(_pairs.pass_figures(
+                [tuple(side) for k in keys for side in json.loads(self.store.get(k))]))
+            self.store.set(plan, json.dumps(_pairs.next_pass(history, threshold)))
+        self.store.wait([plan], self.timeout)
+        return [[tuple(pair) for pair in r] for r in json.loads(self.store.get(plan))]
+
 
 def best_seconds(step, iters, device):
     """Fastest of iters timed calls (after one untimed): a busy CPU or a neighbour's burst can
@@ -217,40 +233,52 @@ def ping_pong(peer, first, size_bytes, iters, device):
     return best_seconds(once, iters, device) / 2 * 1e6
 
 
-def isolate(name, size_bytes, small_bytes, iters, device, passes):
+def isolate(name, size_bytes, small_bytes, iters, device, passes, threshold):
     """The pair rounds (_pairs.py) between hosts: local rank l of one host exchanges with local
-    rank l of its partner, so every rank's path to the network is measured. The schedule runs
-    passes times: a slow NIC or link is slow in every pass, a burst of someone else's load (a
-    busy fabric, the lab's shared CPUs) rarely in all of them. One record per round this rank
-    took part in; a pair that fails records its error, its two hosts sit out the later rounds
-    (above) and the others' rounds go on."""
+    rank l of its partner, so every rank's path to the network is measured. The schedule is
+    the first pass; each later one (at most passes in all) measures only what that pass left
+    in doubt: a suspect pair again, a suspect host against a host shown good (_pairs.next_pass
+    with threshold, the verdict's). A clean first pass is the only one. One record per round
+    this rank took part in; a pair that fails records its error, its two hosts sit out the
+    later rounds (above) and the others' rounds go on."""
     rank, n = dist.get_rank(), dist.get_world_size()
     per_node = _rank.env_int("LOCAL_WORLD_SIZE", 1)
     node, local = rank // per_node, rank % per_node
     rounds = _pairs.schedule(name, n // per_node)
     barrier, records, begin = RoundBarrier(n), [], time.perf_counter()
-    for number, (k, pairs) in itertools.product(range(passes), enumerate(rounds)):
-        barrier.wait("pass-%d-round-%d" % (number, k))
-        partner = next((b if a == node else a for a, b in pairs if node in (a, b)), None)
-        if partner is None or barrier.failed(node, partner):
-            continue  # sitting out this round (an odd number of hosts, or a failed pair)
-        peer = partner * per_node + local
-        rec = {"pass": number, "round": k, "node": node, "peer_node": partner, "peer": peer,
-               "size_bytes": size_bytes, "busbw_gbs": None, "latency_us": None, "error": None}
-        try:
-            seconds, sent = exchange(peer, size_bytes, iters, device)
-            rec.update(size_bytes=sent, busbw_gbs=sent / seconds / 1e9,
-                       latency_us=ping_pong(peer, node < partner, small_bytes, 20, device))
-        except Exception as exc:  # the pair is named with this error; the rounds go on
-            rec["error"] = ("%s: %s" % (type(exc).__name__, exc))[:300]
-            barrier.fail(node, partner)
-        records.append(rec)
-        said = rec["error"] or "busbw %.3f GB/s, latency %.1f us" % (
-            rec.get("busbw_gbs") or 0.0, rec.get("latency_us") or 0.0)
-        _rank.log("pair pass %d round %d with node %d: %s" % (number, k, partner, said))
+    history, pass_rounds = [], []  # history: rank 0's, every pass's figures
+    for number in range(passes):
+        if number:
+            rounds = barrier.next_pass(number, rank, [
+                (r["node"], r["peer_node"], local, r["round"], r["busbw_gbs"], r["error"])
+                for r in records if r["pass"] == number - 1], history, threshold)
+        if not rounds:
+            break
+        pass_rounds.append(len(rounds))
+        for k, pairs in enumerate(rounds):
+            barrier.wait("pass-%d-round-%d" % (number, k))
+            partner = next((b if a == node else a for a, b in pairs if node in (a, b)), None)
+            if partner is None or barrier.failed(node, partner):
+                continue  # sitting out this round (not in it, or a failed pair's host)
+            peer = partner * per_node + local
+            rec = {"pass": number, "round": k, "node": node, "peer_node": partner, "peer": peer,
+                   "size_bytes": size_bytes, "busbw_gbs": None, "latency_us": None,
+                   "error": None}
+            try:
+                seconds, sent = exchange(peer, size_bytes, iters, device)
+                rec.update(size_bytes=sent, busbw_gbs=sent / seconds / 1e9,
+                           latency_us=ping_pong(peer, node < partner, small_bytes, 20, device))
+            except Exception as exc:  # the pair is named with this error; the rounds go on
+                rec["error"] = ("%s: %s" % (type(exc).__name__, exc))[:300]
+                barrier.fail(node, partner)
+            records.append(rec)
+            said = rec["error"] or "busbw %.3f GB/s, latency %.1f us" % (
+                rec.get("busbw_gbs") or 0.0, rec.get("latency_us") or 0.0)
+            _rank.log("pair pass %d round %d with node %d: %s" % (number, k, partner, said))
     barrier.wait("end")
-    return {"schedule": name, "rounds": len(rounds), "passes": passes,
-            "size_bytes": size_bytes, "small_bytes": small_bytes, "iters": iters,
+    return {"schedule": name, "rounds": pass_rounds[0] if pass_rounds else 0,
+            "passes": len(pass_rounds), "pass_rounds": pass_rounds, "size_bytes": size_bytes,
+            "small_bytes": small_bytes, "iters": iters,
             "time_s": round(time.perf_counter() - begin, 3), "pairs": records}
 
 
@@ -266,8 +294,11 @@ def main() -> int:
     parser.add_argument("--pair-size", default="4M", help="message of a pair's busbw")
     parser.add_argument("--pair-small", default="4", help="message of a pair's latency")
     parser.add_argument("--pair-iters", type=int, default=5)
-    parser.add_argument("--pair-passes", type=int, default=2,
-                        help="times the pair rounds run; a pair's best pass counts")
+    parser.add_argument("--pair-passes", type=int, default=3,
+                        help="the most passes: the schedule, then only what is in doubt")
+    parser.add_argument("--pair-threshold", type=float, default=0.5,
+                        help="a pair is slow below this fraction of the reference (the "
+                             "verdict's collective_isolate_threshold)")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     ops = [op for op in args.ops.split(",") if op]
@@ -296,7 +327,7 @@ def main() -> int:
     if args.isolate:
         result["isolate"] = isolate(args.isolate, parse_size(args.pair_size),
                                     parse_size(args.pair_small), args.pair_iters, device,
-                                    args.pair_passes)
+                                    args.pair_passes, args.pair_threshold)
     # A slow or broken pair is the isolation verdict's to name (on the controller), not a
     # wrong result of this rank.
     result["ok"] = (all(r["wrong"] == 0 for r in result["results"])
