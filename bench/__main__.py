@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from bench import (detach_cost, diagnosis, fail_fast, flood, fuzz, hardware_watch,
-                   harness_overhead, health_cost, isolate, launch_overhead, output_lines, preflight_cost, recording_cost,
+                   harness_overhead, health_cost, isolate, launch_overhead, launch_profile, output_lines, preflight_cost, recording_cost,
                    report_scale, restart_cost, scale, spares_cost, start_skew, straggler,
                    straggler_rates, watch_cpu)
 from bench.harness import RESULTS, machine, markdown, merge, write
@@ -26,6 +26,7 @@ from bench.harness import RESULTS, machine, markdown, merge, write
 BENCHES = {
     "preflight_cost": preflight_cost.run,
     "launch_overhead": launch_overhead.run,
+    "launch_profile": launch_profile.run,
     "fail_fast": fail_fast.run,
     "watch_cpu": watch_cpu.run,
     "diagnosis": diagnosis.run,
@@ -46,7 +47,7 @@ BENCHES = {
     "straggler_rates": straggler_rates.run,
     "scale": scale.run,
 }
-NEEDS_ROOT = {"launch_overhead", "fail_fast", "watch_cpu", "diagnosis", "harness_overhead",
+NEEDS_ROOT = {"launch_overhead", "launch_profile", "fail_fast", "watch_cpu", "diagnosis", "harness_overhead",
               "isolate", "flood", "start_skew", "output_lines", "spares_cost",
               "restart_cost", "health_cost", "detach_cost", "straggler"}
 

@@ -107,14 +107,15 @@ def raw_launch_argv(the_lab, node, port, run_id, script, script_args, out_dir):
             "root@" + node.address, remote]
 
 
-def raw_launch(the_lab, port, script, script_args, tmp, timeout_s=RAW_BOUND_S):
-    """Start torchrun on every node over plain ssh at once; (wall s, rcs, None if it ran out)."""
+def raw_launch(the_lab, port, script, script_args, tmp, timeout_s=RAW_BOUND_S, **popen):
+    """Start torchrun on every node over plain ssh at once; (wall s, rcs, None if it ran out).
+    popen: more of subprocess.Popen's arguments for the ssh clients."""
     run_id = "raw%d" % time.time_ns()
     start = time.monotonic()
     procs = [subprocess.Popen(raw_launch_argv(the_lab, node, port, run_id, script, script_args,
                                               str(tmp / "raw")),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True) for node in the_lab.nodes]
+                              start_new_session=True, **popen) for node in the_lab.nodes]
     rcs = []
     try:
         for proc in procs:
@@ -453,6 +454,11 @@ def markdown(results):
     if lo and lo.get("tasks_last_run"):
         lines += ["", "collective.yml tasks of 0.3 s or more (last run): " + "; ".join(
             "%s %.2f s" % (t["task"], t["seconds"]) for t in lo["tasks_last_run"])]
+    if results.get("launch_profile"):
+        from bench import launch_profile  # (it imports this module)
+        lines += ["", "Where a 2-host launch spends its wall time and CPU (CPU-seconds of one "
+                  "run; bench/launch_profile.py):", "", launch_profile.markdown(
+                      results["launch_profile"])]
     if pc:
         lines += ["", "Slowest preflight tasks (last run of each size):", ""]
         for name, r in pc.items():
