@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tests.conftest import FIXTURES
 from tests.integration.playbook import playbook
 
 pytestmark = pytest.mark.integration
@@ -158,7 +159,8 @@ def test_pair_rounds_asked_for_one_host_or_an_unknown_schedule(tmp_path, extra, 
 def test_a_run_id_used_before_is_named_before_anything_starts(tmp_path):
     run_id = "reused-%d" % tmp_path.stat().st_ino
     first = playbook("train.yml", tmp_path / "a", "-e", "run_id=%s" % run_id,
-                     "-e", "train_steps=5")
+                     "-e", "script=%s" % (FIXTURES / "scripts" / "steps_notorch.py"),
+                     "-e", json.dumps({"script_args": ["/"]}))  # (no torch; / exists: it ends)
     assert first.rc == 0, first.out[-3000:]
     again = playbook("train.yml", tmp_path / "b", "-e", "run_id=%s" % run_id,
                      "-e", "train_steps=5")

@@ -1,4 +1,14 @@
-"""train.yml, collective.yml and stop.yml on the embedded default (two nodes, this machine)."""
+"""train.yml, collective.yml and stop.yml on the embedded default (two nodes, this machine).
+
+Where only the control plane is under test (a kill, the controller's lease, a rank's exit, a
+rerun), the ranks run steps_notorch.py: the real torchrun starts it through the real agents, but
+it imports no torch (tests/fixtures/README.md). Real torch ranks stay where torch is the
+subject (the built-in workload, collectives, a cascade of broken connections, a hang's stacks
+and Flight Recorder) and in one test of each control-plane behaviour: a stop
+(test_stop_during_a_run_..., ranks in a gloo all_reduce), a rank's exit and fail-fast (the
+cascade), a rerun in fork batches and its rank order (the rerun's second run, the built-in
+workload); a kill and the lease keep theirs in tests/lab (test_reliability_lab's killed agent,
+test_detach_lab's first test)."""
 from __future__ import annotations
 
 import json
@@ -18,6 +28,7 @@ from torchfleet import ansible_cli
 
 pytestmark = pytest.mark.integration
 SCRIPTS = FIXTURES / "scripts"
+NOTORCH = SCRIPTS / "steps_notorch.py"
 
 
 
@@ -57,21 +68,6 @@ def test_collective_reports_every_op_and_size_exact_with_busbw(tmp_path):
             assert 0 < row["busbw_gbs_min"] <= row["busbw_gbs_median"] <= row["busbw_gbs_max"]
             assert row["slowest_host"] in ("node0", "node1")
     assert "busbw(GB/s) min/med/max" in run.out and "reduce_scatter" in run.out
-
-
-def test_a_failing_rank_stops_every_host_and_is_named_with_its_log(tmp_path):
-    start = time.monotonic()
-    run = launch("train.yml", tmp_path, "-e", "script=%s" % (SCRIPTS / "fail_rank1.py"))
-    took = time.monotonic() - start
-    assert run.rc != 0
-    report = run.report("train.json")
-    failure = report["first_failure"]
-    assert failure["rank"] == 1 and failure["reason"] == "rank 1 exited with 3"
-    assert "giving up with exit code 3" in failure["tail"]
-    assert "first failure on %s, rank 1" % failure["host"] in run.out
-    # Rank 0 would have slept two minutes: it was stopped, not left to finish.
-    assert took < 120 and "finished" not in run.out
-    assert run_processes(report["run_id"]) == []
 
 
 def test_a_cascade_names_the_rank_that_failed_in_every_output(tmp_path):
@@ -149,7 +145,8 @@ def test_hostile_arguments_and_env_reach_the_script_verbatim(tmp_path):
 
 
 def test_single_node(tmp_path):
-    run = playbook("train.yml", tmp_path, "-e", "nnodes=1", "-e", "train_steps=30",
+    run = playbook("train.yml", tmp_path, "-e", "nnodes=1", "-e", "script=%s" % NOTORCH,
+                   "-e", json.dumps({"script_args": ["/"]}),  # (/ exists: it ends at once)
                    "-e", "master_port=%d" % free_port())
     assert run.rc == 0, run.out
     report = run.report("train.json")
@@ -214,13 +211,25 @@ def test_stop_during_a_run_stops_everything_and_never_signals_a_foreign_pid(tmp_
         bystander.kill()
 
 
-def test_a_rerun_after_a_failure_in_fork_batches_starts_clean_with_rank_order_kept(tmp_path):
-    """A failed run, then the next on the same port starts clean (the suite itself runs back to
-    back). That one with forks=1: every launch, stop and gather task runs host after host; the
-    watch is one task on the master. Rank order is inventory order (c10d's rendezvous would
-    sort by address)."""
-    failed = launch("train.yml", tmp_path / "a", "-e", "script=%s" % (SCRIPTS / "fail_rank1.py"))
+def test_a_failing_rank_stops_every_host_then_a_rerun_in_fork_batches_keeps_rank_order(
+        tmp_path):
+    """Rank 1 exits 3 at its first step, while rank 0 would step on forever: the failure is
+    named with its log, and every host is stopped. Then the next run starts clean (the suite
+    itself runs back to back), with forks=1: every launch, stop and gather task runs host after
+    host; the watch is one task on the master. Rank order is inventory order (c10d's
+    rendezvous would sort by address)."""
+    failed = launch("train.yml", tmp_path / "a", "-e", "script=%s" % NOTORCH,
+                    "-e", json.dumps({"script_args": ["/", "1"]}))  # (/ exists: at once)
     assert failed.rc != 0
+    report = failed.report("train.json")
+    failure = report["first_failure"]
+    assert failure["rank"] == 1 and failure["reason"] == "rank 1 exited with 3"
+    assert "giving up with exit code 3" in failure["tail"]
+    assert "first failure on %s, rank 1" % failure["host"] in failed.out
+    # Rank 0 never ends by itself: the play's end is its stop.
+    assert {h["host"]: h["outcome"] for h in report["hosts"]} == {"node0": "aborted",
+                                                                  "node1": "failed"}
+    assert run_processes(report["run_id"]) == []
     run = launch("train.yml", tmp_path, "-f", "1", "-e", "train_steps=20")
     assert run.rc == 0, run.out
     report = run.report("train.json")
@@ -245,7 +254,7 @@ def test_a_killed_master_agent_is_the_master_lost_and_nothing_is_left(tmp_path):
     run_id = "killmaster-%d" % os.getpid()
     pidfile = Path.home() / ".torchfleet" / "runs" / run_id / "node0" / "torchrun.pid"
     argv = [*ansible_cli.command("ansible-playbook"), "train.yml", "-e", "nnodes=2",
-            "-e", "master_port=%d" % free_port(), *until_stopped(),
+            "-e", "master_port=%d" % free_port(), *until_stopped(NOTORCH),
             "-e", "lost_after_s=10", "-e", "run_id=%s" % run_id,
             "-e", "run_dir=%s" % (tmp_path / "run")]
     proc = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (
@@ -282,7 +291,7 @@ def test_a_controller_killed_or_hung_up_leaves_nothing_running(tmp_path, sig):
     run_id = "killctl-%s-%d" % (sig.name, os.getpid())
     run_dir = Path.home() / ".torchfleet" / "runs" / run_id
     argv = [*ansible_cli.command("ansible-playbook"), "train.yml", "-e", "nnodes=2",
-            "-e", "master_port=%d" % free_port(), *until_stopped(),
+            "-e", "master_port=%d" % free_port(), *until_stopped(NOTORCH),
             "-e", "run_id=%s" % run_id, "-e", "run_dir=%s" % (tmp_path / "run")]
     proc = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (
         BIN, os.environ["PATH"])), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

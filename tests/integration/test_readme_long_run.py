@@ -3,7 +3,8 @@ the repository's root with the default runs root (runs/): a detached run, two at
 follow it beside the controller's unattended finisher (`torchfleet attach ID` and
 `ansible-playbook attach.yml -e run_id=ID`), the finisher killed mid-run (an attach takes its
 part over from the record), and `ansible-playbook stop.yml -e run_id=ID`. Every attach ends with
-the one report's verdict and its exit status."""
+the one report's verdict and its exit status. The ranks run steps_notorch.py (the control plane is
+under test: torchrun and the agents are real, the ranks import no torch)."""
 from __future__ import annotations
 
 import json
@@ -55,7 +56,7 @@ def lock_holder(run_dir):
 def test_the_readme_long_run_flow_with_attaches_beside_the_finisher(tmp_path):
     go = tmp_path / "go"
     started = typed(*ansible_cli.command("ansible-playbook"), "train.yml", "-e", "nnodes=2", "-e", "detach=true",
-                    "-e", "script=%s" % (FIXTURES / "scripts" / "steps_until_file.py"),
+                    "-e", "script=%s" % (FIXTURES / "scripts" / "steps_notorch.py"),
                     "-e", json.dumps({"script_args": [str(go)]}),
                     "-e", "master_port=%d" % free_port())
     assert started.returncode == 0, started.stdout[-3000:]

@@ -6,6 +6,10 @@ without a controller.
 
 torchrun_job blocks until torchrun exits (Ansible runs it async), so here it runs in a child
 process of its own, as under Ansible's async wrapper.
+
+The ranks import no torch: the control plane is under test (tests/fixtures/README.md says
+what torch costs a rank). One case keeps real torch ranks, because a broken gloo connection
+is its subject: a rank's own exit named though its sibling is slow to stop (slow_sibling.py).
 """
 from __future__ import annotations
 
@@ -349,12 +353,13 @@ def _gone_within(pid, timeout_s):
     return not alive(pid)
 
 
+# Rank 1 exits 3 once the file exists; rank 0 would sleep on: the agents stop it. No torch (the
+# control plane is under test): torchrun's RANK says which.
 FAIL_RANK1 = """
 import os, sys, time
-import torch.distributed as dist
-dist.init_process_group("gloo")
-print("rank", dist.get_rank(), "started", flush=True)
-if dist.get_rank() == 1:
+rank = int(os.environ["RANK"])
+print("rank", rank, "started", flush=True)
+if rank == 1:
     while not os.path.exists(sys.argv[1]):
         time.sleep(0.05)
     sys.exit(3)
