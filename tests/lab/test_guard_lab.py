@@ -1,5 +1,8 @@
 """guard_ports on the lab: while a run lives, its master's ports and every host's ephemeral
-ports answer only the run's hosts; after it, no rule of it is left."""
+ports answer only the run's hosts; after it, no rule of it is left. The ranks import no torch
+(steps_notorch.py): the guard is what is under test, with a listener of the test's own in the
+ephemeral range; a guarded run whose gloo ranks talk across hosts through it is
+test_detach_lab's first test."""
 from __future__ import annotations
 
 import json
@@ -19,7 +22,7 @@ from torchfleet import ansible_cli
 
 pytestmark = pytest.mark.lab
 REMOTE_RUNS = runs_root(Path(__file__).stem)  # its lab's remote_runs_root
-SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "wait_for_file.py"
+SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "steps_notorch.py"
 
 
 def connects(ns, addr, port):
@@ -47,11 +50,11 @@ def test_guarded_ports_answer_only_the_runs_hosts_and_no_rule_is_left(healthy_la
         cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        def waiting():
+        def stepping():
             return sum(1 for p in REMOTE_RUNS.glob("*/node*/logs/*/attempt_0/0/stdout.log")
-                       if p.stat().st_mtime >= started and "waiting" in p.read_text()) == 2
+                       if p.stat().st_mtime >= started and "step" in p.read_text()) == 2
 
-        assert wait_until(waiting, 180), "the run never started"
+        assert wait_until(stepping, 180), "the run never started"
         assert len(guard_tables(node0.ns)) == 1 and len(guard_tables(node1.ns)) == 1
         for port in (master_port, control_port):
             assert connects(node1.ns, node0.address, port), port

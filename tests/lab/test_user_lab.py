@@ -1,5 +1,7 @@
 """The lab as a non-root login (tflab<N>-user on every node), as real clusters log in: the
-collective test, a hang with its stacks, and stop, through that user's SSH and venv."""
+collective test, a hang with its stacks, and stop, through that user's SSH and venv. The stop's
+ranks import no torch (steps_notorch.py: only the control plane is under test; a stop of real
+torch ranks is test_launch_local's); the collective and the hang run real torch."""
 from __future__ import annotations
 
 import json
@@ -72,7 +74,7 @@ def test_a_hang_as_a_non_root_user_is_diagnosed_with_stacks(healthy_lab, tmp_pat
 def test_stop_as_a_non_root_user(healthy_lab, tmp_path):
     proc, run_id = start_long_train(healthy_lab, tmp_path, inventory=healthy_lab.user_inventory,
                                     runs=user_runs(healthy_lab),
-                                    script=user_script(healthy_lab, "steps_until_file.py"))
+                                    script=user_script(healthy_lab, "steps_notorch.py"))
     try:
         stop = playbook("stop.yml", tmp_path / "stop", "-e", "run_id=%s" % run_id,
                         inventory=healthy_lab.user_inventory)
