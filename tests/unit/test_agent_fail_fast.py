@@ -158,3 +158,40 @@ def test_an_abort_kills_torchrun_at_once_and_terminates_its_ranks():
     finally:
         torchrun.kill()
         torchrun.wait()
+
+
+# A rank that ends its script with sys.exit(3), then takes a while in its interpreter's exit (a
+# global's finalizer, as torch's teardown takes a second or more on a busy host).
+SLOW_EXIT = """
+import sys, time
+class Slow:
+    def __del__(self):
+        time.sleep(1.5)
+held = Slow()
+print("rank done", flush=True)
+sys.exit(3)
+"""
+
+
+def test_the_masters_own_failing_rank_is_left_to_end_and_its_torchrun_says_its_code(tmp_path):
+    """The master's agent tells its own store (the abort comes back within the telling): its
+    torchrun is not stopped while the rank exits, so torchrun's summary names exit code 3 and
+    its EXIT completes the one failure its DIED made."""
+    from tests.unit.test_run_modules import agent_args, start_agent
+
+    script = tmp_path / "slow_exit.py"
+    script.write_text(SLOW_EXIT)
+    args = agent_args(tmp_path, "unit-slow-exit-%d" % os.getpid(), script=str(script))
+    job = start_agent(args)
+    try:
+        result = json.loads(job.communicate(timeout=120)[0])
+    finally:
+        job.kill()
+    record = json.loads(open(os.path.join(args["run_dir"], "control.json")).read())
+    failure = record["failure"]
+    # (Stopped while its interpreter exits, the rank's code would be -15, or none at all.)
+    assert (failure["rank"], failure["exitcode"]) == (0, 3), failure
+    assert runstate.failure_text(failure).startswith("node0, rank 0 exited with 3"), failure
+    assert len(record["failures"]) == 1 and result["rc"] == failure["rc"]
+    log = open(os.path.join(args["run_dir"], "agent.log")).read()
+    assert "rank 0 failed (rank 0 exited with 3): told the master" in log, log

@@ -227,8 +227,6 @@ class HostAgent:
         self.deaths = RankDeaths()
         self.dirs = {}              # the ranks' log directories, once torchrun made them
         self.died_sent = False      # a rank's failure is told (DIED); torchrun is ending
-        self.died_pid = None        # that rank's process
-        self.rank_exit_by = None    # an obeyed abort's deadline for that rank's own exit
         self.log = _logger(p["run_dir"])
 
     def step(self, now_m):
@@ -253,9 +251,6 @@ class HostAgent:
                 extra["fr_untimed"] = True
             self.send(dict(status, t=runstate.BEAT, hw=self.watch.take(now_m),
                            watch=self.watch.status(), **extra))
-        if self.rank_exit_by is not None and (now_m >= self.rank_exit_by or self.died_pid is None
-                                              or not procs.alive(self.died_pid)):
-            self.rank_exit_by, self.stop_at = None, now_m + self.t.TEARDOWN_S
         if rc is None and self.stop_at is not None and now_m >= self.stop_at:
             self.reason = "aborted"
             self._stop()
@@ -277,11 +272,13 @@ class HostAgent:
         cause, age_s = found
         text = tail(os.path.join(self.dirs.get(cause["local_rank"], ""), "stderr.log"), 40,
                     1 << 16)
-        self.died_sent = self.send({"t": runstate.DIED, "root_cause": cause,
-                                    "consequence": peer_loss(text),
-                                    "age_s": round(min(age_s, now_m - self.started_m), 3)})
-        if self.died_sent:
-            self.died_pid = self.deaths.pid_of(cause["local_rank"])
+        # (Set first: on the master the abort comes back within send(), and obey() must know.)
+        self.died_sent = True
+        if not self.send({"t": runstate.DIED, "root_cause": cause,
+                          "consequence": peer_loss(text),
+                          "age_s": round(min(age_s, now_m - self.started_m), 3)}):
+            self.died_sent = False  # not connected: said at the next look
+        else:
             self.log("rank %d failed (%s): told the master" % (cause["rank"], exits.words(
                 cause["rank"], cause["exitcode"], cause["script_code"], cause["at_exit"])))
 
@@ -314,9 +311,8 @@ class HostAgent:
             # that exit (a second or more with torch on a busy host), then torchrun's own
             # teardown, are left to end by themselves, so that torchrun says how the rank
             # ended (its exit code, in its failure summary) before anything is stopped.
-            self.rank_exit_by = time.monotonic() + self.t.RANK_EXIT_S
-            self.log("abort: torchrun is ending by itself (rank %s here failed)"
-                     % self.deaths.ranks.get(self.died_pid, ("?", "?"))[1])
+            self.stop_at = time.monotonic() + self.t.RANK_EXIT_S
+            self.log("abort: torchrun is ending by itself (a rank here failed)")
         elif self.most_workers and workers < self.most_workers:
             # A rank here died already and torchrun is ending by itself: let it say which
             # rank it was (its log's root cause) before it is stopped.

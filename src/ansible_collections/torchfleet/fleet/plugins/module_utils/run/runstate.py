@@ -642,10 +642,10 @@ class RunState:
         if last_line:
             rec["last_line"] = last_line[-LINE_MAX:]
         self.updated = now
-        if stopped:
-            return None
-        if rc != 0 and host in self.died:
+        if rc != 0 and host in self.died:  # (stopped too: past RANK_EXIT_S, its log may say)
             self._completed(self.died[host], rc, root_cause)
+            return None
+        if stopped:
             return None
         if rc != 0:
             cause = root_cause or {}
