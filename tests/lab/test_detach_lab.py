@@ -2,7 +2,12 @@
 3-host training loop runs on with no controller anywhere (past its lease), is read by id
 (status, a rank's log) and attached again to its end; a rank that dies in a detached run stops
 every host and attach names it; a detached run is stopped by id. The hosts remove their own
-port guard when the run ends."""
+port guard when the run ends.
+
+The first test's ranks are real torch (a gloo all_reduce loop): detach and attach, a run that
+outlives its lease, with torch. The others' control plane is the same and their ranks import no
+torch (steps_notorch.py, its stand-in: tests/fixtures/README.md), still started by the
+real torchrun through the real agents; a rank that dies there is stopped by fail-fast alone."""
 from __future__ import annotations
 
 import json
@@ -24,6 +29,7 @@ from torchfleet import ansible_cli
 pytestmark = pytest.mark.lab
 REMOTE_RUNS = runs_root(Path(__file__).stem)  # its lab's remote_runs_root
 SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "steps_until_file.py"
+NOTORCH = ROOT / "tests" / "fixtures" / "scripts" / "steps_notorch.py"
 # Short, so that the run outlives it many times within the test (120 s by default), yet
 # above the longest gap between two of the controller's looks CI has shown before detaching:
 # 14 s under the suite's load (a look waits up to poll_s, 5 s; SSH and Python took the rest).
@@ -37,11 +43,11 @@ def torchfleet(*args, timeout_s=300):
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def detach(lab, tmp_path, run_id, *script_args, guard=False, extra=()):
+def detach(lab, tmp_path, run_id, *script_args, guard=False, extra=(), script=NOTORCH):
     """train --detach on 3 lab hosts; returns once every rank runs, as a user sees it."""
     rc, out, err = torchfleet(
         "train", "-i", str(lab.inventory), "--nnodes", "3", "--detach", "--run-id", run_id,
-        "--runs-root", str(tmp_path / "runs"), "-e", "script=%s" % SCRIPT,
+        "--runs-root", str(tmp_path / "runs"), "-e", "script=%s" % script,
         "-e", "script_args=%s" % json.dumps([str(a) for a in script_args]),
         "-e", "lease_s=%d" % LEASE_S, "-e", "master_port=%d" % free_port(),
         "-e", "guard_ports=%s" % str(guard).lower(), *extra)
@@ -82,7 +88,7 @@ def master_record(run_id):
 
 def test_a_detached_run_needs_no_controller_and_is_attached_again(healthy_lab, tmp_path):
     run_id, go = "detach-%d" % os.getpid(), tmp_path / "go"
-    runs = detach(healthy_lab, tmp_path, run_id, go, guard=True)
+    runs = detach(healthy_lab, tmp_path, run_id, go, guard=True, script=SCRIPT)
     attach = beside = None
     try:
         # The controller's unattended finisher killed (the controller shut down): no process of
