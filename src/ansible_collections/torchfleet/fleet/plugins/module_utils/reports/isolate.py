@@ -166,11 +166,12 @@ def text(v):
     """The verdict for the end-of-play summary: slow pairs first, then the slowest few."""
     pairs = sorted(v["pairs"], key=lambda p: (not p["slow"], p["busbw_gbs"] or 0.0))
     later = v["pass_rounds"][1:]
+    passes = "no second pass"
+    if later:
+        plural = "s" if sum(later) > 1 else ""
+        passes = "then %s round%s for the suspects" % (" + ".join(map(str, later)), plural)
     lines = ["pair rounds (%s, %d rounds, %s, %.1f s): reference %s GB/s, slow below %.2g x" % (
-        v["schedule"], v["rounds"],
-        "then %s round%s for the suspects" % (" + ".join(str(k) for k in later),
-                                               "s" if sum(later) > 1 else "") if later
-        else "no second pass", v["time_s"],
+        v["schedule"], v["rounds"], passes, v["time_s"],
         "-" if v["reference_gbs"] is None else "%.3g" % v["reference_gbs"], v["threshold"])]
     for p in pairs[:8]:
         lines.append("  %-24s %s%s" % (
