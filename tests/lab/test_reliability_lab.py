@@ -1,5 +1,12 @@
 """Faults during a run, for real: a node's network cut, the controller interrupted, a stale
-torchrun holding the port. Each ends with no process of the run left on any node."""
+torchrun holding the port. Each ends with no process of the run left on any node.
+
+Where only the control plane is under test (a cut, a kill, a freeze, the lease, Ctrl-C, a
+flood), the ranks run steps_notorch.py: the real torchrun starts it through the real agents, but
+it imports no torch (tests/fixtures/README.md). Real torch ranks stay where their collectives
+are the subject: a cut host whose peers' collectives time out, a killed agent whose peers lose
+their gloo connections (a kill, with torch), a rank's own exit while its peers die of the broken
+connection (slow_sibling.py)."""
 from __future__ import annotations
 
 import json
@@ -26,6 +33,9 @@ from torchfleet import ansible_cli
 
 pytestmark = pytest.mark.lab
 REMOTE_RUNS = runs_root(Path(__file__).stem)  # its lab's remote_runs_root
+SCRIPTS = ROOT / "tests" / "fixtures" / "scripts"
+NOTORCH = SCRIPTS / "steps_notorch.py"
+TORCH_STEPS = SCRIPTS / "steps_until_file.py"  # its ranks all-reduce each step
 
 
 processes_of = run_processes
@@ -41,14 +51,18 @@ def wait_until(predicate, timeout_s, interval_s=0.5):
 
 
 def start_long_train(lab, tmp_path, *extra, nnodes=2, inventory=None, runs=REMOTE_RUNS,
-                     script=None):
-    """train.yml with a run that lasts until it is stopped; returns (process, run id) once it
-    trains (tests.conftest.until_stopped; script: where the login can read steps_until_file.py).
-    runs: where the hosts keep their run directories (the lab's remote_runs_root)."""
+                     script=NOTORCH, go=None):
+    """train.yml with a run that lasts until it is stopped (tests.conftest.until_stopped), or
+    until the file go exists; returns (process, run id) once it trains. script:
+    steps_notorch.py (no torch), steps_until_file.py (torch), or a copy of either where the
+    login can read it. runs: where the hosts keep their run directories (the lab's
+    remote_runs_root)."""
     started = time.time()
+    args = until_stopped(script) if go is None else (
+        "-e", "script=%s" % script, "-e", json.dumps({"script_args": [str(go)]}))
     proc = subprocess.Popen(
         [*ansible_cli.command("ansible-playbook"), "train.yml", "-i", str(inventory or lab.inventory),
-         "-e", "nnodes=%d" % nnodes, *until_stopped(script),
+         "-e", "nnodes=%d" % nnodes, *args,
          "-e", "run_dir=%s" % (tmp_path / "run"), *extra],
         cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -91,7 +105,8 @@ def test_a_cut_host_is_named_even_when_its_peers_errors_reach_the_master_first(h
     cut off, can be judged lost, longer than the master's usual settle time (8 s). The record
     waits for node2: the verdict names node2 host.lost, its peers are its consequence."""
     proc, run_id = start_long_train(healthy_lab, tmp_path, "-e", "lost_after_s=25",
-                                    "-e", "collective_timeout_s=5", nnodes=3)
+                                    "-e", "collective_timeout_s=5", nnodes=3,
+                                    script=TORCH_STEPS)
     healthy_lab.cut_network("node2")
     out, _ = proc.communicate(timeout=240)
     run = Run(proc.returncode, out, tmp_path / "run")
@@ -113,7 +128,7 @@ def test_a_ranks_own_exit_is_named_though_its_sibling_takes_seconds_to_stop(heal
     proc = subprocess.Popen(
         [*ansible_cli.command("ansible-playbook"), "train.yml", "-i", str(healthy_lab.inventory),
          "-e", "nnodes=2", "-e", "nproc_per_node=2",
-         "-e", "script=%s" % (ROOT / "tests" / "fixtures" / "scripts" / "slow_sibling.py"),
+         "-e", "script=%s" % (SCRIPTS / "slow_sibling.py"),
          "-e", json.dumps({"script_args": [str(go)]}), "-e", "run_dir=%s" % (tmp_path / "run"),
          "-e", "lease_s=%d" % CUT_LEASE_S],
         cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])),
@@ -149,27 +164,14 @@ CUT_S, CUT_LEASE_S = 15, 30
 
 def test_a_cut_shorter_than_the_lease_between_the_controller_and_the_hosts_loses_nothing(
         healthy_lab, tmp_path):
-    """3 hosts wait in a gloo group; the controller's traffic to and from every host is
-    dropped for CUT_S (the hosts still reach each other): the watch looks again until the cut
-    ends, the run goes on, and it ends ok once told to."""
+    """3 hosts step (ranks that import no torch); the controller's traffic to and from every
+    host is dropped for CUT_S (the hosts still reach each other): the watch looks again until
+    the cut ends, the run goes on, and it ends ok once told to."""
     go = tmp_path / "go"
-    started = time.time()
-    proc = subprocess.Popen(
-        [*ansible_cli.command("ansible-playbook"), "train.yml", "-i", str(healthy_lab.inventory),
-         "-e", "nnodes=3", "-e", "script=%s" % (ROOT / "tests" / "fixtures" / "scripts"
-                                                / "wait_for_file.py"),
-         "-e", json.dumps({"script_args": [str(go)]}), "-e", "run_dir=%s" % (tmp_path / "run"),
-         "-e", "lease_s=%d" % CUT_LEASE_S],
-        cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-
-    def waiting():
-        return sum(1 for p in REMOTE_RUNS.glob("*/node*/logs/*/attempt_0/0/stdout.log")
-                   if p.stat().st_mtime >= started and "waiting" in p.read_text()) == 3
-
     hosts = ("node0", "node1", "node2")
+    proc, _ = start_long_train(healthy_lab, tmp_path, "-e", "lease_s=%d" % CUT_LEASE_S,
+                               nnodes=3, go=go)
     try:
-        assert wait_until(waiting, 180), "the run never started"
         healthy_lab.cut_controller(*hosts)
         time.sleep(CUT_S)  # the fault's length is the case itself, not a wait for a condition
         healthy_lab.mend_controller(*hosts)
@@ -178,6 +180,7 @@ def test_a_cut_shorter_than_the_lease_between_the_controller_and_the_hosts_loses
         out, _ = proc.communicate(timeout=240)
     finally:
         healthy_lab.mend_controller(*hosts)
+        go.touch()
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
     run = Run(proc.returncode, out, tmp_path / "run")
@@ -237,6 +240,14 @@ def test_a_stale_torchrun_on_the_port_is_named_and_train_refuses(healthy_lab, tm
         stale.wait()
 
 
+def master_record(run_id):
+    """The master's record of the run (its host's control.json), {} until it is readable."""
+    try:
+        return json.loads((REMOTE_RUNS / run_id / "node0" / "control.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def _agent_and_torchrun(run_id, host):
     """(the agent's PID, its torchrun's PID) of one host's part of the run. Lab nodes share
     this machine's files: the host's run directory is readable here."""
@@ -245,18 +256,34 @@ def _agent_and_torchrun(run_id, host):
 
 
 def test_a_flooded_control_port_changes_nothing(healthy_lab, tmp_path):
-    """Three hosts train while another process floods the master's control port with garbage
-    and holds hundreds of idle connections: the run ends ok, and the master counts what it
-    refused in its record and its agent.log."""
-    port = free_port()
+    """Three hosts step (ranks that import no torch) while another process floods the
+    master's control port with garbage and holds hundreds of idle connections, until the
+    master has refused each kind: the run then ends ok, and the master counts what it refused
+    in its record and its agent.log."""
+    port, go = free_port(), tmp_path / "go"
     flood = Flood(healthy_lab.node("node0").address, port)
     flood.start()  # it dials until the master listens
+    proc = None
+    kinds = ("garbled", "over_cap", "unsigned")
     try:
-        run = playbook("train.yml", tmp_path, "-e", "nnodes=3", "-e", "train_steps=100",
-                       "-e", "control_port=%d" % port, inventory=healthy_lab.inventory)
+        proc, run_id = start_long_train(healthy_lab, tmp_path, "-e", "control_port=%d" % port,
+                                        nnodes=3, go=go)
+
+        def refused_each():
+            refused = (master_record(run_id).get("channel") or {}).get("refused") or {}
+            return all(refused.get(k, 0) > 0 for k in kinds)
+
+        assert wait_until(refused_each, 120), master_record(run_id)
+        go.touch()
+        out, _ = proc.communicate(timeout=240)
     finally:
+        go.touch()
         flood.done.set()
         flood.join(30)
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.communicate(timeout=120)
+    run = Run(proc.returncode, out, tmp_path / "run")
     assert run.rc == 0, run.out[-3000:]
     report = run.report("train.json")
     assert report["ok"] and {h["outcome"] for h in report["hosts"]} == {"succeeded"}
@@ -265,8 +292,7 @@ def test_a_flooded_control_port_changes_nothing(healthy_lab, tmp_path):
     # Garbage closes its connection; idle connections over the caps go (the flood keeps
     # opening more, so they are pushed out before the hello deadline); a forged frame after a
     # valid nonce is unsigned.
-    assert flood.sent > 0 and all(refused.get(k, 0) > 0 for k in ("garbled", "over_cap",
-                                                                    "unsigned")), refused
+    assert flood.sent > 0 and all(refused.get(k, 0) > 0 for k in kinds), refused
     log = (REMOTE_RUNS / record["run_id"] / "node0" / "agent.log").read_text()
     assert "control port: refused" in log and "over_cap" in log
 
@@ -274,7 +300,8 @@ def test_a_flooded_control_port_changes_nothing(healthy_lab, tmp_path):
 def test_a_killed_agent_takes_its_torchrun_down_and_is_named_first(healthy_lab, tmp_path):
     """node2's agent is SIGKILLed mid-run: its torchrun dies with it, and every output names
     node2 host.lost, not the ranks on the other hosts that lost a peer."""
-    proc, run_id = start_long_train(healthy_lab, tmp_path, "-e", "lost_after_s=10", nnodes=3)
+    proc, run_id = start_long_train(healthy_lab, tmp_path, "-e", "lost_after_s=10", nnodes=3,
+                                    script=TORCH_STEPS)
     try:
         agent, torchrun = _agent_and_torchrun(run_id, "node2")
         os.kill(agent, signal.SIGKILL)
@@ -321,7 +348,8 @@ def test_a_frozen_host_is_lost_and_nothing_of_the_run_is_left_after_it_thaws(hea
 def test_a_start_longer_than_the_lease_is_no_lost_controller(healthy_lab, tmp_path):
     """Four hosts started one at a time (forks 1) under a 3 s lease: the start outlasts the
     lease, which counts from the controller's first look, so the run is not aborted."""
-    run = playbook("train.yml", tmp_path, "-e", "nnodes=4", "-e", "train_steps=20",
+    run = playbook("train.yml", tmp_path, "-e", "nnodes=4", "-e", "script=%s" % NOTORCH,
+                   "-e", json.dumps({"script_args": ["/"]}),  # (/ exists: the ranks end)
                    "-e", "launch_lease_s=3", "-e", "launch_poll_s=1", "-f", "1",
                    inventory=healthy_lab.inventory)
     assert run.rc == 0, run.out[-3000:]
