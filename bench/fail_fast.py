@@ -35,7 +35,9 @@ from lab import netns as labmod
 from torchfleet import ansible_cli
 
 # Its own lab (tag and directory), so that another bench's lab (tag 3) is never in the way.
-LAB_TAG = 2  # molecule's lab scenario's tag (not run beside a bench); 3 is the other benches', 4-13 the tests', 14-15 taken too
+# (Tag 2 is molecule's lab scenario, never run beside a bench; 3 is the other benches', 4-13
+# the tests' and 14-15 were taken by other labs of this machine.)
+LAB_TAG = 2
 LAB_DIR = Path(tempfile.gettempdir()) / "torchfleet-lab-failfast"
 RUNS = LAB_DIR.with_name(LAB_DIR.name + "-runs")
 
