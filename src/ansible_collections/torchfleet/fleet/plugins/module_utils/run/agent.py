@@ -4,15 +4,12 @@ Every host runs this as the async torchrun_job task, one loop owning the fate of
 (the shape of torch elastic's agent loop):
 
 - HostAgent starts torchrun, sends a heartbeat each second (ranks alive, how long ago its ranks
-  last wrote to their logs, measured on this host), a rank's failure as soon as it sees it
-  (DIED: the rank's exit note, or its status while torchrun has not reaped it; torchrun
-  itself sees it a monitor interval later and then tears down for a second or more) and its
-  torchrun's exit, and obeys the master: an abort stops its torchrun (SIGTERM to every rank
-  at once, SIGKILL to torchrun, SIGKILL to what is left after abort_grace_s; a torchrun
-  already ending by itself after a rank's death is given a moment to end and say which rank
-  it was). It stops by itself when the master is silent for lost_after_s, or never reached
-  within join_timeout_s. torchrun dies with its agent (PR_SET_PDEATHSIG): a killed agent
-  leaves nothing running.
+  last wrote to their logs, measured on this host) and its exit, and obeys the master: an
+  abort stops its torchrun (SIGTERM to torchrun and every rank at once, SIGKILL after
+  abort_grace_s; a torchrun already ending by itself after a rank's death is given a moment
+  to end and say which rank it was). It stops by itself when the master is silent for
+  lost_after_s, or never reached within join_timeout_s. torchrun dies with its agent
+  (PR_SET_PDEATHSIG): a killed agent leaves nothing running.
 - MasterStore (node_rank 0 only) serves the control channel and owns the run's record
   (runstate.RunState, the one judge): it feeds it every verified message, asks it what time
   decides (a silent host, a hang, the job's limit, the controller's lease), tells every host
@@ -51,7 +48,6 @@ class Timings:
     LOOK_S = defaults.LOOK_S
     BEAT_S = defaults.BEAT_S
     TEARDOWN_S = defaults.TEARDOWN_S
-    RANK_EXIT_S = defaults.RANK_EXIT_S
 
     def __init__(self, p):
         self.lost_after_s = float(p["lost_after_s"])
@@ -98,7 +94,6 @@ class RankDeaths:
     def __init__(self):
         self.ranks = {}   # pid -> (local_rank, rank)
         self.dead = {}    # pid -> (monotonic time first seen dead, before any stop of ours)
-        self.status = {}  # pid -> its exit code, where read before torchrun reaped it
 
     def look(self, torchrun_pid, now_m, stopping, refresh):
         if refresh:
@@ -112,35 +107,6 @@ class RankDeaths:
         for pid in self.ranks:
             if pid not in self.dead and not procs.alive(pid):
                 self.dead[pid] = (now_m, not stopping)
-                self.status[pid] = procs.exit_status(pid)
-
-    def failed(self, dirs, now_m):
-        """(root cause, age_s) of the first rank here that ended with a failure, before any
-        stop of ours: its exit note (exits.py: written as its interpreter exits, which may
-        take a second more) says a code other than 0, or its exit code read before torchrun
-        reaped it is not 0; else None (a rank reaped unread that noted nothing is left to
-        torchrun's own report)."""
-        found = []
-        for pid, (local_rank, rank) in self.ranks.items():
-            died = self.dead.get(pid)
-            if died is not None and not died[1]:
-                continue  # it died of our stop
-            code = self.status.get(pid)
-            note = exits.read_note(dirs.get(local_rank)) if local_rank in dirs else None
-            noted = note is not None and note["code"] not in (None, 0)
-            if not noted and not code:
-                continue
-            ages = [now_m - died[0]] if died is not None else []
-            if note is not None:
-                ages.append(time.time() - note["ts"])
-            found.append((max(ages + [0.0]), {
-                "rank": rank, "local_rank": local_rank, "exitcode": code,
-                "script_code": None if note is None else note["code"],
-                "at_exit": note is not None}))
-        if not found:
-            return None
-        age_s, cause = max(found, key=lambda f: f[0])
-        return cause, age_s
 
     def first_own(self):
         """(pid, local_rank, rank, when) of the first rank that died before this host was
@@ -225,18 +191,12 @@ class HostAgent:
         self.first_dead = {} if self.recording else None  # rank -> when first seen dead
         self.samples = straggle.Reader() if self.recording else None  # for stragglers
         self.deaths = RankDeaths()
-        self.dirs = {}              # the ranks' log directories, once torchrun made them
-        self.died_sent = False      # a rank's failure is told (DIED); torchrun is ending
-        self.log = _logger(p["run_dir"])
 
     def step(self, now_m):
         """Look at torchrun once: beat, report its end, carry out a pending stop."""
         rc = self.proc.poll()
         beat = rc is None and now_m >= self.next_beat
         self.deaths.look(self.proc.pid, now_m, self.stopping is not None, refresh=beat)
-        if rc is None and self.stopping is None and not self.died_sent \
-                and not self.p["max_restarts"]:  # (torchrun's own restarts answer a death)
-            self._tell_death(now_m, refresh=beat)
         if beat or rc is not None and not self.exit_sent:
             # (Before an exit too: the OOM killer's line is written before torchrun sees it.)
             self.watch.look(now_m, self.deaths.ranks)
@@ -252,7 +212,6 @@ class HostAgent:
             self.send(dict(status, t=runstate.BEAT, hw=self.watch.take(now_m),
                            watch=self.watch.status(), **extra))
         if rc is None and self.stop_at is not None and now_m >= self.stop_at:
-            self.reason = "aborted"
             self._stop()
             rc = self.proc.poll()
         if rc is not None:
@@ -260,27 +219,6 @@ class HostAgent:
             if not self.exit_sent:
                 self.exit_sent = self.send(self.exit_body(rc, now_m))
         return rc
-
-    def _tell_death(self, now_m, refresh):
-        """A rank here ended with a failure: the master hears it now (DIED), while the rank's
-        interpreter and then its torchrun still end, and stops every other host."""
-        if refresh or not self.dirs:
-            self.dirs = rank_dirs(self.p["run_dir"])
-        found = self.deaths.failed(self.dirs, now_m)
-        if found is None:
-            return
-        cause, age_s = found
-        text = tail(os.path.join(self.dirs.get(cause["local_rank"], ""), "stderr.log"), 40,
-                    1 << 16)
-        # (Set first: on the master the abort comes back within send(), and obey() must know.)
-        self.died_sent = True
-        if not self.send({"t": runstate.DIED, "root_cause": cause,
-                          "consequence": peer_loss(text),
-                          "age_s": round(min(age_s, now_m - self.started_m), 3)}):
-            self.died_sent = False  # not connected: said at the next look
-        else:
-            self.log("rank %d failed (%s): told the master" % (cause["rank"], exits.words(
-                cause["rank"], cause["exitcode"], cause["script_code"], cause["at_exit"])))
 
     def obey(self, message):
         kind = message.get("t")
@@ -292,9 +230,7 @@ class HostAgent:
         # A torchrun that already ended is not stopped: its own exit stands.
         if kind != runstate.ABORT or self.stopping is not None or self.proc.poll() is not None:
             return
-        self.stopping = message
-        if not self.died_sent:  # (else its torchrun's own exit stands, unless it outlasts it)
-            self.reason = "aborted"
+        self.stopping, self.reason = message, "aborted"
         if message.get("dump"):  # every live rank's stack, before anything is stopped
             self.deaths.look(self.proc.pid, time.monotonic(), True, refresh=True)
             workers = self.deaths.live()
@@ -306,20 +242,11 @@ class HostAgent:
             if self.recording:
                 flight.wait_dumps(dirs, workers, defaults.FR_DUMP_S)
         workers = len(live_children(self.proc.pid))
-        if self.died_sent:
-            # The run's failure is this host's rank, told as its interpreter began to exit:
-            # that exit (a second or more with torch on a busy host), then torchrun's own
-            # teardown, are left to end by themselves, so that torchrun says how the rank
-            # ended (its exit code, in its failure summary) before anything is stopped.
-            self.stop_at = time.monotonic() + self.t.RANK_EXIT_S
-            self.log("abort: torchrun is ending by itself (a rank here failed)")
-        elif self.most_workers and workers < self.most_workers:
+        if self.most_workers and workers < self.most_workers:
             # A rank here died already and torchrun is ending by itself: let it say which
             # rank it was (its log's root cause) before it is stopped.
             self.stop_at = time.monotonic() + self.t.TEARDOWN_S
-            self.log("abort: torchrun is ending by itself (a rank here died)")
         else:
-            self.log("abort: stopping torchrun and its ranks")
             self._stop()
 
     def stop_alone(self, reason):
@@ -618,9 +545,7 @@ def _logger(run_dir):
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
-                now = time.time()  # (milliseconds: bench fail_fast times the abort by them)
-                os.write(fd, ("%s.%03d %s\n" % (time.strftime("%H:%M:%S", time.localtime(now)),
-                                                int(now * 1000) % 1000, line)).encode())
+                os.write(fd, ("%s %s\n" % (time.strftime("%H:%M:%S"), line)).encode())
             finally:
                 os.close(fd)
         except OSError:

@@ -73,20 +73,6 @@ def alive(pid):
     return state(pid) not in ("", "Z", "X")
 
 
-def exit_status(pid):
-    """How a process that ended but is not reaped yet (a zombie) ended, as
-    os.waitstatus_to_exitcode says it (negative: the signal); None for any other (alive,
-    reaped, gone). /proc/<pid>/stat's exit_code (field 52, Linux 3.5 and later): a process's
-    status is readable here before its parent waits for it."""
-    fields = stat_fields(pid)
-    if not fields or fields[0] != "Z" or len(fields) < 50 or not fields[49].isdigit():
-        return None
-    try:
-        return os.waitstatus_to_exitcode(int(fields[49]))
-    except ValueError:
-        return None
-
-
 def parent(pid):
     fields = stat_fields(pid)
     return int(fields[1]) if fields else None
@@ -146,11 +132,8 @@ def run_processes(run_id, root_pid=None, host=None, orphans=True):
 def stop_run(run_id, root_pid, grace_s, host=None, all_at_once=False):
     """SIGTERM torchrun (it forwards to its workers), wait grace_s, SIGKILL what is left.
 
-    all_at_once: an abort. SIGTERM every rank (and what they started) together, without
-    waiting for torchrun to forward the signal, which takes a while on a busy host; SIGKILL
-    torchrun itself at once: its own shutdown on SIGTERM (stopping workers already stopped,
-    its rendezvous, a traceback, an interpreter holding torch) outlasts the grace on a busy
-    host and says nothing the abort needs.
+    all_at_once: SIGTERM every process of the run together (an abort: the ranks need not wait
+    for torchrun to forward the signal, which takes a while on a busy host).
 
     Returns {"signalled": [pids], "killed": [pids]}; nothing of the run is alive after it.
     """
@@ -160,15 +143,14 @@ def stop_run(run_id, root_pid, grace_s, host=None, all_at_once=False):
         return result
     first = [root_pid] if root_pid in targets and not all_at_once else targets
     for pid in first:
-        kill = all_at_once and pid == root_pid
         try:
-            os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)
-            result["killed" if kill else "signalled"].append(pid)
+            os.kill(pid, signal.SIGTERM)
+            result["signalled"].append(pid)
         except OSError:
             pass
     end = time.monotonic() + grace_s
     while time.monotonic() < end and any(alive(p) for p in targets):
-        time.sleep(0.02)  # a few /proc reads: the ranks' end is seen when it comes
+        time.sleep(0.1)
     for _attempt in range(3):  # workers may still be appearing from a dying agent
         left = [p for p in run_processes(run_id, root_pid, host) if alive(p)]
         if not left:
