@@ -59,6 +59,18 @@ def test_a_process_the_rank_spawns_writes_no_note(tmp_path):
     assert rc == 2 and note["code"] == 2
 
 
+def test_a_child_os_fork_made_writes_no_note(tmp_path):
+    """A child os.fork made inherits the rank's hook itself (not only its environment): it ends
+    with sys.exit(7) after the rank's own note, and the note stays the rank's 2."""
+    body = ("import os, sys, time\n"
+            "if os.fork() == 0:\n"
+            "    time.sleep(1)\n"
+            "    sys.exit(7)\n"
+            "sys.exit(2)\n")
+    rc, note, _rank_dir = rank(tmp_path, body)
+    assert rc == 2 and note["code"] == 2
+
+
 def test_a_process_that_is_not_a_rank_writes_nothing(tmp_path):
     env = dict(os.environ)
     env.pop("TORCHELASTIC_ERROR_FILE", None)

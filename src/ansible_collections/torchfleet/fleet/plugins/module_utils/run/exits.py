@@ -7,7 +7,8 @@ SIGABRT, -6) is reported with that -6, which hides the code its script ended wit
 rank notes its own end (NOTE, in the run's sitecustomize): when its interpreter reaches exit,
 the code its script gave (sys.exit's argument, 1 for an uncaught exception, none for a script
 that returned) and the time, in `exit.json` beside its logs. Only the rank writes it: a
-process it spawns (a DataLoader worker) inherits the marker and writes nothing. A rank killed
+process it spawns (a DataLoader worker) inherits the marker and writes nothing, nor does a
+child os.fork made, which inherits the hook itself. A rank killed
 by a signal notes nothing.
 
 The agent reads the note of a rank that died (read_note: hostile bytes, bounded) and the judge
@@ -36,7 +37,7 @@ def _torchfleet_exit_note():
     if not error_file or marker not in (None, str(os.getpid())):
         return  # not a rank (torchrun itself), or a process a rank spawned
     os.environ["TORCHFLEET_RANK_PID"] = str(os.getpid())
-    ended = {"code": None}
+    ended, mine = {"code": None}, os.getpid()
     real_exit, real_hook = sys.exit, sys.excepthook
 
     def _exit(code=None):
@@ -48,6 +49,8 @@ def _torchfleet_exit_note():
         real_hook(kind, value, tb)
 
     def _note():
+        if os.getpid() != mine:
+            return  # a child os.fork made inherits the hook: its end is not the rank's
         path = os.path.join(os.path.dirname(error_file), "exit.json")
         try:
             with open(path + ".tmp", "w") as f:
