@@ -15,11 +15,8 @@ def ssh_options():
     cfg = configparser.ConfigParser(interpolation=None)
     cfg.read(ROOT / "ansible.cfg")
     args = cfg["ssh_connection"]["ssh_args"]
-    ssh = {k: float(v) for k, v in re.findall(r"-o (\w+)=(\d+)", args)}
-    # Ansible's timeout is SSH's ConnectTimeout, set once (a second one in ssh_args would win).
-    assert "ConnectTimeout" not in ssh
-    ssh["ConnectTimeout"] = float(cfg["defaults"]["timeout"])
-    return ssh, ssh["ConnectTimeout"]
+    return {k: float(v) for k, v in re.findall(r"-o (\w+)=(\d+)", args)}, \
+        float(cfg["defaults"]["timeout"])
 
 
 def test_the_dump_deadline_exceeds_py_spys_timeout():
