@@ -307,6 +307,19 @@ def test_a_suspect_host_fine_against_the_good_host_has_its_pairs_run_again():
     assert v["slow_nodes"] == [] and v["slow_links"] == [["node4", "node5"]]
 
 
+def test_a_suspect_host_cleared_in_the_last_pass_leaves_its_screen_pairs_unsettled():
+    """collective_pair_passes=2 (an inventory that kept the old default): node5's burst in the
+    screen, fast against node0 in the second and last pass; its screen pairs are never run
+    again, and are not three slow links."""
+    def bw(a, b, number):
+        return 0.05 if number == 0 and 5 in (a, b) else 1.0
+    v = verdict(ranks(8, bw, per_pass=True, passes=2), HOSTS)
+    assert v["pass_rounds"] == [3, 1]
+    assert v["slow_nodes"] == [] and v["slow_links"] == [] and failed(v, "link.slow") == []
+    assert sorted((p["a"], p["b"]) for p in v["pairs"] if p["unsettled"]) == [
+        ("node1", "node5"), ("node4", "node5"), ("node5", "node6")]
+
+
 def test_two_suspect_hosts_are_each_confirmed_against_their_own_good_host():
     def bw(a, b):
         return 0.05 if {a, b} & {2, 5} else 1.0

@@ -204,7 +204,7 @@ busbw:
 isolate:
   description: The pair rounds' verdict (schedule, rounds, passes and pass_rounds (the rounds
     of each pass; after the first, only the suspects'), time_s, threshold, floor_gbs,
-    reference_gbs, pairs with a, b, busbw_gbs, latency_us, error, slow and passes, slow_nodes,
+    reference_gbs, pairs with a, b, busbw_gbs, latency_us, error, slow, unsettled and passes, slow_nodes,
     slow_links).
   returned: for kind collective with collective_isolate
   type: dict
