@@ -262,8 +262,8 @@ def markdown(results):
                          rng(base["render_s"]) if base else "-",
                          r["render_s"]["median"] / base["render_s"]["median"] if base else 0))
     sp = results.get("spares_cost") or {}
-    for name, text in (("spares2", "healthy"), ("spares2_master_down", "first host unreachable "
-                                                "(reached first, the ports tested once)")):
+    for name, text in (("spares2", "healthy"), ("spares2_master_down", "first host unreachable: "
+                                                "ports tested again against the second")):
         if name in sp:
             r = sp[name]
             lines.append("| preflight.yml nnodes=8 spares=2 (10 lab hosts checked), %s, vs "
