@@ -140,13 +140,7 @@ class Groups:
         (self.controller / "cgroup.procs").write_text(str(os.getpid()))
 
     def __exit__(self, *exc):
-        for group in (self.controller, *self.nodes):
-            with contextlib.suppress(OSError):
-                for pid in (group / "cgroup.procs").read_text().split():
-                    with contextlib.suppress(OSError):
-                        (ACCT / "cgroup.procs").write_text(pid)
-            with contextlib.suppress(OSError):
-                group.rmdir()
+        labmod.release_groups(LAB_TAG)  # (also what the lab's down removes after a crash)
 
 
 def measured(groups, start):

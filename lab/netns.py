@@ -637,7 +637,8 @@ class Lab:
         self.wait_for_ssh()
 
 
-CGROUP_CONTROLLERS = {"cpu": "cpu.cfs_quota_us", "memory": "memory.limit_in_bytes"}
+CGROUP_CONTROLLERS = {"cpu": "cpu.cfs_quota_us", "memory": "memory.limit_in_bytes",
+                      "cpuacct": "cpuacct.usage"}  # (cpuacct: bench launch_profile's groups)
 
 
 def cgroup_root(controller: str) -> tuple[Path, int]:
