@@ -23,8 +23,9 @@ from torchfleet import ansible_cli
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 RESULTS = ROOT / "bench" / "results"
-LAB_TAG = 3
-LAB_DIR = Path(tempfile.gettempdir()) / "torchfleet-lab-bench"
+# TORCHFLEET_BENCH_LAB_TAG=N: a bench beside another bench (or a lab test) with a tag of its own.
+LAB_TAG = int(os.environ.get("TORCHFLEET_BENCH_LAB_TAG", "3"))
+LAB_DIR = Path(tempfile.gettempdir()) / ("torchfleet-lab-bench" + ("" if LAB_TAG == 3 else f"-t{LAB_TAG}"))
 RAW_BOUND_S = 120
 
 WORKLOADS = collection_root() / "roles" / "launch" / "files" / "workloads"

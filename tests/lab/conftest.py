@@ -31,10 +31,14 @@ LABS = {  # module: (tag, nodes, with the non-root login)
     "test_slurm_lab": (12, 4, False),
     "test_straggler_lab": (13, 5, False),
 }
+# TORCHFLEET_TEST_LAB_TAG=N gives every lab of this pytest run tag N and a directory of its own,
+# so that a second pytest can run a lab module while another runs the same module with its tag.
+TAG_OVERRIDE = os.environ.get("TORCHFLEET_TEST_LAB_TAG", "")
 
 
 def lab_dir(module: str) -> Path:
-    return labmod.DEFAULT_DIR.with_name("torchfleet-lab-" + module[len("test_"):])
+    suffix = "-t" + TAG_OVERRIDE if TAG_OVERRIDE else ""
+    return labmod.DEFAULT_DIR.with_name("torchfleet-lab-" + module[len("test_"):] + suffix)
 
 
 def runs_root(module: str) -> Path:
@@ -74,6 +78,7 @@ def lab(request):
         pytest.skip(reason)
     module = request.module.__name__.rsplit(".", 1)[-1]
     tag, nodes, user = LABS[module]
+    tag = int(TAG_OVERRIDE) if TAG_OVERRIDE else tag
     root, runs = lab_dir(module), runs_root(module)
     shutil.rmtree(runs, ignore_errors=True)
     the_lab = labmod.Lab.up(nodes, root, tag, user=user, runs_root=runs)
