@@ -135,13 +135,16 @@ WINDOW = 64  # sampled collectives a window (a judgement reads up to straggle.JU
 def test_a_healthy_run_names_nobody_and_a_host_10_percent_slower_is_named(signal, hosts):
     rnd = random.Random("%s-%d" % (signal, hosts))
     per_host = rates.PER_HOST
+    # 64 hosts: a quarter of the runs (each simulates 512 ranks; 50 CPU-s a case at 200 + 100
+    # runs); bench/straggler_rates.py gives the rates over thousands.
+    runs = 200 if hosts <= 8 else 50
     healthy = [rates.simulate(hosts, JITTER_MS, False, signal, rnd, per_host, WINDOW)
-               for _ in range(200)]
+               for _ in range(runs)]
     assert sum(bool(named) for named in healthy) == 0
     found = sum(any(s["host"] == "n1" and len(s["ranks"]) == per_host for s in
                     rates.simulate(hosts, JITTER_MS, True, signal, rnd, per_host, WINDOW))
-                for _ in range(100))
-    assert found >= 95
+                for _ in range(runs // 2))
+    assert found >= 0.95 * (runs // 2)
 
 
 def test_the_z_bound_needs_the_lateness_spread_over_many_collectives():
