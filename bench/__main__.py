@@ -2,6 +2,7 @@
 
     python -m bench                      # everything (root: lab benchmarks), 5 runs each
     python -m bench --runs 3 --only preflight_cost scale
+    python -m bench --runs 3 --only lean --lab-sizes 2 --fail-fast-sizes 2 8   # issue 58's figures
 
 Every figure is a ratio (or difference) to a baseline measured in the same process, median of
 the runs with min and max. Results go to bench/results/results.{json,md}. This is not a test:
@@ -47,6 +48,10 @@ BENCHES = {
     "straggler_rates": straggler_rates.run,
     "scale": scale.run,
 }
+# Named groups of measures, for --only: "lean" is every figure of the launch's cost (issue 58),
+# each beside its baseline in one sitting.
+GROUPS = {"lean": ["preflight_cost", "launch_overhead", "launch_profile", "fail_fast",
+                   "spares_cost", "isolate"]}
 NEEDS_ROOT = {"launch_overhead", "launch_profile", "fail_fast", "watch_cpu", "diagnosis", "harness_overhead",
               "isolate", "flood", "start_skew", "output_lines", "spares_cost",
               "restart_cost", "health_cost", "detach_cost", "straggler"}
@@ -56,7 +61,8 @@ def main():
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--only", nargs="*", choices=sorted(BENCHES), default=sorted(BENCHES))
+    parser.add_argument("--only", nargs="*", choices=sorted(BENCHES) + sorted(GROUPS),
+                        default=sorted(BENCHES), help="measures, or groups of them: %s" % GROUPS)
     parser.add_argument("--lab-sizes", type=int, nargs="*", default=[2, 16, 64, 128],
                         help="lab sizes of preflight_cost")
     parser.add_argument("--recheck-runs", type=int, default=0,
@@ -107,6 +113,7 @@ def main():
     parser.add_argument("--busbw-iters", type=int, default=100,
                         help="timed iterations per size, both sides of harness_overhead")
     args = parser.parse_args()
+    args.only = {m for name in args.only for m in GROUPS.get(name, [name])}
     # SIGTERM or SIGHUP unwinds like Ctrl-C: the labs and fleets a bench started come down.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
