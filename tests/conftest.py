@@ -1,5 +1,5 @@
 """What every test shares: the repository's root, the fixtures, /proc readers, and the split of
-the tests between two pytest-xdist workers.
+the tests between the pytest-xdist workers.
 
 Tests import the collection's code by its one route, ansible_collections.torchfleet.fleet...
 (the editable install puts src/ on the path), as the modules, plugins and package do."""

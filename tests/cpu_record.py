@@ -1,4 +1,5 @@
-"""Each test's CPU-seconds, for docs/testing.md: `TORCHFLEET_TEST_CPU=<file> bash tests/run`.
+"""Each test's CPU-seconds, for docs/testing.md: `TORCHFLEET_TEST_CPU=<file> bash tests/run`, then
+`python -m tests.cpu_record <file>` prints the table.
 
 Every pytest process (each xdist worker, and the `alone` run) moves itself into a cpuacct
 cgroup of its own, `tftests-<worker>`: what it starts inherits the group, also what leaves
@@ -63,3 +64,41 @@ def pytest_unconfigure(config):
         group.rmdir()
     except OSError:
         pass  # a process of the worker's still runs: the next run's mkdir reuses the group
+
+
+def table(lines: list[str]) -> str:
+    """docs/testing.md's table from the records: a row per module (a test of its own for those
+    whose tests each cost 10 CPU-s or more), with its lab and what its tests share."""
+    from tests.conftest import DEFAULT_PORT, ONE_BY_ONE
+    from tests.lab.conftest import LABS
+
+    rows: dict[str, list[float]] = {}
+    for line in lines:
+        r = json.loads(line)
+        path, _, name = r["test"].partition("::")
+        key = r["test"] if r["cpu_s"] >= 10 and not path.startswith("tests/unit/") else path
+        row = rows.setdefault(key, [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += r["cpu_s"]
+        row[2] += r["wall_s"]
+    out = ["| tests | CPU-s | wall s (3 workers) | lab | shares |", "| --- | --- | --- | --- | --- |"]
+    for key, (n, cpu, wall) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
+        path = key.split("::", 1)[0]
+        module = Path(path).stem
+        lab = "tag %d, %d nodes" % LABS[module][:2] if module in LABS else (
+            "the default inventory" if path.startswith(("tests/integration", "tests/api"))
+            else "-")
+        shares = ("its module's lab" if module in LABS else
+                  "port 29500, one after another" if path.startswith(DEFAULT_PORT) else
+                  "nothing" if path.startswith(ONE_BY_ONE) else "its module's fixtures")
+        name = key if "::" in key else "%s (%d)" % (key, n)
+        out.append("| `%s` | %.0f | %.0f | %s | %s |" % (name, cpu, wall, lab, shares))
+    total = sum(r[1] for r in rows.values())
+    out.append("| all (%d tests) | %.0f | | | |" % (sum(r[0] for r in rows.values()), total))
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(table(Path(sys.argv[1]).read_text().splitlines()))
