@@ -42,16 +42,24 @@ def ranks_of(run):
 def test_a_broken_first_host_makes_the_second_the_master(lab, tmp_path):
     lab.unreachable("node0")
     try:
-        run, pre = train_with_spares(lab, tmp_path)
+        # forks 2: the one port round runs in fork batches, node1's listener up for the others
+        # only if node1's probe is in the first.
+        run, pre = train_with_spares(lab, tmp_path, "-f", "2")
     finally:
         lab.heal()
     assert run.rc == 0, run.out[-4000:]
     assert ranks_of(run) == [("node1", 0), ("node2", 1), ("node3", 2), ("node4", 3)]
-    # The ports were tested again against node1, which the run then used as its master.
+    # The ports were tested against node1, which the run then used as its master (node5 too:
+    # a healthy spare left over).
     assert pre["master_addr"] == lab.node("node1").address
     assert [c["host"] for c in pre["checks"] if c["id"] == "port.blocked" and c["ok"]] == [
-        "node1", "node2", "node3", "node4"]
+        "node1", "node2", "node3", "node4", "node5"]
     assert pre["spares"]["skipped"] == {"node0": ["host.unreachable"]}
+    # node0 was found unreachable before any probe: the five others were probed once, their
+    # ports tested in that one round against node1 (no second probe against a new master).
+    probes = [line for line in (run.run_dir / "play.log").read_text().splitlines()
+              if "Probe the host in one call" in line]
+    assert len(probes) == 1 and probes[0].endswith("ok 5, failed 0"), probes
     assert run_processes(pre["run_id"]) == []
 
 

@@ -70,6 +70,18 @@ def test_the_master_decides_its_address_when_the_controller_cannot_know_it(capsy
     assert not port_plan["inline"] and port_plan["addr"] == ""
 
 
+def test_each_host_that_may_be_the_master_gets_its_up_front_address(capsys):
+    hosts = {"node0": "10.0.0.1", "node1": "10.0.0.2", "node2": "node2.example"}
+    port_plan = plan(capsys, master_host="10.0.0.1", master_hosts=hosts)["port_plan"]
+    assert port_plan["addr"] == "10.0.0.1"
+    assert port_plan["addrs"] == {"node0": "10.0.0.1", "node1": "10.0.0.2", "node2": ""}
+    # master_addr is the master's whoever it is; socket_ifname's address is the master's own.
+    assert set(plan(capsys, master_hosts=hosts, master_addr="10.9.9.9")["port_plan"][
+        "addrs"].values()) == {"10.9.9.9"}
+    assert set(plan(capsys, master_hosts=hosts, socket_ifname="ib0")["port_plan"][
+        "addrs"].values()) == {""}
+
+
 def test_the_up_front_address_is_what_the_master_would_choose():
     # The controller's guess and the master's decision are one order: on a master that holds
     # the inventory's address, both give it; master_addr wins in both.

@@ -1,5 +1,6 @@
 """Spares (`spares=K`): the run uses the first nnodes healthy candidates in inventory order and
-names every other; a broken first host hands the master on (with a port test again)."""
+names every other; a broken first host hands the master on (with a port test again, unless
+preflight reached the next one first and tested the ports against it)."""
 from __future__ import annotations
 
 import json
@@ -84,6 +85,34 @@ def test_a_broken_first_host_hands_the_master_to_the_next_after_a_port_test_agai
         ("n0", "host.unreachable", "warning"), ("n0", "host.skipped", "warning")]
 
 
+def test_a_first_host_not_reached_leaves_the_master_to_the_next_with_no_port_test_again(capsys):
+    # preflight reached n1 first (reach.yml), so every host's ports were tested against it.
+    probes = {h: probe(h, master=(h == "n1")) for h in SIX}
+    probes["n0"] = {"unreachable": True, "msg": "ssh: connect to host n0: Connection refused"}
+    connects = {h: connect(h) for h in SIX}
+    result = decide(probes, connects, capsys, master="n1")
+    assert result["ok"] is True and result["retest"] == []
+    assert [(n["host"], n["node_rank"]) for n in result["nodes"]] == [
+        ("n1", 0), ("n2", 1), ("n3", 2), ("n4", 3)]
+    assert result["resolved"]["master_addr"] == ADDR["n1"]
+    assert result["choice"]["skipped"] == {"n0": ["host.unreachable"]}
+    assert [(c["host"], c["id"], c["severity"]) for c in result["checks"] if not c["ok"]] == [
+        ("n0", "host.unreachable", "warning"), ("n0", "host.skipped", "warning")]
+    assert "not used: n0 (host.unreachable), n5 (healthy spare)" in result["table"]
+
+
+def test_the_master_reached_is_still_blamed_when_most_workers_cannot_reach_it(capsys):
+    probes = {h: probe(h, master=(h == "n1")) for h in SIX}
+    probes["n0"] = {"unreachable": True, "msg": "ssh: connect to host n0: Connection refused"}
+    connects = {h: connect(h, ok=False, error="timed out") for h in SIX}
+    connects["n1"] = connect("n1")
+    first = decide(probes, connects, capsys, master="n1")
+    # Blamed against the workers it was tested with (not n0, which tested nothing).
+    assert first["retest"] == ["n2", "n3", "n4", "n5"]
+    assert first["choice"]["skipped"] == {"n0": ["host.unreachable"],
+                                          "n1": ["port.blocked (from the workers)"]}
+
+
 def test_a_master_most_workers_cannot_reach_is_the_one_to_blame(capsys):
     probes, connects = six()
     for h in SIX[1:]:
@@ -91,6 +120,25 @@ def test_a_master_most_workers_cannot_reach_is_the_one_to_blame(capsys):
     first = decide(probes, connects, capsys)
     assert first["retest"] == ["n1", "n2", "n3", "n4"]
     assert first["choice"]["skipped"] == {"n0": ["port.blocked (from the workers)"]}
+
+
+def test_the_spare_left_over_keeps_no_error_from_the_port_test_of_a_master_to_blame(capsys):
+    # n0's firewall drops its port: blamed, n1-n4 are tested again against n1 and n5, tested
+    # only against n0, is a healthy spare whose port failures are not its own.
+    probes, connects = six()
+    for h in SIX[1:]:
+        connects[h] = connect(h, ok=False, error="timed out")
+    first = decide(probes, connects, capsys)
+    assert first["retest"] == ["n1", "n2", "n3", "n4"]
+    left = [(c["id"], c["severity"]) for c in first["skipped_records"]
+            if c["host"] == "n5" and not c["ok"]]
+    assert left == [("port.blocked", "warning"), ("port.ephemeral", "warning")]
+    probes = {h: probe(h, master=(h == "n1")) for h in first["retest"]}
+    second = run_module(preflight_checks, {
+        "hosts": first["retest"], "nnodes": 4, "inventory_size": 6, "probes": probes,
+        "connects": {h: connect(h) for h in first["retest"]},
+        "skipped": first["skipped_records"], "choice": first["choice"]}, capsys)
+    assert second["ok"] is True, second["verdict"]
 
 
 def test_too_few_healthy_hosts_is_one_error_with_the_counts_and_every_failing_host(capsys):

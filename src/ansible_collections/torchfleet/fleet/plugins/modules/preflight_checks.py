@@ -22,6 +22,10 @@ options:
     type: list
     elements: str
     required: true
+  master:
+    description: With spares, the host the ports were tested against when it is not the first
+      (the ones before it were not reached); the master unless it is the one to blame.
+    type: str
   nnodes:
     description: Number of nodes asked for.
     type: int
@@ -238,7 +242,7 @@ table:
   returned: always
   type: str
 retest:
-  description: With spares, when the first host was the broken one, the hosts chosen instead,
+  description: With spares, when the master tested was the broken one, the hosts chosen instead,
     whose ports must be tested again against the new master before a decision (empty
     otherwise; the other return values are then empty too).
   returned: always

@@ -45,6 +45,12 @@ options:
     description: The first node's C(ansible_host).
     type: str
     default: ""
+  master_hosts:
+    description: The C(ansible_host) of each host that may become the master when the first is
+      not reached (with spares, the first spares + 1), by inventory name; C(port_plan.addrs)
+      gives their up-front addresses.
+    type: dict
+    default: {}
   nproc_per_node:
     description: Processes per node, as given (a positive number or C(auto)).
     type: raw
@@ -152,11 +158,13 @@ run_id:
 port_plan:
   description: >-
     How the preflight tests the master port - inline (the address is known up front, one round),
-    batched (more nodes than forks), addr (the address known up front, else empty) and
-    ephemeral_port (a high port tested beside the master port).
+    batched (more nodes than forks), addr (the address known up front, else empty),
+    ephemeral_port (a high port tested beside the master port) and addrs (the address known up
+    front of each host of O(master_hosts), else empty).
   returned: always
   type: dict
-  sample: {"inline": true, "batched": false, "addr": "10.0.0.1", "ephemeral_port": 55123}
+  sample: {"inline": true, "batched": false, "addr": "10.0.0.1", "ephemeral_port": 55123,
+           "addrs": {"node0": "10.0.0.1", "node1": "10.0.0.2"}}
 candidates:
   description: How many hosts of group nodes the preflight checks, nnodes + spares.
   returned: always

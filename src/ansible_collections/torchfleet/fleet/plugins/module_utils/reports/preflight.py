@@ -349,14 +349,15 @@ def probe_failed(host, probe):
                  "the probe could not run: %s" % str(probe.get("msg") or "")[:300], fix)
 
 
-def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
-    """All check records plus the per-node plan: (checks, nodes, resolved settings)."""
+def evaluate(hosts, nnodes, inventory_size, probes, connects, settings, master=None):
+    """All check records plus the per-node plan: (checks, nodes, resolved settings). `master`:
+    the host the ports were tested against, when not the first (spares.choose)."""
     checks = world_checks(nnodes, inventory_size, hosts)
     checks += [check(e["id"], CONTROLLER, False, e["detail"], e["hint"])
                for e in settings.get("input_errors", [])]
     if not hosts:
         return checks, [], {}
-    master = hosts[0]
+    master = master if master in hosts else hosts[0]
     reachable = {}
     for host in hosts:
         probe = probes.get(host) or {}
@@ -530,6 +531,7 @@ def evaluate(hosts, nnodes, inventory_size, probes, connects, settings):
 
 ARGUMENT_SPEC = dict(
     hosts=dict(type="list", elements="str", required=True),
+    master=dict(type="str"),
     nnodes=dict(type="int", required=True),
     inventory_size=dict(type="int", required=True),
     probes=dict(type="dict", default={}),
@@ -598,19 +600,21 @@ def decide(params):
     settings["nproc_per_node"] = nproc
     hosts, nnodes = params["hosts"], params["nnodes"]
 
-    def judge(chosen):
+    def judge(chosen, master=None):
         return evaluate(chosen, nnodes, params["inventory_size"], params["probes"],
-                        params["connects"], settings)
+                        params["connects"], settings, master)
 
-    checks, nodes, resolved = judge(hosts)
+    # With spares the ports may have been tested against a host after the first (the ones
+    # before it were not reached): that master, unless it is the one to blame, runs.
+    checks, nodes, resolved = judge(hosts, params["master"])
     choice = None
     if params["spares"] > 0 and hosts:
-        chosen, skipped, retest = spares.choose(hosts, nnodes, checks)
+        chosen, skipped, retest = spares.choose(hosts, nnodes, checks, params["master"])
         choice = {"candidates": hosts, "chosen": chosen, "skipped": skipped}
         if len(chosen) < nnodes:
             checks = checks + [spares.too_few(hosts, nnodes, skipped)]
         else:
-            others = spares.skipped_records(hosts, checks, chosen, skipped)
+            others = spares.skipped_records(hosts, checks, chosen, skipped, retest)
             if retest:
                 # The chosen hosts' ports were tested against the broken master: the playbook
                 # tests them again with the new one and decides then, with these records.

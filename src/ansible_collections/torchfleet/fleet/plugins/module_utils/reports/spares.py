@@ -6,7 +6,8 @@ master's ports and route says nothing about the worker when the master is the br
 master is held to blame when it failed a check itself or when most workers could not reach its
 ports, and then the workers' master-bound results do not count against them. The chosen hosts'
 port test was made against another master in that case; the playbook tests them again
-(`retest`) before the run starts.
+(`retest`) before the run starts. The master tested is the first candidate, or the first one
+preflight reached (the ones before it are not reached: no port was tested against them).
 """
 from __future__ import annotations
 
@@ -26,25 +27,27 @@ def failing(checks):
     return out
 
 
-def master_to_blame(hosts, bad):
+def master_to_blame(master, workers, bad):
     """True when the tested master is the broken one: its own failure, or most of the workers
     (more than half) failing a check bound to it."""
-    master, workers = hosts[0], hosts[1:]
     if master in bad:
         return True
     bound = [h for h in workers if any(cid in MASTER_BOUND for cid in bad.get(h, []))]
     return bool(workers) and len(bound) * 2 > len(workers)
 
 
-def choose(hosts, nnodes, checks):
+def choose(hosts, nnodes, checks, master=None):
     """(chosen hosts, {skipped host: failed ids}, retest): the first nnodes healthy candidates;
-    retest when the master changed because the tested one was to blame."""
+    retest when the master changed because the tested one (`master`, else the first) was to
+    blame."""
+    master = master if master in hosts else hosts[0]
     bad = failing(checks)
-    blamed = master_to_blame(hosts, bad)
+    # The workers tested against it; the hosts before it were not reached.
+    blamed = master_to_blame(master, hosts[hosts.index(master) + 1:], bad)
     if blamed:
         # No failure of its own: most workers could not reach its ports.
-        bad.setdefault(hosts[0], ["port.blocked (from the workers)"])
-        for host in hosts[1:]:
+        bad.setdefault(master, ["port.blocked (from the workers)"])
+        for host in hosts[hosts.index(master) + 1:]:
             own = [cid for cid in bad.get(host, []) if cid not in MASTER_BOUND]
             if own:
                 bad[host] = own
@@ -65,15 +68,18 @@ def too_few(hosts, nnodes, skipped):
                  "`nodes`)")
 
 
-def skipped_records(hosts, checks, chosen, skipped):
+def skipped_records(hosts, checks, chosen, skipped, blamed=False):
     """The records of the candidates the run does not use: each skipped host's failed checks
     become warnings (the run is whole without it) with one host.skipped warning naming them;
-    a healthy spare left over gets a passed host.skipped."""
+    a healthy spare left over gets a passed host.skipped, and with the master to blame
+    (`blamed`) its checks against that master are warnings too (only the chosen hosts are
+    tested again)."""
     out = []
     for c in checks:
         if c["host"] in chosen or c["host"] == CONTROLLER:
             continue
-        if c["host"] in skipped and not c["ok"] and c["severity"] == ERROR:
+        stale = blamed and c["id"] in MASTER_BOUND
+        if (c["host"] in skipped or stale) and not c["ok"] and c["severity"] == ERROR:
             c = dict(c, severity=WARNING, detail="(not used) " + c["detail"])
         out.append(c)
     for host in hosts:

@@ -22,6 +22,7 @@ ARGUMENT_SPEC = dict(
     master_addr=dict(type="str", default=defaults.default("master_addr")),
     socket_ifname=dict(type="str", default=defaults.default("socket_ifname")),
     master_host=dict(type="str", default=""),
+    master_hosts=dict(type="dict", default={}),
     nproc_per_node=dict(type="raw", default=defaults.default("nproc_per_node")),
     data_paths=dict(type="raw", default=defaults.default("data_paths")),
     collective_isolate=dict(type="bool", default=defaults.default("collective_isolate")),
@@ -212,11 +213,16 @@ def port_plan(params, hosts):
     connects to the master's listener. With every host in one fork batch the master waits for
     the others' connections inside its own probe; with several batches the listener outlives
     the master's probe and a last task removes it. Otherwise the master decides its address
-    in its probe and a second round connects to it. `hosts`: how many the preflight checks."""
-    addr = master_addr_up_front(params["master_addr"], params["socket_ifname"],
-                                params["master_host"]) or ""
+    in its probe and a second round connects to it. `hosts`: how many the preflight checks.
+    `addrs`: the same answer for each host that may be the master instead of the first (with
+    spares, the first one preflight reaches), by name."""
+    def up_front(host):
+        return master_addr_up_front(params["master_addr"], params["socket_ifname"], host) or ""
+    addr = up_front(params["master_host"])
     return {"inline": bool(addr), "batched": hosts > params["forks"], "addr": addr,
-            "ephemeral_port": random.randint(*EPHEMERAL_PORTS)}
+            "ephemeral_port": random.randint(*EPHEMERAL_PORTS),
+            "addrs": {name: up_front(str(host or "")) for name, host in
+                      (params.get("master_hosts") or {}).items()}}
 
 
 def decide(params):
