@@ -123,10 +123,19 @@ LONGEST = ("tests/lab/test_scale_lab.py", "tests/lab/test_reliability_lab.py",
            "tests/lab/test_hang_lab.py", "tests/integration/test_preflight_local.py")
 
 
+# The tests that read tests/api's collective_run (a session fixture: one run a worker that
+# needs it, about 25 CPU-s): one unit, so one worker makes it once.
+COLLECTIVE_RUN = ("tests/api/test_cli.py", "tests/api/test_report_browser.py",
+                  "tests/api/test_report_scale.py",
+                  "tests/api/test_api_local.py::test_collective_returns_a_busbw_table_for_every_op")
+
+
 def scope_of(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     if path.startswith(DEFAULT_PORT):
         return "default port"
+    if nodeid.startswith(COLLECTIVE_RUN):
+        return "collective_run"
     return nodeid if path.startswith(ONE_BY_ONE) else path
 
 

@@ -67,32 +67,38 @@ def pytest_unconfigure(config):
 
 
 def table(lines: list[str]) -> str:
-    """docs/testing.md's table from the records: a row per module (a test of its own for those
-    whose tests each cost 10 CPU-s or more), with its lab and what its tests share."""
-    from tests.conftest import DEFAULT_PORT, ONE_BY_ONE
+    """docs/testing.md's table from the records: a row per module and what its tests share (a
+    test of its own where one costs 10 CPU-s or more), with its lab."""
+    from tests.conftest import scope_of
     from tests.lab.conftest import LABS
 
-    rows: dict[str, list[float]] = {}
+    def shares(nodeid: str) -> str:
+        path, scope = nodeid.split("::", 1)[0], scope_of(nodeid)
+        module = Path(path).stem
+        return ("its module's lab" if module in LABS else
+                "port 29500, one after another" if scope == "default port" else
+                "tests/api's collective_run" if scope == "collective_run" else
+                "nothing" if scope == nodeid else "its module's fixtures")
+
+    rows: dict[tuple[str, str], list[float]] = {}
     for line in lines:
         r = json.loads(line)
-        path, _, name = r["test"].partition("::")
+        path = r["test"].split("::", 1)[0]
         key = r["test"] if r["cpu_s"] >= 10 and not path.startswith("tests/unit/") else path
-        row = rows.setdefault(key, [0, 0.0, 0.0])
+        row = rows.setdefault((key, shares(r["test"])), [0, 0.0, 0.0])
         row[0] += 1
         row[1] += r["cpu_s"]
         row[2] += r["wall_s"]
-    out = ["| tests | CPU-s | wall s (3 workers) | lab | shares |", "| --- | --- | --- | --- | --- |"]
-    for key, (n, cpu, wall) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
+    out = ["| tests | CPU-s | wall s (3 workers) | lab | shares |",
+           "| --- | --- | --- | --- | --- |"]
+    for (key, shared), (n, cpu, wall) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
         path = key.split("::", 1)[0]
         module = Path(path).stem
         lab = "tag %d, %d nodes" % LABS[module][:2] if module in LABS else (
             "the default inventory" if path.startswith(("tests/integration", "tests/api"))
             else "-")
-        shares = ("its module's lab" if module in LABS else
-                  "port 29500, one after another" if path.startswith(DEFAULT_PORT) else
-                  "nothing" if path.startswith(ONE_BY_ONE) else "its module's fixtures")
         name = key if "::" in key else "%s (%d)" % (key, n)
-        out.append("| `%s` | %.0f | %.0f | %s | %s |" % (name, cpu, wall, lab, shares))
+        out.append("| `%s` | %.0f | %.0f | %s | %s |" % (name, cpu, wall, lab, shared))
     total = sum(r[1] for r in rows.values())
     out.append("| all (%d tests) | %.0f | | | |" % (sum(r[0] for r in rows.values()), total))
     return "\n".join(out)
