@@ -10,6 +10,11 @@ total; cgroups follow fork, so what Ansible's async wrapper detaches is still co
 sampler reads every member's utime + stime each SAMPLE_S and files it under what its command
 line says it is (the last it showed): a process shorter than a sample is only in the total
 ("unseen"). Every figure is CPU-seconds of one run, median [min-max] over the runs.
+
+With a revision (`python -m bench.launch_profile 3 REV`, or TORCHFLEET_BENCH_BEFORE=REV), the
+playbooks run side by side, in turn, from two copies of the working tree made at the same
+instant: "after" as it is, "before" with the launch's playbooks and roles (LAUNCH_PATHS) as they
+were at REV; everything else (preflight, the agent, the modules) is the same in both.
 """
 from __future__ import annotations
 
@@ -33,6 +38,37 @@ ACCT = Path("/sys/fs/cgroup/cpuacct")
 SAMPLE_S = 0.05
 TICK = os.sysconf("SC_CLK_TCK")
 SARGS = ["--sizes", "64K", "--iters", "5"]
+COLLECTION = "src/ansible_collections/torchfleet/fleet"
+# What the launch's controller share is made of (issue 58 item 2): a "before" tree takes these
+# from the revision it is given.
+LAUNCH_PATHS = [COLLECTION + "/playbooks/" + name for name in (
+    "train.yml", "collective.yml", "attempt.yml", "report.yml", "attach.yml", "tasks", "vars")] + [
+    COLLECTION + "/roles/launch", COLLECTION + "/roles/results"]
+TREE = ["ansible.cfg", "src", "inventory", "train.yml", "collective.yml"]
+
+
+def trees(rev, dest):
+    """{"before": dir, "after": dir}: copies of the working tree, the first with LAUNCH_PATHS
+    as they were at rev."""
+    out = {}
+    for name in ("after", "before"):
+        root = dest / name
+        root.mkdir()
+        subprocess.run(["cp", "-a", *TREE, str(root)], cwd=ROOT, check=True)
+        out[name] = root
+    def git(*argv):
+        return subprocess.run(["git", *argv, "--", *LAUNCH_PATHS], cwd=ROOT, check=True,
+                              capture_output=True, text=True).stdout.split()
+    changed = git("diff", "--name-only", rev) + git("ls-files", "--others", "--exclude-standard")
+    for path in changed:
+        old = subprocess.run(["git", "show", "%s:%s" % (rev, path)], cwd=ROOT, capture_output=True)
+        target = out["before"] / path
+        if old.returncode:  # new since rev
+            target.unlink(missing_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(old.stdout)
+    return out
 
 
 def _kind(argv, root_pid, pid):
@@ -166,11 +202,11 @@ def measured(groups, start):
                 "nodes_s": after[1] - before[1], "kinds": kinds}
 
 
-def _playbook(groups, name, inventory, extra, timings):
+def _playbook(groups, name, inventory, extra, timings, cwd=ROOT):
     def start(sampler):
         proc = subprocess.Popen(
             [*ansible_cli.command("ansible-playbook"), "-i", str(inventory), name, *extra],
-            cwd=ROOT, env=env(**TIMER_ENV, BENCH_TIMINGS=str(timings)),
+            cwd=cwd, env=env(**TIMER_ENV, BENCH_TIMINGS=str(timings)),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=groups.join)
         sampler.root_pid = proc.pid
@@ -209,21 +245,33 @@ def _summary(runs, timings):
 
 
 def run(args, tmp):
+    rev = getattr(args, "before", None) or os.environ.get("TORCHFLEET_BENCH_BEFORE")
+    if rev:
+        made = trees(rev, tmp)
+        roots = {" (before %s)" % rev: made["before"], "": made["after"]}
+    else:
+        roots = {"": ROOT}
     the_lab = labmod.Lab.up(2, LAB_DIR, LAB_TAG)
     try:
-        sides = {"collective.yml": [], "train.yml": [], "raw ssh + torchrun": []}
-        timings = {k: tmp / ("%s.jsonl" % k) for k in ("collective.yml", "train.yml")}
+        books = [book + tag for tag in roots for book in ("collective.yml", "train.yml")]
+        sides = {name: [] for name in [*books, "raw ssh + torchrun"]}
+        timings = {k: tmp / ("%d.jsonl" % n) for n, k in enumerate(books)}
         with Groups(the_lab) as groups:
             for i in range(args.runs):
-                sides["collective.yml"].append(_playbook(
-                    groups, "collective.yml", the_lab.inventory,
-                    ["-e", "run_dir=%s/c%d" % (tmp, i), "-e", "collective_sizes=64K",
-                     "-e", "collective_iters=5"], timings["collective.yml"]))
-                sides["train.yml"].append(_playbook(
-                    groups, "train.yml", the_lab.inventory,
-                    ["-e", "nnodes=2", "-e", "run_dir=%s/t%d" % (tmp, i),
-                     "-e", "script=%s" % (WORKLOADS / "collective.py"),
-                     "-e", json.dumps({"script_args": SARGS})], timings["train.yml"]))
+                for tag, root in roots.items():
+                    name = "collective.yml" + tag
+                    sides[name].append(_playbook(
+                        groups, "collective.yml", the_lab.inventory,
+                        ["-e", "run_dir=%s/c%d%s" % (tmp, i, "b" if tag else ""),
+                         "-e", "collective_sizes=64K", "-e", "collective_iters=5"],
+                        timings[name], root))
+                for tag, root in roots.items():
+                    name = "train.yml" + tag
+                    sides[name].append(_playbook(
+                        groups, "train.yml", the_lab.inventory,
+                        ["-e", "nnodes=2", "-e", "run_dir=%s/t%d%s" % (tmp, i, "b" if tag else ""),
+                         "-e", "script=%s" % (WORKLOADS / "collective.py"),
+                         "-e", json.dumps({"script_args": SARGS})], timings[name], root))
                 sides["raw ssh + torchrun"].append(_raw(groups, the_lab, 29520 + i, tmp))
         return {name: _summary(runs, timings.get(name)) for name, runs in sides.items()}
     finally:
@@ -256,9 +304,10 @@ def markdown(r):
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m bench.launch_profile [runs]: prints the section
+if __name__ == "__main__":  # python -m bench.launch_profile [runs [REV]]: prints the section
     with tempfile.TemporaryDirectory() as d:
-        res = run(type("A", (), {"runs": int(sys.argv[1]) if len(sys.argv) > 1 else 3})(),
+        res = run(type("A", (), {"runs": int(sys.argv[1]) if len(sys.argv) > 1 else 3,
+                                 "before": sys.argv[2] if len(sys.argv) > 2 else None})(),
                   Path(d))
     print(json.dumps(res, indent=1))
     print(markdown(res))
