@@ -107,6 +107,26 @@ def test_an_interpreter_without_torch_is_named(tmp_path):
     assert all(host == "node1" for _, host in run.failing())
 
 
+def test_a_broken_first_host_hands_the_master_to_the_spare_after_a_port_test_against_it(
+        tmp_path):
+    # node0 lacks a data path: the master tested is to blame, so node1 is probed and its
+    # ports tested again with itself as the master (the plays of a new master), then decided.
+    inventory = local_inventory(tmp_path, {"node0": {"data_paths": [str(tmp_path / "shards")]},
+                                           "node1": {}})
+    port = free_port()
+    run = playbook("preflight.yml", tmp_path, "-e", "nnodes=1", "-e", "spares=1",
+                   "-e", "master_port=%d" % port, inventory=inventory)
+    assert run.rc == 0, run.out[-3000:]
+    report = run.report()
+    assert [(h["host"], h["node_rank"]) for h in report["hosts"]] == [("node1", 0)]
+    assert list(report["spares"]["skipped"]) == ["node0"]
+    assert report["spares"]["skipped"]["node0"] == ["data.missing"]
+    probes = [line for line in (run.run_dir / "play.log").read_text().splitlines()
+              if "Probe the host in one call" in line]
+    assert len(probes) == 2 and probes[1].endswith("ok 1, failed 0"), probes
+    assert listener_processes(port) == []
+
+
 def test_a_different_python_version_is_named_with_both_values(tmp_path):
     system = shutil.which("python3", path="/usr/bin")
     other = subprocess.run([system, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
