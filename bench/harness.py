@@ -264,7 +264,7 @@ def markdown(results):
                          r["render_s"]["median"] / base["render_s"]["median"] if base else 0))
     sp = results.get("spares_cost") or {}
     for name, text in (("spares2", "healthy"), ("spares2_master_down", "first host unreachable: "
-                                                "ports tested again against the second")):
+                                                "the masters reached first, ports tested once")):
         if name in sp:
             r = sp[name]
             lines.append("| preflight.yml nnodes=8 spares=2 (10 lab hosts checked), %s, vs "
