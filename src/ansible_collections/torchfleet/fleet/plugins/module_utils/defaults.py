@@ -232,6 +232,8 @@ def spec(*names, **overrides):
 LOOK_S = 0.1            # how often an agent's loop looks at torchrun and the channel
 BEAT_S = 1.0            # how often a host reports to the master; lost_after_s is many beats
 TEARDOWN_S = 2.0        # an aborted torchrun already ending after a rank's death: time to end
+RANK_EXIT_S = 5.0       # an abort finds a live rank that noted a failing code: the longest its
+#                         interpreter's exit is awaited (its own failure told when it ended)
 ABORT_GRACE_S = 0.5     # after the first failure, before an agent stops its own torchrun
 SETTLE_SLACK_S = 5.0    # the master waits this much past the stops for the last reports
 CLOSED_LOST_S = 3.0     # an agent's connection closed without its exit, not back within: lost

@@ -145,8 +145,9 @@ options:
     type: float
     default: 86400
   abort_grace_s:
-    description: After an abort, SIGTERM (to torchrun and every rank at once) to SIGKILL. The run
-      has failed by then; a rank that saves a checkpoint on SIGTERM needs a longer grace.
+    description: After an abort, SIGTERM (to every rank at once; torchrun itself is SIGKILLed
+      then) to SIGKILL. The run has failed by then; a rank that saves a checkpoint on SIGTERM
+      needs a longer grace.
     type: float
     default: 0.5
   max_restarts:

@@ -4,12 +4,15 @@ Every host runs this as the async torchrun_job task, one loop owning the fate of
 (the shape of torch elastic's agent loop):
 
 - HostAgent starts torchrun, sends a heartbeat each second (ranks alive, how long ago its ranks
-  last wrote to their logs, measured on this host) and its exit, and obeys the master: an
-  abort stops its torchrun (SIGTERM to torchrun and every rank at once, SIGKILL after
-  abort_grace_s; a torchrun already ending by itself after a rank's death is given a moment
-  to end and say which rank it was). It stops by itself when the master is silent for
-  lost_after_s, or never reached within join_timeout_s. torchrun dies with its agent
-  (PR_SET_PDEATHSIG): a killed agent leaves nothing running.
+  last wrote to their logs, measured on this host), a rank's failure as soon as it knows it
+  for sure (DIED: the rank's exit status, read the moment it ended, before torchrun reaps
+  it; torchrun itself tears down for a second or more before it says it) and its torchrun's
+  exit, and obeys the master: an abort stops its torchrun (SIGTERM to every rank at once,
+  SIGKILL to torchrun, SIGKILL to what is left after abort_grace_s; a torchrun already ending
+  by itself after a rank's death is given a moment to end and say which rank it was). It
+  stops by itself when the master is silent for lost_after_s, or never reached within
+  join_timeout_s. torchrun dies with its agent (PR_SET_PDEATHSIG): a killed agent leaves
+  nothing running.
 - MasterStore (node_rank 0 only) serves the control channel and owns the run's record
   (runstate.RunState, the one judge): it feeds it every verified message, asks it what time
   decides (a silent host, a hang, the job's limit, the controller's lease), tells every host
@@ -48,6 +51,7 @@ class Timings:
     LOOK_S = defaults.LOOK_S
     BEAT_S = defaults.BEAT_S
     TEARDOWN_S = defaults.TEARDOWN_S
+    RANK_EXIT_S = defaults.RANK_EXIT_S
 
     def __init__(self, p):
         self.lost_after_s = float(p["lost_after_s"])
@@ -89,13 +93,25 @@ class RankDeaths:
     hang's stacks, for the hardware watch's OOM victims and GPU holders), and when each was
     first seen dead, looked at every step of the agent's loop: a rank's death is known when it
     happens, not when torchrun ends (which a sibling slow to stop can delay past the abort that
-    ends the run)."""
+    ends the run). How each ended is read the moment it does (procs.ExitWatch), before
+    torchrun reaps it."""
+
+    # Signals torchrun forwards to its ranks when it is stopped itself
+    # (TORCHELASTIC_SIGNALS_TO_HANDLE): a rank that died of one may have died of that stop.
+    STOP_SIGNALS = (-signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP, -signal.SIGQUIT)
+    WATCH_LAG_S = 0.05  # a rank seen dead before the exit watch read it: awaited this long
 
     def __init__(self):
         self.ranks = {}   # pid -> (local_rank, rank)
         self.dead = {}    # pid -> (monotonic time first seen dead, before any stop of ours)
+        self.status = {}  # pid -> its exit code, where read before torchrun reaped it
+        self.exits = procs.ExitWatch()
+        self.watched = {}      # pid -> whether the exit watch has it
+        self.stopped_m = None  # when this agent signalled its torchrun (HostAgent._stop)
+        self.unsure = False    # a death here only torchrun can name (failed())
 
     def look(self, torchrun_pid, now_m, stopping, refresh):
+        """stopping: this agent has signalled its torchrun (a death seen now may be of it)."""
         if refresh:
             for pid in procs.children(torchrun_pid):
                 if pid not in self.ranks:
@@ -105,13 +121,78 @@ class RankDeaths:
                     except (KeyError, ValueError):
                         continue
         for pid in self.ranks:
-            if pid not in self.dead and not procs.alive(pid):
-                self.dead[pid] = (now_m, not stopping)
+            if pid not in self.watched:
+                self.watched[pid] = self.exits.watch(pid, torchrun_pid)
+            if pid in self.dead:
+                continue
+            ended = self.exits.ended.get(pid)
+            if ended is not None:
+                when = min(ended[0], now_m)
+                self.dead[pid] = (when, self._before(when, stopping, True))
+                self.status[pid] = ended[1]
+            elif not procs.alive(pid):
+                if self.watched[pid]:  # the watch reads it within a moment: awaited, briefly
+                    ended = self.exits.wait_for(pid, self.WATCH_LAG_S)
+                if ended is None and self.watched[pid]:
+                    continue  # (the watch's at a later look)
+                when = now_m if ended is None else min(ended[0], now_m)
+                self.dead[pid] = (when, self._before(when, stopping, ended is not None))
+                self.status[pid] = None if ended is None else ended[1]
+
+    def _before(self, when, stopping, dated):
+        """Whether a death seen at `when` came before any stop of ours: one the watch dated
+        before this agent signalled torchrun did; one seen only now, if nothing was
+        signalled yet."""
+        return not stopping or dated and self.stopped_m is not None and when < self.stopped_m
+
+    def failed(self, dirs, now_m):
+        """(root cause, age_s) of the first rank here that ended with a failure, before any
+        stop of ours, as its exit status says it (read the moment it ended); else None.
+
+        Only a death known for sure is named here; any other is left to torchrun's own report
+        (its EXIT), and so is every later death of this host (unsure):
+        - a rank whose status was not read (torchrun reaped it first, or it was never
+          watched) may be the one that failed (a rank killed by a signal leaves no note), and
+          its siblings die of torchrun's stop after it: none of them is named;
+        - a rank that died of a signal torchrun forwards when it is stopped (SIGTERM first)
+          may have died of that stop;
+        - ranks seen ended in one round (which was first is not known) with one of those.
+        A rank's exit note (exits.py) counts only beside a non-zero status of its own process:
+        a SystemExit caught, or a thread's, noted a code the rank did not end with. A rank
+        still in its interpreter's exit is not dead yet: it is told once it is."""
+        if self.unsure:
+            return None
+        own = sorted((when, pid) for pid, (when, before) in self.dead.items() if before)
+        if any(self.status.get(pid) is None for _when, pid in own):
+            self.unsure = True  # (its time is when it was seen: it may have come first)
+            return None
+        for when, pid in own:
+            if self.status[pid] == 0:
+                continue  # it ended well; torchrun waits for its siblings
+            together = [p for w, p in own if w == when and self.status[p] != 0]
+            if any(self.status[p] in self.STOP_SIGNALS for p in together):
+                self.unsure = True
+                return None
+            # (Several that failed for sure at once: each failed by itself; the lowest rank.)
+            pid = min(together, key=lambda p: self.ranks[p])
+            local_rank, rank = self.ranks[pid]
+            note = exits.read_note(dirs.get(local_rank)) if local_rank in dirs else None
+            age_s = now_m - when
+            if note is not None:  # (written as its interpreter began to exit)
+                age_s = max(age_s, time.time() - note["ts"])
+            return {"rank": rank, "local_rank": local_rank, "exitcode": self.status[pid],
+                    "script_code": None if note is None else note["code"],
+                    "at_exit": note is not None}, max(0.0, age_s)
+        return None
+
+    def close(self):
+        self.exits.close()
 
     def first_own(self):
         """(pid, local_rank, rank, when) of the first rank that died before this host was
         told to stop, else None."""
-        own = [(m, pid) for pid, (m, before) in self.dead.items() if before]
+        own = [(m, pid) for pid, (m, before) in self.dead.items()
+               if before and self.status.get(pid) != 0]
         if not own:
             return None
         when, pid = min(own)
@@ -191,12 +272,20 @@ class HostAgent:
         self.first_dead = {} if self.recording else None  # rank -> when first seen dead
         self.samples = straggle.Reader() if self.recording else None  # for stragglers
         self.deaths = RankDeaths()
+        self.dirs = {}              # the ranks' log directories, once torchrun made them
+        self.died_sent = False      # a rank's failure is told (DIED)
+        self.died = None            # (root cause, consequence) it told
+        self.log = _logger(p["run_dir"])
 
     def step(self, now_m):
         """Look at torchrun once: beat, report its end, carry out a pending stop."""
         rc = self.proc.poll()
         beat = rc is None and now_m >= self.next_beat
-        self.deaths.look(self.proc.pid, now_m, self.stopping is not None, refresh=beat)
+        # (Every look until every rank is found: the exit watch has each from its start.)
+        self.deaths.look(self.proc.pid, now_m, self.stopped, refresh=beat or len(
+            self.deaths.ranks) < self.p["nproc_per_node"])
+        if rc is None:
+            self._tell_death(now_m, refresh=beat)
         if beat or rc is not None and not self.exit_sent:
             # (Before an exit too: the OOM killer's line is written before torchrun sees it.)
             self.watch.look(now_m, self.deaths.ranks)
@@ -211,7 +300,11 @@ class HostAgent:
                 extra["fr_untimed"] = True
             self.send(dict(status, t=runstate.BEAT, hw=self.watch.take(now_m),
                            watch=self.watch.status(), **extra))
-        if rc is None and self.stop_at is not None and now_m >= self.stop_at:
+        if rc is None and self.stop_at is not None and (now_m >= self.stop_at
+                                                        or self.died_sent):
+            # (Told: the rank that failed here is gone and its exit code read.)
+            if not self.died_sent:
+                self.reason = "aborted"
             self._stop()
             rc = self.proc.poll()
         if rc is not None:
@@ -219,6 +312,41 @@ class HostAgent:
             if not self.exit_sent:
                 self.exit_sent = self.send(self.exit_body(rc, now_m))
         return rc
+
+    def _tell_death(self, now_m, refresh):
+        """A rank here ended with a failure before any stop of ours (RankDeaths.failed): the
+        master hears it now (DIED), not once torchrun has noticed and torn down, and stops
+        every other host. Once per host, and not with torchrun's own restarts (which answer a
+        death), nor once this agent has signalled torchrun."""
+        if self.died_sent or self.stopped or self.p["max_restarts"]:
+            return
+        if refresh or not self.dirs:
+            self.dirs = rank_dirs(self.p["run_dir"])
+        found = self.deaths.failed(self.dirs, now_m)
+        if found is None:
+            return
+        cause, age_s = found
+        text = tail(os.path.join(self.dirs.get(cause["local_rank"], ""), "stderr.log"), 40,
+                    1 << 16)
+        # (Set first: on the master the abort comes back within send(), and obey() must know.)
+        self.died_sent, self.died = True, (cause, peer_loss(text))
+        if not self.send({"t": runstate.DIED, "root_cause": cause,
+                          "consequence": self.died[1],
+                          "age_s": round(min(age_s, now_m - self.started_m), 3)}):
+            self.died_sent, self.died = False, None  # not connected: said at the next look
+        else:
+            self.log("rank %d failed (%s): told the master" % (cause["rank"], exits.words(
+                cause["rank"], cause["exitcode"], cause["script_code"], cause["at_exit"])))
+
+    def _exiting_failed(self):
+        """A live rank here noted a failing code: it is in its interpreter's exit (torch's
+        teardown takes a second or more on a busy host), or caught its SystemExit."""
+        dirs = rank_dirs(self.p["run_dir"])
+        for local_rank, (_pid, _rank) in self.deaths.live().items():
+            note = exits.read_note(dirs.get(local_rank))
+            if note is not None and note["code"] not in (None, 0):
+                return True
+        return False
 
     def obey(self, message):
         kind = message.get("t")
@@ -230,9 +358,16 @@ class HostAgent:
         # A torchrun that already ended is not stopped: its own exit stands.
         if kind != runstate.ABORT or self.stopping is not None or self.proc.poll() is not None:
             return
-        self.stopping, self.reason = message, "aborted"
+        # A rank here that failed before this abort came is told first: its own failure (a
+        # second one, kept on this host), never a death of the stop.
+        now_m = time.monotonic()
+        self.deaths.look(self.proc.pid, now_m, self.stopped, refresh=True)
+        self._tell_death(now_m, refresh=True)
+        self.stopping = message
+        if not self.died_sent:
+            self.reason = "aborted"
         if message.get("dump"):  # every live rank's stack, before anything is stopped
-            self.deaths.look(self.proc.pid, time.monotonic(), True, refresh=True)
+            self.deaths.look(self.proc.pid, time.monotonic(), self.stopped, refresh=True)
             workers = self.deaths.live()
             dirs = rank_dirs(self.p["run_dir"])
             if self.recording:  # the recordings are written beside, while the stacks are taken
@@ -242,11 +377,23 @@ class HostAgent:
             if self.recording:
                 flight.wait_dumps(dirs, workers, defaults.FR_DUMP_S)
         workers = len(live_children(self.proc.pid))
-        if self.most_workers and workers < self.most_workers:
+        if self.died_sent:
+            # The rank that failed here is gone and its exit code read: nothing torchrun's
+            # own teardown would still say is needed.
+            self.log("abort: stopping torchrun and its ranks (a rank here failed)")
+            self._stop()
+        elif not self.deaths.unsure and self._exiting_failed():
+            # Its failure is told once it has ended (step), then everything here is stopped;
+            # a rank that caught its SystemExit is stopped RANK_EXIT_S after.
+            self.stop_at = time.monotonic() + self.t.RANK_EXIT_S
+            self.log("abort: a rank here is ending with a failure; stopping after it")
+        elif self.most_workers and workers < self.most_workers:
             # A rank here died already and torchrun is ending by itself: let it say which
             # rank it was (its log's root cause) before it is stopped.
             self.stop_at = time.monotonic() + self.t.TEARDOWN_S
+            self.log("abort: torchrun is ending by itself (a rank here died)")
         else:
+            self.log("abort: stopping torchrun and its ranks")
             self._stop()
 
     def stop_alone(self, reason):
@@ -259,8 +406,20 @@ class HostAgent:
         self.stop_at = None
         if self.proc.poll() is None:
             self.stopped = True
+            self.deaths.stopped_m = time.monotonic()  # a rank that ends after may be of it
+            # torchrun's tree goes first (a few reads of its children's files), torchrun itself
+            # (this agent's own child, not reaped yet) killed: stop_run's look for the rest
+            # reads every process's environment, a tenth of a second or more on a busy host,
+            # several agents at once on a shared one.
+            tree = procs.tree(self.proc.pid)
+            for pid in tree:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except OSError:
+                    pass
+            self.proc.kill()
             stop_run(self.p["run_id"], self.proc.pid, grace_s=self.t.abort_grace_s,
-                     host=self.host, all_at_once=True)
+                     host=self.host, all_at_once=True, known=tree)
 
     def exit_body(self, rc, now_m):
         cause, consequence = failure_evidence(self.p["run_dir"]) if rc else (None, False)
@@ -268,13 +427,20 @@ class HostAgent:
         dirs = rank_dirs(self.p["run_dir"])
         # (With torchrun's own restarts a rank's death may have been answered already.)
         own = self.deaths.first_own() if not self.p["max_restarts"] else None
-        if cause is None and stopped and own is not None:
+        if self.died is not None:
+            # Told (DIED), then stopped: its own failure, not the abort's (torchrun's words
+            # where it said them before it was stopped, else what was told).
+            stopped = False
+            if cause is None:
+                cause, consequence = self.died
+        elif cause is None and stopped and own is not None:
             # A rank here died by itself before the abort, and this agent stopped a torchrun
-            # still tearing down, which so never said how: the rank's own note does.
-            _pid, local_rank, rank, _when = own
+            # still tearing down, which so never said how: its status, or its own note, does.
+            pid, local_rank, rank, _when = own
+            code = self.deaths.status.get(pid)
             note = exits.read_note(dirs.get(local_rank))
-            if note is None or note["code"] not in (None, 0):
-                cause = {"rank": rank, "local_rank": local_rank, "exitcode": None}
+            if code or code is None and (note is None or note["code"] not in (None, 0)):
+                cause = {"rank": rank, "local_rank": local_rank, "exitcode": code}
                 consequence = peer_loss(tail(os.path.join(dirs.get(local_rank, ""),
                                                           "stderr.log"), 40, 1 << 16))
                 stopped = False
@@ -545,7 +711,9 @@ def _logger(run_dir):
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
-                os.write(fd, ("%s %s\n" % (time.strftime("%H:%M:%S"), line)).encode())
+                now = time.time()  # (milliseconds: bench fail_fast times the abort by them)
+                os.write(fd, ("%s.%03d %s\n" % (time.strftime("%H:%M:%S", time.localtime(now)),
+                                                int(now * 1000) % 1000, line)).encode())
             finally:
                 os.close(fd)
         except OSError:
@@ -602,6 +770,7 @@ def run(p, command):
         rc, reason = serve(part.agent, part.store, part.client, part.t)
     finally:
         part.watch.close()
+        part.agent.deaths.close()
     return finish(p, part, rc, reason, command)
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
+import threading
 import time
 
 RUN_ID_ENV = "TORCHFLEET_RUN_ID"
@@ -63,6 +65,24 @@ def children(pid):
     return [int(c) for c in _read("/proc/%d/task/%d/children" % (pid, pid)).split()]
 
 
+def tree(pid):
+    """Every process below pid, by the children files of each of its threads (a few reads,
+    not a scan of every process)."""
+    found, todo = [], [pid]
+    while todo:
+        parent_pid = todo.pop()
+        try:
+            tasks = os.listdir("/proc/%d/task" % parent_pid)
+        except OSError:
+            continue
+        for tid in tasks:
+            for child in _read("/proc/%d/task/%s/children" % (parent_pid, tid)).split():
+                if int(child) not in found:
+                    found.append(int(child))
+                    todo.append(int(child))
+    return found
+
+
 def state(pid):
     """The process state letter from /proc/<pid>/stat ('' when gone)."""
     fields = stat_fields(pid)
@@ -71,6 +91,100 @@ def state(pid):
 
 def alive(pid):
     return state(pid) not in ("", "Z", "X")
+
+
+def exit_status(pid):
+    """How a process that ended but is not reaped yet (a zombie) ended, as
+    os.waitstatus_to_exitcode says it (negative: the signal); None for any other (alive,
+    reaped, gone). /proc/<pid>/stat's exit_code (field 52, Linux 3.5 and later): a process's
+    status is readable here before its parent waits for it."""
+    fields = stat_fields(pid)
+    if not fields or fields[0] != "Z" or len(fields) < 50 or not fields[49].isdigit():
+        return None
+    try:
+        return os.waitstatus_to_exitcode(int(fields[49]))
+    except ValueError:
+        return None
+
+
+class ExitWatch(threading.Thread):
+    """How each watched process ended, read the moment it ends: a pidfd (Linux 5.3) turns
+    readable when its process exits, and its status stays readable in /proc (exit_status)
+    until its parent reaps it: torchrun, a monitor interval (0.1 s) later at most, so read at
+    once it is nearly always there. ended: pid -> (monotonic time seen ended, its exit code,
+    or None where its parent reaped it first). Processes that end together come in one
+    round, with one time: which of them was first is not known. Where pidfds are not (an
+    older kernel) nothing is watched (`works` False)."""
+
+    def __init__(self):
+        super().__init__(daemon=True, name="exit-watch")
+        self.ended = {}
+        self.added = []    # (fd, pid) to watch, taken in at once (a byte on the pipe wakes it)
+        self.closing = False
+        self.works = hasattr(os, "pidfd_open") and hasattr(select, "poll")
+        self.wake = None
+
+    def watch(self, pid, parent_pid):
+        """Watch pid, a child of parent_pid (checked once its pidfd is open, so it is that
+        process and not a later one with its PID); False when it cannot be."""
+        if not self.works or self.closing:
+            return False
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return False
+        if parent(pid) != parent_pid:
+            os.close(fd)
+            return False
+        if self.wake is None:
+            self.wake = os.pipe()
+            self.start()
+        self.added.append((fd, pid))
+        os.write(self.wake[1], b".")
+        return True
+
+    def run(self):
+        poller, fds = select.poll(), {}
+        poller.register(self.wake[0], select.POLLIN)
+        while not self.closing:
+            ready = poller.poll()
+            now_m = time.monotonic()  # (one time a round: their order is not known)
+            round_ = {}
+            for fd, _event in ready:
+                if fd == self.wake[0]:
+                    os.read(fd, 512)
+                    while self.added:
+                        new, pid = self.added.pop()
+                        fds[new] = pid
+                        poller.register(new, select.POLLIN)
+                    continue
+                pid = fds.pop(fd)
+                round_[pid] = (now_m, exit_status(pid))
+                poller.unregister(fd)
+                os.close(fd)
+            self.ended.update(round_)  # (a round at once: a reader sees all of it or none)
+        for fd in list(fds) + list(self.wake):
+            os.close(fd)
+
+    def wait_for(self, pid, timeout_s):
+        """ended[pid] once the watch has read it, waiting up to timeout_s; else None."""
+        end = time.monotonic() + timeout_s
+        while pid not in self.ended and time.monotonic() < end and self.is_alive():
+            time.sleep(0.002)
+        return self.ended.get(pid)
+
+    def close(self):
+        if self.wake is not None and not self.closing:
+            self.closing = True
+            os.write(self.wake[1], b".")
+        self.closing = True
+
+
+def start_time(pid):
+    """When pid started (clock ticks after boot): with the PID, the process itself (a PID may
+    be reused); None when gone."""
+    fields = stat_fields(pid)
+    return fields[19] if fields and len(fields) > 19 else None
 
 
 def parent(pid):
@@ -129,30 +243,46 @@ def run_processes(run_id, root_pid=None, host=None, orphans=True):
     return sorted(found)
 
 
-def stop_run(run_id, root_pid, grace_s, host=None, all_at_once=False):
+def stop_run(run_id, root_pid, grace_s, host=None, all_at_once=False, known=()):
     """SIGTERM torchrun (it forwards to its workers), wait grace_s, SIGKILL what is left.
 
-    all_at_once: SIGTERM every process of the run together (an abort: the ranks need not wait
-    for torchrun to forward the signal, which takes a while on a busy host).
+    all_at_once: an abort. SIGTERM every rank (and what they started) together, without
+    waiting for torchrun to forward the signal, which takes a while on a busy host; SIGKILL
+    torchrun itself at once: its own shutdown on SIGTERM (stopping workers already stopped,
+    its rendezvous, a traceback, an interpreter holding torch) outlasts the grace on a busy
+    host and says nothing the abort needs.
+
+    known: processes of the run its caller found (and signalled) already, torchrun's tree
+    before it was killed: they are targets too.
 
     Returns {"signalled": [pids], "killed": [pids]}; nothing of the run is alive after it.
     """
-    targets = run_processes(run_id, root_pid, host)
+    started = {pid: start_time(pid) for pid in known}
+    targets = sorted(set(run_processes(run_id, root_pid, host)) | {
+        pid for pid, at in started.items() if at is not None and alive(pid)})
     result = {"signalled": [], "killed": []}
     if not targets:
         return result
+    # The sweep below finds the run again by torchrun's descendants and the run id in each
+    # environment; a rank orphaned by torchrun's kill whose environment cannot be read (or
+    # that cleared it) is neither, so the first targets still alive go too (the same
+    # processes: their start time unchanged).
+    started.update({pid: start_time(pid) for pid in targets if pid not in started})
     first = [root_pid] if root_pid in targets and not all_at_once else targets
     for pid in first:
+        kill = all_at_once and pid == root_pid
         try:
-            os.kill(pid, signal.SIGTERM)
-            result["signalled"].append(pid)
+            os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)
+            result["killed" if kill else "signalled"].append(pid)
         except OSError:
             pass
     end = time.monotonic() + grace_s
     while time.monotonic() < end and any(alive(p) for p in targets):
-        time.sleep(0.1)
+        time.sleep(0.02)  # a few /proc reads: the ranks' end is seen when it comes
     for _attempt in range(3):  # workers may still be appearing from a dying agent
-        left = [p for p in run_processes(run_id, root_pid, host) if alive(p)]
+        left = set(run_processes(run_id, root_pid, host)) | {
+            p for p, at in started.items() if at is not None and start_time(p) == at}
+        left = sorted(p for p in left if alive(p))
         if not left:
             break
         for pid in left:

@@ -120,6 +120,9 @@ PHASE_OUTCOME = {SUCCEEDED: SUCCEEDED, FAILED: FAILED, NOT_STARTED: FAILED, HANG
 # Message kinds on the control channel.
 HELLO, BEAT, EXIT, NOT_STARTED_MSG = "hello", "beat", "exit", "not_started"  # agent -> master
 PONG = "pong"  # agent -> master: the answer to a ping (an ACK's, for the host's clock offset)
+# agent -> master: a rank ended with a failure (its exit status, read before torchrun reaped
+# it) while its torchrun runs on: its EXIT follows and completes the failure this made
+DIED = "died"
 ACK, ABORT = "ack", "abort"                                                  # master -> agent
 
 LINE_MAX = 300
@@ -286,7 +289,7 @@ def message(body):
                 "fr": body.get("fr"), "fr_untimed": body.get("fr_untimed") is True}
     if kind == PONG:
         return {"t": PONG, "echo": _number(body.get("echo")), "at": _number(body.get("at"))}
-    if kind == EXIT:
+    if kind in (EXIT, DIED):
         cause = body.get("root_cause")
         if isinstance(cause, dict) and all(_int(cause.get(k)) is not None
                                            for k in ("rank", "local_rank")):
@@ -298,6 +301,11 @@ def message(body):
                      "at_exit": cause.get("at_exit") is True}
         else:
             cause = None
+    if kind == DIED:  # (only a failing status read is a death told early)
+        return None if cause is None or not cause["exitcode"] else {
+            "t": DIED, "root_cause": cause, "consequence": body.get("consequence") is True,
+            "age_s": max(0.0, _number(body.get("age_s"), 0.0))}
+    if kind == EXIT:
         return {"t": EXIT, "rc": _int(body.get("rc")), "stopped": body.get("stopped") is True,
                 "consequence": body.get("consequence") is True, "root_cause": cause,
                 "age_s": max(0.0, _number(body.get("age_s"), 0.0)),
@@ -507,6 +515,7 @@ class RunState:
                           "events": 0, "dropped": 0, "fatal_more": 0}
                       for i, h in enumerate(self.order)}
         self.closed_at = {}  # host -> when its connection closed without an exit
+        self.died = {}       # host -> the failure its DIED made, which its EXIT completes
         self.events = []     # every host's hardware events (hwwatch.py), dated on this clock
         self._kept = {}      # event_key -> the kept event (a repeat is its count)
         self._held = {}      # host -> [warnings, fatal events] kept
@@ -546,6 +555,8 @@ class RunState:
             return self.exited(host, now, msg["rc"], stopped=msg["stopped"],
                                root_cause=msg["root_cause"], last_line=msg["last_line"],
                                consequence=msg["consequence"], age_s=msg["age_s"]) or made
+        if msg["t"] == DIED:
+            return self.rank_died(host, now, msg["root_cause"], msg["consequence"], msg["age_s"])
         if msg["t"] == NOT_STARTED_MSG:
             return self.not_started(host, now, msg["detail"])
         self.closed_at.pop(host, None)  # hello: the host is (back) on the channel
@@ -630,6 +641,9 @@ class RunState:
         if last_line:
             rec["last_line"] = last_line[-LINE_MAX:]
         self.updated = now
+        if rc != 0 and host in self.died:  # (stopped too: its agent stops it once told)
+            self._completed(self.died[host], rc, root_cause)
+            return None
         if stopped:
             return None
         if rc != 0:
@@ -643,6 +657,39 @@ class RunState:
                                          for r in self.hosts.values()):
             self.phase = SUCCEEDED
         return None
+
+    def rank_died(self, host, now, root_cause, consequence=False, age_s=0.0):
+        """A rank of a running host ended with a failure (the exit status the kernel holds
+        until torchrun reaps it, read by its agent) while its torchrun runs on: the run fails
+        now, not once that torchrun has seen it and torn down (a second or more on a busy
+        host). One a host; its EXIT completes it
+        (_completed). Returns the failure it made the run's first, if it did."""
+        rec = self.hosts.get(host)
+        if rec is None or rec["state"] in DONE or host in self.died:
+            return None
+        kept = len(self.failures)
+        made = self.fail(host, FAILED, now, exits.words(
+            root_cause["rank"], root_cause["exitcode"], root_cause["script_code"],
+            root_cause["at_exit"]), root_cause=root_cause, consequence=consequence,
+            at=now - age_s)
+        if len(self.failures) > kept:
+            self.died[host] = self.failures[kept]
+        return made
+
+    def _completed(self, entry, rc, root_cause):
+        """The EXIT of a host whose rank's death made `entry` (rank_died): torchrun's rc, and
+        its own words of that rank's end (the exit code it saw) where the death could not say
+        them; a rank it names otherwise leaves the entry as it was."""
+        entry["rc"] = rc
+        known = entry["root_cause"] or {}
+        if not root_cause or root_cause["rank"] != entry["rank"] or \
+                known.get("exitcode") is not None:
+            return
+        cause = dict(root_cause, script_code=known.get("script_code", root_cause["script_code"]),
+                     at_exit=known.get("at_exit", False) or root_cause["at_exit"])
+        entry.update(root_cause=cause, exitcode=cause["exitcode"], detail=exits.words(
+            cause["rank"], cause["exitcode"], cause["script_code"],
+            cause["at_exit"])[-DETAIL_MAX:])
 
     def hardware(self, host, now, found, dropped=0, fatal_more=0):
         """A host's hardware events (checked_events()): each dated on this clock from the age

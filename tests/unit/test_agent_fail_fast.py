@@ -1,0 +1,399 @@
+"""Fail-fast without waiting for torchrun: a rank's failure is told as soon as its host's agent
+knows it for sure (DIED: its exit status, read the moment it ended), torchrun's own exit
+completes it, and an abort kills torchrun at once. The review findings that reverted the first
+version (issue 58) each have a test here that fails on it."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import exits, procs, runstate
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.agent import RankDeaths
+
+
+def _state():
+    s = runstate.RunState("r1", ["node0", "node1", "node2"], 2, now=1000.0, lost_after_s=30)
+    for host in s.order:
+        s.beat(host, 1001.0, alive=2)
+    return s
+
+
+def _died(rank, local_rank, exitcode=None, script_code=3, age_s=0.2):
+    return {"t": runstate.DIED, "age_s": age_s, "consequence": False, "root_cause": {
+        "rank": rank, "local_rank": local_rank, "exitcode": exitcode,
+        "script_code": script_code, "at_exit": script_code is not None}}
+
+
+def test_a_ranks_death_fails_the_run_before_its_torchrun_ends_and_the_exit_completes_it():
+    s = _state()
+    # Its script's sys.exit(3), then SIGABRT at interpreter exit: its status -6, its note 3.
+    first = s.report("node1", 1005.0, _died(3, 1, exitcode=-6))
+    assert first is not None and s.phase == runstate.FAILED
+    assert (first["host"], first["rank"], first["detail"]) == (
+        "node1", 3, "rank 3 exited with 3 (then SIGABRT at interpreter exit)")
+    assert first["at_s"] == 4.8 and first["detected_s"] == 5.0
+    # The host still runs (its agent stops it at the abort); the run waits for it.
+    assert s.hosts["node1"]["state"] == runstate.STARTED and not s.all_done()
+    # torchrun's exit: its code of the rank and its rc fill in the failure, not a second one.
+    s.exited("node0", 1005.5, -9, stopped=True)
+    assert s.exited("node1", 1006.0, 1, root_cause={"rank": 3, "local_rank": 1, "exitcode": -6,
+                                                     "script_code": 3, "at_exit": True}) is None
+    s.exited("node2", 1006.0, -9, stopped=True)
+    assert len(s.failures) == 1 and s.all_done()
+    failure = s.record()["failure"]
+    assert (failure["rc"], failure["exitcode"]) == (1, -6)
+    assert runstate.failure_text(failure).startswith(
+        "node1, rank 3 exited with 3 (then SIGABRT at interpreter exit)")
+    outcomes = [runstate.host_outcome(s.phase, s.failures, h) for h in s.record()["hosts"]]
+    assert outcomes == ["aborted", "failed", "aborted"]
+
+
+def test_a_death_after_another_hosts_failure_is_kept_not_first_and_a_dead_hosts_is_ignored():
+    s = _state()
+    s.exited("node2", 1004.0, 1, root_cause={"rank": 4, "local_rank": 0, "exitcode": 1})
+    assert s.report("node1", 1005.0, _died(3, 1, exitcode=1, script_code=None)) is None
+    assert s.failure["host"] == "node2" and len(s.failures) == 2
+    assert s.failures[1]["detail"] == "rank 3 exited with 1"
+    # Once a host's torchrun ended, a late word of its ranks changes nothing.
+    assert s.report("node2", 1006.0, _died(5, 1, exitcode=1)) is None and len(s.failures) == 2
+    # A second death of the same host is not a second failure.
+    assert s.report("node1", 1006.0, _died(2, 0, exitcode=1)) is None and len(s.failures) == 2
+
+
+def test_a_death_without_a_rank_or_a_failing_status_is_not_a_message():
+    assert runstate.message({"t": runstate.DIED, "root_cause": {"rank": "x"}}) is None
+    assert runstate.message({"t": runstate.DIED}) is None
+    assert runstate.message(_died(1, 1, exitcode=None)) is None  # (a note alone)
+    assert runstate.message(_died(1, 1, exitcode=0)) is None
+
+
+def _note(rank_dir, code, ts=None):
+    os.makedirs(rank_dir, exist_ok=True)
+    with open(os.path.join(rank_dir, exits.NOTE_FILE), "w") as f:
+        json.dump({"code": code, "ts": time.time() if ts is None else ts}, f)
+
+
+def _until(condition, what, timeout_s=30):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def _ended(proc):
+    """proc is dead and not waited for (as torchrun has not reaped it yet)."""
+    _until(lambda: procs.state(proc.pid) == "Z", "pid %d never ended" % proc.pid)
+
+
+def _read(deaths, pid):
+    """The agent's exit watch has read how pid ended (its status is the agent's from then
+    on, whatever a loaded machine does to the watch's thread)."""
+    _until(lambda: pid in getattr(deaths, "exits", None).ended if hasattr(deaths, "exits")
+           else True, "the exit watch never read pid %d" % pid)
+
+
+def _gated(path, code):
+    """A rank that ends with `code` once `path` exists."""
+    return subprocess.Popen(["sh", "-c", "while [ ! -e %s ]; do sleep 0.01; done; exit %d"
+                             % (path, code)])
+
+
+def test_a_note_counts_only_beside_a_failing_exit_status_of_the_ranks_own_process(tmp_path):
+    """Review finding 2: an os.fork child's sys.exit(3), or a SystemExit the script caught,
+    noted 3 for a rank that then ended 0: a failure told at once aborted a healthy run. The
+    note alone is never told; a rank still in its interpreter's exit is told once it ended,
+    and only if its status is a failure."""
+    healthy = _gated(tmp_path / "go0", 0)
+    failing = _gated(tmp_path / "go1", 3)
+    try:
+        deaths = RankDeaths()
+        deaths.ranks = {healthy.pid: (0, 4)}
+        dirs = {0: str(tmp_path / "0"), 1: str(tmp_path / "1")}
+        deaths.look(os.getpid(), time.monotonic(), stopping=False, refresh=False)
+        _note(dirs[0], 3)
+        assert deaths.failed(dirs, time.monotonic()) is None  # alive: not (yet) a failure
+        (tmp_path / "go0").touch()
+        _ended(healthy)
+        _read(deaths, healthy.pid)
+        deaths.look(os.getpid(), time.monotonic(), stopping=False, refresh=False)
+        assert deaths.failed(dirs, time.monotonic()) is None  # it ended 0: no failure
+        # A rank whose note and status both say 3 is told, with its words.
+        deaths.ranks[failing.pid] = (1, 5)
+        deaths.look(os.getpid(), time.monotonic(), stopping=False, refresh=False)
+        _note(dirs[1], 3, ts=time.time())
+        (tmp_path / "go1").touch()
+        _ended(failing)
+        _read(deaths, failing.pid)
+        deaths.look(os.getpid(), time.monotonic(), stopping=False, refresh=False)
+        cause, _age = deaths.failed(dirs, time.monotonic())
+        assert cause == {"rank": 5, "local_rank": 1, "exitcode": 3, "script_code": 3,
+                         "at_exit": True}
+        assert exits.words(5, 3, 3, True) == "rank 5 exited with 3"
+    finally:
+        for proc in (healthy, failing):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_sibling_stopped_by_torchrun_is_never_named_for_a_rank_reaped_unread(tmp_path):
+    """Review finding 1: a rank killed by a signal leaves no note and torchrun reaps it, then
+    SIGTERMs its siblings: a sibling's -15 was told as the failure and the rank that crashed
+    was never named. A first death whose status was not read leaves this host to torchrun's
+    own report, and so does a death by the signal torchrun stops its ranks with."""
+    crashed = subprocess.Popen(["sleep", "30"])
+    sibling = subprocess.Popen(["sleep", "30"])
+    later = _gated(tmp_path / "go", 3)
+    try:
+        crashed.kill()
+        crashed.wait()  # torchrun's monitor reaped it before this host's agent looked
+        deaths = RankDeaths()
+        deaths.ranks = {crashed.pid: (0, 0), sibling.pid: (1, 1), later.pid: (2, 2)}
+        sibling.terminate()  # torchrun stops the rest
+        _ended(sibling)
+        deaths.look(os.getpid(), time.monotonic(), stopping=False, refresh=False)
+        assert deaths.failed({}, time.monotonic()) is None
+        # Nor is any later death of this host (torchrun is ending: it names the first).
+        (tmp_path / "go").touch()
+        _ended(later)
+        deaths.look(os.getpid(), time.monotonic(), stopping=False, refresh=False)
+        assert deaths.failed({}, time.monotonic()) is None
+    finally:
+        for proc in (sibling, later):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_sigterm_death_alone_is_no_cause_and_ranks_ended_together_are_told_only_when_sure():
+    deaths = RankDeaths()
+    deaths.ranks = {11: (0, 4), 12: (1, 5)}
+    deaths.dead = {11: (1.0, True), 12: (2.0, True)}
+    deaths.status = {11: -signal.SIGTERM, 12: 1}
+    assert deaths.failed({}, 3.0) is None and deaths.unsure
+    # Seen ended in one round, one of them by SIGTERM: which was first is not known.
+    deaths = RankDeaths()
+    deaths.ranks = {11: (0, 4), 12: (1, 5)}
+    deaths.dead = {11: (1.0, True), 12: (1.0, True)}
+    deaths.status = {11: -signal.SIGSEGV, 12: -signal.SIGTERM}
+    assert deaths.failed({}, 3.0) is None
+    # Both failed by themselves: the lowest rank; one that ended well before: not a cause.
+    deaths = RankDeaths()
+    deaths.ranks = {10: (2, 6), 11: (0, 4), 12: (1, 5)}
+    deaths.dead = {10: (0.5, True), 11: (1.0, True), 12: (1.0, True)}
+    deaths.status = {10: 0, 11: 1, 12: -signal.SIGSEGV}
+    cause, age_s = deaths.failed({}, 3.0)
+    assert (cause["rank"], cause["exitcode"], age_s) == (4, 1, 2.0)
+
+
+def test_a_rank_killed_by_a_signal_is_named_by_its_status_read_before_torchrun_reaps_it():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    sibling = subprocess.Popen(["sleep", "30"])
+    try:
+        deaths = RankDeaths()
+        deaths.ranks = {child.pid: (0, 4), sibling.pid: (1, 5)}
+        deaths.look(os.getpid(), time.monotonic(), stopping=False, refresh=False)  # watched
+        os.kill(child.pid, signal.SIGKILL)
+        _ended(child)
+        _read(deaths, child.pid)
+        deaths.look(os.getpid(), time.monotonic(), stopping=False, refresh=False)
+        child.wait()  # torchrun reaps it: its status was read already
+        sibling.terminate()  # then stops its siblings: later, and by SIGTERM
+        _ended(sibling)
+        _read(deaths, sibling.pid)
+        deaths.look(os.getpid(), time.monotonic(), stopping=False, refresh=False)
+        cause, _age = deaths.failed({}, time.monotonic())
+        assert (cause["rank"], cause["exitcode"], cause["at_exit"]) == (4, -9, False)
+        assert exits.words(4, -9) == "rank 4 exited with -9"
+    finally:
+        sibling.kill()
+        sibling.wait()
+        child.wait()
+
+
+def test_a_rank_that_died_of_our_own_stop_or_ended_well_is_no_failure():
+    stopped = subprocess.Popen(["sleep", "30"])
+    done = subprocess.Popen(["sleep", "0.3"])
+    try:
+        deaths = RankDeaths()
+        deaths.ranks = {stopped.pid: (0, 0), done.pid: (1, 1)}
+        deaths.look(os.getpid(), time.monotonic(), stopping=False, refresh=False)
+        _ended(done)
+        _read(deaths, done.pid)
+        deaths.stopped_m = time.monotonic()  # as the agent's stop: before its signal
+        os.kill(stopped.pid, signal.SIGTERM)
+        _ended(stopped)
+        _read(deaths, stopped.pid)
+        deaths.look(os.getpid(), time.monotonic(), stopping=True, refresh=False)
+        assert deaths.status == {stopped.pid: -15, done.pid: 0}
+        assert not deaths.dead[stopped.pid][1]
+        assert deaths.failed({}, time.monotonic()) is None and deaths.first_own() is None
+    finally:
+        stopped.wait()
+        done.wait()
+
+
+def test_exit_status_is_read_only_while_the_process_is_a_zombie():
+    child = subprocess.Popen(["sh", "-c", "exit 3"])
+    while procs.state(child.pid) != "Z":
+        time.sleep(0.01)
+    assert procs.exit_status(child.pid) == 3
+    child.wait()
+    assert procs.exit_status(child.pid) is None
+    assert procs.exit_status(os.getpid()) is None
+
+
+# A stand-in torchrun: its command line names torch.distributed.run and the run id; it starts
+# its ranks (argv after "--", one shell line each, LOCAL_RANK i, RANK 2 + i) and never reaps
+# them (its monitor has not looked yet).
+STAND_IN = """
+import os, subprocess, sys, time
+lines = sys.argv[sys.argv.index("--") + 1:]
+for i, line in enumerate(lines):
+    subprocess.Popen(["sh", "-c", line], env=dict(os.environ, LOCAL_RANK=str(i), RANK=str(2 + i)))
+time.sleep(60)
+"""
+
+
+def _stand_in(run_id, *ranks):
+    env = {"TORCHFLEET_RUN_ID": run_id, "TORCHFLEET_HOST": "node1", "PATH": "/usr/bin:/bin"}
+    return subprocess.Popen([sys.executable, "-c", STAND_IN, "torch.distributed.run",
+                             "--rdzv-id", run_id, "--", *ranks], env=env)
+
+
+def test_a_failure_that_comes_with_the_abort_is_told_before_the_stop_not_died_of_it(tmp_path):
+    """Review finding 3: node1's rank ended with 3 just as node0's failure brought the abort;
+    it was counted as dead of the stop and its failure lost. obey() tells it first."""
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.run.agent import (
+        HostAgent, Timings)
+
+    run_id = "r-with-abort-%d" % os.getpid()
+    torchrun = _stand_in(run_id, "while [ ! -e %s ]; do sleep 0.01; done; exit 3"
+                         % (tmp_path / "go"), "sleep 60")
+    p = {"host": "node1", "python": sys.executable, "flight_recorder": 0, "max_restarts": 0,
+         "run_dir": str(tmp_path), "run_id": run_id, "nproc_per_node": 2, "stack_dump": False,
+         "lost_after_s": 30, "join_timeout_s": 30, "abort_grace_s": 0.5, "lease_s": 0}
+    sent = []
+    try:
+        agent = HostAgent(p, torchrun, None, Timings(p), lambda body: sent.append(body) or True,
+                          None)
+        _until(lambda: agent.deaths.look(torchrun.pid, time.monotonic(), False, True) or
+               len(agent.deaths.ranks) == 2, "the ranks never started")
+        pid = next(pid for pid, (lr, _r) in agent.deaths.ranks.items() if lr == 0)
+        (tmp_path / "go").touch()
+        _until(lambda: procs.state(pid) == "Z", "rank 2 never ended")
+        _read(agent.deaths, pid)
+        agent.obey({"t": runstate.ABORT, "failure": {"host": "node0"}})
+        died = [m for m in sent if m["t"] == runstate.DIED]
+        assert [(m["root_cause"]["rank"], m["root_cause"]["exitcode"]) for m in died] == [(2, 3)]
+        assert agent.stopped and torchrun.wait(timeout=10) != 0
+        # The judge keeps it as node1's own failure, after node0's.
+        s = runstate.RunState("r1", ["node0", "node1"], 2, now=1000.0, lost_after_s=30)
+        for host in s.order:
+            s.beat(host, 1001.0, alive=2)
+        s.exited("node0", 1002.0, 1, root_cause={"rank": 0, "local_rank": 0, "exitcode": 1})
+        s.report("node1", 1002.1, died[0])
+        assert s.failure["host"] == "node0"
+        assert [(f["host"], f["detail"]) for f in s.failures] == [
+            ("node0", "rank 0 exited with 1"), ("node1", "rank 2 exited with 3")]
+        assert runstate.host_outcome(s.phase, s.failures, s.hosts["node1"]) == "failed"
+    finally:
+        torchrun.kill()
+        torchrun.wait()
+
+
+def test_a_rank_that_ignores_sigterm_and_hides_its_environment_is_killed_by_the_sweep():
+    """Review finding 4: torchrun SIGKILLed first orphans its ranks; the sweep found them by
+    torchrun's descendants (gone) and the run id in their environment, so a rank that ignores
+    SIGTERM with an environment that cannot be read (here: cleared) outlived the abort."""
+    run_id = "r-hidden-%d" % os.getpid()
+    torchrun = _stand_in(run_id, "exec env -i %s -c 'import signal, time; signal.signal("
+                         "signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'" % sys.executable)
+    rank = None
+    try:
+        _until(lambda: [c for c in procs.children(torchrun.pid)
+                        if b"SIG_IGN" in procs.cmdline(c).encode()], "the rank never started")
+        rank = procs.children(torchrun.pid)[0]
+        _until(lambda: _ignores_sigterm(rank), "the rank never ignored SIGTERM")
+        assert procs.environ(rank) == {}
+        result = procs.stop_run(run_id, torchrun.pid, grace_s=0.3, host="node1",
+                                all_at_once=True)
+        assert torchrun.wait(timeout=10) == -signal.SIGKILL
+        assert rank in result["killed"] and not procs.alive(rank)
+    finally:
+        torchrun.kill()
+        torchrun.wait()
+        if rank is not None and procs.alive(rank):
+            os.kill(rank, signal.SIGKILL)
+
+
+def _ignores_sigterm(pid):
+    for line in procs._read("/proc/%d/status" % pid).splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    return False
+
+
+def test_an_abort_kills_torchrun_at_once_and_terminates_its_ranks():
+    """torchrun's own shutdown on SIGTERM outlasts the grace on a busy host: it is SIGKILLed;
+    the ranks get SIGTERM (and the grace) as before."""
+    run_id = "r-abort-%d" % os.getpid()
+    env = {"TORCHFLEET_RUN_ID": run_id, "TORCHFLEET_HOST": "node0", "PATH": "/usr/bin:/bin"}
+    # A stand-in torchrun: its command line names torch.distributed.run and the run id, it
+    # ignores SIGTERM, and it has a rank.
+    torchrun = subprocess.Popen(
+        [sys.executable, "-c", "import signal, subprocess, sys, time; "
+         "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+         "subprocess.Popen(['sleep', '60']); time.sleep(60)",
+         "torch.distributed.run", "--rdzv-id", run_id], env=env)
+    try:
+        while len(procs.children(torchrun.pid)) < 1:
+            time.sleep(0.01)
+        rank = procs.children(torchrun.pid)[0]
+        result = procs.stop_run(run_id, torchrun.pid, grace_s=0.5, host="node0",
+                                all_at_once=True)
+        assert torchrun.wait(timeout=10) == -signal.SIGKILL
+        assert result["killed"][0] == torchrun.pid and torchrun.pid not in result["signalled"]
+        assert rank in result["signalled"] and not procs.alive(rank)
+    finally:
+        torchrun.kill()
+        torchrun.wait()
+
+
+# A rank that ends its script with sys.exit(3), then takes a while in its interpreter's exit (a
+# global's finalizer, as torch's teardown takes a second or more on a busy host).
+SLOW_EXIT = """
+import sys, time
+class Slow:
+    def __del__(self):
+        time.sleep(1.5)
+held = Slow()
+print("rank done", flush=True)
+sys.exit(3)
+"""
+
+
+def test_the_masters_own_failing_rank_is_named_with_its_code_once(tmp_path):
+    """The master's agent tells its own store (the abort comes back within the telling, and
+    stops its own torchrun at once): the rank's exit code 3, read when it ended, is the one
+    failure, completed by the EXIT. (On a loaded machine torchrun may reap the rank before
+    its status is read: torchrun's own report then names it, with the same words.)"""
+    from tests.unit.test_run_modules import agent_args, start_agent
+
+    script = tmp_path / "slow_exit.py"
+    script.write_text(SLOW_EXIT)
+    args = agent_args(tmp_path, "unit-slow-exit-%d" % os.getpid(), script=str(script))
+    job = start_agent(args)
+    try:
+        result = json.loads(job.communicate(timeout=120)[0])
+    finally:
+        job.kill()
+    record = json.loads(open(os.path.join(args["run_dir"], "control.json")).read())
+    failure = record["failure"]
+    # (Stopped while its interpreter exits, the rank's code would be -15, or none at all.)
+    assert (failure["rank"], failure["exitcode"]) == (0, 3), failure
+    assert runstate.failure_text(failure).startswith("node0, rank 0 exited with 3"), failure
+    assert len(record["failures"]) == 1 and result["rc"] == failure["rc"]
+    assert [h["state"] for h in record["hosts"]] == ["exited"]
