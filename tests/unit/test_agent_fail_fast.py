@@ -397,3 +397,28 @@ def test_the_masters_own_failing_rank_is_named_with_its_code_once(tmp_path):
     assert runstate.failure_text(failure).startswith("node0, rank 0 exited with 3"), failure
     assert len(record["failures"]) == 1 and result["rc"] == failure["rc"]
     assert [h["state"] for h in record["hosts"]] == ["exited"]
+
+
+def test_a_rank_that_died_waiting_after_a_hang_was_judged_died_of_the_stop():
+    """A hang judged, its stop under way: rank 0, waiting in the barrier that rank 3 never
+    joined, fails as rank 3 is killed, and its agent tells it before it heard the abort. The
+    run stays the hang, and the hung rank's host stays hung, not failed (the full suite's
+    test_a_hang_is_diagnosed_with_stacks_then_stopped under load, 2026-11-28)."""
+    s = runstate.RunState("r1", ["node0", "node1"], 2, now=1000.0, lost_after_s=30,
+                          hang_timeout_s=20)
+    pos = {str(r): {"0": [40, 39, "gloo:barrier", "[]", ""]} for r in range(4)}
+    pos["3"] = {"0": [39, 39, "", "", ""]}
+    for t in range(1001, 1024):
+        for i, h in enumerate(s.order):
+            mine = {r: g for r, g in pos.items() if int(r) // 2 == i}
+            s.report(h, t, {"t": runstate.BEAT, "alive": 2, "idle_s": 0.0, "last_line": "x",
+                            "pid": 1, "coll": mine, "steady": {r: [30.0, True] for r in mine}})
+        s.tick(t)
+    assert s.failure["reason"] == runstate.HANG
+    died = {"t": runstate.DIED, "root_cause": {"rank": 0, "local_rank": 0, "exitcode": 1,
+                                               "script_code": 1, "at_exit": True},
+            "age_s": 0.0}
+    s.report("node0", s.started + s.failure["detected_s"] + 0.5, died)
+    assert [f["reason"] for f in s.failures] == [runstate.HANG]
+    assert runstate.host_outcome(s.phase, s.failures, s.hosts["node1"]) == \
+        runstate.host_outcome(s.phase, s.failures, s.hosts["node0"]) == "hung"

@@ -667,6 +667,13 @@ class RunState:
         rec = self.hosts.get(host)
         if rec is None or rec["state"] in DONE or host in self.died:
             return None
+        # Ended after the run's fate was decided and its stop sent, waiting in the collective a
+        # stopped rank never joined: it died of the stop, as a stopped host's EXIT says (a hang's
+        # rank killed, its peers' collectives fail). Told before its agent heard the abort, it
+        # would name the hang's rank again as a failure of its own.
+        if self.failure is not None and now - age_s > self.started + self.failure["detected_s"] \
+                and self._waited(root_cause["rank"], self.finding(now, root_cause["rank"])):
+            return None
         kept = len(self.failures)
         made = self.fail(host, FAILED, now, exits.words(
             root_cause["rank"], root_cause["exitcode"], root_cause["script_code"],
