@@ -422,3 +422,30 @@ def test_a_rank_that_died_waiting_after_a_hang_was_judged_died_of_the_stop():
     assert [f["reason"] for f in s.failures] == [runstate.HANG]
     assert runstate.host_outcome(s.phase, s.failures, s.hosts["node1"]) == \
         runstate.host_outcome(s.phase, s.failures, s.hosts["node0"]) == "hung"
+
+
+def test_the_exit_of_a_host_stopped_at_once_for_a_rank_that_died_of_the_stop_is_a_stop():
+    """The same death, told by the EXIT of its host (its agent stops its torchrun at once on
+    a rank's failure, before it heard the abort): a stop, not a failure."""
+    s = runstate.RunState("r1", ["node0", "node1"], 2, now=1000.0, lost_after_s=30,
+                          hang_timeout_s=20)
+    pos = {str(r): {"0": [40, 39, "gloo:barrier", "[]", ""]} for r in range(4)}
+    pos["3"] = {"0": [39, 39, "", "", ""]}
+    for t in range(1001, 1024):
+        for i, h in enumerate(s.order):
+            mine = {r: g for r, g in pos.items() if int(r) // 2 == i}
+            s.report(h, t, {"t": runstate.BEAT, "alive": 2, "idle_s": 0.0, "last_line": "x",
+                            "pid": 1, "coll": mine, "steady": {r: [30.0, True] for r in mine}})
+        s.tick(t)
+    assert s.failure["reason"] == runstate.HANG
+    decided = s.started + s.failure["detected_s"]
+    s.exited("node0", decided + 1.5, -9, root_cause={"rank": 0, "local_rank": 0,
+                                                     "exitcode": 1}, age_s=1.0)
+    assert [f["reason"] for f in s.failures] == [runstate.HANG]
+    assert s.hosts["node0"]["state"] == runstate.STOPPED
+    assert runstate.host_outcome(s.phase, s.failures, s.hosts["node1"]) == "hung"
+    # A rank that failed before the hang was decided is still a failure of its own.
+    s.exited("node1", decided + 2.0, 1, root_cause={"rank": 2, "local_rank": 0,
+                                                    "exitcode": 1}, age_s=3.0)
+    assert ("node1", 2, "rank 2 exited with 1") in [(f["host"], f["rank"], f["detail"])
+                                                    for f in s.failures]

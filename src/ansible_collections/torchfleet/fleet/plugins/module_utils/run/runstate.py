@@ -646,6 +646,9 @@ class RunState:
             return None
         if stopped:
             return None
+        if rc != 0 and self._died_of_the_stop(root_cause, now - age_s, now):
+            rec["state"] = STOPPED
+            return None
         if rc != 0:
             cause = root_cause or {}
             detail = (exits.words(cause["rank"], cause["exitcode"], cause.get("script_code"),
@@ -667,12 +670,7 @@ class RunState:
         rec = self.hosts.get(host)
         if rec is None or rec["state"] in DONE or host in self.died:
             return None
-        # Ended after the run's fate was decided and its stop sent, waiting in the collective a
-        # stopped rank never joined: it died of the stop, as a stopped host's EXIT says (a hang's
-        # rank killed, its peers' collectives fail). Told before its agent heard the abort, it
-        # would name the hang's rank again as a failure of its own.
-        if self.failure is not None and now - age_s > self.started + self.failure["detected_s"] \
-                and self._waited(root_cause["rank"], self.finding(now, root_cause["rank"])):
+        if self._died_of_the_stop(root_cause, now - age_s, now):
             return None
         kept = len(self.failures)
         made = self.fail(host, FAILED, now, exits.words(
@@ -682,6 +680,17 @@ class RunState:
         if len(self.failures) > kept:
             self.died[host] = self.failures[kept]
         return made
+
+    def _died_of_the_stop(self, root_cause, at, now):
+        """Whether a rank that ended at `at` died of the run's stop: after the run's fate was
+        decided and its stop sent, waiting in the collective a stopped rank never joined (a
+        hang's rank killed, its peers' collectives fail), as a stopped host's EXIT says. Its
+        agent, which stops its host at once on a rank's failure, can tell it before it hears
+        the abort: it would name the hang's rank again as a failure of its own."""
+        rank = (root_cause or {}).get("rank")
+        return self.failure is not None and rank is not None \
+            and at > self.started + self.failure["detected_s"] \
+            and self._waited(rank, self.finding(now, rank))
 
     def _completed(self, entry, rc, root_cause):
         """The EXIT of a host whose rank's death made `entry` (rank_died): torchrun's rc, and
