@@ -399,11 +399,9 @@ def test_the_masters_own_failing_rank_is_named_with_its_code_once(tmp_path):
     assert [h["state"] for h in record["hosts"]] == ["exited"]
 
 
-def test_a_rank_that_died_waiting_after_a_hang_was_judged_died_of_the_stop():
-    """A hang judged, its stop under way: rank 0, waiting in the barrier that rank 3 never
-    joined, fails as rank 3 is killed, and its agent tells it before it heard the abort. The
-    run stays the hang, and the hung rank's host stays hung, not failed (the full suite's
-    test_a_hang_is_diagnosed_with_stacks_then_stopped under load, 2026-11-28)."""
+def _hang_judged():
+    """Two hosts of 2 ranks in a barrier that rank 3 (node1) never joined, held past
+    hang_timeout_s: the judge has named the hang."""
     s = runstate.RunState("r1", ["node0", "node1"], 2, now=1000.0, lost_after_s=30,
                           hang_timeout_s=20)
     pos = {str(r): {"0": [40, 39, "gloo:barrier", "[]", ""]} for r in range(4)}
@@ -415,6 +413,15 @@ def test_a_rank_that_died_waiting_after_a_hang_was_judged_died_of_the_stop():
                             "pid": 1, "coll": mine, "steady": {r: [30.0, True] for r in mine}})
         s.tick(t)
     assert s.failure["reason"] == runstate.HANG
+    return s
+
+
+def test_a_rank_that_died_waiting_after_a_hang_was_judged_died_of_the_stop():
+    """A hang judged, its stop under way: rank 0, waiting in the barrier that rank 3 never
+    joined, fails as rank 3 is killed, and its agent tells it before it heard the abort. The
+    run stays the hang, and the hung rank's host stays hung, not failed (the full suite's
+    test_a_hang_is_diagnosed_with_stacks_then_stopped under load, 2026-11-28)."""
+    s = _hang_judged()
     died = {"t": runstate.DIED, "root_cause": {"rank": 0, "local_rank": 0, "exitcode": 1,
                                                "script_code": 1, "at_exit": True},
             "age_s": 0.0}
@@ -427,17 +434,7 @@ def test_a_rank_that_died_waiting_after_a_hang_was_judged_died_of_the_stop():
 def test_the_exit_of_a_host_stopped_at_once_for_a_rank_that_died_of_the_stop_is_a_stop():
     """The same death, told by the EXIT of its host (its agent stops its torchrun at once on
     a rank's failure, before it heard the abort): a stop, not a failure."""
-    s = runstate.RunState("r1", ["node0", "node1"], 2, now=1000.0, lost_after_s=30,
-                          hang_timeout_s=20)
-    pos = {str(r): {"0": [40, 39, "gloo:barrier", "[]", ""]} for r in range(4)}
-    pos["3"] = {"0": [39, 39, "", "", ""]}
-    for t in range(1001, 1024):
-        for i, h in enumerate(s.order):
-            mine = {r: g for r, g in pos.items() if int(r) // 2 == i}
-            s.report(h, t, {"t": runstate.BEAT, "alive": 2, "idle_s": 0.0, "last_line": "x",
-                            "pid": 1, "coll": mine, "steady": {r: [30.0, True] for r in mine}})
-        s.tick(t)
-    assert s.failure["reason"] == runstate.HANG
+    s = _hang_judged()
     decided = s.started + s.failure["detected_s"]
     s.exited("node0", decided + 1.5, -9, root_cause={"rank": 0, "local_rank": 0,
                                                      "exitcode": 1}, age_s=1.0)
