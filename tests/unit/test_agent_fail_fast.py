@@ -179,13 +179,44 @@ def test_a_sigterm_death_alone_is_no_cause_and_ranks_ended_together_are_told_onl
     deaths.dead = {11: (1.0, True), 12: (1.0, True)}
     deaths.status = {11: -signal.SIGSEGV, 12: -signal.SIGTERM}
     assert deaths.failed({}, 3.0) is None
-    # Both failed by themselves: the lowest rank; one that ended well before: not a cause.
+    # Two failing in one round (the fail-fast review: local rank 5 crashed, rank 2's CUDA
+    # error followed within the watch's wake-up): which came first is not known, torchrun says.
     deaths = RankDeaths()
     deaths.ranks = {10: (2, 6), 11: (0, 4), 12: (1, 5)}
     deaths.dead = {10: (0.5, True), 11: (1.0, True), 12: (1.0, True)}
     deaths.status = {10: 0, 11: 1, 12: -signal.SIGSEGV}
+    assert deaths.failed({}, 3.0) is None and deaths.unsure
+    # One failing alone, after one that ended well: it is the cause.
+    deaths = RankDeaths()
+    deaths.ranks = {10: (2, 6), 11: (0, 4)}
+    deaths.dead = {10: (0.5, True), 11: (1.0, True)}
+    deaths.status = {10: 0, 11: 1}
     cause, age_s = deaths.failed({}, 3.0)
     assert (cause["rank"], cause["exitcode"], age_s) == (4, 1, 2.0)
+    # A rank that handled torchrun's SIGTERM (a checkpoint) and exited 143 may have died of a
+    # stop from outside (stop.yml): torchrun says.
+    deaths = RankDeaths()
+    deaths.ranks = {11: (0, 4)}
+    deaths.dead = {11: (1.0, True)}
+    deaths.status = {11: 128 + signal.SIGTERM}
+    assert deaths.failed({}, 3.0) is None and deaths.unsure
+
+
+def test_a_death_after_the_abort_is_of_the_stop_unless_its_rank_was_ending_with_a_failure():
+    """The fail-fast review: a hang at 512 hosts; a host still dumping its stacks when the
+    other hosts kill their ranks sees a rank here die of the NCCL error that follows. It died
+    of the run's stop: told as this host's failure it named the wrong host."""
+    deaths = RankDeaths()
+    deaths.ranks = {11: (0, 4), 12: (1, 5)}
+    deaths.abort_m = 2.0
+    deaths.dead = {11: (2.5, True)}
+    deaths.status = {11: 1}
+    assert deaths.failed({}, 3.0) is None and deaths.first_own() is None
+    # A rank that was already ending with a failing note when the abort came is still told.
+    deaths.awaited = {1}
+    deaths.dead[12], deaths.status[12] = (2.6, True), 3
+    cause, _age = deaths.failed({}, 3.0)
+    assert (cause["rank"], cause["exitcode"]) == (5, 3)
 
 
 def test_a_rank_killed_by_a_signal_is_named_by_its_status_read_before_torchrun_reaps_it():
@@ -446,3 +477,42 @@ def test_the_exit_of_a_host_stopped_at_once_for_a_rank_that_died_of_the_stop_is_
                                                     "exitcode": 1}, age_s=3.0)
     assert ("node1", 2, "rank 2 exited with 1") in [(f["host"], f["rank"], f["detail"])
                                                     for f in s.failures]
+
+
+def test_a_rank_still_ending_with_a_failure_at_the_abort_is_told_after_it_as_a_consequence(
+        tmp_path):
+    """Finding 3's other half: a rank that noted a failing code but had not ended when the
+    abort came is told once it ends, kept on its host, but as a consequence: it may have
+    failed of the run's stop (a peer's collective broken), so it never makes its host failed
+    (the fail-fast review, finding 1)."""
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.run.agent import (
+        HostAgent, Timings)
+
+    run_id = "r-ending-%d" % os.getpid()
+    torchrun = _stand_in(run_id, "while [ ! -e %s ]; do sleep 0.01; done; exit 3"
+                         % (tmp_path / "go"), "sleep 60")
+    p = {"host": "node1", "python": sys.executable, "flight_recorder": 0, "max_restarts": 0,
+         "run_dir": str(tmp_path), "run_id": run_id, "nproc_per_node": 2, "stack_dump": False,
+         "lost_after_s": 30, "join_timeout_s": 30, "abort_grace_s": 0.5, "lease_s": 0}
+    sent = []
+    try:
+        agent = HostAgent(p, torchrun, None, Timings(p), lambda body: sent.append(body) or True,
+                          None)
+        _until(lambda: agent.deaths.look(torchrun.pid, time.monotonic(), False, True) or
+               len(agent.deaths.ranks) == 2, "the ranks never started")
+        pid = next(pid for pid, (lr, _r) in agent.deaths.ranks.items() if lr == 0)
+        note_dir = tmp_path / "logs" / run_id / "attempt_0" / "0"
+        note_dir.mkdir(parents=True)
+        (note_dir / "exit.json").write_text(json.dumps({"code": 3, "ts": time.time()}))
+        agent.obey({"t": runstate.ABORT, "failure": {"host": "node0"}})
+        assert agent.deaths.awaited == {0} and not agent.stopped  # waited for, not stopped
+        (tmp_path / "go").touch()
+        _until(lambda: procs.state(pid) == "Z", "rank 0 never ended")
+        _read(agent.deaths, pid)
+        agent.deaths.look(torchrun.pid, time.monotonic(), agent.stopped, False)
+        agent._tell_death(time.monotonic(), refresh=True)
+        died = [m for m in sent if m["t"] == runstate.DIED]
+        assert [(m["root_cause"]["exitcode"], m["consequence"]) for m in died] == [(3, True)]
+    finally:
+        torchrun.kill()
+        torchrun.wait()

@@ -98,7 +98,9 @@ class RankDeaths:
 
     # Signals torchrun forwards to its ranks when it is stopped itself
     # (TORCHELASTIC_SIGNALS_TO_HANDLE): a rank that died of one may have died of that stop.
-    STOP_SIGNALS = (-signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP, -signal.SIGQUIT)
+    # A rank that handles one (a checkpoint on SIGTERM) and then exits says 128 + it.
+    STOP_SIGNALS = tuple(x for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
+                                     signal.SIGQUIT) for x in (-s, 128 + s))
     WATCH_LAG_S = 0.05  # a rank seen dead before the exit watch read it: awaited this long
 
     def __init__(self):
@@ -108,6 +110,8 @@ class RankDeaths:
         self.exits = procs.ExitWatch()
         self.watched = {}      # pid -> whether the exit watch has it
         self.stopped_m = None  # when this agent signalled its torchrun (HostAgent._stop)
+        self.abort_m = None    # when this agent obeyed the master's abort (HostAgent.obey)
+        self.awaited = set()   # local ranks already ending with a failing note at the abort
         self.unsure = False    # a death here only torchrun can name (failed())
 
     def look(self, torchrun_pid, now_m, stopping, refresh):
@@ -156,13 +160,15 @@ class RankDeaths:
           its siblings die of torchrun's stop after it: none of them is named;
         - a rank that died of a signal torchrun forwards when it is stopped (SIGTERM first)
           may have died of that stop;
-        - ranks seen ended in one round (which was first is not known) with one of those.
+        - several failing ranks seen ended in one round (which was first is not known);
+        - a death after the abort this agent obeyed (of the run's stop; _own).
         A rank's exit note (exits.py) counts only beside a non-zero status of its own process:
         a SystemExit caught, or a thread's, noted a code the rank did not end with. A rank
         still in its interpreter's exit is not dead yet: it is told once it is."""
         if self.unsure:
             return None
-        own = sorted((when, pid) for pid, (when, before) in self.dead.items() if before)
+        own = sorted((when, pid) for pid, (when, before) in self.dead.items()
+                     if self._own(pid, when, before))
         if any(self.status.get(pid) is None for _when, pid in own):
             self.unsure = True  # (its time is when it was seen: it may have come first)
             return None
@@ -170,11 +176,12 @@ class RankDeaths:
             if self.status[pid] == 0:
                 continue  # it ended well; torchrun waits for its siblings
             together = [p for w, p in own if w == when and self.status[p] != 0]
-            if any(self.status[p] in self.STOP_SIGNALS for p in together):
+            # Several failing in one round: which came first is not known (a round spans the
+            # watch's wake-up, 100 ms and more on a busy host), and one may have died of the
+            # other (a CUDA or NCCL error after a sibling's crash).
+            if len(together) > 1 or self.status[pid] in self.STOP_SIGNALS:
                 self.unsure = True
                 return None
-            # (Several that failed for sure at once: each failed by itself; the lowest rank.)
-            pid = min(together, key=lambda p: self.ranks[p])
             local_rank, rank = self.ranks[pid]
             note = exits.read_note(dirs.get(local_rank)) if local_rank in dirs else None
             age_s = now_m - when
@@ -188,11 +195,19 @@ class RankDeaths:
     def close(self):
         self.exits.close()
 
+    def _own(self, pid, when, before):
+        """Whether a death is this host's own: before any stop of ours and before the abort
+        this agent obeyed, unless the rank was already ending with a failing note then (a
+        death after the abort is of the run's stop: another host's ranks killed, a collective
+        failed here)."""
+        return before and (self.abort_m is None or when < self.abort_m
+                           or self.ranks[pid][0] in self.awaited)
+
     def first_own(self):
         """(pid, local_rank, rank, when) of the first rank that died before this host was
         told to stop, else None."""
         own = [(m, pid) for pid, (m, before) in self.dead.items()
-               if before and self.status.get(pid) != 0]
+               if self._own(pid, m, before) and self.status.get(pid) != 0]
         if not own:
             return None
         when, pid = min(own)
@@ -329,7 +344,10 @@ class HostAgent:
         text = tail(os.path.join(self.dirs.get(cause["local_rank"], ""), "stderr.log"), 40,
                     1 << 16)
         # (Set first: on the master the abort comes back within send(), and obey() must know.)
-        self.died_sent, self.died = True, (cause, peer_loss(text))
+        # A rank still ending with a failing note when the abort came (RankDeaths.awaited) may
+        # have failed of the run's stop (a peer's collective broken): kept, as a consequence.
+        late = self.deaths.abort_m is not None
+        self.died_sent, self.died = True, (cause, peer_loss(text) or late)
         if not self.send({"t": runstate.DIED, "root_cause": cause,
                           "consequence": self.died[1],
                           "age_s": round(min(age_s, now_m - self.started_m), 3)}):
@@ -340,13 +358,14 @@ class HostAgent:
 
     def _exiting_failed(self):
         """A live rank here noted a failing code: it is in its interpreter's exit (torch's
-        teardown takes a second or more on a busy host), or caught its SystemExit."""
+        teardown takes a second or more on a busy host), or caught its SystemExit. Those
+        ranks' deaths, after the abort, are still this host's own (RankDeaths.awaited)."""
         dirs = rank_dirs(self.p["run_dir"])
         for local_rank, (_pid, _rank) in self.deaths.live().items():
             note = exits.read_note(dirs.get(local_rank))
             if note is not None and note["code"] not in (None, 0):
-                return True
-        return False
+                self.deaths.awaited.add(local_rank)
+        return bool(self.deaths.awaited)
 
     def obey(self, message):
         kind = message.get("t")
@@ -363,6 +382,7 @@ class HostAgent:
         now_m = time.monotonic()
         self.deaths.look(self.proc.pid, now_m, self.stopped, refresh=True)
         self._tell_death(now_m, refresh=True)
+        self.deaths.abort_m = now_m  # a death from now on is of the run's stop (_own)
         self.stopping = message
         if not self.died_sent:
             self.reason = "aborted"
