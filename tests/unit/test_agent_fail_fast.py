@@ -294,13 +294,13 @@ def _stand_in(run_id, *ranks):
                              "--rdzv-id", run_id, "--", *ranks], env=env)
 
 
-def test_a_failure_that_comes_with_the_abort_is_told_before_the_stop_not_died_of_it(tmp_path):
-    """Review finding 3: node1's rank ended with 3 just as node0's failure brought the abort;
-    it was counted as dead of the stop and its failure lost. obey() tells it first."""
+def _gated_agent(tmp_path, name):
+    """node1's agent over a stand-in torchrun whose local rank 0 ends with 3 once
+    tmp_path/go exists (its pid) and rank 1 sleeps; what the agent sends is kept in `sent`."""
     from ansible_collections.torchfleet.fleet.plugins.module_utils.run.agent import (
         HostAgent, Timings)
 
-    run_id = "r-with-abort-%d" % os.getpid()
+    run_id = "%s-%d" % (name, os.getpid())
     torchrun = _stand_in(run_id, "while [ ! -e %s ]; do sleep 0.01; done; exit 3"
                          % (tmp_path / "go"), "sleep 60")
     p = {"host": "node1", "python": sys.executable, "flight_recorder": 0, "max_restarts": 0,
@@ -312,7 +312,19 @@ def test_a_failure_that_comes_with_the_abort_is_told_before_the_stop_not_died_of
                           None)
         _until(lambda: agent.deaths.look(torchrun.pid, time.monotonic(), False, True) or
                len(agent.deaths.ranks) == 2, "the ranks never started")
-        pid = next(pid for pid, (lr, _r) in agent.deaths.ranks.items() if lr == 0)
+    except BaseException:
+        torchrun.kill()
+        torchrun.wait()
+        raise
+    pid = next(pid for pid, (lr, _r) in agent.deaths.ranks.items() if lr == 0)
+    return run_id, torchrun, agent, sent, pid
+
+
+def test_a_failure_that_comes_with_the_abort_is_told_before_the_stop_not_died_of_it(tmp_path):
+    """Review finding 3: node1's rank ended with 3 just as node0's failure brought the abort;
+    it was counted as dead of the stop and its failure lost. obey() tells it first."""
+    run_id, torchrun, agent, sent, pid = _gated_agent(tmp_path, "r-with-abort")
+    try:
         (tmp_path / "go").touch()
         _until(lambda: procs.state(pid) == "Z", "rank 2 never ended")
         _read(agent.deaths, pid)
@@ -485,22 +497,8 @@ def test_a_rank_still_ending_with_a_failure_at_the_abort_is_told_after_it_as_a_c
     abort came is told once it ends, kept on its host, but as a consequence: it may have
     failed of the run's stop (a peer's collective broken), so it never makes its host failed
     (the fail-fast review, finding 1)."""
-    from ansible_collections.torchfleet.fleet.plugins.module_utils.run.agent import (
-        HostAgent, Timings)
-
-    run_id = "r-ending-%d" % os.getpid()
-    torchrun = _stand_in(run_id, "while [ ! -e %s ]; do sleep 0.01; done; exit 3"
-                         % (tmp_path / "go"), "sleep 60")
-    p = {"host": "node1", "python": sys.executable, "flight_recorder": 0, "max_restarts": 0,
-         "run_dir": str(tmp_path), "run_id": run_id, "nproc_per_node": 2, "stack_dump": False,
-         "lost_after_s": 30, "join_timeout_s": 30, "abort_grace_s": 0.5, "lease_s": 0}
-    sent = []
+    run_id, torchrun, agent, sent, pid = _gated_agent(tmp_path, "r-ending")
     try:
-        agent = HostAgent(p, torchrun, None, Timings(p), lambda body: sent.append(body) or True,
-                          None)
-        _until(lambda: agent.deaths.look(torchrun.pid, time.monotonic(), False, True) or
-               len(agent.deaths.ranks) == 2, "the ranks never started")
-        pid = next(pid for pid, (lr, _r) in agent.deaths.ranks.items() if lr == 0)
         note_dir = tmp_path / "logs" / run_id / "attempt_0" / "0"
         note_dir.mkdir(parents=True)
         (note_dir / "exit.json").write_text(json.dumps({"code": 3, "ts": time.time()}))
