@@ -28,6 +28,12 @@ def _group(config) -> Path | None:
     if not out or os.geteuid() != 0 or not (CPUACCT / "cgroup.procs").exists():
         return None
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    if worker == "main":  # before any worker starts: the groups an earlier run could not remove
+        for old in CPUACCT.glob(PREFIX + "*"):
+            try:
+                old.rmdir()
+            except OSError:
+                pass  # (a process still in it)
     group = CPUACCT / (PREFIX + worker)
     group.mkdir(exist_ok=True)
     (group / "tasks").write_text(str(os.getpid()))
@@ -63,7 +69,7 @@ def pytest_unconfigure(config):
     try:
         group.rmdir()
     except OSError:
-        pass  # a process of the worker's still runs: the next run's mkdir reuses the group
+        pass  # a process of the worker's still runs: the next run removes the group
 
 
 def table(lines: list[str]) -> str:
