@@ -431,7 +431,9 @@ class HostAgent:
             # (this agent's own child, not reaped yet) killed: stop_run's look for the rest
             # reads every process's environment, a tenth of a second or more on a busy host,
             # several agents at once on a shared one.
-            tree = procs.tree(self.proc.pid)
+            # Each with its start time, read before any signal: the sweep takes only the same
+            # processes, never a PID freed by the kill and reused.
+            tree = {pid: procs.start_time(pid) for pid in procs.tree(self.proc.pid)}
             for pid in tree:
                 try:
                     os.kill(pid, signal.SIGTERM)

@@ -243,7 +243,7 @@ def run_processes(run_id, root_pid=None, host=None, orphans=True):
     return sorted(found)
 
 
-def stop_run(run_id, root_pid, grace_s, host=None, all_at_once=False, known=()):
+def stop_run(run_id, root_pid, grace_s, host=None, all_at_once=False, known=None):
     """SIGTERM torchrun (it forwards to its workers), wait grace_s, SIGKILL what is left.
 
     all_at_once: an abort. SIGTERM every rank (and what they started) together, without
@@ -252,14 +252,16 @@ def stop_run(run_id, root_pid, grace_s, host=None, all_at_once=False, known=()):
     its rendezvous, a traceback, an interpreter holding torch) outlasts the grace on a busy
     host and says nothing the abort needs.
 
-    known: processes of the run its caller found (and signalled) already, torchrun's tree
-    before it was killed: they are targets too.
+    known: {pid: start time} of processes of the run its caller found (and signalled)
+    already, torchrun's tree before it was killed, each start time read before any signal:
+    they are targets too.
 
     Returns {"signalled": [pids], "killed": [pids]}; nothing of the run is alive after it.
     """
-    started = {pid: start_time(pid) for pid in known}
+    started = dict(known or {})
     targets = sorted(set(run_processes(run_id, root_pid, host)) | {
-        pid for pid, at in started.items() if at is not None and alive(pid)})
+        pid for pid, at in started.items()
+        if at is not None and start_time(pid) == at and alive(pid)})
     result = {"signalled": [], "killed": []}
     if not targets:
         return result
