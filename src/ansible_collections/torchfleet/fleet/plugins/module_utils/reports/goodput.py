@@ -1,0 +1,456 @@
+"""Goodput: the share of a run's wall time that became training that was kept, in buckets that
+add up to the wall time (issue 59), the one-line summary of it, the checkpoint interval that
+loses least, and the same over every run under a runs root (`torchfleet goodput`).
+
+Pure arithmetic on a timeline the controller assembles from the master's record (every time on
+the controller's clock, epoch seconds); see goodput(). The timeline comes from other hosts and
+train.json from disk: every field is checked here, never assumed, and nothing raises.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+import time
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import RUN_ID
+
+BUCKETS = ("preflight", "launch", "init", "kept_training", "checkpoint_stall", "lost_work",
+           "detection", "restart")
+# A checkpoint counts as kept only when it ended at least this long before the failure: a save
+# still being written when a rank died stops growing then too, and is not a checkpoint to resume
+# from. (Goodput's only timing; the contract of issue 59 names it "defaults' margin": it moves
+# to defaults.py with the watch's timings.)
+KEPT_MARGIN_S = 1.0
+CHECKPOINTS_SHOWN = 256     # train.json's goodput lists the newest this many checkpoints
+UNKNOWN_MAX = 8             # sentences in "unknown"
+TIME_MAX = 1e10             # an epoch time past 2286 is garbage, not a time
+READ_MAX = 16 << 20         # a train.json larger than this is not read (the 256-host one: 0.3 MB)
+NOT_A_FAILURE = ("run.stopped",)  # the user's own stop: costs work, says nothing of MTBF
+CHECK_ID = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+NO_CHECKPOINT_DIR = ("lost work is unknown: no checkpoint_dir, so no checkpoint was seen; give "
+                     "-e checkpoint_dir=<where the script saves> (until then goodput is an upper "
+                     "bound: the training since the last checkpoint counts as kept)")
+
+
+def _t(value):
+    """An epoch time (or a duration) to the millisecond; None when it is not a plausible one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not math.isfinite(value) or not 0 <= value < TIME_MAX:
+        return None
+    return round(float(value), 3)
+
+
+def _d(seconds):
+    """A bucket: a difference of millisecond times, to the millisecond (so they add up)."""
+    return round(max(0.0, seconds), 3)
+
+
+def _checkpoints(items):
+    out = []
+    for c in items if isinstance(items, list) else []:
+        if not isinstance(c, dict):
+            continue
+        ended = _t(c.get("ended"))
+        if ended is None:
+            continue
+        began = _t(c.get("began"))
+        began = ended if began is None or began > ended else began
+        step = c.get("step")
+        out.append({"path": str(c.get("path") or "")[-200:], "began": began, "ended": ended,
+                    "step": step if isinstance(step, int) and not isinstance(step, bool) else None,
+                    "stall": c.get("stall") is True})
+    return sorted(out, key=lambda c: c["ended"])
+
+
+def _union(windows):
+    """The length of the union of [a, b] windows (two saves at once stall once)."""
+    total, end = 0.0, None
+    for a, b in sorted(w for w in windows if w[1] > w[0]):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
+
+
+def _median(values):
+    values = sorted(values)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def _intervals(ends):
+    """Successive checkpoints' ended, apart: how often the script saved."""
+    return [b - a for a, b in zip(ends, ends[1:], strict=False) if b > a]
+
+
+def _attempt(a, index, cursor, next_launch, last, now, watched):
+    """One attempt's boundaries, clipped monotonic, and its buckets (restart left to the run)."""
+    number = a.get("attempt")
+    number = number if isinstance(number, int) and not isinstance(number, bool) else index
+    launch = _t(a.get("launch"))
+    launch = cursor if launch is None else max(launch, cursor)
+    running, init_done, failed, stopped = (_t(a.get(k)) for k in (
+        "running", "init_done", "failed", "stopped"))
+    failure = a.get("failure") if isinstance(a.get("failure"), dict) else None
+    live = False
+    notes = []
+    if stopped is None:
+        if last and now is not None:
+            stopped, live = now, True
+        elif not last and next_launch is not None:
+            stopped = next_launch
+        else:
+            stopped = max([t for t in (running, init_done, failed) if t is not None] or [launch])
+    is_failed = failed is not None or failure is not None
+    failed = stopped if failed is None else failed
+    if init_done is None:
+        notes.append("attempt %s: no collective was seen completed on every rank; its time to "
+                     "the end counts as init" % number)
+        init_done = failed
+    running = init_done if running is None else running
+    running = max(running, launch)
+    init_done = max(init_done, running)
+    failed = max(failed, init_done)
+    stopped = max(stopped, failed)
+    ckpts = _checkpoints(a.get("checkpoints"))
+    if not is_failed:
+        lost, kept_to = 0.0, failed
+    elif not watched:
+        lost, kept_to = None, failed
+    else:
+        done = [c["ended"] for c in ckpts if c["ended"] <= failed - KEPT_MARGIN_S]
+        kept_to = min(failed, max([init_done] + done))
+        lost = _d(failed - kept_to)
+    stall = _d(_union([(max(c["began"], init_done), min(c["ended"], kept_to))
+                       for c in ckpts if c["stall"]]))
+    training = _d(failed - init_done)
+    buckets = {"preflight": 0.0, "launch": _d(running - launch), "init": _d(init_done - running),
+               "kept_training": _d(training - stall - (lost or 0.0)), "checkpoint_stall": stall,
+               "lost_work": lost, "detection": _d(stopped - failed) if is_failed else 0.0,
+               "restart": 0.0}
+    # A save cut by the failure tells neither how long a save takes nor how often one is made.
+    whole = [c for c in ckpts if not is_failed or c["ended"] <= failed - KEPT_MARGIN_S]
+    f = None
+    if is_failed:
+        failure = failure or {}
+        f = {"attempt": number, "check": str(failure.get("check") or "")[:64],
+             "host": str(failure.get("host") or "")[:200], "at": failed}
+    return {"attempt": number, "launch": launch, "stopped": stopped, "live": live,
+            "buckets": buckets, "failure": f, "checkpoints": ckpts, "whole": whole,
+            "notes": notes}
+
+
+def goodput(timeline, mtbf_s=None):
+    """The train.json "goodput" object of a run's timeline (contract of issue 59):
+
+    timeline: {"started": T0 (the first play's start), "now" (for a live run), "checkpoint_dir"
+    ("" unset), "attempts": [{"attempt", "launch" L, "running" R, "init_done" I, "failed" F,
+    "stopped" S (each None when unknown), "failure": {"check", "host"} | None, "checkpoints":
+    [{"path", "began", "ended", "step", "stall", ...}], "checkpoint_warnings": [str]}]}.
+
+    Each attempt's boundaries are clipped to L <= R <= I <= F <= S (and L to the previous
+    attempt's S): a missing R or I is the next one known, a missing F is S (a clean end, unless
+    a failure is named), a missing S is the next attempt's launch, or now for the last attempt
+    of a live run. The buckets, which add up to the wall time T0 -> the last S:
+    preflight = L1 - T0; launch = R - L; init = I - R; detection = F -> S; restart = S -> the
+    next L; the training window [I, F] = kept_training + checkpoint_stall + lost_work, where
+    lost_work = F - max(I, C), C the end of the last checkpoint ended KEPT_MARGIN_S before F
+    (0 for a clean end; None when no checkpoint_dir is watched: that time stays in
+    kept_training, and "unknown" says goodput is then an upper bound), and checkpoint_stall the
+    union of the saves that stalled the ranks, clipped to [I, max(I, C)] (a stall after C is
+    lost work already). The run's buckets are its attempts' summed (the first attempt carries
+    the preflight, each attempt the restart after it).
+
+    failures: one per failed attempt, "cost_s" = its lost work (0 when unknown) + detection +
+    restart + the next attempt's launch and init. mtbf_s: the run's wall time per failure (the
+    user's own stop, run.stopped, is none), else the mtbf_s given (the runs root's). Also
+    "advice" (see advice()), "save_s" and "interval_s" (medians), "live" (the last attempt
+    still runs: the figures are so far) and "started" (T0): those two beyond the issue's object.
+    """
+    tl = timeline if isinstance(timeline, dict) else {}
+    attempts = [a for a in (tl.get("attempts") if isinstance(tl.get("attempts"), list) else [])
+                if isinstance(a, dict)]
+    now = _t(tl.get("now"))
+    watched = bool(tl.get("checkpoint_dir")) and isinstance(tl.get("checkpoint_dir"), str)
+    t0 = _t(tl.get("started"))
+    if t0 is None:
+        known = [_t(a.get("launch")) for a in attempts] + [now]
+        t0 = min([t for t in known if t is not None] or [0.0])
+    cursor, done = t0, []
+    for i, a in enumerate(attempts):
+        last = i == len(attempts) - 1
+        nxt = None if last else _t(attempts[i + 1].get("launch"))
+        done.append(_attempt(a, i, cursor, nxt, last, now, watched))
+        cursor = done[-1]["stopped"]
+    end = cursor if attempts else max(t0, now if now is not None else t0)
+    if done:
+        done[0]["buckets"]["preflight"] = _d(done[0]["launch"] - t0)
+    for prev, nxt in zip(done, done[1:], strict=False):
+        prev["buckets"]["restart"] = _d(nxt["launch"] - prev["stopped"])
+    total = {k: 0.0 for k in BUCKETS}
+    if not done:
+        total["preflight"] = _d(end - t0)
+    for d in done:
+        for k in BUCKETS:
+            total[k] = None if total[k] is None or d["buckets"][k] is None \
+                else _d(total[k] + d["buckets"][k])
+    failures = []
+    for i, d in enumerate(done):
+        if d["failure"] is None:
+            continue
+        b = d["buckets"]
+        cost = (b["lost_work"] or 0.0) + b["detection"] + b["restart"]
+        if i + 1 < len(done):
+            cost += done[i + 1]["buckets"]["launch"] + done[i + 1]["buckets"]["init"]
+        failures.append(dict(d["failure"], cost_s=_d(cost)))
+    unknown = []
+    if total["lost_work"] is None:
+        unknown.append(NO_CHECKPOINT_DIR)
+    for d in done:
+        unknown += d["notes"]
+    for a in attempts:
+        for w in a.get("checkpoint_warnings") if isinstance(a.get("checkpoint_warnings"),
+                                                            list) else []:
+            if isinstance(w, str) and w:
+                unknown.append("checkpoint watch: %s" % w[:300])
+    unknown = list(dict.fromkeys(unknown))[:UNKNOWN_MAX]
+    ckpts = [c for d in done for c in d["checkpoints"]]
+    save_s = _median([c["ended"] - c["began"] for d in done for c in d["whole"]])
+    interval_s = _median([x for d in done for x in _intervals([c["ended"] for c in d["whole"]])])
+    wall = _d(end - t0)
+    counted = [f for f in failures if f["check"] not in NOT_A_FAILURE]
+    mtbf = wall / len(counted) if counted and wall > 0 else _t(mtbf_s)
+    return {"ratio": round(total["kept_training"] / wall, 6) if wall > 0 else 0.0,
+            "wall_s": wall, "buckets": total, "unknown": unknown,
+            "attempts": [{"attempt": d["attempt"], "buckets": d["buckets"]} for d in done],
+            "checkpoints": [{k: c[k] for k in ("path", "began", "ended", "step")}
+                            for c in ckpts[-CHECKPOINTS_SHOWN:]],
+            "failures": failures, "advice": advice(save_s, interval_s, mtbf),
+            "save_s": None if save_s is None else round(save_s, 3),
+            "interval_s": None if interval_s is None else round(interval_s, 3),
+            "mtbf_s": None if mtbf is None else round(mtbf, 3),
+            "live": bool(done and done[-1]["live"]) or (not done and now is not None),
+            "started": t0}
+
+
+def duration(seconds):
+    """Seconds as people read them: 0.4 s, 40 s, 4 min 10 s, 12 min, 6 h, 6 h 20 min, 3 d 4 h."""
+    s = max(0.0, float(seconds))
+    if s < 10:
+        return "%.1f s" % s if s % 1 and s < 9.95 else "%d s" % round(s)
+    s = int(round(s))
+    if s < 600:
+        m, r = divmod(s, 60)
+        return "%d s" % r if not m else "%d min" % m + (" %d s" % r if r else "")
+    if s < 3600 - 30:
+        return "%d min" % round(s / 60)
+    m = int(round(s / 60))
+    if m < 600:
+        h, r = divmod(m, 60)
+        return "%d h" % h + (" %d min" % r if r else "")
+    h = int(round(s / 3600))
+    if h < 72:
+        return "%d h" % h
+    d, r = divmod(h, 24)
+    return "%d d" % d + (" %d h" % r if r else "")
+
+
+def loss_per_failure(interval_s, save_s, mtbf_s):
+    """What one failure costs, amortized, when the script saves every interval_s: on average
+    half an interval of training is redone (interval/2), plus the saves made between two
+    failures (save_s x mtbf_s / interval_s). Least at Young's sqrt(2 x save_s x mtbf_s), where
+    both halves are equal and the loss is that interval itself."""
+    return interval_s / 2.0 + save_s * mtbf_s / interval_s
+
+
+def advice(save_s, interval_s, mtbf_s):
+    """One sentence when the checkpoint interval that loses least (Young/Daly: sqrt(2 x save
+    time x mean time between failures)) differs from the one used by more than 2x; "" when it
+    does not or a figure is missing. E.g. "checkpoints every 2 h; with a failure every 6 h and
+    40 s saves, every 22 min loses about 40 min less per failure" (see loss_per_failure)."""
+    figures = [_t(x) for x in (save_s, interval_s, mtbf_s)]
+    if any(x is None or x <= 0 for x in figures):
+        return ""
+    save_s, interval_s, mtbf_s = figures
+    best = math.sqrt(2.0 * save_s * mtbf_s)
+    if best <= save_s or interval_s / 2.0 <= best <= interval_s * 2.0:
+        return ""
+    gain = loss_per_failure(interval_s, save_s, mtbf_s) - loss_per_failure(best, save_s, mtbf_s)
+    return ("checkpoints every %s; with a failure every %s and %s saves, every %s loses about "
+            "%s less per failure" % (duration(interval_s), duration(mtbf_s), duration(save_s),
+                                     duration(best), duration(gain)))
+
+
+def _num(value):
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) else None
+
+
+def line(g, so_far=None):
+    """The one-line summary for `torchfleet status` and the live progress: "goodput 91 % so
+    far; 1 restart cost 4 min 10 s: 2 min lost since the last checkpoint". so_far: None reads
+    the object's "live"."""
+    g = g if isinstance(g, dict) else {}
+    ratio, wall = _num(g.get("ratio")), _num(g.get("wall_s"))
+    if ratio is None or not wall or wall <= 0:
+        return "goodput: nothing measured yet"
+    buckets = g.get("buckets") if isinstance(g.get("buckets"), dict) else {}
+    lost = _num(buckets.get("lost_work"))
+    unknown = buckets.get("lost_work") is None
+    pct = min(max(ratio, 0.0), 1.0) * 100
+    pct_text = "%d %%" % (99 if 99 < pct < 100 else round(pct))
+    head = "goodput %s%s%s" % ("at most " if unknown else "", pct_text,
+                               " so far" if (g.get("live") if so_far is None else so_far) else "")
+    failures = [f for f in g.get("failures") if isinstance(f, dict)] \
+        if isinstance(g.get("failures"), list) else []
+    if not failures:
+        return head + "; no failure"
+    n_attempts = len(g.get("attempts")) if isinstance(g.get("attempts"), list) else 0
+    n = len(failures)
+    # Every failure was followed by another attempt, or the last one ended the run.
+    what = ("%d restart%s" if n < n_attempts else "%d failure%s") % (n, "" if n == 1 else "s")
+    cost = sum(_num(f.get("cost_s")) or 0.0 for f in failures)
+    tail = ("lost work unknown (no checkpoint_dir)" if unknown
+            else "%s lost since the last checkpoint" % duration(lost or 0.0))
+    return "%s; %s cost %s%s: %s" % (head, what, "at least " if unknown else "",
+                                     duration(cost), tail)
+
+
+def read_bounded(path, limit=READ_MAX):
+    """A JSON file's object, read without following a link, from a regular file of at most
+    limit bytes; None for anything else (a FIFO, a device, a huge or broken file). Also its
+    mtime."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None, None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            return None, None
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            return None, None
+        data = json.loads(b"".join(chunks).decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None, None
+    finally:
+        os.close(fd)
+    return (data if isinstance(data, dict) else None), st.st_mtime
+
+
+def _stored(g):
+    """A run's stored goodput object, checked: (wall, buckets, failures) or None when it is not
+    one goodput() wrote."""
+    wall = _num(g.get("wall_s"))
+    buckets = g.get("buckets")
+    if wall is None or not 0 <= wall < TIME_MAX or not isinstance(buckets, dict):
+        return None
+    clean = {}
+    for k in BUCKETS:
+        v = buckets.get(k)
+        if v is None and k == "lost_work":
+            clean[k] = None
+            continue
+        v = _num(v)
+        if v is None or not 0 <= v <= wall + 1e-3:
+            return None
+        clean[k] = v
+    failures = []
+    for f in g.get("failures") if isinstance(g.get("failures"), list) else []:
+        if isinstance(f, dict):
+            check = f.get("check") if isinstance(f.get("check"), str) else ""
+            failures.append({"check": check if CHECK_ID.match(check) else "unknown",
+                             "cost_s": min(max(_num(f.get("cost_s")) or 0.0, 0.0), wall)})
+    return wall, clean, failures
+
+
+def runs_goodput(runs_root, since_s=None, now=None):
+    """Goodput over the runs under runs_root (the run directories `torchfleet status` lists)
+    whose train.json has a "goodput" object, started since_s ago or later (the run's T0, else
+    its train.json's time less its wall time): kept training / wall time summed, the buckets
+    summed, failures by cause (the judge's check ids) with what each cost, the mean time
+    between failures, and the advice from them and the median of the runs' save times and
+    checkpoint intervals. A train.json that
+    cannot be read or is not torchfleet's is skipped and counted; nothing raises."""
+    now = time.time() if now is None else now
+    cutoff = None if since_s is None else now - since_s
+    out = {"runs_root": str(runs_root), "since_s": since_s, "runs": 0, "skipped": 0,
+           "without_goodput": 0, "ratio": 0.0, "wall_s": 0.0, "kept_s": 0.0,
+           "buckets": {k: 0.0 for k in BUCKETS}, "lost_work_unknown_runs": 0, "failures": 0,
+           "mtbf_s": None, "causes": [], "save_s": None, "interval_s": None, "advice": ""}
+    try:
+        entries = sorted(os.listdir(runs_root))
+    except OSError:
+        return out
+    causes, saves, intervals, counted = {}, [], [], 0
+    for name in entries:
+        run_dir = os.path.join(runs_root, name)
+        if not RUN_ID.match(name) or os.path.islink(run_dir) or not os.path.isdir(run_dir):
+            continue
+        path = os.path.join(run_dir, "train.json")
+        if not os.path.lexists(path):
+            continue
+        report, mtime = read_bounded(path)
+        if report is None:
+            out["skipped"] += 1
+            continue
+        if "goodput" not in report:
+            out["without_goodput"] += 1
+            continue
+        g = report["goodput"] if isinstance(report["goodput"], dict) else {}
+        stored = _stored(g)
+        if stored is None:
+            out["skipped"] += 1
+            continue
+        wall, buckets, failures = stored
+        started = _t(g.get("started"))
+        started = started if started is not None else (mtime or 0.0) - wall
+        if cutoff is not None and started < cutoff:
+            continue
+        out["runs"] += 1
+        out["wall_s"] += wall
+        for k in BUCKETS:
+            if buckets[k] is None:
+                out["lost_work_unknown_runs"] += 1
+            else:
+                out["buckets"][k] += buckets[k]
+        for f in failures:
+            c = causes.setdefault(f["check"], {"check": f["check"], "failures": 0, "cost_s": 0.0})
+            c["failures"] += 1
+            c["cost_s"] += f["cost_s"]
+            counted += f["check"] not in NOT_A_FAILURE
+        # Each run's own medians (goodput() left out the saves a failure cut), one vote a run.
+        for figure, into in (("save_s", saves), ("interval_s", intervals)):
+            value = _t(g.get(figure))
+            if value is not None and value > 0:
+                into.append(value)
+    out["kept_s"] = out["buckets"]["kept_training"]
+    out["ratio"] = round(out["kept_s"] / out["wall_s"], 6) if out["wall_s"] > 0 else 0.0
+    out["failures"] = sum(c["failures"] for c in causes.values())
+    out["mtbf_s"] = round(out["wall_s"] / counted, 3) if counted else None
+    out["causes"] = sorted(({"check": c["check"], "failures": c["failures"],
+                             "cost_s": round(c["cost_s"], 3),
+                             "cost_h": round(c["cost_s"] / 3600.0, 3)}
+                            for c in causes.values()), key=lambda c: (-c["cost_s"], c["check"]))
+    out["save_s"], out["interval_s"] = _median(saves), _median(intervals)
+    out["advice"] = advice(out["save_s"], out["interval_s"], out["mtbf_s"])
+    out["wall_s"], out["kept_s"] = round(out["wall_s"], 3), round(out["kept_s"], 3)
+    out["buckets"] = {k: round(v, 3) for k, v in out["buckets"].items()}
+    return out
