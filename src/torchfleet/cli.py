@@ -1,4 +1,4 @@
-"""torchfleet preflight|collective|train|attach|status|logs|stop|report|checks|variables|fabric|transport|health|collection.
+"""torchfleet preflight|collective|train|attach|status|logs|stop|report|goodput|checks|variables|fabric|transport|health|collection.
 
 Exit status: 0 ok, 1 a check or the run failed, 2 usage or internal error. --json prints the
 Result (see docs/api.md) on stdout and nothing else.
@@ -9,11 +9,14 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import re
 import sys
 
 import yaml
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import checks as registry
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import goodput
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.table import render
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import rdma
 
 from torchfleet import api, fabric_cli, health_cli, html_report, rundirs
@@ -22,6 +25,8 @@ from torchfleet.progress import Progress
 from torchfleet.results import Result
 
 OK, FAILED, ERROR = 0, 1, 2
+SINCE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)\s*$")
+UNIT_S = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def parse_var(text: str) -> tuple[str, object]:
@@ -88,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="write a self-contained HTML report of a run")
     p.add_argument("run_dir", help="a run directory (runs/<run_id>)")
     p.add_argument("-o", "--output", help="HTML file (default RUN_DIR/report.html)")
+    p = sub.add_parser("goodput", help="goodput over the runs under the runs root: the share "
+                       "of wall time that became kept training, what each failure cause cost, "
+                       "and the checkpoint interval that loses least")
+    p.add_argument("--since", help="only the runs started this long ago or later (7d, 12h, "
+                   "30m, 2w)")
+    p.add_argument("--runs-root", help="where run directories are (default ./runs)")
+    p.add_argument("--json", action="store_true", help="print it as JSON")
     p = sub.add_parser("checks", help="list every check id: what it catches, the fix it names")
     p.add_argument("--markdown", action="store_true", help="as docs/checks.md's tables")
     p = sub.add_parser("variables", help="list every public variable: type, default, meaning")
@@ -217,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         return OK
     if args.command in ("status", "logs"):
         return by_id_command(args)
+    if args.command == "goodput":
+        return goodput_command(args)
     if args.command == "attach":
         progress = Progress(sys.stderr) if not args.json else None
         try:
@@ -259,6 +273,64 @@ def finish(args: argparse.Namespace, result: Result) -> int:
     if any(c.id == "ansible.error" for c in result.checks):
         return ERROR
     return OK if result.ok else FAILED
+
+
+def parse_since(text: str) -> float:
+    """7d, 12h, 30m (or 30min), 90s, 2w: seconds; ValueError in one sentence otherwise."""
+    match = SINCE.match(text)
+    seconds = float(match.group(1)) * UNIT_S[match.group(2)] if match else 0.0
+    if not seconds:
+        raise ValueError("--since takes a positive number and a unit (s, m, h, d or w), such "
+                         "as 7d or 12h; got %r" % text)
+    return seconds
+
+
+def goodput_text(view: dict) -> str:
+    """torchfleet goodput for people: the figure, its buckets, failures by cause, advice."""
+    since = " started in the last %s" % goodput.duration(view["since_s"]) \
+        if view["since_s"] else ""
+    if not view["runs"]:
+        lines = ["no run with a goodput under %s%s" % (view["runs_root"], since)]
+    else:
+        lines = ["goodput %.1f %% over %d run%s%s: %s kept of %s" % (
+            view["ratio"] * 100, view["runs"], "" if view["runs"] == 1 else "s", since,
+            goodput.duration(view["kept_s"]), goodput.duration(view["wall_s"]))]
+        wall = view["wall_s"] or 1.0
+        rows = [(name.replace("_", " "), goodput.duration(value), "%.1f %%" % (100 * value / wall))
+                for name, value in view["buckets"].items()]
+        lines += ["", render(["bucket", "time", "share"], rows)]
+        if view["lost_work_unknown_runs"]:
+            lines.append("lost work unknown in %d run%s (no checkpoint_dir): counted as kept; "
+                         "give -e checkpoint_dir=<where the script saves>" % (
+                             view["lost_work_unknown_runs"],
+                             "" if view["lost_work_unknown_runs"] == 1 else "s"))
+        if view["failures"]:
+            every = " (one every %s)" % goodput.duration(view["mtbf_s"]) if view["mtbf_s"] else ""
+            lines += ["", "%d failure%s%s" % (view["failures"], "" if view["failures"] == 1
+                                               else "s", every),
+                      render(["cause", "failures", "cost"], [
+                          (c["check"], c["failures"], "%.2f h" % c["cost_h"])
+                          for c in view["causes"]])]
+        else:
+            lines += ["", "no failure"]
+        if view["advice"]:
+            lines += ["", view["advice"]]
+    if view["skipped"]:
+        lines.append("%d train.json skipped: unreadable, too large or not torchfleet's"
+                     % view["skipped"])
+    return "\n".join(lines)
+
+
+def goodput_command(args: argparse.Namespace) -> int:
+    try:
+        since_s = parse_since(args.since) if args.since is not None else None
+    except ValueError as exc:
+        print("torchfleet goodput: %s" % exc, file=sys.stderr)
+        return ERROR
+    # The runs root as `torchfleet status` finds it.
+    view = goodput.runs_goodput(str(api._runs_root(args.runs_root)), since_s=since_s)
+    print(json.dumps(view, indent=2) if args.json else goodput_text(view))
+    return OK
 
 
 def by_id_command(args: argparse.Namespace) -> int:

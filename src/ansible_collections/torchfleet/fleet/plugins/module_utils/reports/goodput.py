@@ -37,11 +37,19 @@ NO_CHECKPOINT_DIR = ("lost work is unknown: no checkpoint_dir, so no checkpoint 
 
 def _t(value):
     """An epoch time (or a duration) to the millisecond; None when it is not a plausible one."""
+    value = _num(value)
+    return None if value is None or not 0 <= value < TIME_MAX else round(value, 3)
+
+
+def _num(value):
+    """A finite number as a float, else None (JSON's 1e999 is inf; a bool is no number)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    if not math.isfinite(value) or not 0 <= value < TIME_MAX:
+    try:
+        value = float(value)
+    except OverflowError:   # an int of 400 digits
         return None
-    return round(float(value), 3)
+    return value if math.isfinite(value) else None
 
 
 def _d(seconds):
@@ -288,11 +296,6 @@ def advice(save_s, interval_s, mtbf_s):
     return ("checkpoints every %s; with a failure every %s and %s saves, every %s loses about "
             "%s less per failure" % (duration(interval_s), duration(mtbf_s), duration(save_s),
                                      duration(best), duration(gain)))
-
-
-def _num(value):
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value) else None
 
 
 def line(g, so_far=None):
