@@ -171,6 +171,13 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
         "Where the built-in training workload saves a checkpoint every 50 steps and resumes "
         "from when started again (storage every host sees; rank 0 writes). No checkpoint when "
         "unset."))),
+    (("checkpoint_dir", "str", ""), dict(description=(
+        "Where the run's script writes its checkpoints (a path on the hosts, usually shared "
+        "storage; the master's host watches it, read-only): each torch.save file and "
+        "torch.distributed.checkpoint directory is recorded when it completes, with when its "
+        "writing began and ended and its step, for goodput's lost work and checkpoint stalls. "
+        "train_checkpoint_dir with the built-in workload when unset; lost work is unknown "
+        "without either."))),
     (("health", "str", "basic"), dict(choices=("off", "basic", "full"), description=(
         "Node health checks in preflight: C(basic) reads every GPU's state (ECC, remapped "
         "rows, Xids, PCIe, NVLink, clocks, processes, fabric) and the host's (memlock, disk, "
@@ -269,6 +276,22 @@ STRAGGLE_BUDGET = 0.002  # (at wall-clock multiples, every rank at once), twice 
 STRAGGLE_EVAL_S = 5.0   # the master judges stragglers this often
 STRAGGLER_SAY_S = 60.0  # the controller's progress names a straggler at most this often
 PING_S = 5.0            # the master measures each host's clock offset this often (a round trip)
+# The checkpoint watch (ckptwatch.py, the master's agent, checkpoint_dir): how often it looks;
+# how long a file's size and mtime must hold still to be complete; how long a file may keep
+# growing before one warning says so; how long a look may take before one warning names the
+# directory (a hung mount: the watch runs in its own thread, the run goes on).
+CHECKPOINT_LOOK_S = 1.0
+CHECKPOINT_STILL_S = 2.0
+CHECKPOINT_GROWING_WARN_S = 600.0
+CHECKPOINT_HUNG_WARN_S = 60.0
+CHECKPOINT_SCAN_BUDGET = 0.001  # a full scan no sooner than its own CPU cost / this after the last
+CHECKPOINTS_KEPT = 256          # the record keeps the newest this many checkpoints
+# A save is a checkpoint stall unless some rank's completed collectives advanced inside
+# (began + this, ended - CHECKPOINT_STALL_TAIL_S): the ranks' watchers write their position
+# each second, so a collective completed just before the save can be seen this long into it.
+CHECKPOINT_STALL_LEAD_S = 1.5
+CHECKPOINT_STALL_TAIL_S = 0.5
+ADVANCE_GAP_S = 0.5             # the master keeps one moment of collectives advancing per this
 
 
 def master_settle_s(abort_grace_s=ABORT_GRACE_S, hang=False):

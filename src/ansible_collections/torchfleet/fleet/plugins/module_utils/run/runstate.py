@@ -29,8 +29,15 @@ collective.json), the Python API, the CLI and the HTML report read that copy:
      "events": [EVENT, ...], "stragglers": [STRAGGLER, ...],
      "straggle": {"watched", "signal": "durations" | "calls" | "", "collectives", "window_s",
                   "untimed": [host whose NCCL collectives are not timed, ...]},
+     "checkpoints": [CHECKPOINT, ...] (oldest first, the newest defaults.CHECKPOINTS_KEPT),
+     "checkpoint_watch": {"dir": checkpoint_dir ("" unset), "warnings": [sentence, ...] (<= 8)},
+     "timeline": {"running": every host's ranks running (the latest host's ranks_at),
+                  "init_done": the first collective completed on every rank (the latest
+                  rank's first collective), "failed": the first failure's own time (started +
+                  its at_s), "stopped": every host's torchrun ended or judged lost (the latest
+                  such moment; None while any host runs)} (each None until known),
      "hosts": [{"host", "node_rank", "ranks": [first, last], "state", "rc", "alive",
-                "progress_ts", "ranks_at", "last_line", "last_seen", "pid", "elapsed_s",
+                "progress_ts", "ranks_at", "ended", "last_line", "last_seen", "pid", "elapsed_s",
                 "watch": {"kmsg", "kmsg_error", "gpu", "gpu_error", "watch_error", "dropped"},
                 "events": count,
                 "dropped": warnings the master did not keep, "fatal_more": fatal events past
@@ -42,6 +49,9 @@ collective.json), the Python API, the CLI and the HTML report read that copy:
     EVENT = {"host", "source", "kind", "code", "gpu", "pci_bus", "rank", "pid", "fatal",
              "what", "line", "at", "age_err_s" (it happened between at - age_err_s and at),
              "count" (how many times it was seen)}
+    CHECKPOINT = {"path" (relative to checkpoint_dir), "began", "ended", "step" (from its name,
+                  or None), "kind": "file" | "dcp" | "dir", "bytes", "stall": no rank's
+                  collective completed while it was written (stall())}
     STRAGGLER = {"host", "ranks", "share_last", "late_ms_median", "late_ms_mean",
                  "interval_ms", "first_seen", "last_seen", "active"} (times on the master's
                  clock; active: named at the last judgement)
@@ -64,11 +74,16 @@ the finding of flight.finding() (`collective`): the collective where the ranks d
 ranks that never joined it or called another; a rank that died waiting in a collective that
 another rank never joined is a consequence of that.
 
+Checkpoints are seen from outside (ckptwatch.py, in the master's agent, dated on this clock);
+whether each was a stall is judged here from when the ranks' collectives advanced (the
+timeline and the checkpoints are what goodput is computed from: reports/goodput.py).
+
 Only the standard library, defaults.py, exits.py, flight.py and straggle.py: it runs inside the agent on every host, and in
 the watch's look.
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import re
@@ -144,6 +159,11 @@ FATAL_PER_MESSAGE = 64
 AGE_MAX_S = 3600.0
 AGE_ERR_MAX_S = 600.0  # the widest sampling uncertainty believed (hwwatch's own bound)
 COUNT_MAX = 1 << 31
+# Goodput's inputs: the checkpoints' bounds (the record keeps defaults.CHECKPOINTS_KEPT) and
+# the moments collectives advanced the master keeps to judge their stalls.
+CKPT_KINDS = ("file", "dcp", "dir")
+CKPT_PATH_MAX, CKPT_WARNINGS_MAX, DIR_MAX = 200, 8, 1000
+ADVANCES_KEPT = 2048
 _PCI = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 
@@ -283,8 +303,8 @@ def message(body):
         return {"t": BEAT, "alive": max(0, _int(body.get("alive")) or 0),
                 "idle_s": _number(body.get("idle_s")), "pid": _int(body.get("pid")),
                 "last_line": _text(body.get("last_line"), LINE_MAX), "coll": body.get("coll"),
-                "steady": body.get("steady"), "hw": hw, "hw_dropped": hw_dropped,
-                "hw_fatal_more": hw_fatal_more,
+                "steady": body.get("steady"), "first": body.get("first"), "hw": hw,
+                "hw_dropped": hw_dropped, "hw_fatal_more": hw_fatal_more,
                 "watch": watch_status(body.get("watch")) if "watch" in body else None,
                 "fr": body.get("fr"), "fr_untimed": body.get("fr_untimed") is True}
     if kind == PONG:
@@ -309,8 +329,10 @@ def message(body):
         return {"t": EXIT, "rc": _int(body.get("rc")), "stopped": body.get("stopped") is True,
                 "consequence": body.get("consequence") is True, "root_cause": cause,
                 "age_s": max(0.0, _number(body.get("age_s"), 0.0)),
+                "ended_s": _bounded(body.get("ended_s"), 0.0, AGE_MAX_S, 0.0),
                 "last_line": _text(body.get("last_line"), LINE_MAX), "coll": body.get("coll"),
-                "steady": body.get("steady"), "hw": hw, "hw_dropped": hw_dropped,
+                "steady": body.get("steady"), "first": body.get("first"), "hw": hw,
+                "hw_dropped": hw_dropped,
                 "hw_fatal_more": hw_fatal_more,
                 "watch": watch_status(body.get("watch")) if "watch" in body else None}
     if kind == NOT_STARTED_MSG:
@@ -465,9 +487,14 @@ def master_lost(record, master, detail):
     state.failure = min(state.failures, key=_judged) if state.failures else None
     state.phase, state.refused = record["phase"], dict((record.get("channel") or {}).get(
         "refused") or {})
+    state.checkpoints = [dict(c) for c in record.get("checkpoints") or [] if isinstance(c, dict)]
+    watch = record.get("checkpoint_watch") or {}
+    state.checkpoint_watch = {"dir": _text(watch.get("dir"), DIR_MAX),
+                              "warnings": list(watch.get("warnings") or [])}
+    state.init_done = _number((record.get("timeline") or {}).get("init_done"))
     at = record.get("updated") or record["started"]
     if master in state.hosts and state.hosts[master]["state"] not in DONE:
-        state.hosts[master]["state"] = HOST_LOST
+        state.hosts[master]["state"], state.hosts[master]["ended"] = HOST_LOST, at
         state.fail(master, LOST, at, detail, at=at)
     state.final = True
     out = state.record()
@@ -497,7 +524,8 @@ class RunState:
                  job_timeout_s=defaults.default("job_timeout_s"),
                  straggler_window_s=defaults.default("straggler_window_s"),
                  straggler_threshold=defaults.default("straggler_threshold"),
-                 straggler_action=defaults.default("straggler_action"), recording=True):
+                 straggler_action=defaults.default("straggler_action"), recording=True,
+                 checkpoint_dir=""):
         self.run_id, self.nproc = run_id, int(nproc_per_node)
         self.started = time.time() if now is None else now
         self.updated = self.started
@@ -509,7 +537,7 @@ class RunState:
         self.hosts = {h: {"host": h, "node_rank": i,
                           "ranks": [i * self.nproc, i * self.nproc + self.nproc - 1],
                           "state": PENDING, "rc": None, "alive": 0, "progress_ts": None,
-                          "ranks_at": None,
+                          "ranks_at": None, "ended": None,
                           "last_line": "", "last_seen": None, "pid": None, "elapsed_s": None,
                           "coll": {}, "coll_ts": None, "coll_since": {}, "watch": None,
                           "events": 0, "dropped": 0, "fatal_more": 0}
@@ -525,6 +553,12 @@ class RunState:
         self.straggle = straggle.Judge({h: tuple(r["ranks"]) for h, r in self.hosts.items()},
                                        straggler_window_s, straggler_threshold, recording)
         self.straggler_action = straggler_action
+        # Goodput's timeline: each rank's first collective (rank -> when, this clock), the
+        # moment every rank had one; the moments some rank's completed collectives advanced
+        # (sorted, one per ADVANCE_GAP_S, the newest ADVANCES_KEPT); the checkpoints seen.
+        self.firsts, self.init_done, self.advances = {}, None, []
+        self.checkpoints = []
+        self.checkpoint_watch = {"dir": _text(checkpoint_dir, DIR_MAX), "warnings": []}
 
     # -- what the agents report -------------------------------------------------------------
 
@@ -536,7 +570,7 @@ class RunState:
             return None
         made = None
         if msg["t"] in (BEAT, EXIT):
-            self.positions_of(host, now, msg["coll"], msg["steady"])
+            self.positions_of(host, now, msg["coll"], msg["steady"], msg["first"])
             if msg["watch"] is not None and self.hosts[host]["state"] not in DONE:
                 self.hosts[host]["watch"] = msg["watch"]
             made = self.hardware(host, now, msg["hw"], msg["hw_dropped"], msg["hw_fatal_more"])
@@ -554,7 +588,8 @@ class RunState:
         if msg["t"] == EXIT:
             return self.exited(host, now, msg["rc"], stopped=msg["stopped"],
                                root_cause=msg["root_cause"], last_line=msg["last_line"],
-                               consequence=msg["consequence"], age_s=msg["age_s"]) or made
+                               consequence=msg["consequence"], age_s=msg["age_s"],
+                               ended_s=msg["ended_s"]) or made
         if msg["t"] == DIED:
             return self.rank_died(host, now, msg["root_cause"], msg["consequence"], msg["age_s"])
         if msg["t"] == NOT_STARTED_MSG:
@@ -562,21 +597,29 @@ class RunState:
         self.closed_at.pop(host, None)  # hello: the host is (back) on the channel
         return None
 
-    def positions_of(self, host, now, coll, steady=None):
+    def positions_of(self, host, now, coll, steady=None, first=None):
         """Where a host's ranks are in their collectives (checked: only its own ranks); the
         time any of them advanced, on the master's clock; since when each position held still
-        (a dead rank's: long ago if it held still STEADY_S before it died, else never)."""
+        (a dead rank's: long ago if it held still STEADY_S before it died, else never); when
+        each rank's first collective was called (first: {rank: age_s}, on its host's clock)
+        and when a rank's completed collectives advanced (stall())."""
         rec = self.hosts.get(host)
-        if rec is None or rec["state"] in DONE or not coll:
+        if rec is None or rec["state"] in DONE:
             return
-        first, last = rec["ranks"]
-        coll = flight.clean(coll, range(first, last + 1))
+        first_rank, last = rec["ranks"]
+        self._firsts(now, first, range(first_rank, last + 1))
+        coll = flight.clean(coll, range(first_rank, last + 1)) if coll else {}
         if not coll:
             return
-        for rank, (steady_s, alive) in flight.clean_steady(steady, range(first,
+        for rank, (steady_s, alive) in flight.clean_steady(steady, range(first_rank,
                                                                          last + 1)).items():
             rec["coll_since"][rank] = now - steady_s if alive else (
                 self.started - 1e6 if steady_s >= flight.STEADY_S else None)
+        for rank, groups in coll.items():
+            before = rec["coll"].get(rank) or {}
+            if any(v[1] > (before.get(g) or [0, 0])[1] for g, v in groups.items()):
+                since = rec["coll_since"].get(rank)
+                self._advanced(since if since is not None and since > self.started else now)
         seqs = {r: {g: v[0] for g, v in groups.items()} for r, groups in coll.items()}
         if seqs != {r: {g: v[0] for g, v in groups.items()}
                     for r, groups in rec["coll"].items()} or rec["coll_ts"] is None:
@@ -629,15 +672,17 @@ class RunState:
         return None
 
     def exited(self, host, now, rc, stopped=False, root_cause=None, last_line="",
-               consequence=False, age_s=0.0):
-        """A host's torchrun ended: rc 0, a failure, or stopped by its agent after the run
-        failed elsewhere. Returns the failure it made the run's first, if it did."""
+               consequence=False, age_s=0.0, ended_s=0.0):
+        """A host's torchrun ended (ended_s ago, on its host's clock): rc 0, a failure, or
+        stopped by its agent after the run failed elsewhere. Returns the failure it made the
+        run's first, if it did."""
         rec = self.hosts.get(host)
         if rec is None or rec["state"] in DONE:
             return None
         self.closed_at.pop(host, None)
         rec.update(state=STOPPED if stopped else EXITED, rc=rc, alive=0, last_seen=now,
-                   elapsed_s=round(now - self.started, 3))
+                   elapsed_s=round(now - self.started, 3),
+                   ended=round(max(self.started, now - ended_s), 3))
         if last_line:
             rec["last_line"] = last_line[-LINE_MAX:]
         self.updated = now
@@ -782,7 +827,7 @@ class RunState:
         rec = self.hosts.get(host)
         if rec is None or rec["state"] in DONE:
             return None
-        rec.update(state=EXITED, last_seen=now, last_line=detail[-LINE_MAX:])
+        rec.update(state=EXITED, last_seen=now, last_line=detail[-LINE_MAX:], ended=now)
         return self.fail(host, NOT_STARTED, now, detail)
 
     def closed(self, host, now):
@@ -802,6 +847,7 @@ class RunState:
         until then the run is bounded by start_bound_s since its start instead (the lease
         counts from the controller's first look, so a slow start in many fork batches is not
         taken for a lost controller)."""
+        self._judge_stalls(now)
         if self.final:
             return None
         made = []  # every host this tick fails is recorded, not only the first
@@ -813,20 +859,20 @@ class RunState:
         for rec in self.hosts.values():
             host = rec["host"]
             if rec["state"] == PENDING and elapsed > self.join_timeout_s and was_running:
-                rec["state"] = EXITED
+                rec["state"], rec["ended"] = EXITED, now
                 made.append(self.fail(
                     host, NOT_STARTED, now, "its agent never reached the master's control "
                     "port within join_timeout_s=%.0f" % self.join_timeout_s))
             elif rec["state"] == STARTED and host in self.closed_at \
                     and now - self.closed_at[host] > defaults.CLOSED_LOST_S:
-                rec["state"] = HOST_LOST
+                rec["state"], rec["ended"] = HOST_LOST, now
                 made.append(self.fail(
                     host, LOST, now, "its agent's connection to the master closed without an "
                     "exit report and did not come back in %.0f s: the agent was killed or the "
                     "host went down" % defaults.CLOSED_LOST_S, at=self.closed_at.pop(host)))
             elif rec["state"] == STARTED and silence_counts \
                     and now - rec["last_seen"] > self.lost_after_s:
-                rec["state"] = HOST_LOST
+                rec["state"], rec["ended"] = HOST_LOST, now
                 silent_s = now - rec["last_seen"]
                 made.append(self.fail(
                     host, LOST, now, "no heartbeat for %.0f s (lost_after_s=%.0f): network "
@@ -981,7 +1027,107 @@ class RunState:
                 "nproc_per_node": self.nproc, "failure": self.failure,
                 "failures": self.failures, "channel": {"refused": dict(self.refused)},
                 "events": self.events, "hosts": [self.hosts[h] for h in self.order],
-                "stragglers": stragglers, "straggle": watch}
+                "stragglers": stragglers, "straggle": watch,
+                "checkpoints": [c if c["stall"] is not None else dict(c, stall=self.stall(c))
+                                for c in self.checkpoints],
+                "checkpoint_watch": {"dir": self.checkpoint_watch["dir"],
+                                     "warnings": list(self.checkpoint_watch["warnings"])},
+                "timeline": self.timeline()}
+
+    # -- goodput's timeline and checkpoints ---------------------------------------------------
+
+    def timeline(self):
+        """The run's moments on this clock, each None until known (the record's "timeline")."""
+        hosts = list(self.hosts.values())
+        up = [r.get("ranks_at") for r in hosts]
+        ended = [r["ended"] for r in hosts if _number(r.get("ended")) is not None]
+        # Every host's torchrun ended or judged lost (a host never heard from, once the run
+        # failed, is done without an end of its own).
+        done = all(r["state"] in DONE or r["state"] == PENDING and self.phase != RUNNING
+                   for r in hosts)
+        return {"running": max(up) if up and None not in up else None,
+                "init_done": self.init_done,
+                "failed": None if self.failure is None else round(
+                    self.started + self.failure["at_s"], 3),
+                "stopped": (max(ended) if ended else self.updated) if done else None}
+
+    def _firsts(self, now, first, ranks):
+        """A beat's {rank: age_s} of each rank's first collective (the watcher's "first"):
+        dated once per rank on this clock; init_done once every rank of the run has one."""
+        if not isinstance(first, dict) or self.init_done is not None:
+            return
+        for key, age in list(first.items())[:len(ranks)]:
+            rank = flight.rank_key(key, ranks)
+            age = _number(age)
+            if rank is None or rank in self.firsts or age is None or not 0 <= age < 1e7:
+                continue
+            self.firsts[rank] = round(max(self.started, now - age), 3)
+        if len(self.firsts) >= len(self.order) * self.nproc:
+            self.init_done = max(self.firsts.values())
+
+    def _advanced(self, at):
+        """Some rank's completed collectives advanced at `at`: kept, one moment per
+        ADVANCE_GAP_S, the newest ADVANCES_KEPT."""
+        i = bisect.bisect_left(self.advances, at)
+        if any(abs(x - at) < defaults.ADVANCE_GAP_S for x in self.advances[max(0, i - 1):i + 1]):
+            return
+        self.advances.insert(i, at)
+        if len(self.advances) > ADVANCES_KEPT:
+            del self.advances[0]
+
+    def stall(self, c):
+        """Whether a checkpoint was a stall: no rank's collective completed while it was
+        written (none advanced inside (began + CHECKPOINT_STALL_LEAD_S, ended -
+        CHECKPOINT_STALL_TAIL_S); a save of 2 s or less is one). Without any rank's position
+        (flight_recorder=0) no collective is seen to complete: a stall, as a synchronous save
+        in the training loop is."""
+        low = c["began"] + defaults.CHECKPOINT_STALL_LEAD_S
+        high = c["ended"] - defaults.CHECKPOINT_STALL_TAIL_S
+        i = bisect.bisect_right(self.advances, low)
+        return not (i < len(self.advances) and self.advances[i] < high)
+
+    def _judge_stalls(self, now):
+        """Each checkpoint's stall, judged once every beat that could show a collective of its
+        window has come (two beats after its end), then kept."""
+        for c in self.checkpoints:
+            if c["stall"] is None and now >= c["ended"] + 2 * defaults.BEAT_S:
+                c["stall"] = self.stall(c)
+
+    def checkpoint_seen(self, now, ckpt):
+        """A checkpoint the master's watch saw complete (ckptwatch.py), dated on this clock:
+        checked and bounded, kept oldest first (the newest CHECKPOINTS_KEPT); returns it, or
+        None. Nothing is added once the record is final."""
+        if self.final or not isinstance(ckpt, dict):
+            return None
+        began, ended = _number(ckpt.get("began")), _number(ckpt.get("ended"))
+        path = ckpt.get("path")
+        if began is None or ended is None or not isinstance(path, str) or not path \
+                or math.isnan(began) or math.isnan(ended):
+            return None
+        ended = min(ended, now)
+        entry = {"path": path[:CKPT_PATH_MAX], "began": round(min(began, ended), 3),
+                 "ended": round(ended, 3), "step": _int(ckpt.get("step")),
+                 "kind": ckpt.get("kind") if ckpt.get("kind") in CKPT_KINDS else "file",
+                 "bytes": max(0, _int(ckpt.get("bytes")) or 0), "stall": None}
+        if any(c["path"] == entry["path"] and c["ended"] == entry["ended"]
+               for c in self.checkpoints):
+            return None
+        i = len(self.checkpoints)
+        while i and self.checkpoints[i - 1]["ended"] > entry["ended"]:
+            i -= 1
+        self.checkpoints.insert(i, entry)
+        del self.checkpoints[:-defaults.CHECKPOINTS_KEPT]
+        self.updated = max(self.updated, now)
+        return entry
+
+    def checkpoint_warning(self, text):
+        """A sentence of the checkpoint watch (a directory missing, unreadable, huge, a file
+        that never stops growing): kept once, the first CKPT_WARNINGS_MAX."""
+        text = text[:LINE_MAX] if isinstance(text, str) else ""
+        warnings = self.checkpoint_watch["warnings"]
+        if text and not self.final and text not in warnings and \
+                len(warnings) < CKPT_WARNINGS_MAX:
+            warnings.append(text)
 
 
 def summary(record, now):

@@ -1,0 +1,204 @@
+"""The record's timeline and checkpoints (what goodput is computed from: reports/goodput.py),
+fed the way the master's agent feeds them: beats carrying each rank's position and its first
+collective's age, exits carrying how long ago torchrun ended, checkpoints the master's watch
+saw. Times are given explicitly, on the master's clock."""
+from __future__ import annotations
+
+import json
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import runstate
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import RunState
+
+HOSTS = ["node0", "node1"]
+
+
+def state(hosts=HOSTS, nproc=2, **kw):
+    return RunState("r1", hosts, nproc, now=1000.0, lost_after_s=30, **kw)
+
+
+def beat(s, host, now, done=None, steady_s=0.0, first=None, alive=2):
+    """A host's beat: its two ranks at completed collective `done` (position written
+    steady_s ago), `first`: {rank: age_s} of their first collective."""
+    lo = s.hosts[host]["ranks"][0]
+    body = {"t": runstate.BEAT, "alive": alive, "idle_s": 0.0, "pid": 1}
+    if done is not None:
+        body["coll"] = {str(r): {"0": [done, done, "gloo:all_reduce", "", ""]}
+                        for r in (lo, lo + 1)}
+        body["steady"] = {str(r): [steady_s, True] for r in (lo, lo + 1)}
+    if first is not None:
+        body["first"] = first
+    return s.report(host, now, body)
+
+
+def ckpt(began, ended, path="step_100.pt", **kw):
+    return dict({"path": path, "began": began, "ended": ended, "step": 100, "kind": "file",
+                 "bytes": 10}, **kw)
+
+
+def test_the_timeline_of_a_run_that_succeeded():
+    s = state()
+    assert s.record()["timeline"] == {"running": None, "init_done": None, "failed": None,
+                                      "stopped": None}
+    beat(s, "node0", 1003.0)
+    beat(s, "node1", 1005.0)  # the latest host's ranks up
+    # Each rank's first collective, as an age on its own host's clock: dated when heard.
+    beat(s, "node0", 1008.0, done=1, first={"0": 2.0, "1": 1.5})
+    assert s.record()["timeline"]["init_done"] is None  # (node1's ranks not yet)
+    beat(s, "node1", 1009.0, done=1, first={"2": 2.5, "3": 2.0})
+    beat(s, "node1", 1010.0, done=2, first={"2": 0.0, "3": 0.0})  # dated once
+    s.report("node0", 1100.0, {"t": runstate.EXIT, "rc": 0, "ended_s": 0.5})
+    assert s.record()["timeline"]["stopped"] is None  # node1 still runs
+    s.report("node1", 1102.0, {"t": runstate.EXIT, "rc": 0, "ended_s": 1.0})
+    rec = s.record()
+    assert rec["timeline"] == {"running": 1005.0, "init_done": 1007.0, "failed": None,
+                               "stopped": 1101.0}
+    assert [h["ended"] for h in rec["hosts"]] == [1099.5, 1101.0]
+
+
+def test_a_failures_own_time_and_a_lost_hosts_end_is_when_it_was_judged():
+    s = state()
+    beat(s, "node0", 1001.0)
+    beat(s, "node1", 1001.0)
+    for t in range(1002, 1040):
+        beat(s, "node0", float(t))
+    assert s.tick(1032.5) is not None  # node1 silent since 1001: lost, dated 1001
+    assert s.record()["timeline"]["failed"] == 1001.0
+    assert s.record()["timeline"]["stopped"] is None  # node0's torchrun still runs
+    s.report("node0", 1040.0, {"t": runstate.EXIT, "rc": -15, "stopped": True, "ended_s": 2.0})
+    rec = s.record()
+    assert [h["ended"] for h in rec["hosts"]] == [1038.0, 1032.5]
+    assert rec["timeline"]["stopped"] == 1038.0
+
+
+def test_init_done_waits_for_every_rank_and_takes_only_a_hosts_own_ranks():
+    s = state()
+    beat(s, "node0", 1010.0, done=1, first={"0": 1.0, "1": 1.0, "2": 0.0, "3": 0.0})
+    assert s.firsts == {0: 1009.0, 1: 1009.0}
+    beat(s, "node1", 1011.0, done=1, first={"2": "x", "3": -1, "7": 1.0})
+    assert s.record()["timeline"]["init_done"] is None
+    beat(s, "node1", 1012.0, done=1, first={"2": 0.5, "3": 1.0})
+    assert s.record()["timeline"]["init_done"] == 1011.5
+
+
+def advancing(s, t0, t1, every=1.0):
+    """Both hosts' ranks complete a collective each `every` s from t0 to t1, each beat
+    heard 0.3 s after the position was written."""
+    done, t = 1, t0
+    while t <= t1:
+        for h in HOSTS:
+            beat(s, h, t + 0.3, done=done, steady_s=0.3)
+        done, t = done + 1, t + every
+
+
+def test_a_save_during_which_no_collective_completed_is_a_stall_one_with_training_is_not():
+    s = state()
+    advancing(s, 1010.0, 1020.0)
+    # Rank 0 saves for 10 s; every rank waits for it: nothing completes.
+    advancing(s, 1030.0, 1040.0)
+    # An asynchronous save: training goes on while it is written.
+    s.checkpoint_seen(1031.0, ckpt(1020.5, 1030.0, path="a.pt"))
+    s.checkpoint_seen(1041.0, ckpt(1031.0, 1039.0, path="b.pt"))
+    # A collective completed just before the save is seen up to a second into it: not
+    # training during the save.
+    s.checkpoint_seen(1041.0, ckpt(1019.6, 1025.0, path="c.pt"))
+    # A save of 2 s or less: a stall, however the collectives went.
+    s.checkpoint_seen(1041.0, ckpt(1033.0, 1035.0, path="d.pt"))
+    got = {c["path"]: c["stall"] for c in s.record()["checkpoints"]}
+    assert got == {"a.pt": True, "b.pt": False, "c.pt": True, "d.pt": True}
+
+
+def test_a_stall_is_judged_once_its_beats_are_in_then_kept():
+    s = state()
+    advancing(s, 1000.0, 1005.0)
+    s.checkpoint_seen(1020.0, ckpt(1006.0, 1019.0))
+    assert s.checkpoints[0]["stall"] is None and s.record()["checkpoints"][0]["stall"] is True
+    s.tick(1022.0)
+    assert s.checkpoints[0]["stall"] is True
+    # Far later, however many moments came since, the judgement stays.
+    advancing(s, 1030.0, 1030.0 + runstate.ADVANCES_KEPT, every=1.0)
+    assert len(s.advances) == runstate.ADVANCES_KEPT
+    assert s.record()["checkpoints"][0]["stall"] is True
+
+
+def test_advances_are_kept_one_per_half_second_and_sorted():
+    s = state()
+    for t in (1010.0, 1010.2, 1010.4, 1009.9, 1011.0, 1010.6):
+        s._advanced(t)
+    assert s.advances == [1010.0, 1011.0]
+    s._advanced(1010.5)
+    assert s.advances == [1010.0, 1010.5, 1011.0]
+
+
+def test_checkpoints_are_kept_oldest_first_bounded_and_none_after_the_record_is_final():
+    s = state()
+    n = defaults.CHECKPOINTS_KEPT + 10
+    for i in range(n):
+        assert s.checkpoint_seen(5000.0, ckpt(1000.0 + i, 1001.0 + i, path="s_%d" % i,
+                                              step=i)) is not None
+    s.checkpoint_seen(5000.0, ckpt(999.0 + n, 999.5 + n, path="late"))  # ended before the last
+    s.checkpoint_seen(5000.0, ckpt(1000.0, 1001.0 + n - 1, path="s_%d" % (n - 1)))  # a repeat
+    cps = s.record()["checkpoints"]
+    assert len(cps) == defaults.CHECKPOINTS_KEPT
+    assert [c["ended"] for c in cps] == sorted(c["ended"] for c in cps)
+    assert cps[-2]["path"] == "late" and cps[-1]["path"] == "s_%d" % (n - 1)
+    assert set(cps[0]) == {"path", "began", "ended", "step", "kind", "bytes", "stall"}
+    s.final = True
+    assert s.checkpoint_seen(6000.0, ckpt(5000.0, 5001.0, path="after")) is None
+    s.checkpoint_warning("too late")
+    assert s.record()["checkpoints"][-1]["path"] == "s_%d" % (n - 1)
+    assert s.record()["checkpoint_watch"]["warnings"] == []
+
+
+def test_a_hostile_checkpoint_or_warning_is_bounded_or_dropped():
+    s = state(checkpoint_dir="/ckpt")
+    for bad in (None, [], {"path": "x"}, {"path": "", "began": 1, "ended": 2},
+                {"path": "x", "began": float("nan"), "ended": 2.0},
+                {"path": 3, "began": 1, "ended": 2}):
+        assert s.checkpoint_seen(1010.0, bad) is None
+    c = s.checkpoint_seen(1010.0, {"path": "p" * 1000, "began": 1009.5, "ended": 2000.0,
+                                   "step": True, "kind": "evil", "bytes": -4})
+    assert (len(c["path"]), c["began"], c["ended"], c["step"], c["kind"], c["bytes"]) == (
+        runstate.CKPT_PATH_MAX, 1009.5, 1010.0, None, "file", 0)
+    for i in range(20):
+        s.checkpoint_warning("w%d " % (i % 10) + "x" * 5000)
+    w = s.record()["checkpoint_watch"]
+    assert w["dir"] == "/ckpt" and len(w["warnings"]) == runstate.CKPT_WARNINGS_MAX
+    assert all(len(x) <= runstate.LINE_MAX for x in w["warnings"])
+    assert len(set(w["warnings"])) == len(w["warnings"])
+
+
+def test_the_record_stays_bounded_at_512_hosts_of_8_ranks():
+    hosts = ["n%03d" % i for i in range(512)]
+    s = state(hosts=hosts, nproc=8)
+    for i, h in enumerate(hosts):
+        lo = 8 * i
+        s.report(h, 1010.0, {"t": runstate.BEAT, "alive": 8, "idle_s": 0.0, "pid": 1,
+                             "first": {str(r): 1.0 for r in range(lo, lo + 8)},
+                             "coll": {str(r): {"0": [1, 1, "", "", ""]} for r in range(lo, lo + 8)},
+                             "steady": {str(r): [0.0, True] for r in range(lo, lo + 8)}})
+    for i in range(1000):
+        s.checkpoint_seen(2000.0, ckpt(1000.0 + i, 1000.5 + i, path="c%d" % i))
+        s.checkpoint_warning("w%d" % i)
+    s.report(hosts[0], 1011.0, {"t": runstate.BEAT, "alive": 8, "idle_s": 0.0, "pid": 1,
+                                "first": {str(r): 0.0 for r in range(5000)}})  # hostile
+    rec = s.record()
+    assert rec["timeline"]["init_done"] == 1009.0
+    assert len(s.firsts) == 4096
+    assert len(rec["checkpoints"]) == defaults.CHECKPOINTS_KEPT
+    extra = {k: rec[k] for k in ("checkpoints", "checkpoint_watch", "timeline")}
+    assert len(json.dumps(extra)) < 64 << 10
+
+
+def test_a_lost_master_keeps_the_checkpoints_and_the_timeline():
+    s = state(checkpoint_dir="/ckpt")
+    beat(s, "node0", 1001.0, done=1, first={"0": 0.5, "1": 0.5})
+    beat(s, "node1", 1001.0, done=1, first={"2": 0.5, "3": 0.5})
+    s.checkpoint_seen(1050.0, ckpt(1040.0, 1049.0))
+    s.checkpoint_warning("a warning")
+    rec = json.loads(json.dumps(s.record()))
+    lost = runstate.master_lost(rec, "node0", "its agent died")
+    assert lost["checkpoints"] == rec["checkpoints"]
+    assert lost["checkpoint_watch"] == {"dir": "/ckpt", "warnings": ["a warning"]}
+    assert lost["timeline"]["init_done"] == 1000.5
+    assert lost["hosts"][0]["ended"] == rec["updated"]
