@@ -195,6 +195,7 @@ def test_a_failure_during_init_loses_no_training():
     assert b0["detection"] == 5 and b0["restart"] == 15
     assert g["failures"][0]["cost_s"] == 5 + 15 + 10 + 10
     assert any("attempt 0: no collective" in u for u in g["unknown"])
+    assert line(g).endswith("; 1 restart cost 40 s: no training lost")
     assert adds_up(g)
 
 

@@ -323,7 +323,8 @@ def line(g, so_far=None):
     what = ("%d restart%s" if n < n_attempts else "%d failure%s") % (n, "" if n == 1 else "s")
     cost = sum(_num(f.get("cost_s")) or 0.0 for f in failures)
     tail = ("lost work unknown (no checkpoint_dir)" if unknown
-            else "%s lost since the last checkpoint" % duration(lost or 0.0))
+            else "%s lost since the last checkpoint" % duration(lost) if lost
+            else "no training lost")
     return "%s; %s cost %s%s: %s" % (head, what, "at least " if unknown else "",
                                      duration(cost), tail)
 
