@@ -439,3 +439,48 @@ def test_a_hang_in_one_of_two_tensor_parallel_groups_names_the_rank_that_never_j
     assert flight.culprits(f) == [0] and (f["group"], f["seq"]) == ("1", 12)
     assert flight.text(f).startswith("collective #12 (all_reduce, 4.0 KiB, group 1): "
                                      "cqnode0 rank 0 never joined")
+
+
+def test_the_watcher_dates_a_ranks_first_collective_from_a_recorded_gloo_dump():
+    """Goodput's init ends when every rank's first collective completed: with gloo, the first
+    one runs in its caller and completes when the last rank calls it, so each rank's own call
+    time (the earliest entry's time_created_ns; gloo's entries say 0 for when each
+    completed), the latest over the ranks, is that moment."""
+    namespace = {}
+    env = {k: os.environ.pop(k) for k in ("TORCHELASTIC_ERROR_FILE", "RANK", flight.ENV_TRIGGER)
+           if k in os.environ}
+    try:
+        exec(compile(flight.WATCHER, "sitecustomize.py", "exec"), namespace)
+    finally:
+        os.environ.update(env)
+    first = namespace["_torchfleet_first"]
+    dump = json.loads((FLIGHT / "gloo_2.13_rank1_late_rank0.json").read_text())
+    assert all(e["time_discovered_completed_ns"] == 0 for e in dump["entries"])
+    want = min(e["time_created_ns"] for e in dump["entries"]) / 1e9
+    assert first([("_dump_fr_trace", dump)]) == want == 1795770013.989346261
+    # The entries in any order, a p2p entry and an entry without a time change nothing.
+    dump["entries"] = dump["entries"][::-1] + [
+        {"is_p2p": True, "time_created_ns": 1}, {"time_created_ns": 0}]
+    assert first([("_dump_fr_trace", dump)]) == want
+    assert first([("_dump_fr_trace", {"entries": []})]) is None
+
+
+def test_positions_pass_each_ranks_first_collective_as_an_age_on_the_hosts_clock(tmp_path):
+    dirs = {}
+    for lr, first in enumerate((990.25, "x", -5.0, 2000.0, True)):
+        d = tmp_path / str(lr)
+        d.mkdir()
+        (d / flight.POSITION).write_text(json.dumps({"rank": lr, "pid": os.getpid(),
+                                                     "pgs": RECORDED["0"], "first": first}))
+        dirs[lr] = str(d)
+    firsts = {}
+    coll, _steady = flight.positions(dirs, {}, procs.alive, now=1000.0, firsts=firsts)
+    assert sorted(coll) == ["0", "1", "2", "3", "4"]  # (a bad "first" spoils no position)
+    assert firsts == {"0": 9.75}
+    # The master dates it on its own clock, once a rank, and init is done once every rank
+    # of the run has one.
+    s = runstate.RunState("r", ["a"], 2, now=5000.0)
+    s.report("a", 5010.0, {"t": runstate.BEAT, "alive": 2, "coll": coll, "first": firsts})
+    assert s.record()["timeline"]["init_done"] is None
+    s.report("a", 5011.0, {"t": runstate.BEAT, "alive": 2, "first": {"1": 0.5, "0": 0.0}})
+    assert s.record()["timeline"]["init_done"] == 5010.5 and s.firsts[0] == 5000.25

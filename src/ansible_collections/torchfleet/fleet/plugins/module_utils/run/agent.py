@@ -249,7 +249,11 @@ def local_status(run_dir, pid, now=None, first_dead=None):
               "idle_s": None if newest is None else max(0.0, round(now - newest, 3)),
               "last_line": last[-runstate.LINE_MAX:], "pid": pid}
     if first_dead is not None:
-        status["coll"], status["steady"] = flight.positions(dirs, first_dead, procs.alive, now)
+        firsts = {}  # each rank's first collective (flight.py's watcher): goodput's init
+        status["coll"], status["steady"] = flight.positions(dirs, first_dead, procs.alive, now,
+                                                            firsts)
+        if firsts:
+            status["first"] = firsts
     return status
 
 
@@ -478,8 +482,10 @@ class HostAgent:
         status = local_status(self.p["run_dir"], self.proc.pid, first_dead=self.first_dead)
         return {"t": runstate.EXIT, "rc": rc, "stopped": stopped, "root_cause": cause,
                 "consequence": consequence, "age_s": round(age_s, 3),
+                "ended_s": round(now_m - self.ended_m, 3),  # torchrun's own end (goodput)
                 "last_line": status["last_line"], "coll": status.get("coll"),
-                "steady": status.get("steady"), "hw": self.watch.take(now_m),
+                "steady": status.get("steady"), "first": status.get("first"),
+                "hw": self.watch.take(now_m),
                 "watch": self.watch.status()}
 
 

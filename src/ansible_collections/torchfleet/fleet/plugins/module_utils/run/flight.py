@@ -14,6 +14,10 @@ Three parts, one per place they run:
   writes the whole recording in torch's own format (fr_trace_rank_<rank>, what torchfrtrace
   reads; without the entries' call sites, which take seconds to symbolize) beside the rank's
   logs, gathered with them.
+  Once, when the recorder first shows a collective completed, it adds "first": when this
+  rank called its first collective (the earliest entry's time_created_ns; with gloo the first
+  collective runs in its caller and completes when the last rank calls it), for goodput's
+  init (the first collective completed on every rank: runstate.RunState.timeline).
 - positions(), in the host's agent: those files, checked and bounded, for its heartbeat.
 - clean() and finding(), in the master's judge (runstate.py): a heartbeat's positions from
   another host are hostile until checked; finding() reads every rank's last position.
@@ -104,6 +108,17 @@ def _torchfleet_pgs(status_dumps, entry_dumps, names):
     return pgs, unknown
 
 
+def _torchfleet_first(entry_dumps):
+    """torchfleet: when this rank called its first collective (epoch seconds, this host's
+    clock): the earliest time_created_ns among the recorder's collective entries (the
+    recorder keeps the newest few thousand: a rank that ran more before the watcher's first
+    look reads a later one). None without one."""
+    times = [int(e.get("time_created_ns") or 0) for _src, d in entry_dumps
+             for e in d.get("entries") or [] if not e.get("is_p2p")]
+    times = [t for t in times if t > 0]
+    return min(times) / 1e9 if times else None
+
+
 def _torchfleet_samples(entries, after, n_max):
     """torchfleet: the rows to write for stragglers (straggle.py) from the recorder's entries:
     ([[group, seq, time_created_ns, duration_ms or -1], ...] of the newest n_max sampled
@@ -164,7 +179,7 @@ def _torchfleet_flight():
         return
     here, pid = os.path.dirname(err), os.getpid()
     seen = {"pgs": None, "detailed": None, "dumped": False, "after": {}, "next": 0.0,
-            "names": {}, "lost": set()}
+            "names": {}, "lost": set(), "first": None}
     try:  # stragglers: "period,budget,rows" (straggle.py), or unset: off
         period, budget, n_max = (float(v) for v in os.environ["TORCHFLEET_FR_SAMPLE"].split(","))
     except (KeyError, ValueError):
@@ -209,8 +224,10 @@ def _torchfleet_flight():
         return pgs
 
     def save(pgs):
-        write("fr_position.json", json.dumps({"rank": int(rank), "pid": pid,
-                                              "pgs": pgs}).encode())
+        out = {"rank": int(rank), "pid": pid, "pgs": pgs}
+        if seen["first"]:
+            out["first"] = seen["first"]
+        write("fr_position.json", json.dumps(out).encode())
 
     def dump_all(c10d):
         with dumping:
@@ -264,10 +281,13 @@ def _torchfleet_flight():
             sample(c10d)
         plain = look(c10d, False)
         pending = any(v[0] > v[1] for v in plain.values())
+        first = seen["first"] is None and any(v[1] >= 1 for v in plain.values())
+        if first:  # (once: 0 when the recorder holds no entry of it)
+            seen["first"] = _torchfleet_first(dumps(c10d, True)) or 0
         if plain == seen["pgs"] and pending and seen["detailed"] != plain:
             seen["detailed"] = plain
             save(look(c10d, True))  # the same collective pending for a second: its op
-        elif plain != seen["pgs"]:
+        elif plain != seen["pgs"] or first:
             save(plain)
         seen["pgs"] = plain
         if not seen["dumped"] and os.path.exists(trigger):
@@ -388,13 +408,14 @@ def clean(coll, ranks):
     return out
 
 
-def positions(dirs, first_dead, alive, now=None):
+def positions(dirs, first_dead, alive, now=None, firsts=None):
     """This host's ranks' positions from each rank's fr_position.json (dirs: {local rank: log
     directory}): ({rank: groups}, {rank: [steady_s, alive]}). steady_s: how long the position
     had not changed (the watcher rewrites the file only on a change), up to now for a live rank,
     up to when it was first seen dead (first_dead: {rank: time}, kept by the caller) for one
     that died; alive(pid) says which (procs.alive). A missing, garbled or oversized file is no
-    position."""
+    position. firsts, when given, gets {rank: age_s} of each rank's first collective (the
+    watcher's "first", on this host's clock)."""
     now = time.time() if now is None else now
     coll, steady = {}, {}
     for rdir in dirs.values():
@@ -416,6 +437,10 @@ def positions(dirs, first_dead, alive, now=None):
         until = now if running else first_dead.setdefault(rank, now)
         coll[str(rank)] = groups
         steady[str(rank)] = [round(max(0.0, until - mtime), 3), running]
+        first = data.get("first")
+        if firsts is not None and isinstance(first, (int, float)) and \
+                not isinstance(first, bool) and 0 < first <= now:
+            firsts[str(rank)] = round(now - first, 3)
     return coll, steady
 
 
