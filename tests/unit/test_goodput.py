@@ -203,6 +203,9 @@ def test_a_live_run_counts_to_now():
     g = goodput(timeline(attempt(0, 10, 20, 30, None, None), now=1000))
     assert g["live"] and g["wall_s"] == 1000 and g["buckets"]["kept_training"] == 970
     assert line(g) == "goodput 97 % so far; no failure"
+    # Still in its init: nothing unknown yet, the time is init's so far.
+    g = goodput(timeline(attempt(0, 10, 20, None, None, None), now=100))
+    assert g["buckets"]["init"] == 80 and g["unknown"] == [] and g["ratio"] == 0
     # Failed, not yet stopped: detection so far.
     g = goodput(timeline(attempt(0, 10, 20, 30, 900, None, {"check": "host.lost", "host": "c"},
                                  [ckpt(500, 510, 1)]), now=1000))

@@ -121,8 +121,9 @@ def _attempt(a, index, cursor, next_launch, last, now, watched):
     is_failed = failed is not None or failure is not None
     failed = stopped if failed is None else failed
     if init_done is None:
-        notes.append("attempt %s: no collective was seen completed on every rank; its time to "
-                     "the end counts as init" % number)
+        if not live:  # a live one may be in its init still
+            notes.append("attempt %s: no collective was seen completed on every rank; its "
+                         "time to the end counts as init" % number)
         init_done = failed
     running = init_done if running is None else running
     running = max(running, launch)
