@@ -1,0 +1,412 @@
+"""Checkpoints seen from outside: the run's checkpoint_dir watched, read-only, by the
+master's agent, each checkpoint recorded when it completes with when its writing began and
+ended (goodput's lost work and checkpoint stalls: runstate.RunState.checkpoint_seen).
+
+What counts as a checkpoint, one level down the directory (and one more inside a
+sub-directory):
+
+- a torch.save file (a zip since torch 1.6, else a pickle; a safetensors file too): a regular
+  file, not hidden, not a temporary name (*.tmp, *.partial, ...; those are followed by inode,
+  so that a save that writes a temporary file and renames it keeps when it began), complete
+  once its size and mtime held still for CHECKPOINT_STILL_S (at once when it was renamed from
+  a temporary name: the writer is done) and, for a zip, its end-of-central-directory record is
+  there (a writer killed mid-save leaves a zip without it: never counted). Anything else (a
+  log, a JSON file, DeepSpeed's `latest`) is not a checkpoint;
+- a torch.distributed.checkpoint directory (one holding .metadata, which torch writes last,
+  through a temporary name and a rename): complete once .metadata is there; a directory of
+  *.distcp files without it is a save still going (or one that died);
+- any other sub-directory (HF Trainer's checkpoint-500/): complete once every file in it held
+  still for CHECKPOINT_STILL_S and none is a zip cut short.
+
+A checkpoint's ended is its newest mtime (its .metadata's); began is when its name (or its
+inode under a temporary name) first appeared: the directory's mtime at the scan that first saw
+it when it was the only new entry of that scan, else the scan's time. Its step comes from its
+name (step_1200, epoch-3, checkpoint-500). What is there at the first look is the past
+(an earlier attempt's): only a change of it counts.
+
+Cheap: a look stats the directory and the pending candidates; a scan of the directory (one
+level; a sub-directory only while it is a candidate) comes no sooner than its own measured
+CPU cost / CHECKPOINT_SCAN_BUDGET after the last (the watch stays within 0.1 % of a core
+however large the directory is). Bounded: the names kept (NAMES_MAX, the newest), the
+candidates (CANDIDATES_MAX, the newest), a sub-directory's entries read (DIR_ENTRIES_MAX).
+Hostile or odd input (a directory missing, unreadable, huge; a file that never stops growing;
+symlinks, which are never followed; names that are not UTF-8) is at most one sentence each;
+look() never raises. Watcher runs the watch in its own thread: a look that hangs on a dead
+mount never holds up the agent's loop.
+
+Only the standard library and defaults.py: it runs inside the master's agent.
+"""
+from __future__ import annotations
+
+import os
+import re
+import stat
+import threading
+import time
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+
+NAMES_MAX = 4096          # top-level names whose identity is kept (the newest by mtime)
+CANDIDATES_MAX = 64       # checkpoints being written, followed at once (the newest)
+DIR_ENTRIES_MAX = 10000   # entries of one sub-directory read per look
+HUGE = 10000              # a directory with more entries than this is said to be large
+PATH_MAX = 200
+TEMP_SUFFIXES = (".tmp", ".temp", ".partial", ".part", ".incomplete", ".swp", "~")
+TAIL = 64 * 1024 + 22     # a zip's end-of-central-directory record lies within this of its end
+ZIP, EOCD = b"PK\x03\x04", b"PK\x05\x06"
+STEP = re.compile(r"(?:global_step|iteration|checkpoint|epoch|step|iter|ckpt)[_-]?(\d{1,18})",
+                  re.IGNORECASE)
+
+
+def step_of(name):
+    """The step a checkpoint's name carries (the last match: run3/step_1200 is 1200), else
+    None."""
+    found = STEP.findall(name or "")
+    return int(found[-1]) if found else None
+
+
+def printable(name, limit=PATH_MAX):
+    """A file name as text for the record: bytes that are not UTF-8 replaced, bounded."""
+    if isinstance(name, bytes):
+        name = os.fsdecode(name)
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")[:limit]
+
+
+def is_temp(name):
+    return name.startswith(".") or name.endswith(TEMP_SUFFIXES)
+
+
+def file_verdict(path, size, head_only=False):
+    """What a file that held still is: "ok" (a whole zip, a pickle, a safetensors file),
+    "cut" (a zip without its end record: a writer killed mid-save) or "other" (not a
+    checkpoint, or unreadable). head_only: by its first bytes alone (a zip is "ok")."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return "other"
+    try:
+        head = os.pread(fd, 16, 0)
+        if head.startswith(ZIP):
+            if head_only:
+                return "ok"
+            tail = os.pread(fd, TAIL, max(0, size - TAIL))
+            return "ok" if EOCD in tail else "cut"
+        if head[:1] == b"\x80":  # a pickle (torch.save's legacy format)
+            return "ok"
+        if len(head) >= 9 and head[8:9] == b"{" and (head_only or 0 < int.from_bytes(
+                head[:8], "little") < size):
+            return "ok"  # safetensors: its JSON header's length, then the header
+        return "other"
+    except OSError:
+        return "other"
+    finally:
+        os.close(fd)
+
+
+class Candidate:
+    """A checkpoint being written: a file (its name, its inode under a temporary name) or a
+    sub-directory."""
+
+    __slots__ = ("name", "ino", "is_dir", "began", "ident", "still_m", "first_m", "renamed",
+                 "verdict", "warned")
+
+    def __init__(self, name, ino, is_dir, began, ident, now_m):
+        self.name, self.ino, self.is_dir, self.began = name, ino, is_dir, began
+        self.ident, self.still_m, self.first_m = ident, now_m, now_m
+        self.renamed = False  # a temporary file renamed to its final name: the writer is done
+        self.verdict = None   # (ident, "cut") of a file that held still cut short
+        self.warned = False
+
+
+class CheckpointWatch:
+    """look(now_wall) -> (checkpoints completed since the last look, warnings), each checkpoint
+    {"path", "began", "ended" (this host's wall clock), "step", "kind", "bytes"}."""
+
+    def __init__(self, path, still_s=defaults.CHECKPOINT_STILL_S,
+                 growing_warn_s=defaults.CHECKPOINT_GROWING_WARN_S,
+                 budget=defaults.CHECKPOINT_SCAN_BUDGET, mono=time.monotonic,
+                 cpu=time.thread_time):
+        self.path = os.path.expanduser(path)
+        self.said = printable(path, 300)
+        self.still_s, self.growing_warn_s, self.budget = still_s, growing_warn_s, budget
+        self.mono, self.cpu = mono, cpu
+        self.known = {}       # name -> (ino, size, mtime_ns, is_dir) at the last scan
+        self.floor_ns = -1    # names older than this were let go (NAMES_MAX): not new
+        self.cands = {}       # name -> Candidate
+        self.baseline = None  # True once a first scan found the directory there
+        self.dir_mtime = None
+        self.next_scan_m = 0.0
+        self.warned = set()
+        self.looks = self.scans = 0
+        self.cpu_s = 0.0      # this watch's CPU time, all looks (the bench's figure)
+        self.last_scan_cpu_s = 0.0
+
+    # -- the look -----------------------------------------------------------------------------
+
+    def look(self, now_wall):
+        began_cpu = self.cpu()
+        found, warnings = [], []
+        try:
+            self._look(now_wall, found, warnings)
+        except Exception as exc:  # never out of the agent's loop: one sentence instead
+            self._warn(warnings, "error", "checkpoint_dir %s could not be watched (%s: %s); "
+                       "checkpoints are not recorded" % (self.said, type(exc).__name__, exc))
+        self.looks += 1
+        self.cpu_s += max(0.0, self.cpu() - began_cpu)
+        return found, warnings
+
+    def _warn(self, warnings, key, text):
+        if key not in self.warned:
+            self.warned.add(key)
+            warnings.append(text[:300])
+
+    def _look(self, now_wall, found, warnings):
+        now_m = self.mono()
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self._warn(warnings, "missing", "checkpoint_dir %s does not exist (yet): it is "
+                       "watched until it does; set checkpoint_dir to where the script saves "
+                       "its checkpoints" % self.said)
+            if self.baseline is None:
+                self.baseline = False  # everything found once it exists is new
+            return
+        except OSError as exc:
+            self._warn(warnings, "stat", "checkpoint_dir %s cannot be read (%s): give the "
+                       "run's user read access to it" % (self.said, exc.strerror or exc))
+            return
+        if not stat.S_ISDIR(st.st_mode):
+            self._warn(warnings, "notdir", "checkpoint_dir %s is not a directory: set "
+                       "checkpoint_dir to the directory the script saves into" % self.said)
+            return
+        if now_m >= self.next_scan_m:
+            began = self.cpu()
+            self._scan(now_wall, now_m, st, warnings)
+            self.last_scan_cpu_s = max(0.0, self.cpu() - began)
+            self.scans += 1
+            self.next_scan_m = now_m + self.last_scan_cpu_s / self.budget
+        else:
+            self._restat(now_m)
+        self._complete(now_wall, now_m, found, warnings)
+
+    def _scan(self, now_wall, now_m, st, warnings):
+        """Every entry of the directory, one level: new and changed names become candidates."""
+        try:
+            it = os.scandir(self.path)
+        except OSError as exc:
+            why = exc.strerror or exc
+            self._warn(warnings, "scan", "checkpoint_dir %s cannot be listed (%s): give the "
+                       "run's user read and execute access to it" % (self.said, why))
+            return
+        first = self.baseline is None
+        seen, new, count = {}, [], 0
+        with it:
+            for e in it:
+                count += 1
+                try:
+                    if e.is_symlink():
+                        continue  # never followed
+                    s = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                is_dir = stat.S_ISDIR(s.st_mode)
+                if not is_dir and not stat.S_ISREG(s.st_mode):
+                    continue
+                ident = (s.st_ino, 0 if is_dir else s.st_size, s.st_mtime_ns, is_dir)
+                name = e.name
+                if name not in self.known and name not in self.cands and \
+                        s.st_mtime_ns <= self.floor_ns:
+                    continue  # let go as old (NAMES_MAX)
+                seen[name] = ident
+                if first or self.known.get(name) == ident:
+                    continue
+                new.append((name, ident, name not in self.known))
+        if count > HUGE:
+            self._warn(warnings, "huge", "checkpoint_dir %s holds %d entries: it is scanned "
+                       "only as often as 0.1 %% of a core allows; keep each run's checkpoints "
+                       "in a directory of their own" % (self.said, count))
+        self.baseline = True
+        # began: the directory's mtime when this scan saw exactly one new name (its creation),
+        # else the scan's time.
+        fresh = [n for n, _i, is_new in new if is_new]
+        dir_time = st.st_mtime if len(fresh) == 1 and st.st_mtime_ns != self.dir_mtime \
+            else now_wall
+        self.dir_mtime = st.st_mtime_ns
+        by_ino = {c.ino: c for c in self.cands.values() if not c.is_dir}
+        for name, ident, is_new in new:
+            when = min(dir_time if is_new else now_wall, now_wall)
+            c = self.cands.get(name)
+            if c is not None and c.ino == ident[0] and c.is_dir == ident[3]:
+                if not c.is_dir and c.ident != ident:  # (a directory's: _dir_done)
+                    c.ident, c.still_m = ident, now_m
+                continue
+            moved = by_ino.get(ident[0]) if not ident[3] else None
+            if moved is not None and moved.name != name and not is_temp(name):
+                # A temporary file renamed to its final name: the save began when it appeared.
+                self.cands.pop(moved.name, None)
+                moved.name, moved.ident, moved.renamed = name, ident, is_temp(moved.name) or \
+                    moved.renamed
+                moved.still_m = now_m
+                self.cands[name] = moved
+                continue
+            self.cands[name] = Candidate(name, ident[0], ident[3], when, ident, now_m)
+        # Gone (deleted, or renamed away and seen under its new name above).
+        for name in [n for n in self.cands if n not in seen]:
+            del self.cands[name]
+        if len(self.cands) > CANDIDATES_MAX:
+            keep = sorted(self.cands, key=lambda n: self.cands[n].ident[2])[-CANDIDATES_MAX:]
+            self.cands = {n: self.cands[n] for n in keep}
+        if len(seen) > NAMES_MAX:
+            ordered = sorted(seen, key=lambda n: seen[n][2])
+            self.floor_ns = max(self.floor_ns, seen[ordered[-NAMES_MAX - 1]][2])
+            seen = {n: seen[n] for n in ordered[-NAMES_MAX:]}
+        self.known = seen
+
+    def _restat(self, now_m):
+        """Between scans, the pending candidates alone (a stat each)."""
+        for name, c in list(self.cands.items()):
+            if c.is_dir:
+                continue  # (_dir_done reads it)
+            try:
+                s = os.stat(os.path.join(self.path, name), follow_symlinks=False)
+            except OSError:
+                del self.cands[name]
+                continue
+            ident = (s.st_ino, 0 if c.is_dir else s.st_size, s.st_mtime_ns, c.is_dir)
+            if ident != c.ident:
+                c.ident, c.still_m = ident, now_m
+                self.known[name] = ident
+
+    # -- completion ---------------------------------------------------------------------------
+
+    def _complete(self, now_wall, now_m, found, warnings):
+        for name, c in list(self.cands.items()):
+            if is_temp(name):
+                continue  # counted, if ever, under the name it is renamed to
+            done = self._dir_done(c, now_m) if c.is_dir else self._file_done(c, now_m, warnings)
+            if done is None:
+                if not c.warned and now_m - c.first_m > self.growing_warn_s:
+                    c.warned = True
+                    self._warn(warnings, "growing", "%s in checkpoint_dir %s has not completed "
+                               "in %.0f s (still written, or its save died): not counted until "
+                               "it does; save each checkpoint to a name of its own" % (
+                                   printable(name, 100), self.said, now_m - c.first_m))
+                continue
+            del self.cands[name]
+            if done is False:
+                continue
+            kind, ended, size = done
+            found.append({"path": printable(name), "began": round(min(c.began, ended), 3),
+                          "ended": round(ended, 3), "step": step_of(printable(name)),
+                          "kind": kind, "bytes": size})
+
+    def _file_done(self, c, now_m, warnings):
+        """("file", ended, bytes) once complete; False when it is no checkpoint (a log, a
+        JSON file: told by its first bytes, at once); else None."""
+        path = os.path.join(self.path, c.name)
+        if c.ident[1] >= 16 and file_verdict(path, 0, head_only=True) == "other":
+            return False
+        if not c.renamed and now_m - c.still_m < self.still_s:
+            return None
+        if c.verdict is not None and c.verdict[0] == c.ident:
+            return None  # a zip cut short, unchanged: never counted
+        ino, size, mtime_ns, _d = c.ident
+        verdict = file_verdict(path, size)
+        if verdict == "cut":
+            c.verdict = (c.ident, verdict)
+            if now_m - c.still_m >= self.still_s:
+                self._warn(warnings, "cut", "%s in checkpoint_dir %s is a zip cut short (a "
+                           "save that died): not counted" % (printable(c.name, 100), self.said))
+            return None
+        if verdict != "ok":
+            return False
+        return "file", mtime_ns / 1e9, size
+
+    def _dir_done(self, c, now_m):
+        """("dcp" | "dir", ended, bytes) once complete; False when it holds no checkpoint;
+        None while it is written."""
+        path = os.path.join(self.path, c.name)
+        files, newest, total, metadata, distcp = [], 0, 0, None, False
+        try:
+            with os.scandir(path) as it:
+                for i, e in enumerate(it):
+                    if i >= DIR_ENTRIES_MAX:
+                        break
+                    if e.is_symlink():
+                        continue
+                    try:
+                        s = e.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    newest = max(newest, s.st_mtime_ns)
+                    if not stat.S_ISREG(s.st_mode):
+                        continue
+                    total += s.st_size
+                    if e.name == ".metadata":
+                        metadata = s.st_mtime_ns
+                    distcp = distcp or e.name.endswith(".distcp")
+                    files.append((e.name, s.st_size, s.st_mtime_ns))
+        except OSError:
+            return None
+        if metadata is not None:
+            return "dcp", metadata / 1e9, total
+        if distcp or not files:
+            return None  # a distributed checkpoint still being written; nothing yet
+        ident = (c.ino, total, newest, True, len(files))
+        if ident != c.ident:
+            c.ident, c.still_m = ident, now_m
+            return None
+        if now_m - c.still_m < self.still_s:
+            return None
+        # A checkpoint holds one (a model's weights, an optimizer's state); a directory of logs
+        # or events does not.
+        verdicts = [file_verdict(os.path.join(path, name), size) for name, size, _m in files[:64]]
+        if "cut" in verdicts:
+            return None
+        return ("dir", newest / 1e9, total) if "ok" in verdicts else False
+
+
+class Watcher:
+    """The watch in a daemon thread of its own, looking each CHECKPOINT_LOOK_S: a look that
+    blocks (a dead NFS mount) never holds up the agent's loop; one that has not come back for
+    CHECKPOINT_HUNG_WARN_S is said once. take() hands over what it found, on this host's wall
+    clock."""
+
+    def __init__(self, path, look_s=defaults.CHECKPOINT_LOOK_S, wall=time.time,
+                 mono=time.monotonic, start=True):
+        self.watch = CheckpointWatch(path)
+        self.look_s, self.wall, self.mono = look_s, wall, mono
+        self.lock = threading.Lock()
+        self.found, self.warnings = [], []
+        self.last_m = mono()
+        self.hung_said = False
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="torchfleet-ckptwatch",
+                                       daemon=True)
+        if start:
+            self.thread.start()
+
+    def _run(self):
+        while not self.stopped.wait(self.look_s):
+            found, warnings = self.watch.look(self.wall())
+            with self.lock:
+                self.found.extend(found)
+                del self.found[:-CANDIDATES_MAX]
+                self.warnings.extend(warnings)
+                self.last_m = self.mono()
+
+    def take(self):
+        """(checkpoints, warnings) found since the last take."""
+        with self.lock:
+            found, warnings = self.found, self.warnings
+            self.found, self.warnings = [], []
+            stuck = self.mono() - self.last_m
+        if stuck > defaults.CHECKPOINT_HUNG_WARN_S and not self.hung_said:
+            self.hung_said = True
+            warnings.append("checkpoint_dir %s has not answered for %.0f s (a hung mount?): "
+                            "checkpoints are not recorded while it does not; the run goes on"
+                            % (self.watch.said, stuck))
+        return found, warnings
+
+    def close(self):
+        self.stopped.set()

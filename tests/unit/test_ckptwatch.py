@@ -1,0 +1,340 @@
+"""The checkpoint watch (ckptwatch.py): checkpoints seen from outside, on real torch.save
+files and a real torch.distributed.checkpoint save, and on hostile or odd directories.
+
+The watch's monotonic clock is the test's (each look says when it happens); the files' times
+are the file system's own."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import ckptwatch
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.ckptwatch import CheckpointWatch, Watcher, step_of
+
+torch = pytest.importorskip("torch")
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def watch(path, **kw):
+    clock = Clock()
+    return CheckpointWatch(str(path), mono=clock, **kw), clock
+
+
+def look(w, clock, at):
+    clock.t = at
+    return w.look(time.time())
+
+
+def save(path, n=1000):
+    torch.save({"step": 1, "w": torch.arange(n, dtype=torch.float32)}, str(path))
+
+
+def test_a_torch_save_file_is_recorded_once_it_held_still_with_its_step_and_times(tmp_path):
+    w, clock = watch(tmp_path)
+    assert look(w, clock, 100.0) == ([], [])  # an empty directory: the past is nothing
+    save(tmp_path / "step_1200.pt")
+    dir_mtime = os.stat(tmp_path).st_mtime
+    found, _ = look(w, clock, 101.0)
+    assert found == []  # not held still for CHECKPOINT_STILL_S yet
+    found, warnings = look(w, clock, 101.0 + defaults.CHECKPOINT_STILL_S)
+    st = os.stat(tmp_path / "step_1200.pt")
+    assert warnings == []
+    assert found == [{"path": "step_1200.pt", "began": round(min(dir_mtime, st.st_mtime), 3),
+                      "ended": round(st.st_mtime, 3), "step": 1200, "kind": "file",
+                      "bytes": st.st_size}]
+    assert look(w, clock, 110.0) == ([], [])  # once
+
+
+def test_a_save_to_a_temporary_name_then_renamed_keeps_when_it_began(tmp_path):
+    """As the built-in workload saves (last.pt.tmp, then os.replace over last.pt): the last
+    attempt's last.pt is the past; the new one began when its temporary file appeared and is
+    complete as soon as it is renamed."""
+    save(tmp_path / "last.pt")
+    w, clock = watch(tmp_path)
+    look(w, clock, 100.0)
+    (tmp_path / "last.pt.tmp").write_bytes(b"PK\x03\x04")  # the save begins
+    appeared = os.stat(tmp_path).st_mtime
+    assert look(w, clock, 101.0) == ([], [])
+    time.sleep(0.05)
+    save(tmp_path / "last.pt.tmp", 5000)
+    os.replace(tmp_path / "last.pt.tmp", tmp_path / "last.pt")
+    found, _ = look(w, clock, 101.5)  # renamed: the writer is done, no wait
+    assert [(c["path"], c["began"], c["step"]) for c in found] == [
+        ("last.pt", round(appeared, 3), None)]
+    assert found[0]["ended"] >= found[0]["began"] + 0.04
+
+
+def test_a_save_cut_short_is_never_counted_however_long_it_holds_still(tmp_path):
+    save(tmp_path / "whole.pt", 50000)
+    data = (tmp_path / "whole.pt").read_bytes()
+    w, clock = watch(tmp_path)
+    look(w, clock, 100.0)
+    (tmp_path / "epoch-3.pt").write_bytes(data[:len(data) // 2])  # a writer killed mid-save
+    said = []
+    for t in range(101, 200, 3):
+        found, warnings = look(w, clock, float(t))
+        assert found == []
+        said += warnings
+    assert len(said) == 1 and "epoch-3.pt" in said[0] and "cut short" in said[0] and \
+        str(tmp_path) in said[0]
+    # Written whole later under the same name: counted.
+    (tmp_path / "epoch-3.pt").write_bytes(data)
+    look(w, clock, 201.0)
+    found, _ = look(w, clock, 204.0)
+    assert [(c["path"], c["step"], c["bytes"]) for c in found] == [("epoch-3.pt", 3, len(data))]
+
+
+def test_a_distributed_checkpoint_is_complete_once_its_metadata_is_written(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    w, clock = watch(tmp_path)
+    look(w, clock, 100.0)
+    target = tmp_path / "step_200"
+    dcp.save({"w": torch.zeros(64), "b": torch.ones(8)}, checkpoint_id=str(target))
+    meta = target / ".metadata"
+    kept = meta.read_bytes()
+    meta.unlink()  # as it is while the ranks still write their shards
+    assert look(w, clock, 101.0)[0] == [] and look(w, clock, 200.0)[0] == []
+    meta.write_bytes(kept)
+    found, _ = look(w, clock, 200.5)  # no stillness awaited: .metadata is written last
+    total = sum(os.stat(target / n).st_size for n in os.listdir(target))
+    assert found == [{"path": "step_200", "began": found[0]["began"],
+                      "ended": round(os.stat(meta).st_mtime, 3), "step": 200, "kind": "dcp",
+                      "bytes": total}]
+    assert found[0]["began"] <= found[0]["ended"]
+
+
+def test_an_hf_style_directory_counts_once_its_files_held_still_a_log_directory_never(tmp_path):
+    w, clock = watch(tmp_path)
+    look(w, clock, 100.0)
+    ck, runs = tmp_path / "checkpoint-500", tmp_path / "runs"
+    ck.mkdir()
+    runs.mkdir()
+    save(ck / "pytorch_model.bin")
+    (ck / "trainer_state.json").write_text("{}")
+    (runs / "events.out.tfevents").write_bytes(b"\x18\x00\x00\x00 not a checkpoint")
+    (tmp_path / "train.log").write_text("step 1 loss 2.0\n" * 10)
+    (tmp_path / "latest").write_text("global_step500")  # DeepSpeed's pointer, not one
+    look(w, clock, 101.0)
+    found, warnings = look(w, clock, 101.0 + defaults.CHECKPOINT_STILL_S)
+    assert [(c["path"], c["kind"], c["step"]) for c in found] == [("checkpoint-500", "dir", 500)]
+    for t in range(104, 800, 50):  # the log keeps growing: no checkpoint, no warning
+        with open(tmp_path / "train.log", "a") as f:
+            f.write("more\n")
+        found, more = look(w, clock, float(t))
+        assert found == [] and more == []
+    assert warnings == []
+
+
+def test_what_was_there_at_the_first_look_is_the_past_unless_the_directory_came_later(tmp_path):
+    save(tmp_path / "step_1.pt")
+    w, clock = watch(tmp_path)
+    assert look(w, clock, 100.0) == ([], [])
+    assert look(w, clock, 110.0) == ([], [])
+    later = tmp_path / "later"
+    w2, clock2 = watch(later)
+    found, warnings = look(w2, clock2, 100.0)
+    assert found == [] and len(warnings) == 1 and "does not exist" in warnings[0] and \
+        str(later) in warnings[0]
+    assert look(w2, clock2, 101.0) == ([], [])  # said once
+    later.mkdir()
+    save(later / "step_2.pt")
+    look(w2, clock2, 102.0)
+    assert [c["path"] for c in look(w2, clock2, 105.0)[0]] == ["step_2.pt"]
+
+
+def test_a_file_that_never_stops_growing_is_said_once_and_never_counted(tmp_path):
+    w, clock = watch(tmp_path, growing_warn_s=60.0)
+    look(w, clock, 100.0)
+    path = tmp_path / "ckpt_9.pt"
+    path.write_bytes(b"PK\x03\x04")
+    said = []
+    for i in range(1, 100):
+        with open(path, "ab") as f:
+            f.write(b"x" * 100)
+        os.utime(path, ns=(i * 10**9, i * 10**9))  # (a coarse file system: each look sees it)
+        found, warnings = look(w, clock, 100.0 + i)
+        assert found == []
+        said += warnings
+    assert len(said) == 1 and "ckpt_9.pt" in said[0] and "not counted" in said[0]
+
+
+def test_symlinks_are_not_followed_and_odd_names_are_bounded_text(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    save(outside / "step_5.pt")
+    inside = tmp_path / "ckpt"
+    inside.mkdir()
+    w, clock = watch(inside)
+    look(w, clock, 100.0)
+    os.symlink(outside / "step_5.pt", inside / "step_5.pt")
+    os.symlink(outside, inside / "step_6")
+    odd = os.fsencode(str(inside)) + b"/step_7\xff" + b"x" * 230 + b".pt"
+    with open(odd, "wb") as f:
+        f.write((outside / "step_5.pt").read_bytes())
+    look(w, clock, 101.0)
+    found, warnings = look(w, clock, 104.0)
+    assert warnings == [] and len(found) == 1
+    assert found[0]["path"].startswith("step_7\ufffdxxx") and len(found[0]["path"]) == 200
+    assert found[0]["step"] == 7
+
+
+def test_a_directory_that_cannot_be_read_or_is_no_directory_is_one_sentence(tmp_path,
+                                                                             monkeypatch):
+    f = tmp_path / "file"
+    f.write_text("x")
+    w, clock = watch(f)
+    assert look(w, clock, 100.0)[1] == ["checkpoint_dir %s is not a directory: set "
+                                        "checkpoint_dir to the directory the script saves "
+                                        "into" % f]
+    w, clock = watch(tmp_path)
+
+    def refused(path):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(ckptwatch.os, "scandir", refused)
+    said = look(w, clock, 100.0)[1] + look(w, clock, 101.0)[1]
+    assert len(said) == 1 and "Permission denied" in said[0] and "read and execute" in said[0]
+
+
+def test_look_never_raises(tmp_path, monkeypatch):
+    w, clock = watch(tmp_path)
+    look(w, clock, 100.0)
+    save(tmp_path / "step_3.pt")
+
+    def broken(*_a, **_k):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(ckptwatch, "file_verdict", broken)
+    found, warnings = look(w, clock, 101.0)
+    found2, warnings2 = look(w, clock, 104.0)
+    assert found + found2 == [] and len(warnings + warnings2) == 1 and "boom" in warnings[0]
+
+
+def test_a_huge_directory_is_scanned_only_as_often_as_its_cost_allows(tmp_path):
+    """100,000 files: one sentence, the names kept bounded, and the scans spaced by their own
+    CPU cost (CHECKPOINT_SCAN_BUDGET: 0.1 % of a core); the figures are printed, not
+    asserted on time."""
+    n = 100_000
+    for i in range(n):
+        os.close(os.open(str(tmp_path / ("f%06d" % i)), os.O_CREAT | os.O_WRONLY, 0o600))
+    w, clock = watch(tmp_path)
+    found, warnings = look(w, clock, 100.0)
+    assert len(warnings) == 1 and "100000 entries" in warnings[0]
+    assert len(w.known) <= ckptwatch.NAMES_MAX
+    spacing, cost = w.next_scan_m - 100.0, w.last_scan_cpu_s
+    assert spacing == pytest.approx(w.last_scan_cpu_s / defaults.CHECKPOINT_SCAN_BUDGET)
+    for t in range(1, 11):  # one look a second: no scan before its cost allows
+        look(w, clock, 100.0 + min(t, spacing * 0.9))
+    assert w.scans == 1
+    look(w, clock, 100.0 + spacing + 0.01)
+    assert w.scans == 2
+    save(tmp_path / "step_9.pt")  # a new checkpoint among them is still found
+    look(w, clock, w.next_scan_m)
+    found, _ = look(w, clock, max(w.next_scan_m, clock.t + defaults.CHECKPOINT_STILL_S))
+    assert [c["path"] for c in found] == ["step_9.pt"]
+    print("\nckptwatch: %d files, one scan %.1f ms CPU, scans %.0f s apart: %.3f %% of a core"
+          % (n, cost * 1e3, spacing, 100.0 * cost / max(spacing, 1.0)))
+
+
+def test_a_small_directorys_watch_costs_well_under_a_tenth_of_a_percent_of_a_core(tmp_path):
+    """The common case, measured (printed, not asserted): 20 checkpoints kept, one look a
+    second for 300 looks on the real monotonic clock's steps."""
+    for i in range(20):
+        save(tmp_path / ("step_%d.pt" % i), 10)
+    w = CheckpointWatch(str(tmp_path))
+    began = time.thread_time()
+    for _ in range(300):
+        w.look(time.time())
+        w.next_scan_m = 0.0  # (a second between looks: a scan each)
+    cpu = time.thread_time() - began
+    assert w.scans == 300
+    print("\nckptwatch: 20 files, %.1f us CPU a look: %.4f %% of a core at one look a second"
+          % (cpu / 300 * 1e6, cpu / 300 * 100.0))
+
+
+@settings(max_examples=200, deadline=None)
+@given(prefix=st.sampled_from(["", "run3/", "model_", "a-b."]),
+       word=st.sampled_from(["step", "STEP", "global_step", "iter", "iteration", "epoch",
+                             "checkpoint", "ckpt", "Ckpt"]),
+       sep=st.sampled_from(["", "_", "-"]), n=st.integers(0, 10**12),
+       suffix=st.sampled_from(["", ".pt", ".pth", "/", ".distcp", "_final.bin"]))
+def test_the_step_is_read_from_any_common_name(prefix, word, sep, n, suffix):
+    assert step_of(prefix + word + sep + str(n) + suffix) == n
+
+
+def test_names_without_a_step_have_none_and_the_last_one_wins():
+    assert [step_of(n) for n in ("model.pt", "final", "stepper.pt", "epoch-3_step_1200.pt",
+                                 "v2_iteration7", "")] == [None, None, None, 1200, 7, None]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tree=st.lists(st.tuples(
+    st.binary(min_size=1, max_size=40).filter(lambda b: b"/" not in b and b"\x00" not in b
+                                               and b not in (b".", b"..")),
+    st.sampled_from(["file", "zip", "cut", "dir", "dcpdir", "link", "empty"])),
+    max_size=12))
+def test_a_hostile_tree_never_breaks_the_watch(tmp_path_factory, tree):
+    root = tmp_path_factory.mktemp("h")
+    w, clock = watch(root)
+    look(w, clock, 100.0)
+    base = os.fsencode(str(root)) + b"/"
+    for name, kind in tree:
+        path = base + name
+        if os.path.lexists(path):
+            continue
+        if kind in ("dir", "dcpdir"):
+            os.mkdir(path)
+            with open(path + (b"/.metadata" if kind == "dcpdir" else b"/x.bin"), "wb") as f:
+                f.write(b"PK\x03\x04" + b"\x00" * 30)
+        elif kind == "link":
+            os.symlink(b"/etc", path)
+        else:
+            with open(path, "wb") as f:
+                f.write({"file": b"text", "zip": b"PK\x03\x04PK\x05\x06" + b"\x00" * 18,
+                         "cut": b"PK\x03\x04" + b"\x00" * 100, "empty": b""}[kind])
+    seen = []
+    for t in (101.0, 104.0, 110.0):
+        found, warnings = look(w, clock, t)
+        seen += found
+        assert all(isinstance(x, str) and len(x) <= 300 for x in warnings)
+    for c in seen:
+        assert set(c) == {"path", "began", "ended", "step", "kind", "bytes"}
+        assert isinstance(c["path"], str) and 0 < len(c["path"]) <= 200
+        c["path"].encode("utf-8")  # (text the record can hold)
+        assert c["began"] <= c["ended"] and c["kind"] in ("file", "dcp", "dir")
+    assert len({c["path"] for c in seen}) == len(seen)
+
+
+def test_the_watcher_thread_hands_over_what_it_found_and_says_a_hung_look_once(tmp_path):
+    w = Watcher(str(tmp_path), look_s=0.05)
+    try:
+        deadline = time.monotonic() + 30
+        while w.watch.looks == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)  # its first look: the past
+        save(tmp_path / "step_4.pt")
+        found = []
+        while not found and time.monotonic() < deadline:
+            time.sleep(0.1)
+            w.watch.still_s = 0.0  # (held still long enough for this test)
+            found += w.take()[0]
+        assert [c["path"] for c in found] == ["step_4.pt"]
+    finally:
+        w.close()
+    w.thread.join(5)
+    assert not w.thread.is_alive()
+    clock = Clock()
+    hung = Watcher(str(tmp_path), mono=clock, start=False)
+    clock.t += defaults.CHECKPOINT_HUNG_WARN_S + 1
+    said = hung.take()[1] + hung.take()[1]
+    assert len(said) == 1 and "has not answered" in said[0] and str(tmp_path) in said[0]
