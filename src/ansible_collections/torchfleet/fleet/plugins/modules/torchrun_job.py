@@ -217,6 +217,17 @@ options:
       and link counters are watched during the run.
     type: str
     default: /sys/class/infiniband
+  checkpoint_dir:
+    description: Where the run's script writes its checkpoints (relative to the ranks' working
+      directory, O(chdir) or O(run_dir)). The master's agent watches it, read-only, in a
+      thread of its own, and its record keeps each checkpoint when it completes (a
+      C(torch.save) file once it held still and, for a zip, once its end record is there; a
+      C(torch.distributed.checkpoint) directory once its C(.metadata) is written), with when
+      its writing began and ended on the master's clock, its step from its name and whether
+      it stalled the ranks; a directory missing, unreadable or huge is one warning in the
+      record. Unset, nothing is watched.
+    type: str
+    default: ""
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -321,6 +332,7 @@ ARGUMENT_SPEC = dict(
     straggler_threshold=dict(type="float", default=defaults.default("straggler_threshold")),
     straggler_action=dict(type="str", default=defaults.default("straggler_action"),
                           choices=["warn", "restart"]),
+    checkpoint_dir=dict(type="str", default=defaults.default("checkpoint_dir")),
 )
 
 

@@ -35,7 +35,7 @@ import subprocess
 import time
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import hwwatch
-from ansible_collections.torchfleet.fleet.plugins.module_utils.run import exits, flight, guard, procs, runstate, stacks, straggle
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import ckptwatch, exits, flight, guard, procs, runstate, stacks, straggle
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.control import Client, Server
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.procs import HOST_ENV, RUN_ID_ENV, stop_run
@@ -542,6 +542,11 @@ class MasterStore:
         self.last_write = 0.0
         self.next_file_look = 0.0
         self.refused_said = {}
+        # The run's checkpoints, seen from outside (checkpoint_dir): node_rank 0 holds global
+        # rank 0, which writes them in nearly every framework; with shared storage it sees
+        # every host's.
+        where = checkpoint_path(p)
+        self.checkpoints = ckptwatch.Watcher(where) if where else None
 
     def handle(self, host, body):
         """One verified message from a host; returns the reply."""
@@ -577,6 +582,7 @@ class MasterStore:
             self.state.straggle.offsets.measured(self.p["host"], time.time() - self.clock(), 0.0)
         if now_m >= self.next_file_look:
             self.next_file_look = now_m + self.t.BEAT_S
+            self._take_checkpoints(now)
             self._read_start_failures(now)
             self._read_stop_request(now)
             self._read_detached()
@@ -588,6 +594,23 @@ class MasterStore:
         if judged is not None:
             self.abort_everyone()
         self.write_state()
+
+    def _take_checkpoints(self, now):
+        """What the checkpoint watch found, dated on the record's clock (the watch dates on
+        this host's wall clock: at = now - (wall now - t))."""
+        if self.checkpoints is None:
+            return
+        found, warnings = self.checkpoints.take()
+        shift = now - time.time()
+        for c in found:
+            kept = self.state.checkpoint_seen(now, dict(c, began=c["began"] + shift,
+                                                        ended=c["ended"] + shift))
+            if kept is not None:
+                self.log("checkpoint %s (step %s, %d bytes) written in %.1f s" % (
+                    kept["path"], kept["step"], kept["bytes"], kept["ended"] - kept["began"]))
+        for text in warnings:
+            self.state.checkpoint_warning("%s: %s" % (self.p["host"], text))
+            self.log("checkpoint watch: %s" % text)
 
     def _read_start_failures(self, now):
         """Hosts whose start task failed, as the controller's watch wrote them here (the
@@ -657,9 +680,21 @@ class MasterStore:
                        self.state.record())
 
     def finish(self):
+        self._take_checkpoints(self.clock())  # (the last save the run made, if it is found)
+        if self.checkpoints is not None:
+            self.checkpoints.close()
         self.state.final = True
         self.write_state(force=True)
         self.server.close()
+
+
+def checkpoint_path(p):
+    """The directory the master's checkpoint watch looks at ('' for none): checkpoint_dir, a
+    relative one from where the ranks start (chdir, else the host's run directory)."""
+    where = os.path.expanduser(p.get("checkpoint_dir") or "")
+    if where and not os.path.isabs(where):
+        where = os.path.join(p.get("chdir") or p["run_dir"], where)
+    return where
 
 
 def serve(agent, store, client, t):
@@ -838,7 +873,8 @@ def start(p, command):
                 hang_timeout_s=p["hang_timeout_s"], job_timeout_s=p["job_timeout_s"],
                 straggler_window_s=p["straggler_window_s"],
                 straggler_threshold=p["straggler_threshold"],
-                straggler_action=p["straggler_action"], recording=p["flight_recorder"] > 0)
+                straggler_action=p["straggler_action"], recording=p["flight_recorder"] > 0,
+                checkpoint_dir=p.get("checkpoint_dir") or "")
             try:
                 server = bind_control(p["master_addr"], p["control_port"], secret,
                                       p["host_addrs"], p["hosts"] or [p["host"]])

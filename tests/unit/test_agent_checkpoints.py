@@ -1,0 +1,86 @@
+"""The master's agent and goodput's inputs: its checkpoint watch (checkpoint_dir) handed to
+the record on the record's clock, each rank's first collective carried by a beat, and how
+long ago torchrun ended carried by the exit."""
+from __future__ import annotations
+
+import json
+import os
+import time
+import types
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import agent, flight, runstate
+from tests.unit.test_clock_step import Clocks, store_of
+
+
+class FoundWatch:
+    """A checkpoint watch that found what it is given (ckptwatch.Watcher.take's shape)."""
+
+    def __init__(self, found, warnings):
+        self.found, self.warnings, self.closed = found, warnings, False
+
+    def take(self):
+        out = self.found, self.warnings
+        self.found, self.warnings = [], []
+        return out
+
+    def close(self):
+        self.closed = True
+
+
+def test_the_master_dates_each_checkpoint_on_the_records_clock_and_names_its_host(tmp_path):
+    clocks = Clocks()  # the record's clock: 1.8e9, far from this host's wall clock
+    store = store_of(tmp_path, clocks)
+    wall = time.time()
+    store.checkpoints = FoundWatch(
+        [{"path": "step_100.pt", "began": wall - 10.0, "ended": wall - 4.0, "step": 100,
+          "kind": "file", "bytes": 123}],
+        ["checkpoint_dir /x does not exist (yet): ..."])
+    clocks.mono += 1.0
+    store.step(clocks.mono)
+    rec = store.state.record()
+    [c] = rec["checkpoints"]
+    now = store.clock()
+    assert abs(c["ended"] - (now - 4.0)) < 1.0 and abs(c["began"] - (now - 10.0)) < 1.0
+    assert (c["path"], c["step"], c["kind"], c["bytes"]) == ("step_100.pt", 100, "file", 123)
+    assert rec["checkpoint_watch"]["warnings"] == [
+        "node0: checkpoint_dir /x does not exist (yet): ..."]
+    watch = store.checkpoints
+    store.server = types.SimpleNamespace(close=lambda: None)
+    store.finish()
+    assert watch.closed and store.state.final
+
+
+def test_the_master_watches_checkpoint_dir_from_where_the_ranks_start(tmp_path):
+    p = {"run_dir": "/r", "chdir": None, "checkpoint_dir": "ckpt"}
+    assert agent.checkpoint_path(p) == "/r/ckpt"
+    assert agent.checkpoint_path(dict(p, chdir="/code")) == "/code/ckpt"
+    assert agent.checkpoint_path(dict(p, checkpoint_dir="/abs")) == "/abs"
+    assert agent.checkpoint_path(dict(p, checkpoint_dir="")) == ""
+    assert agent.checkpoint_path({"run_dir": "/r"}) == ""
+    store = store_of(tmp_path, Clocks())
+    assert store.checkpoints is None  # unset: nothing watched, no thread
+
+
+def test_a_beat_carries_each_ranks_first_collective_and_the_exit_when_torchrun_ended(tmp_path):
+    rdir = tmp_path / "logs" / "r1_x" / "attempt_0" / "0"
+    rdir.mkdir(parents=True)
+    now = time.time()
+    (rdir / flight.POSITION).write_text(json.dumps({"rank": 0, "pid": os.getpid(),
+                                                    "pgs": {"0": [3, 3, "", "", ""]},
+                                                    "first": now - 7.5}))
+    status = agent.local_status(str(tmp_path), os.getpid(), now=now, first_dead={})
+    assert status["first"] == {"0": 7.5}
+    assert "first" not in agent.local_status(str(tmp_path), os.getpid(), now=now)
+    # The exit: torchrun ended 2.5 s before it was sent (the master dates it: ended).
+    host = types.SimpleNamespace(
+        ended_m=100.0, stopped=False, died=None, p={"run_dir": str(tmp_path),
+                                                      "max_restarts": 0},
+        deaths=agent.RankDeaths(), started_m=0.0, proc=types.SimpleNamespace(pid=os.getpid()),
+        first_dead={}, watch=types.SimpleNamespace(take=lambda _n: [], status=lambda: {}))
+    body = agent.HostAgent.exit_body(host, 0, 102.5)
+    assert body["ended_s"] == 2.5 and body["first"]["0"] >= 7.5
+    s = runstate.RunState("r1", ["a"], 1, now=1000.0)
+    s.report("a", 1001.0, {"t": runstate.BEAT, "alive": 1})
+    s.report("a", 1010.0, body)
+    assert s.record()["hosts"][0]["ended"] == 1007.5
+    assert s.record()["timeline"]["stopped"] == 1007.5
