@@ -7,6 +7,7 @@ import json
 import os
 import time
 import types
+from pathlib import Path
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import agent, flight, runstate
 from tests.unit.test_clock_step import Clocks, store_of
@@ -84,3 +85,79 @@ def test_a_beat_carries_each_ranks_first_collective_and_the_exit_when_torchrun_e
     s.report("a", 1010.0, body)
     assert s.record()["hosts"][0]["ended"] == 1007.5
     assert s.record()["timeline"]["stopped"] == 1007.5
+
+
+# Two real torch ranks (gloo) training with an all_reduce a step; rank 0 saves at step 40 in
+# the training loop (every rank waits: a stall) and at step 80 from a thread while training
+# goes on (not one), each to a temporary name renamed when done, as most scripts save.
+SAVING = """
+import io, os, sys, threading, time
+import torch
+import torch.distributed as dist
+ckdir = sys.argv[1]
+dist.init_process_group("gloo")
+rank, t = dist.get_rank(), torch.ones(256)
+
+def save(step, slow_s):
+    buf = io.BytesIO()
+    torch.save({"step": step, "w": t.clone()}, buf)
+    data, tmp = buf.getvalue(), os.path.join(ckdir, "step_%d.pt.tmp" % step)
+    with open(tmp, "wb") as f:  # written in 8 pieces over slow_s (slow storage)
+        for i in range(8):
+            f.write(data[i * len(data) // 8:(i + 1) * len(data) // 8])
+            f.flush()
+            time.sleep(slow_s / 8)
+    os.replace(tmp, os.path.join(ckdir, "step_%d.pt" % step))
+    print("saved", step, flush=True)
+
+saver = None
+for step in range(1, 161):
+    dist.all_reduce(t)
+    time.sleep(0.05)
+    if rank == 0 and step == 40:
+        save(step, 4.0)
+    if rank == 0 and step == 80:
+        saver = threading.Thread(target=save, args=(step, 5.0))
+        saver.start()
+if saver is not None:
+    saver.join()
+dist.destroy_process_group()
+"""
+
+
+def test_a_real_run_records_its_checkpoints_stalls_and_timeline(tmp_path):
+    from tests.unit.test_run_modules import agent_args, start_agent
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import CONTROL
+
+    script, ckdir = tmp_path / "saving.py", tmp_path / "ckpt"
+    script.write_text(SAVING)
+    ckdir.mkdir()
+    args = agent_args(tmp_path, "unit-ckpt-%d" % os.getpid(), script=str(script),
+                      script_args=[str(ckdir)], nproc_per_node=2, checkpoint_dir=str(ckdir),
+                      join_timeout_s=120)
+    job = start_agent(args)
+    try:
+        out, _ = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert json.loads(out)["rc"] == 0, out
+    rec = json.loads((Path(args["run_dir"]) / CONTROL).read_text())
+    assert rec["final"] and rec["phase"] == runstate.SUCCEEDED
+    got = [(c["path"], c["step"], c["kind"], c["stall"]) for c in rec["checkpoints"]]
+    assert got == [("step_40.pt", 40, "file", True), ("step_80.pt", 80, "file", False)], rec
+    line = rec["timeline"]
+    for c in rec["checkpoints"]:
+        # Began when its temporary file appeared, ended when it was last written: the window
+        # holds the save's writing (4 s and 5 s; a second of slack for the looks).
+        assert 3.0 < c["ended"] - c["began"] < 7.0 and c["bytes"] > 0
+        assert line["init_done"] < c["began"] < line["stopped"]
+    assert rec["started"] <= line["running"] <= line["init_done"] <= line["stopped"]
+    assert line["failed"] is None and rec["checkpoint_watch"] == {"dir": str(ckdir),
+                                                                  "warnings": []}
+    assert line["stopped"] == max(h["ended"] for h in rec["hosts"])
+    t0 = rec["started"]
+    print("\ntimeline (s from the start): %s; checkpoints: %s" % (
+        {k: round(v - t0, 2) for k, v in line.items() if v is not None},
+        [(c["path"], round(c["began"] - t0, 2), round(c["ended"] - t0, 2), c["stall"])
+         for c in rec["checkpoints"]]))
