@@ -50,6 +50,12 @@ def test_train_builtin_workload_synchronises_gradients(tmp_path):
         assert (logs / "torchrun.log").exists()
         assert "done: parameter checksum" in (logs / "attempt_0" / "0" / "stdout.log").read_text()
     assert "HOST" in run.out and "succeeded" in run.out
+    # Goodput (issue 59), from the first play to the end: nothing failed, nothing was lost.
+    g = report["goodput"]
+    assert 0 < g["ratio"] < 1 and g["failures"] == [] and g["unknown"] == []
+    assert sum(g["buckets"].values()) == pytest.approx(g["wall_s"], rel=0.01)
+    assert min(g["buckets"][b] for b in ("preflight", "launch", "init", "kept_training")) > 0
+    assert "goodput %d %%; no failure" % round(g["ratio"] * 100) in run.out
     assert run_processes(report["run_id"]) == []
 
 
@@ -87,6 +93,11 @@ def test_a_cascade_names_the_rank_that_failed_in_every_output(tmp_path):
     assert report["verdict"] == sentence and sentence in run.out
     assert {h["host"]: h["outcome"] for h in report["hosts"]} == {"node0": "aborted",
                                                                   "node1": "failed"}
+    # Without checkpoint_dir the work the failure cost is unknown, and said so (issue 59).
+    g = report["goodput"]
+    assert g["buckets"]["lost_work"] is None and "no checkpoint_dir" in g["unknown"][0]
+    assert [(f["check"], f["host"]) for f in g["failures"]] == [("run.exit", "node1")]
+    assert "lost work unknown (no checkpoint_dir)" in run.out
     assert run_processes(report["run_id"]) == []
 
 
@@ -230,6 +241,11 @@ def test_a_failing_rank_stops_every_host_then_a_rerun_in_fork_batches_keeps_rank
     # Rank 0 never ends by itself: the play's end is its stop.
     assert {h["host"]: h["outcome"] for h in report["hosts"]} == {"node0": "aborted",
                                                                   "node1": "failed"}
+    # Without checkpoint_dir the work the failure cost is unknown, and said so (issue 59).
+    g = report["goodput"]
+    assert g["buckets"]["lost_work"] is None and "no checkpoint_dir" in g["unknown"][0]
+    assert [(f["check"], f["host"]) for f in g["failures"]] == [("run.exit", "node1")]
+    assert "lost work unknown (no checkpoint_dir)" in run.out
     assert run_processes(report["run_id"]) == []
     run = launch("train.yml", tmp_path, "-f", "1", "-e", "train_steps=20")
     assert run.rc == 0, run.out

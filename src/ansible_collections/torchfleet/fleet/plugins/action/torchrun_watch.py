@@ -4,7 +4,8 @@ The hosts stop each other (the agents' control channel, plugins/module_utils/run
 the controller's part is one look at one host every poll_s at most, whatever the number of
 hosts: it renews the master's lease, prints progress at least every progress_every_s, appends
 the summary to progress_file, and at the end writes the whole record to state_file
-(run_state.json), which the summary, the API and the report read.
+(run_state.json), which the summary, the API and the report read, with the master's clock
+offset from the controller's measured from the looks (the record's `clock`: Clock).
 
 A look is the torchrun_watch module's code run as a plain script by the master's `python`
 when one is given (see look_script). The hosts whose start task failed (`starts`: each host's
@@ -92,9 +93,39 @@ def _loader():
 def look_script(args):
     """A plain Python program that makes one look (plugins/module_utils/run/watch.py) with these
     arguments and prints its JSON answer. The arguments travel as a JSON literal inside the
-    program, on stdin, never through a shell."""
-    return _loader() + "print(json.dumps(sys.modules[%r].look(json.loads(%r))))\n" % (
-        watch.__name__, json.dumps(args))
+    program, on stdin, never through a shell. The answer also says when the program began on
+    the master's clock (`began`; the look's own `now` is when it ended): the clock offset's
+    measure (Clock)."""
+    return ("import time\n_began = time.time()\n" + _loader()
+            + "_answer = sys.modules[%r].look(json.loads(%r))\n" % (watch.__name__, json.dumps(args))
+            + "_answer['began'] = _began\nprint(json.dumps(_answer))\n")
+
+
+class Clock:
+    """The master's clock offset from the controller's (master - controller, seconds), measured
+    from the looks: the controller's send and receive times (t0, t1) around the master's own
+    (began, now), as NTP does: offset = ((began - t0) + (now - t1)) / 2, within +/- half the
+    round trip less the time the look spent on the master (its wait). The look with the
+    shortest such round trip is kept. None until a look answered both times."""
+
+    def __init__(self):
+        self.offset_s, self.rtt_s, self.looks = None, None, 0
+
+    def take(self, t0, t1, answer):
+        began, now = (answer.get(k) if isinstance(answer, dict) else None for k in ("began", "now"))
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (began, now)):
+            return
+        rtt = (t1 - t0) - (now - began)
+        if rtt < 0 or now < began:
+            return  # a clock stepped during the look: no measure
+        self.looks += 1
+        if self.rtt_s is None or rtt < self.rtt_s:
+            self.offset_s, self.rtt_s = ((began - t0) + (now - t1)) / 2, rtt
+
+    def record(self):
+        """What is kept with the attempt: {offset_s (0.0 unmeasured), rtt_s, looks}."""
+        return {"offset_s": round(self.offset_s or 0.0, 6), "rtt_s": None if self.rtt_s is None
+                else round(self.rtt_s, 6), "looks": self.looks}
 
 
 def append_progress(path, line):
@@ -165,12 +196,16 @@ class ActionModule(ActionBase):
         if not python:
             return self._execute_module(module_name="torchrun_watch", module_args=args,
                                         task_vars=task_vars)
+        t0 = time.time()
         res = self._low_level_execute_command(shlex.join([python, "-"]),
                                               in_data=look_script(args).encode(), sudoable=True)
+        t1 = time.time()
         if res["rc"] == 255:  # ssh's own failure: the host is not reachable
             raise AnsibleConnectionFailure(res["stderr"][-500:] or "ssh exited with 255")
         try:
-            return json.loads(res["stdout"].strip().splitlines()[-1])
+            answer = json.loads(res["stdout"].strip().splitlines()[-1])
+            self.clock.take(t0, t1, answer)
+            return answer
         except (IndexError, ValueError):
             return {"failed": True, "msg": "the look at the run failed on the master (rc %s): %s"
                                            % (res["rc"], (res["stderr"] or res["stdout"])[-500:])}
@@ -266,6 +301,7 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         checked, self.params = self.validate_argument_spec(argument_spec=ACTION_SPEC)
+        self.clock = Clock()
         a = self.params
         master = self._task.delegate_to or task_vars["inventory_hostname"]
         hosts = list(a["starts"]) or [master]
@@ -318,12 +354,15 @@ class ActionModule(ActionBase):
             record = runstate.controller_record(a["run_id"], hosts, a["nproc_per_node"],
                                                 failure)
             failure = record["failure"]
+        # The attempt's record on the controller keeps the master's clock offset measured here:
+        # goodput puts every time of it on the controller's clock (reports/summary.py).
+        record = dict(record, clock=self.clock.record())
         write_state(a.get("state_file"), record)
         # master_lost: the controller could not reach the master (the play then does not try
         # it again); a run whose phase is 'lost' because of another host still gathers there.
         result.update(outcome=runstate.PHASE_OUTCOME.get(record["phase"], runstate.FAILED),
                       failure=failure,
                       master_lost=bool(look.get("failed")),
-                      summary=look.get("summary"), changed=False,
+                      summary=look.get("summary"), changed=False, clock=record["clock"],
                       watched_s=round(time.monotonic() - begin, 3))
         return result

@@ -68,6 +68,12 @@ options:
     type: list
     elements: dict
     default: []
+  times:
+    description: The controller's clock (epoch seconds) for RV(goodput) - started (the run's first
+      play), launched (attempt number as a string to its launch play's start) and attempts (every
+      attempt, attempt and dir, with or without max_restarts).
+    type: dict
+    default: {}
   runs_root:
     description: When set, runs_root/latest is pointed at O(run_dir).
     type: str
@@ -220,6 +226,14 @@ attempts:
   returned: when the run could restart
   type: list
   elements: dict
+goodput:
+  description: The share of the run's wall time that became training that was kept, and where the
+    rest went (module_utils/reports/goodput.py) - ratio, wall_s, buckets (preflight, launch, init,
+    kept_training, checkpoint_stall, lost_work (null when unknown), detection, restart, in seconds),
+    unknown, attempts, checkpoints, failures, advice. Every time of the master's record is put on
+    the controller's clock first, with the offset the watch measured (the record's clock).
+  returned: for kind train, and for kind collective when the run could restart; null without O(times)
+  type: dict
 verdict:
   description: How it ended, in one sentence (also the table's last line and the report's C(verdict)).
   returned: always

@@ -17,7 +17,7 @@ import time
 
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import kmsg, nccl_log
-from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import fabric, isolate
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import fabric, goodput, isolate
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import flight, straggle
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import ERROR, WARNING, check, failed
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.report import point_link, prune_runs, verdict, write_report
@@ -49,6 +49,9 @@ ARGUMENT_SPEC = dict(
     attempt_dir=dict(type="str", default=""),
     attempts=dict(type="list", elements="dict", default=[]),
     restarts=dict(type="list", elements="dict", default=[]),
+    # The controller's clock (epoch seconds): started (the run's first play), launched
+    # ({attempt: its launch play's start}), attempts (every attempt: attempt, dir): goodput.
+    times=dict(type="dict", default={}),
     runs_root=dict(type="str", default=""),
     keep_runs=dict(type="int", default=defaults.default("keep_runs")),
     expect_results=dict(type="bool", default=True),
@@ -458,6 +461,78 @@ def attempts_of(attempts, restarts):
     return out
 
 
+def check_of(failure):
+    """The check id a failure of the judge's is reported under (decide(): run.exit, host.lost,
+    run.hang, run.hardware, run.oom, run.straggler, run.<reason> of a run-wide one)."""
+    reason = failure.get("reason")
+    if reason == LOST:
+        return "host.lost"
+    if reason == HANG:
+        return "run.hang"
+    if reason in HW_REASONS or reason == STRAGGLER:
+        return "run." + reason
+    if failure.get("host") is None and reason in RUN_WIDE:
+        return "run." + reason
+    return "run.exit"
+
+
+def _time(value):
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else None
+
+
+def timeline(times, records, now):
+    """goodput.goodput()'s input (reports/goodput.py): every attempt's times on the
+    controller's clock. times: the run_summary parameter (started, launched {attempt: t},
+    attempts [{attempt, dir}]); records: {attempt: its record (run_state.json), whose `clock`
+    the watch measured (offset_s = master - controller; 0.0 unmeasured) and whose times are the
+    master's}. An attempt without its launch play's time (a detached run the controller that
+    launched it did not gather) starts at its record's own start."""
+    launched = times.get("launched") if isinstance(times.get("launched"), dict) else {}
+    out, watched = [], ""
+    for a in times.get("attempts") or []:
+        n = a.get("attempt") if isinstance(a, dict) else None
+        if not isinstance(n, int) or isinstance(n, bool):
+            continue
+        record = records.get(n) if isinstance(records.get(n), dict) else {}
+        clock = record.get("clock") if isinstance(record.get("clock"), dict) else {}
+        offset = _time(clock.get("offset_s")) or 0.0
+
+        def local(value, offset=offset):
+            at = _time(value)
+            return None if at is None else at - offset
+
+        marks = record.get("timeline") if isinstance(record.get("timeline"), dict) else {}
+        failure = record.get("failure") if isinstance(record.get("failure"), dict) else None
+        watch = record.get("checkpoint_watch") \
+            if isinstance(record.get("checkpoint_watch"), dict) else {}
+        watched = watched or str(watch.get("dir") or "")
+        launch = _time(launched.get(str(n)))
+        out.append({
+            "attempt": n, "launch": launch if launch is not None else local(record.get("started")),
+            **{k: local(marks.get(k)) for k in ("running", "init_done", "failed", "stopped")},
+            "failure": None if failure is None else {"check": check_of(failure),
+                                                     "host": failure.get("host") or ""},
+            "checkpoints": [dict(c, began=local(c.get("began")), ended=local(c.get("ended")))
+                            for c in record.get("checkpoints") or [] if isinstance(c, dict)],
+            "checkpoint_warnings": [w for w in watch.get("warnings") or []
+                                    if isinstance(w, str)]})
+    return {"started": _time(times.get("started")), "now": now, "checkpoint_dir": watched,
+            "attempts": out}
+
+
+def run_goodput(times, last_record, now=None):
+    """The report's goodput object (goodput.goodput of timeline()), the last attempt's record
+    as given, the others' read from their directories; None without any attempt."""
+    attempts = [a for a in times.get("attempts") or [] if isinstance(a, dict)]
+    if not attempts:
+        return None
+    records = {a.get("attempt"): read_json(os.path.join(str(a.get("dir") or ""), STATE_FILE))
+               or {} for a in attempts[:-1]}
+    records[attempts[-1].get("attempt")] = last_record
+    return goodput.goodput(timeline(times, records, time.time() if now is None else now))
+
+
 def restart_checks(attempts):
     """run.restart: each host an attempt left behind, with the host that took its place."""
     return [check("run.restart", r["host"], False,
@@ -589,6 +664,9 @@ def decide(params):
             drained.setdefault(entry["host"], entry)
         hardware["drain"] = list(drained.values())
     sentence = verdict(kind, checks, failure, extra.get("attempts", []))
+    # The collective test's report has it only when it may restart (its attempts).
+    if kind == "train" or params["attempts"]:
+        extra["goodput"] = run_goodput(params["times"], record)
     rank_rows = rank_states(rows_out, results, logs_dir, nproc)
     extra.update(hardware, **slow)
     report = dict(ok=not bad, kind=kind, run_id=params["run_id"], world_size=world,
@@ -619,5 +697,7 @@ def decide(params):
     if extra.get("table_collective"):
         text = extra["table_collective"] + "\n\n" + text
     text += "\n\n" + sentence + ("\n" + failure["tail"] if failure else "")
+    if extra.get("goodput"):
+        text += "\n" + goodput.line(extra["goodput"])
     return dict(ok=not bad, checks=checks, failures=bad, first_failure=failure, report=path,
                 verdict=sentence, table=text, hosts=rows_out, ranks=rank_rows, **extra)

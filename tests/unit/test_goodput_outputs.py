@@ -1,0 +1,148 @@
+"""Goodput's controller side (issue 59): the master's clock offset measured by the watch's looks,
+every record time put on the controller's clock, train.json's goodput object, and every output
+that reads it (status, the live progress, the HTML report, Result.goodput)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.torchfleet.fleet.plugins.action.torchrun_watch import Clock, look_script
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import summary
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import (
+    FAILED, LOST, STOPPED_BY_USER, SUCCEEDED)
+
+# A master 30 s ahead of the controller: every record time is the controller's + 30.
+OFFSET = 30.0
+
+
+def test_the_offset_is_the_midpoint_of_the_looks_round_trip_less_its_wait_on_the_master():
+    clock = Clock()
+    assert clock.record() == {"offset_s": 0.0, "rtt_s": None, "looks": 0}
+    # Sent at 100.0, answered at 105.2; the master's look ran 100.1 -> 105.1 (+30): a 5 s wait.
+    clock.take(100.0, 105.2, {"began": 130.1, "now": 135.1})
+    assert clock.record()["offset_s"] == pytest.approx(OFFSET)
+    assert clock.record()["rtt_s"] == pytest.approx(0.2)
+    # A slower look (a 1 s round trip, asymmetric): not kept.
+    clock.take(200.0, 201.0, {"began": 230.9, "now": 230.95})
+    assert clock.record()["offset_s"] == pytest.approx(OFFSET)
+    # A quicker one is.
+    clock.take(300.0, 300.02, {"began": 330.005, "now": 330.015})
+    assert clock.record() == {"offset_s": pytest.approx(OFFSET), "rtt_s": pytest.approx(0.01),
+                              "looks": 3}
+    # A look without both times (the module's), or across a clock step, measures nothing.
+    clock.take(400.0, 400.001, {"now": 9.0})
+    clock.take(400.0, 400.001, {"began": 500.0, "now": 499.0})
+    clock.take(400.0, 400.001, {"began": True, "now": 430.0})
+    assert clock.record()["looks"] == 3
+
+
+def test_the_look_script_answers_when_it_began_and_ended_on_the_masters_clock(tmp_path):
+    args = {"run_dir": str(tmp_path / "none"), "run_id": "r1", "wait_s": 0.3}
+    proc = subprocess.run([sys.executable, "-"], input=look_script(args), capture_output=True,
+                          text=True, check=True, timeout=60)
+    answer = json.loads(proc.stdout)
+    assert answer["state"] == "pending"
+    assert answer["now"] - answer["began"] >= 0.3  # its wait is inside, and left out of the rtt
+    clock = Clock()
+    clock.take(answer["began"] - 0.05, answer["now"] + 0.05, answer)
+    assert clock.record()["offset_s"] == pytest.approx(0.0, abs=1e-6)
+
+
+def _record(started, *, failure=None, timeline=None, checkpoints=(), watch_dir="",
+            offset=OFFSET, clock=True):
+    """A record as the master keeps it, its times on the master's clock (controller + offset)."""
+    m = {k: None if v is None else v + offset for k, v in (timeline or {}).items()}
+    out = {"run_id": "r1", "phase": FAILED if failure else SUCCEEDED, "started": started + offset,
+           "failure": None if failure is None else dict(failure, at_s=1.0),
+           "failures": [], "hosts": [], "events": [],
+           "timeline": {k: m.get(k) for k in ("running", "init_done", "failed", "stopped")},
+           "checkpoints": [{"path": "step_%d.pt" % i, "began": b + offset, "ended": e + offset,
+                            "step": i, "kind": "file", "bytes": 10, "stall": True}
+                           for i, (b, e) in enumerate(checkpoints)],
+           "checkpoint_watch": {"dir": watch_dir, "warnings": []}}
+    if clock:
+        out["clock"] = {"offset_s": offset, "rtt_s": 0.01, "looks": 3}
+    return out
+
+
+def test_every_record_time_is_put_on_the_controllers_clock_with_its_attempts_offset():
+    first = _record(1010.0, failure={"host": "node2", "reason": LOST},
+                    timeline={"running": 1012.0, "init_done": 1015.0, "failed": 1040.0,
+                              "stopped": 1044.0},
+                    checkpoints=[(1025.0, 1027.0)], watch_dir="/ckpt")
+    second = _record(1060.0, timeline={"running": 1062.0, "init_done": 1065.0,
+                                       "failed": None, "stopped": 1080.0}, offset=-5.0)
+    times = {"started": 1000.0, "launched": {"0": 1008.0, "1": 1058.0},
+             "attempts": [{"attempt": 0, "dir": "a0"}, {"attempt": 1, "dir": "a1"}]}
+    tl = summary.timeline(times, {0: first, 1: second}, now=2000.0)
+    assert tl["started"] == 1000.0 and tl["now"] == 2000.0 and tl["checkpoint_dir"] == "/ckpt"
+    a, b = tl["attempts"]
+    assert (a["attempt"], a["launch"], a["running"], a["init_done"], a["failed"],
+            a["stopped"]) == (0, 1008.0, 1012.0, 1015.0, 1040.0, 1044.0)
+    assert a["failure"] == {"check": "host.lost", "host": "node2"}
+    assert [(c["began"], c["ended"], c["step"]) for c in a["checkpoints"]] == [
+        (1025.0, 1027.0, 0)]
+    assert (b["launch"], b["running"], b["failed"], b["stopped"], b["failure"]) == (
+        1058.0, 1062.0, None, 1080.0, None)
+
+
+def test_an_unmeasured_offset_is_zero_and_a_missing_launch_is_the_records_start():
+    record = _record(500.0, timeline={"running": 502.0}, offset=7.0, clock=False)
+    tl = summary.timeline({"attempts": [{"attempt": 0, "dir": "a0"}]}, {0: record}, now=600.0)
+    assert tl["started"] is None
+    assert (tl["attempts"][0]["launch"], tl["attempts"][0]["running"]) == (507.0, 509.0)
+
+
+@pytest.mark.parametrize("failure, check", [
+    ({"host": "node1", "reason": FAILED}, "run.exit"),
+    ({"host": "node1", "reason": LOST}, "host.lost"),
+    ({"host": "node1", "reason": "hung"}, "run.hang"),
+    ({"host": "node1", "reason": "hardware"}, "run.hardware"),
+    ({"host": "node1", "reason": "oom"}, "run.oom"),
+    ({"host": "node1", "reason": "straggler"}, "run.straggler"),
+    ({"host": None, "reason": "timeout"}, "run.timeout"),
+    ({"host": None, "reason": STOPPED_BY_USER}, "run.stopped_by_user"),
+])
+def test_a_failure_is_named_by_the_check_id_the_report_names_it(failure, check):
+    assert summary.check_of(failure) == check
+
+
+def _decide(tmp_path, kind="train", times=True, attempts=()):
+    record = _record(1010.0, failure={"host": "node1", "reason": FAILED},
+                     timeline={"running": 1012.0, "init_done": 1015.0, "failed": 1040.0,
+                               "stopped": 1042.0})
+    (tmp_path / "run_state.json").write_text(json.dumps(record))
+    params = {k: v["default"] for k, v in summary.ARGUMENT_SPEC.items() if "default" in v}
+    params.update(kind=kind, run_id="r1", hosts=["node0", "node1"], ranks={}, world_size=2,
+                  settings={"nproc_per_node": 1}, run_dir=str(tmp_path), state=None,
+                  expect_results=False, attempts=list(attempts),
+                  times={"started": 1000.0, "launched": {"0": 1008.0},
+                         "attempts": [{"attempt": 0, "dir": str(tmp_path)}]} if times else {})
+    return summary.decide(params)
+
+
+def test_train_json_carries_the_goodput_of_the_runs_timeline_and_its_line_ends_the_table(
+        tmp_path):
+    out = _decide(tmp_path)
+    report = json.loads((tmp_path / "train.json").read_text())
+    g = report["goodput"]
+    assert g == out["goodput"]
+    assert g["wall_s"] == pytest.approx(42.0)
+    assert g["buckets"]["preflight"] == pytest.approx(8.0)
+    assert g["buckets"]["launch"] == pytest.approx(4.0)
+    assert g["buckets"]["init"] == pytest.approx(3.0)
+    assert g["buckets"]["detection"] == pytest.approx(2.0)
+    assert g["buckets"]["lost_work"] is None  # no checkpoint_dir
+    assert g["failures"][0]["check"] == "run.exit" and g["failures"][0]["host"] == "node1"
+    assert out["table"].splitlines()[-1].startswith("goodput at most ")
+
+
+def test_no_goodput_without_the_controllers_times_nor_for_a_collective_test_without_attempts(
+        tmp_path):
+    assert _decide(tmp_path, times=False)["goodput"] is None
+    out = _decide(tmp_path, kind="collective")
+    assert "goodput" not in out
+    assert "goodput" not in json.loads((tmp_path / "collective.json").read_text())
