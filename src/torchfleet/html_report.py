@@ -16,7 +16,8 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.run import stragg
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import (
     evidence, more_warnings)
 
-from torchfleet.results import BusbwRow, Collective, Failure, Isolation, Pair, Result, load
+from torchfleet.results import (BusbwRow, Collective, Failure, Goodput, GoodputBuckets,
+                                Isolation, Pair, Result, load)
 
 
 CSS = """
@@ -35,6 +36,8 @@ svg text { font: 11px system-ui, sans-serif; fill: #57606a; }
 table.heat td { width: 44px; height: 26px; text-align: center; font-size: 11px; }
 table.heat td.pair.slow, table.heat th.slow-node { outline: 3px solid #cf222e; outline-offset: -3px; }
 table.heat th.slow-node { color: #cf222e; }
+.legend span { display: inline-block; margin-right: 12px; }
+.legend i { display: inline-block; width: 12px; height: 12px; margin-right: 4px; vertical-align: -1px; }
 """
 
 W, H, LEFT, RIGHT, TOP, BOTTOM = 460, 260, 56, 16, 14, 40
@@ -305,6 +308,73 @@ def _attempts(result: Result) -> str:
             '<th>first failure</th><th>then</th></tr>%s</table>' % rows)
 
 
+# Goodput's buckets in the order an attempt goes through them, with their colours.
+BUCKET_COLOURS = (("preflight", "#8c959f"), ("launch", "#54aeff"), ("init", "#b6e3ff"),
+                  ("kept_training", "#2da44e"), ("checkpoint_stall", "#d4a72c"),
+                  ("lost_work", "#cf222e"), ("detection", "#fb8f44"), ("restart", "#8250df"))
+
+
+def _duration(seconds: float) -> str:
+    return "%.1f s" % seconds if seconds < 600 else "%.1f min" % (seconds / 60)
+
+
+def goodput_bars(g: Goodput) -> str:
+    """Inline SVG: one bar per attempt on the run's time axis (each starts where the one before
+    ended), its buckets in the order the attempt went through them, coloured as the legend."""
+    total = g.wall_s or sum(v or 0.0 for v in vars(g.buckets).values()) or 1.0
+    label, width, row = 90, 620, 26
+    rows: list[str] = []
+    at = 0.0
+    for a in g.attempts:
+        x = at
+        parts = []
+        for name, colour in BUCKET_COLOURS:
+            value = getattr(a.buckets, name) or 0.0
+            if value <= 0:
+                continue
+            parts.append('<rect class="bucket" data-bucket="%s" x="%.1f" y="%d" width="%.1f" '
+                         'height="18" fill="%s"><title>attempt %d: %s %s</title></rect>' % (
+                             name, label + x / total * width, 4 + len(rows) * row,
+                             max(value / total * width, 0.5), colour, a.attempt,
+                             name.replace("_", " "), _duration(value)))
+            x += value
+        rows.append('<text x="0" y="%d">attempt %d</text>%s' % (
+            17 + len(rows) * row, a.attempt, "".join(parts)))
+        at = x
+    axis = '<text x="%d" y="%d">0</text><text x="%d" y="%d" text-anchor="end">%s</text>' % (
+        label, len(rows) * row + 18, label + width, len(rows) * row + 18, _duration(total))
+    return ('<svg class="goodput-bars" width="%d" height="%d" xmlns="http://www.w3.org/2000/svg" '
+            'role="img" aria-label="goodput timeline">%s%s</svg>' % (
+                label + width + 10, len(rows) * row + 24, "".join(rows), axis))
+
+
+def _goodput(g: Goodput) -> str:
+    """The run's goodput: its line, a bar per attempt with the legend, the buckets' table,
+    what is unknown, each failure's cost and the checkpoint advice."""
+    legend = '<p class="legend">%s</p>' % "".join(
+        '<span><i style="background:%s"></i>%s</span>' % (colour, name.replace("_", " "))
+        for name, colour in BUCKET_COLOURS)
+    wall = g.wall_s or 1.0
+    cells = "".join('<tr><td>%s</td><td>%s</td><td>%s</td></tr>' % (
+        name.replace("_", " "), "unknown" if getattr(g.buckets, name) is None
+        else _duration(getattr(g.buckets, name)), "-" if getattr(g.buckets, name) is None
+        else "%.1f %%" % (100.0 * getattr(g.buckets, name) / wall))
+        for name in GoodputBuckets.__dataclass_fields__)
+    out = ['<p class="goodput-line">%s</p>' % escape(g.line), legend, goodput_bars(g),
+           '<table class="goodput"><tr><th>bucket</th><th>time</th><th>share</th></tr>%s'
+           '</table>' % cells]
+    out += ['<p class="unknown">%s</p>' % escape(u) for u in g.unknown]
+    if g.failures:
+        out.append('<table class="failures"><tr><th>attempt</th><th>check</th><th>host</th>'
+                   '<th>cost</th></tr>%s</table>' % "".join(
+                       "<tr><td>%d</td><td>%s</td><td>%s</td><td>%s</td></tr>" % (
+                           f.attempt, escape(f.check), escape(f.host), _duration(f.cost_s))
+                       for f in g.failures))
+    if g.advice:
+        out.append('<p class="advice">%s</p>' % escape(g.advice))
+    return "".join(out)
+
+
 HEALTH = ("gpu.", "cpu.perf", "host.memlock", "host.disk", "host.clock")
 
 
@@ -441,6 +511,8 @@ def render(result: Result) -> str:
         body.append("<h2>Hardware during the run</h2>" + _hardware(result))
     if result.kind == "train" and _stragglers(result):
         body.append("<h2>Stragglers</h2>" + _stragglers(result))
+    if result.goodput:
+        body.append("<h2>Goodput</h2>" + _goodput(result.goodput))
     if result.attempts:
         body.append("<h2>Attempts</h2>" + _attempts(result))
     if pre is not None:

@@ -76,6 +76,7 @@ class Progress:
         self.phases: dict[str, Phase] = {}
         self.failing: dict[str, list[str]] = {}  # host -> what failed there, in order
         self.restart = ""  # "attempt N: why" of the latest restart
+        self.goodput = ""  # the run's goodput so far in one line (the watch's, once a minute)
         self._lock = threading.Lock()
         self._live: Live | None = None
         self._stop = threading.Event()
@@ -114,6 +115,7 @@ class Progress:
         elif event.kind == "run":
             phase = self._phase("run")
             phase.run, phase.status = event.summary, event.status or ""
+            self.goodput = str(event.summary.get("goodput") or "") or self.goodput
             failure = event.summary.get("failure") or {}
             if failure.get("host"):
                 self._fail(failure["host"], failure.get("reason") or "failed")
@@ -143,8 +145,9 @@ class Progress:
         with self._lock:
             now = time.monotonic()
             head = ["restart   %s" % self.restart] if self.restart else []
+            tail = [self.goodput] if self.goodput else []  # "goodput 91 % so far; ..."
             return (head + [self.phases[p].line(self.total, now) for p in PHASES
-                            if p in self.phases],
+                            if p in self.phases] + tail,
                     [(host, list(what)) for host, what in self.failing.items()])
 
     def lines(self, height: int | None = None) -> list[str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.report import verdict as _verdict  # the one renderer of how a run ended
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import goodput as _goodput  # the one goodput line
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import read_json  # the one JSON reader, shared with the modules
 
 
@@ -195,6 +196,105 @@ class Attempt:
     logs: str
 
 
+@dataclass(frozen=True)
+class GoodputBuckets:
+    """Where a run's (or an attempt's) wall time went, in seconds; they add up to the wall time
+    (docs/goodput.md says what each one is). lost_work is None when it is unknown (no
+    checkpoint_dir)."""
+
+    preflight: float = 0.0
+    launch: float = 0.0
+    init: float = 0.0
+    kept_training: float = 0.0
+    checkpoint_stall: float = 0.0
+    lost_work: float | None = 0.0
+    detection: float = 0.0
+    restart: float = 0.0
+
+
+@dataclass(frozen=True)
+class GoodputAttempt:
+    attempt: int
+    buckets: GoodputBuckets
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint the agents saw complete in checkpoint_dir: its path there, when its writing
+    began and ended (the controller's clock, epoch seconds) and its step (from its name)."""
+
+    path: str
+    began: float | None
+    ended: float | None
+    step: int | None
+
+
+@dataclass(frozen=True)
+class GoodputFailure:
+    """A failure that ended an attempt: its check id (run.exit, host.lost, run.hardware, ...),
+    host, when (the controller's clock) and what it cost (lost work, detection, restart and the
+    next attempt's launch and init)."""
+
+    attempt: int
+    check: str
+    host: str
+    at: float | None
+    cost_s: float
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """train.json's goodput: the share of the wall time (from the run's first play to its end)
+    that became training that was kept (ratio, 0 to 1), the buckets of the whole run and of each
+    attempt, what is unknown and why, the checkpoints seen, the failures and what each cost, and
+    the checkpoint interval that loses least (advice, '' when the one used is close enough)."""
+
+    ratio: float
+    wall_s: float
+    buckets: GoodputBuckets
+    unknown: list[str] = field(default_factory=list)
+    attempts: list[GoodputAttempt] = field(default_factory=list)
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+    failures: list[GoodputFailure] = field(default_factory=list)
+    advice: str = ""
+    save_s: float | None = None
+    interval_s: float | None = None
+    mtbf_s: float | None = None
+    live: bool = False
+
+    @property
+    def line(self) -> str:
+        """One line, as `torchfleet status` and the live progress say it: "goodput 91 %; 1
+        restart cost 4 min 10 s: 2 min lost since the last checkpoint"."""
+        from dataclasses import asdict
+
+        return _goodput.line(asdict(self))
+
+
+def _buckets(raw: Any) -> GoodputBuckets:
+    raw = raw if isinstance(raw, dict) else {}
+    return GoodputBuckets(**{k: raw[k] for k in GoodputBuckets.__dataclass_fields__ if k in raw})
+
+
+def _goodput_of(raw: Any) -> Goodput | None:
+    """The report's goodput object, typed (None where the report has none)."""
+    if not isinstance(raw, dict):
+        return None
+    return Goodput(
+        ratio=float(raw.get("ratio") or 0.0), wall_s=float(raw.get("wall_s") or 0.0),
+        buckets=_buckets(raw.get("buckets")), unknown=list(raw.get("unknown") or []),
+        attempts=[GoodputAttempt(a.get("attempt", 0), _buckets(a.get("buckets")))
+                  for a in raw.get("attempts") or []],
+        checkpoints=[Checkpoint(str(c.get("path", "")), c.get("began"), c.get("ended"),
+                                c.get("step")) for c in raw.get("checkpoints") or []],
+        failures=[GoodputFailure(f.get("attempt", 0), str(f.get("check", "")),
+                                 str(f.get("host", "")), f.get("at"),
+                                 float(f.get("cost_s") or 0.0))
+                  for f in raw.get("failures") or []],
+        advice=str(raw.get("advice") or ""), save_s=raw.get("save_s"),
+        interval_s=raw.get("interval_s"), mtbf_s=raw.get("mtbf_s"), live=bool(raw.get("live")))
+
+
 @dataclass
 class Result:
     """What a torchfleet call returns. ok is False whenever any check failed or the run was
@@ -222,6 +322,8 @@ class Result:
     straggle: dict[str, Any] = field(default_factory=dict)
     preflight: Result | None = None
     attempts: list[Attempt] = field(default_factory=list)
+    # Of a train run (and of a collective test that could restart): where its wall time went.
+    goodput: Goodput | None = None
     cancelled: bool = False
     # A detached run (detach=true): it runs on its hosts alone; attach(run_id) follows it.
     detached: bool = False
@@ -334,7 +436,8 @@ def from_report(kind: str, data: dict, run_dir: Path) -> Result:
                           first_failure=a.get("first_failure", ""), restart=a.get("restart", ""),
                           not_restarted=a.get("not_restarted", ""),
                           replaced=list(a.get("replaced") or []), logs=a.get("logs", ""))
-                  for a in data.get("attempts", [])])
+                  for a in data.get("attempts", [])],
+        goodput=_goodput_of(data.get("goodput")))
 
 
 

@@ -42,6 +42,8 @@ class RunStatus:
     # The stragglers named (from the master: those of its last judgement; from a report: every
     # one the run had), in words; or why none were watched.
     stragglers: list[str] = field(default_factory=list)
+    # Goodput in one line (from the report's goodput; of a run that goes on, its attempt so far).
+    goodput: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,11 +112,12 @@ def from_view(kind: str, view: dict) -> RunStatus:
     return RunStatus(run_id=view["run_id"], kind=kind, phase=view["phase"], final=view["final"],
                      attempt=view["attempt"], elapsed_s=view["elapsed_s"],
                      failure=view["failure"], hosts=[HostStatus(**h) for h in view["hosts"]],
-                     stragglers=list(view["stragglers"]))
+                     stragglers=list(view["stragglers"]), goodput=str(view.get("goodput") or ""))
 
 
 def from_report(run_id: str, kind: str, report: dict) -> RunStatus:
     """A gathered run's status: its report's hosts and verdict."""
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import goodput
     from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import status as view
 
     hardware = view.hardware_by_host(report.get("hardware"), report.get("hardware_dropped"))
@@ -131,7 +134,8 @@ def from_report(run_id: str, kind: str, report: dict) -> RunStatus:
             default=None),
         failure=str(first.get("reason", "")) if isinstance(first, dict) else "",
         hosts=hosts, source="report", verdict=str(report.get("verdict", "")),
-        stragglers=view.report_stragglers(report))
+        stragglers=view.report_stragglers(report),
+        goodput=goodput.line(report["goodput"]) if isinstance(report.get("goodput"), dict) else "")
 
 
 def text(status: RunStatus) -> str:
@@ -140,7 +144,7 @@ def text(status: RunStatus) -> str:
     body = view.text({"run_id": status.run_id, "phase": status.phase, "final": status.final,
                       "attempt": status.attempt, "elapsed_s": status.elapsed_s,
                       "failure": status.failure, "stragglers": status.stragglers,
-                      "hosts": [asdict(h) for h in status.hosts]})
+                      "goodput": status.goodput, "hosts": [asdict(h) for h in status.hosts]})
     return body + ("\n" + status.verdict if status.verdict else "")
 
 

@@ -146,3 +146,115 @@ def test_no_goodput_without_the_controllers_times_nor_for_a_collective_test_with
     out = _decide(tmp_path, kind="collective")
     assert "goodput" not in out
     assert "goodput" not in json.loads((tmp_path / "collective.json").read_text())
+
+
+def _report_goodput():
+    """train.json's goodput of a run restarted once: node2 lost 25 s after its last
+    checkpoint ended (watched), the restart ended ok."""
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import goodput
+
+    return goodput.goodput({
+        "started": 1000.0, "now": 1200.0, "checkpoint_dir": "/ckpt",
+        "attempts": [
+            {"attempt": 0, "launch": 1010.0, "running": 1015.0, "init_done": 1020.0,
+             "failed": 1100.0, "stopped": 1105.0,
+             "failure": {"check": "host.lost", "host": "node2"},
+             "checkpoints": [{"path": "step_50.pt", "began": 1070.0, "ended": 1075.0,
+                              "step": 50, "stall": True}]},
+            {"attempt": 1, "launch": 1120.0, "running": 1125.0, "init_done": 1130.0,
+             "failed": None, "stopped": 1180.0, "failure": None, "checkpoints": []}]})
+
+
+def test_result_goodput_is_the_reports_object_typed(tmp_path):
+    from torchfleet import results
+
+    g = _report_goodput()
+    result = results.from_report("train", {"ok": True, "run_id": "r1", "goodput": g}, tmp_path)
+    assert isinstance(result.goodput, results.Goodput)
+    assert result.goodput.ratio == g["ratio"] and result.goodput.wall_s == 180.0
+    assert result.goodput.buckets.lost_work == 25.0 and result.goodput.buckets.restart == 15.0
+    assert [(a.attempt, a.buckets.launch) for a in result.goodput.attempts] == [(0, 5.0),
+                                                                                  (1, 5.0)]
+    assert result.goodput.failures == [results.GoodputFailure(0, "host.lost", "node2", 1100.0,
+                                                              g["failures"][0]["cost_s"])]
+    assert result.goodput.checkpoints == [results.Checkpoint("step_50.pt", 1070.0, 1075.0, 50)]
+    assert result.goodput.line.startswith("goodput %d %%; 1 restart cost " % round(
+        g["ratio"] * 100))
+    assert result.to_dict()["goodput"]["buckets"]["kept_training"] == g["buckets"][
+        "kept_training"]
+    assert results.from_report("train", {"ok": True}, tmp_path).goodput is None
+
+
+def test_status_of_a_gathered_run_says_its_goodput_and_of_a_live_one_so_far(tmp_path):
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import status
+    from torchfleet import rundirs
+
+    g = _report_goodput()
+    gathered = rundirs.from_report("r1", "train", {"ok": True, "verdict": "train ok after 1 "
+                                                   "restart", "hosts": [], "goodput": g})
+    assert gathered.goodput.startswith("goodput ") and "1 restart cost" in gathered.goodput
+    assert gathered.goodput in rundirs.text(gathered).splitlines()
+    assert rundirs.from_report("r1", "train", {"ok": True, "hosts": []}).goodput == ""
+    # A run that goes on: its master's record alone, read at the master's `now`.
+    record = _record(1010.0, timeline={"running": 1012.0, "init_done": 1015.0}, offset=0.0)
+    view = status.view(record, 1040.0)
+    assert view["goodput"].startswith("goodput ") and " so far" in view["goodput"]
+    assert view["goodput"] in status.text(view)
+    assert rundirs.from_view("train", view).goodput == view["goodput"]
+
+
+def test_the_live_progress_shows_the_watchs_goodput_line_until_the_next_one():
+    from torchfleet.progress import Progress
+    from torchfleet.runner import Event
+
+    progress = Progress(__import__("io").StringIO())
+    progress(Event(kind="run", status="running", summary={"ranks_alive": 2, "nranks": 2}))
+    assert not any(line.startswith("goodput") for line in progress.lines())
+    said = "goodput 91 % so far; no failure"
+    progress(Event(kind="run", status="running", summary={"ranks_alive": 2, "nranks": 2,
+                                                          "goodput": said}))
+    progress(Event(kind="run", status="running", summary={"ranks_alive": 2, "nranks": 2}))
+    assert progress.lines()[-1] == said
+    assert progress.summary_line().endswith("| " + said)
+
+
+def test_the_html_report_draws_a_bar_per_attempt_coloured_by_bucket_with_a_legend(tmp_path):
+    import html
+    import re
+
+    from torchfleet import html_report, results
+
+    g = _report_goodput()
+    page = html_report.render(results.from_report("train", {"ok": True, "run_id": "r1",
+                                                            "goodput": g}, tmp_path))
+    line = results.from_report("train", {"goodput": g}, tmp_path).goodput.line
+    assert "<h2>Goodput</h2>" in page and html.escape(line) in page
+    bars = re.findall(r'<rect class="bucket" data-bucket="(\w+)" x="([\d.]+)" y="(\d+)" '
+                      r'width="([\d.]+)"', page)
+    first = [b for b, _x, y, _w in bars if y == "4"]
+    second = [b for b, _x, y, _w in bars if y == "30"]
+    assert first == ["preflight", "launch", "init", "kept_training", "checkpoint_stall",
+                     "lost_work", "detection", "restart"]
+    assert second == ["launch", "init", "kept_training"]
+    # Each bar starts where the one before ended, on the run's time axis (620 px).
+    widths = [float(w) for _b, _x, y, w in bars if y == "4"]
+    assert float([x for _b, x, y, _w in bars if y == "30"][0]) == pytest.approx(
+        90 + sum(widths), abs=0.3)
+    assert all(name.replace("_", " ") in page.split('class="legend"')[1].split("</p>")[0]
+               for name, _c in html_report.BUCKET_COLOURS)
+    assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    page = html_report.render(results.from_report("train", {"ok": True, "run_id": "r1"},
+                                                  tmp_path))
+    assert "Goodput" not in page
+
+
+def test_the_watch_reads_the_runs_times_from_the_controllers_facts():
+    from ansible_collections.torchfleet.fleet.plugins.action.torchrun_watch import (
+        controller_times)
+
+    facts = {"torchfleet_started": 1000.5, "torchfleet_launched": {"0": "1010.25"},
+             "launch_attempts": [{"attempt": 0, "dir": "/runs/r1", "hosts": ["node0"]}]}
+    assert controller_times({"hostvars": {"localhost": facts}}) == {
+        "started": 1000.5, "launched": {"0": 1010.25},
+        "attempts": [{"attempt": 0, "dir": "/runs/r1"}]}
+    assert controller_times({}) == {}

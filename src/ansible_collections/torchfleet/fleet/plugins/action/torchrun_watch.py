@@ -45,7 +45,7 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
-from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import status
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import goodput, status, summary
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import exits, flight, rundir, runstate, straggle, watch
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.watch import ACTION_SPEC
 
@@ -174,6 +174,21 @@ def all_running(summary):
             and summary["hosts_running"] == summary["nnodes"])
 
 
+def controller_times(task_vars):
+    """run_summary's times of this run so far, from the controller's facts (the plays note
+    them: torchfleet_started, torchfleet_launched, launch_attempts); {} outside a launch."""
+    try:
+        local = task_vars["hostvars"]["localhost"]
+        started = local.get("torchfleet_started")
+        return {"started": float(started) if started is not None else None,
+                "launched": {str(k): float(v) for k, v in
+                             dict(local.get("torchfleet_launched") or {}).items()},
+                "attempts": [{"attempt": int(a["attempt"]), "dir": str(a["dir"])}
+                             for a in local.get("launch_attempts") or []]}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return {}
+
+
 class _Terminated(Exception):
     """SIGTERM reached the worker (ansible-playbook forwards it)."""
 
@@ -210,6 +225,19 @@ class ActionModule(ActionBase):
             return {"failed": True, "msg": "the look at the run failed on the master (rc %s): %s"
                                            % (res["rc"], (res["stderr"] or res["stdout"])[-500:])}
 
+    def _goodput(self, task_vars, record, master_now):
+        """Goodput so far in one line (reports/goodput.py's), from this run's times on the
+        controller and this attempt's record as it is now; '' where it cannot be said."""
+        try:
+            times = controller_times(task_vars)
+            if times.get("attempts"):
+                g = summary.run_goodput(times, dict(record, clock=self.clock.record()))
+                return goodput.line(g) if g else ""
+            return status.live_goodput(record, master_now, self.params["attempt"])
+        except Exception as exc:  # noqa: BLE001 - a figure shown must never end the watch
+            display.vvv("goodput so far: %s" % exc)
+            return ""
+
     def _follow(self, task_vars, master, failed_starts, begin):
         """Look at the run until its record is final (or the master cannot be looked at);
         returns (the last look, the first failure, the record or None)."""
@@ -218,6 +246,7 @@ class ActionModule(ActionBase):
         settle_s = a["settle_s"] if a["settle_s"] is not None else defaults.watch_settle_s(
             a["lost_after_s"])
         good, shown, decided_at, look, failure, record = begin, 0.0, None, {}, None, None
+        goodput_at = 0.0  # goodput so far is said GOODPUT_SAY_S into the run, then as often
         said = float("-inf")  # when stragglers were last named
         parent = os.getppid()  # ansible-playbook: a new parent says it is gone
         while failure is None:
@@ -232,7 +261,10 @@ class ActionModule(ActionBase):
                     look = self._look(task_vars, stop=a["stop_now"])
                     a["stop_now"] = ""
                 else:
-                    look = self._look(task_vars, wait_s=poll_s, start_failed=failed_starts)
+                    full = (a["mode"] != "detach"
+                            and time.monotonic() - begin - goodput_at >= defaults.GOODPUT_SAY_S)
+                    look = self._look(task_vars, wait_s=poll_s, start_failed=failed_starts,
+                                      **({"full": True} if full else {}))
             except (AnsibleConnectionFailure, AnsibleError) as exc:
                 look = {"failed": True, "unreachable": True, "msg": str(exc)}
             now = time.monotonic()
@@ -282,7 +314,14 @@ class ActionModule(ActionBase):
                 display.display(progress_text(summary))
                 return look, None, None
             if summary:
-                append_progress(a.get("progress_file"), dict(summary, watched_s=round(elapsed, 3)))
+                said = ""
+                if look.get("record") and summary["phase"] == "running":
+                    goodput_at, said = elapsed, self._goodput(task_vars, look["record"],
+                                                              look.get("now"))
+                    if said:
+                        display.display("  " + said)
+                append_progress(a.get("progress_file"), dict(
+                    summary, watched_s=round(elapsed, 3), **({"goodput": said} if said else {})))
                 if elapsed - shown >= every_s or summary["phase"] != "running":
                     shown = elapsed
                     display.display(progress_text(summary))
@@ -358,6 +397,12 @@ class ActionModule(ActionBase):
         # goodput puts every time of it on the controller's clock (reports/summary.py).
         record = dict(record, clock=self.clock.record())
         write_state(a.get("state_file"), record)
+        said = self._goodput(task_vars, record, look.get("now"))
+        if said:  # the attempt's end: goodput so far (the report's counts the gather too)
+            display.display("  " + said)
+            if look.get("summary"):
+                append_progress(a.get("progress_file"), dict(
+                    look["summary"], watched_s=round(time.monotonic() - begin, 3), goodput=said))
         # master_lost: the controller could not reach the master (the play then does not try
         # it again); a run whose phase is 'lost' because of another host still gathers there.
         result.update(outcome=runstate.PHASE_OUTCOME.get(record["phase"], runstate.FAILED),

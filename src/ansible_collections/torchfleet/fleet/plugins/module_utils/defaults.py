@@ -253,6 +253,7 @@ DUMP_S = PYSPY_TIMEOUT_S + FR_DUMP_S + 10.0  # the master waits this long for a 
 COMMAND_TIMEOUT_S = 20.0  # any other short command a module runs (ip, nvidia-smi, git, python)
 POLL_S = 5.0            # the longest wait of one look of the controller at the master
 PROGRESS_EVERY_S = 10.0  # the controller prints progress at least this often
+GOODPUT_SAY_S = 60.0    # and goodput so far this often (a look with the whole record), and at the end
 STOP_GRACE_S = 10.0     # SIGTERM to SIGKILL of a stopped run's process group
 GATHER_CONNECT_TIMEOUT_S = 3.0  # SSH connect to a host judged lost, gathered after the run
 STOP_REPORT_WAIT_S = 300.0  # stop ID of a detached run: the wait for its follower's report

@@ -9,6 +9,8 @@ garbled field reads as unknown, and nothing raises).
 """
 from __future__ import annotations
 
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import goodput
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.summary import timeline
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import straggle
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import (
     dropped, failure_text, more_warnings)
@@ -59,7 +61,19 @@ def view(record, now, attempt=0):
             "elapsed_s": round(now - started, 1) if now is not None and started is not None
             else None,
             "failure": words, "stragglers": stragglers(record),
+            "goodput": live_goodput(record, now, attempt),
             "hosts": hosts}
+
+
+def live_goodput(record, now, attempt=0):
+    """The goodput line of a run that goes on, from its master's record alone (its clock, as
+    `now`): this attempt from its agents' start (the controller's plays before it are not in
+    the record: the report's figure counts them)."""
+    if now is None or not isinstance(attempt, int) or isinstance(attempt, bool):
+        return ""
+    record = dict(record, clock=None)  # every time is the master's, and so is now
+    g = goodput.goodput(timeline({"attempts": [{"attempt": attempt}]}, {attempt: record}, now))
+    return goodput.line(g) + ("" if attempt == 0 else " (attempt %d, from its start)" % attempt)
 
 
 def stragglers(record):
@@ -107,6 +121,8 @@ def text(v):
         v["run_id"], v["phase"], " (final)" if v["final"] else "", v["attempt"], elapsed)
     if v["failure"]:
         head += "\nfirst failure: %s" % v["failure"]
+    if v.get("goodput"):
+        head += "\n%s" % v["goodput"]
     for words in v.get("stragglers") or []:
         head += "\nstraggler%s: %s" % ("s" if words.startswith("not watched") else "", words)
     rows = [(h["host"], h["state"], h["ranks_alive"],
