@@ -101,5 +101,11 @@ def test_the_readme_long_run_flow_with_attaches_beside_the_finisher(tmp_path):
     for follower, out in zip(followers, outs, strict=True):
         assert follower.returncode != 0 and report["verdict"] in out, out[-3000:]
     assert detach.attached_by(str(run_dir)) == 0  # (a failed owner's play leaves a stale lock)
+    # The attach's report counts the wall time from the launching play's first play (the
+    # controller's times kept in run.json), not from the agents' start.
+    times = json.loads((run_dir / detach.RECORD).read_text())["times"]
+    g = report["goodput"]
+    assert g["started"] == pytest.approx(float(times["started"]), abs=0.002)
+    assert g["buckets"]["preflight"] > 0 and g["failures"][0]["check"] == "run.stopped_by_user"
     assert run_processes(run_id) == []
     shutil.rmtree(run_dir)

@@ -258,3 +258,18 @@ def test_the_watch_reads_the_runs_times_from_the_controllers_facts():
         "started": 1000.5, "launched": {"0": 1010.25},
         "attempts": [{"attempt": 0, "dir": "/runs/r1"}]}
     assert controller_times({}) == {}
+
+
+def test_a_detached_runs_record_keeps_the_controllers_times_for_its_attach(tmp_path):
+    from ansible_collections.torchfleet.fleet.plugins.action.run_record import ActionModule
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.run import detach
+
+    action = ActionModule.__new__(ActionModule)  # decide() alone: no task, no connection
+    action._times = {"started": 1000.0, "launched": {"0": 1010.0}, "attempts": []}
+    params = {k: v.get("default") for k, v in detach.ARGUMENT_SPEC.items()}
+    params.update(state="present", run_id="r1", runs_root=str(tmp_path), owner_pid=1,
+                  record={"hosts": {"node0": {}}, "master": "node0"})
+    (tmp_path / "r1").mkdir()  # the launch made it
+    action.decide(params)
+    record = json.loads((tmp_path / "r1" / detach.RECORD).read_text())
+    assert record["times"] == {"started": 1000.0, "launched": {"0": 1010.0}}

@@ -8,7 +8,7 @@ import time
 
 from ansible.utils.display import Display
 
-from ansible_collections.torchfleet.fleet.plugins.action.torchrun_watch import progress_text
+from ansible_collections.torchfleet.fleet.plugins.action.torchrun_watch import controller_times, progress_text
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.detach import ARGUMENT_SPEC, decide
 from ansible_collections.torchfleet.fleet.plugins.plugin_utils.in_process import InProcessAction
@@ -36,7 +36,16 @@ class _Shown:
 
 class ActionModule(InProcessAction):
     ARGUMENT_SPEC = ARGUMENT_SPEC
+    _times: dict = {}
 
-    @staticmethod
-    def decide(params):
+    def run(self, tmp=None, task_vars=None):
+        self._times = controller_times(task_vars or {})
+        return super().run(tmp, task_vars)
+
+    def decide(self, params):
+        # A detached run's record keeps the controller's times of it (its first play, each
+        # launch): the attach that gathers it reports its goodput from them (attach.yml).
+        if params["state"] == "present" and self._times:
+            params = dict(params, record=dict(params["record"], times={
+                "started": self._times["started"], "launched": self._times["launched"]}))
         return decide(params, on_progress=_Shown())
