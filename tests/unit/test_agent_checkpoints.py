@@ -24,7 +24,7 @@ class FoundWatch:
         self.found, self.warnings = [], []
         return out
 
-    def close(self):
+    def finish(self):
         self.closed = True
 
 

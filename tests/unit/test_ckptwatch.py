@@ -145,14 +145,39 @@ def test_what_was_there_at_the_first_look_is_the_past_unless_the_directory_came_
     assert look(w, clock, 110.0) == ([], [])
     later = tmp_path / "later"
     w2, clock2 = watch(later)
-    found, warnings = look(w2, clock2, 100.0)
-    assert found == [] and len(warnings) == 1 and "does not exist" in warnings[0] and \
+    # A script may make it at its first save: said only once it stayed missing.
+    assert look(w2, clock2, 100.0) == ([], [])
+    found, warnings = look(w2, clock2, 100.0 + defaults.CHECKPOINT_MISSING_WARN_S)
+    assert found == [] and len(warnings) == 1 and "does not exist (yet" in warnings[0] and \
         str(later) in warnings[0]
-    assert look(w2, clock2, 101.0) == ([], [])  # said once
+    assert look(w2, clock2, 500.0) == ([], [])  # said once
     later.mkdir()
     save(later / "step_2.pt")
-    look(w2, clock2, 102.0)
-    assert [c["path"] for c in look(w2, clock2, 105.0)[0]] == ["step_2.pt"]
+    look(w2, clock2, 502.0)
+    assert [c["path"] for c in look(w2, clock2, 505.0)[0]] == ["step_2.pt"]
+
+
+def test_the_final_look_counts_a_save_at_the_runs_last_step_and_says_a_directory_never_made(
+        tmp_path):
+    """The run is over (every torchrun ended): what is pending counts without waiting for it
+    to hold still; a zip cut short still never does."""
+    save(tmp_path / "whole.pt", 50000)
+    data = (tmp_path / "whole.pt").read_bytes()
+    w, clock = watch(tmp_path)
+    look(w, clock, 100.0)
+    save(tmp_path / "step_300.pt")
+    (tmp_path / "step_299.pt").write_bytes(data[:1000])
+    assert look(w, clock, 100.5)[0] == []
+    clock.t = 100.6
+    found, _ = w.look(time.time(), final=True)
+    assert [c["path"] for c in found] == ["step_300.pt"]
+    never = tmp_path / "never"
+    w2, clock2 = watch(never)
+    assert look(w2, clock2, 100.0) == ([], [])
+    clock2.t = 101.0
+    said = w2.look(time.time(), final=True)[1]
+    assert said == ["checkpoint_dir %s does not exist: set checkpoint_dir to where the script "
+                    "saves its checkpoints" % never]
 
 
 def test_a_file_that_never_stops_growing_is_said_once_and_never_counted(tmp_path):
@@ -329,6 +354,10 @@ def test_the_watcher_thread_hands_over_what_it_found_and_says_a_hung_look_once(t
             w.watch.still_s = 0.0  # (held still long enough for this test)
             found += w.take()[0]
         assert [c["path"] for c in found] == ["step_4.pt"]
+        save(tmp_path / "step_5.pt")  # at the run's last step: the final look counts it
+        w.watch.still_s = 60.0
+        w.finish(wait_s=30.0)
+        assert [c["path"] for c in w.take()[0]] == ["step_5.pt"]
     finally:
         w.close()
     w.thread.join(5)

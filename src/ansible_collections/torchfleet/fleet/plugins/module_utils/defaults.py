@@ -285,6 +285,9 @@ CHECKPOINT_LOOK_S = 1.0
 CHECKPOINT_STILL_S = 2.0
 CHECKPOINT_GROWING_WARN_S = 600.0
 CHECKPOINT_HUNG_WARN_S = 60.0
+CHECKPOINT_MISSING_WARN_S = 120.0  # a checkpoint_dir still missing this long is said (the script
+#                                    may make it at its first save), else at the run's end
+CHECKPOINT_FINAL_WAIT_S = 3.0   # the master's end awaits the watch's final look this long
 CHECKPOINT_SCAN_BUDGET = 0.001  # a full scan no sooner than its own CPU cost / this after the last
 CHECKPOINTS_KEPT = 256          # the record keeps the newest this many checkpoints
 # A save is a checkpoint stall unless some rank's completed collectives advanced inside

@@ -680,9 +680,9 @@ class MasterStore:
                        self.state.record())
 
     def finish(self):
-        self._take_checkpoints(self.clock())  # (the last save the run made, if it is found)
-        if self.checkpoints is not None:
-            self.checkpoints.close()
+        if self.checkpoints is not None:  # every torchrun ended: what is pending counts now
+            self.checkpoints.finish()
+            self._take_checkpoints(self.clock())
         self.state.final = True
         self.write_state(force=True)
         self.server.close()

@@ -137,15 +137,21 @@ class CheckpointWatch:
         self.dir_mtime = None
         self.next_scan_m = 0.0
         self.warned = set()
+        self.missing_m = None  # since when the directory is missing
+        self.final = False
         self.looks = self.scans = 0
         self.cpu_s = 0.0      # this watch's CPU time, all looks (the bench's figure)
         self.last_scan_cpu_s = 0.0
 
     # -- the look -----------------------------------------------------------------------------
 
-    def look(self, now_wall):
+    def look(self, now_wall, final=False):
+        """final: the run is over (every torchrun ended, so no save is still being written):
+        a scan whatever its cost, and what is pending counts without waiting for it to hold
+        still (a save at the run's last step); a directory that never appeared is said."""
         began_cpu = self.cpu()
         found, warnings = [], []
+        self.final = final
         try:
             self._look(now_wall, found, warnings)
         except Exception as exc:  # never out of the agent's loop: one sentence instead
@@ -165,9 +171,13 @@ class CheckpointWatch:
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
-            self._warn(warnings, "missing", "checkpoint_dir %s does not exist (yet): it is "
-                       "watched until it does; set checkpoint_dir to where the script saves "
-                       "its checkpoints" % self.said)
+            # (A script may make it at its first save: said only if it stays missing.)
+            self.missing_m = now_m if self.missing_m is None else self.missing_m
+            if self.final or now_m - self.missing_m >= defaults.CHECKPOINT_MISSING_WARN_S:
+                self._warn(warnings, "missing", "checkpoint_dir %s does not exist%s: set "
+                           "checkpoint_dir to where the script saves its checkpoints" % (
+                               self.said, "" if self.final else " (yet; it is watched until "
+                               "it does)"))
             if self.baseline is None:
                 self.baseline = False  # everything found once it exists is new
             return
@@ -179,7 +189,7 @@ class CheckpointWatch:
             self._warn(warnings, "notdir", "checkpoint_dir %s is not a directory: set "
                        "checkpoint_dir to the directory the script saves into" % self.said)
             return
-        if now_m >= self.next_scan_m:
+        if now_m >= self.next_scan_m or self.final:
             began = self.cpu()
             self._scan(now_wall, now_m, st, warnings)
             self.last_scan_cpu_s = max(0.0, self.cpu() - began)
@@ -306,7 +316,7 @@ class CheckpointWatch:
         path = os.path.join(self.path, c.name)
         if c.ident[1] >= 16 and file_verdict(path, 0, head_only=True) == "other":
             return False
-        if not c.renamed and now_m - c.still_m < self.still_s:
+        if not (c.renamed or self.final) and now_m - c.still_m < self.still_s:
             return None
         if c.verdict is not None and c.verdict[0] == c.ident:
             return None  # a zip cut short, unchanged: never counted
@@ -353,10 +363,10 @@ class CheckpointWatch:
         if distcp or not files:
             return None  # a distributed checkpoint still being written; nothing yet
         ident = (c.ino, total, newest, True, len(files))
-        if ident != c.ident:
+        if ident != c.ident and not self.final:
             c.ident, c.still_m = ident, now_m
             return None
-        if now_m - c.still_m < self.still_s:
+        if now_m - c.still_m < self.still_s and not self.final:
             return None
         # A checkpoint holds one (a model's weights, an optimizer's state); a directory of logs
         # or events does not.
@@ -381,19 +391,24 @@ class Watcher:
         self.last_m = mono()
         self.hung_said = False
         self.stopped = threading.Event()
+        self.last_done = threading.Event()  # the final look (finish()) has been made
         self.thread = threading.Thread(target=self._run, name="torchfleet-ckptwatch",
                                        daemon=True)
         if start:
             self.thread.start()
 
     def _run(self):
-        while not self.stopped.wait(self.look_s):
-            found, warnings = self.watch.look(self.wall())
+        while True:
+            final = self.stopped.wait(self.look_s)
+            found, warnings = self.watch.look(self.wall(), final=final)
             with self.lock:
                 self.found.extend(found)
                 del self.found[:-CANDIDATES_MAX]
                 self.warnings.extend(warnings)
                 self.last_m = self.mono()
+            if final:
+                self.last_done.set()
+                return
 
     def take(self):
         """(checkpoints, warnings) found since the last take."""
@@ -407,6 +422,12 @@ class Watcher:
                             "checkpoints are not recorded while it does not; the run goes on"
                             % (self.watch.said, stuck))
         return found, warnings
+
+    def finish(self, wait_s=defaults.CHECKPOINT_FINAL_WAIT_S):
+        """The run is over: one final look (what is pending counts at once, a directory that
+        never appeared is said), awaited at most wait_s; then the thread ends."""
+        self.stopped.set()
+        self.last_done.wait(wait_s)
 
     def close(self):
         self.stopped.set()
