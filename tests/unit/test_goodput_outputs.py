@@ -273,3 +273,19 @@ def test_a_detached_runs_record_keeps_the_controllers_times_for_its_attach(tmp_p
     action.decide(params)
     record = json.loads((tmp_path / "r1" / detach.RECORD).read_text())
     assert record["times"] == {"started": 1000.0, "launched": {"0": 1010.0}}
+
+
+def test_the_watch_says_goodput_so_far_from_the_controllers_times_and_the_record(tmp_path):
+    from ansible_collections.torchfleet.fleet.plugins.action.torchrun_watch import ActionModule
+
+    action = ActionModule.__new__(ActionModule)  # _goodput() alone: no task, no connection
+    action.clock, action.params = Clock(), {"attempt": 0}
+    action.clock.take(100.0, 100.02, {"began": 130.005, "now": 130.015})
+    facts = {"torchfleet_started": 1000.0, "torchfleet_launched": {"0": 1008.0},
+             "launch_attempts": [{"attempt": 0, "dir": str(tmp_path)}]}
+    record = _record(1010.0, timeline={"running": 1012.0, "init_done": 1015.0})
+    said = action._goodput({"hostvars": {"localhost": facts}}, record, 1040.0 + OFFSET)
+    assert said.startswith("goodput ") and " so far; no failure" in said
+    # Outside a launch (status, an attach without the facts): the record alone.
+    assert action._goodput({}, record, 1040.0 + OFFSET).startswith("goodput ")
+    assert action._goodput({}, {"garbled": True}, None) == ""

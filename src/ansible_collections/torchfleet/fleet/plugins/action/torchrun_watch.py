@@ -232,7 +232,7 @@ class ActionModule(ActionBase):
             times = controller_times(task_vars)
             if times.get("attempts"):
                 g = summary.run_goodput(times, dict(record, clock=self.clock.record()))
-                return goodput.line(g) if g else ""
+                return goodput.line(g, so_far=True) if g else ""  # the report counts the gather
             return status.live_goodput(record, master_now, self.params["attempt"])
         except Exception as exc:  # noqa: BLE001 - a figure shown must never end the watch
             display.vvv("goodput so far: %s" % exc)
