@@ -116,6 +116,34 @@ def test_a_distributed_checkpoint_is_complete_once_its_metadata_is_written(tmp_p
     assert found[0]["began"] <= found[0]["ended"]
 
 
+def test_a_distributed_checkpoints_many_shards_are_read_once_while_they_are_written(tmp_path,
+                                                                                  monkeypatch):
+    """1,000 ranks' shards: while .metadata is not there, a look stats it alone (a listing of
+    the shards each second would cost more than the watch may); once it is, one listing sums
+    the bytes."""
+    w, clock = watch(tmp_path)
+    look(w, clock, 100.0)
+    shards = tmp_path / "global_step7"
+    shards.mkdir()
+    for i in range(1000):
+        (shards / ("__%d_0.distcp" % i)).write_bytes(b"x" * 10)
+    listed = []
+    real = os.scandir
+
+    def counting(path="."):
+        listed.append(str(path))
+        return real(path)
+    monkeypatch.setattr(ckptwatch.os, "scandir", counting)
+    for t in range(101, 131):
+        assert look(w, clock, float(t))[0] == []
+    assert listed.count(str(shards)) == 1, listed
+    (shards / ".metadata").write_bytes(b"m" * 5)
+    found, _ = look(w, clock, 131.0)
+    assert [(c["path"], c["kind"], c["step"], c["bytes"]) for c in found] == [
+        ("global_step7", "dcp", 7, 10005)]
+    assert listed.count(str(shards)) == 2
+
+
 def test_an_hf_style_directory_counts_once_its_files_held_still_a_log_directory_never(tmp_path):
     w, clock = watch(tmp_path)
     look(w, clock, 100.0)

@@ -108,7 +108,7 @@ class Candidate:
     sub-directory."""
 
     __slots__ = ("name", "ino", "is_dir", "began", "ident", "still_m", "first_m", "renamed",
-                 "verdict", "warned")
+                 "verdict", "warned", "head", "distcp", "next_m")
 
     def __init__(self, name, ino, is_dir, began, ident, now_m):
         self.name, self.ino, self.is_dir, self.began = name, ino, is_dir, began
@@ -116,6 +116,9 @@ class Candidate:
         self.renamed = False  # a temporary file renamed to its final name: the writer is done
         self.verdict = None   # (ident, "cut") of a file that held still cut short
         self.warned = False
+        self.head = None      # the ident whose first bytes said it may be a checkpoint
+        self.distcp = False   # a directory of a distributed checkpoint's shards
+        self.next_m = 0.0     # a directory's next scan (spaced by its cost, as the top's)
 
 
 class CheckpointWatch:
@@ -314,8 +317,10 @@ class CheckpointWatch:
         """("file", ended, bytes) once complete; False when it is no checkpoint (a log, a
         JSON file: told by its first bytes, at once); else None."""
         path = os.path.join(self.path, c.name)
-        if c.ident[1] >= 16 and file_verdict(path, 0, head_only=True) == "other":
-            return False
+        if c.ident[1] >= 16 and c.head != c.ident:
+            if file_verdict(path, 0, head_only=True) == "other":
+                return False
+            c.head = c.ident
         if not (c.renamed or self.final) and now_m - c.still_m < self.still_s:
             return None
         if c.verdict is not None and c.verdict[0] == c.ident:
@@ -336,6 +341,13 @@ class CheckpointWatch:
         """("dcp" | "dir", ended, bytes) once complete; False when it holds no checkpoint;
         None while it is written."""
         path = os.path.join(self.path, c.name)
+        if not self.final:
+            # A distributed checkpoint's shards are there: one stat a look until its .metadata
+            # is; any other directory is scanned no more often than its cost allows.
+            if c.distcp and not os.path.lexists(os.path.join(path, ".metadata")) or \
+                    now_m < c.next_m:
+                return None
+        began = self.cpu()
         files, newest, total, metadata, distcp = [], 0, 0, None, False
         try:
             with os.scandir(path) as it:
@@ -358,6 +370,8 @@ class CheckpointWatch:
                     files.append((e.name, s.st_size, s.st_mtime_ns))
         except OSError:
             return None
+        c.next_m = now_m + max(0.0, self.cpu() - began) / self.budget
+        c.distcp = distcp
         if metadata is not None:
             return "dcp", metadata / 1e9, total
         if distcp or not files:
