@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import runstate
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import RunState
@@ -202,3 +205,40 @@ def test_a_lost_master_keeps_the_checkpoints_and_the_timeline():
     assert lost["checkpoint_watch"] == {"dir": "/ckpt", "warnings": ["a warning"]}
     assert lost["timeline"]["init_done"] == 1000.5
     assert lost["hosts"][0]["ended"] == rec["updated"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(events=st.lists(st.tuples(
+    st.sampled_from(["beat", "exit", "fail_exit", "stopped", "tick", "ckpt", "first"]),
+    st.sampled_from(HOSTS), st.floats(0.0, 5.0), st.floats(0.0, 40.0)), max_size=30))
+def test_the_timeline_holds_whatever_the_order_of_reports(events):
+    """Whatever the hosts say and when: every moment is a number on the run's clock or None,
+    stopped only once no host runs and never before a host's end, the checkpoints in order,
+    and the record JSON."""
+    s = state()
+    now = 1000.0
+    for kind, host, step, age in events:
+        now += step
+        lo = s.hosts[host]["ranks"][0]
+        if kind == "beat":
+            beat(s, host, now, done=int(now) % 7, steady_s=min(age, 3.0))
+        elif kind == "first":
+            beat(s, host, now, first={str(lo): age, str(lo + 1): age / 2})
+        elif kind in ("exit", "fail_exit", "stopped"):
+            s.report(host, now, {"t": runstate.EXIT, "rc": 0 if kind == "exit" else 1,
+                                 "stopped": kind == "stopped", "ended_s": age})
+        elif kind == "tick":
+            s.tick(now)
+        else:
+            s.checkpoint_seen(now, ckpt(now - age, now - age / 2, path="p%d" % int(now)))
+    rec = json.loads(json.dumps(s.record()))
+    line = rec["timeline"]
+    assert all(v is None or isinstance(v, float) and v >= s.started for v in line.values())
+    running = [h for h in rec["hosts"] if h["state"] == runstate.STARTED]
+    if running:
+        assert line["stopped"] is None
+    if line["stopped"] is not None:
+        assert all(h["ended"] is None or h["ended"] <= line["stopped"] for h in rec["hosts"])
+    ends = [c["ended"] for c in rec["checkpoints"]]
+    assert ends == sorted(ends) and all(c["began"] <= c["ended"] for c in rec["checkpoints"])
+    assert all(isinstance(c["stall"], bool) for c in rec["checkpoints"])
