@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import (detach_cost, diagnosis, fail_fast, flood, fuzz, hardware_watch,
+from bench import (checkpoint_watch, detach_cost, diagnosis, fail_fast, flood, fuzz, hardware_watch,
                    harness_overhead, health_cost, isolate, launch_overhead, launch_profile, output_lines, preflight_cost, recording_cost,
                    report_scale, restart_cost, scale, spares_cost, start_skew, straggler,
                    straggler_rates, watch_cpu)
@@ -47,6 +47,7 @@ BENCHES = {
     "straggler": straggler.run,
     "straggler_rates": straggler_rates.run,
     "scale": scale.run,
+    "checkpoint_watch": checkpoint_watch.run,
 }
 # Named groups of measures, for --only: "lean" is every figure of the launch's cost (issue 58),
 # each beside its baseline in one sitting.
@@ -108,6 +109,8 @@ def main():
     parser.add_argument("--health-size", type=int, default=8, help="lab hosts of health_cost")
     parser.add_argument("--recording-sizes", default="64K,4M",
                         help="all_reduce sizes of recording_cost")
+    parser.add_argument("--ckpt-window-s", type=float, default=60,
+                        help="how long checkpoint_watch watches each directory")
     parser.add_argument("--out", type=Path, default=RESULTS)
     # 20 iterations time a 20-400 ms window, shorter than the noise of 2 busy CPUs.
     parser.add_argument("--busbw-iters", type=int, default=100,

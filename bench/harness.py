@@ -19,6 +19,7 @@ from pathlib import Path
 from lab import netns as labmod  # python -m bench runs from the repository root
 from torchfleet.paths import collection_root
 from torchfleet import ansible_cli
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -312,6 +313,15 @@ def markdown(results):
         lines.append("| status.yml -e run_id= (one look at the master) vs `ansible node0 -m ping` "
                      "| %s s | %s s | %sx | <= 2x |" % (rng(dc["status_s"]), rng(dc["ping_s"]),
                                                        rng(dc["status_ratio"])))
+    for r in (results.get("checkpoint_watch") or {}).values():
+        lines.append("| the checkpoint watch (a look each %.0f s, a torch.save every 5 s) over a "
+                     "checkpoint_dir of %d files, its CPU over %.0f s; its first look (the past) "
+                     "%.3f CPU-s once; checkpoints found of those saved %s | %s %% of one core | "
+                     "| | <= 0.1 %% |" % (defaults.CHECKPOINT_LOOK_S, r["files"], r["window_s"],
+                                         r["first_look_s"], r["found_of_saved"],
+                                         "%.4f [%.4f-%.4f]" % (r["core_pct"]["median"],
+                                                               r["core_pct"]["min"],
+                                                               r["core_pct"]["max"])))
     hw = results.get("hardware_watch")
     if hw:
         w = hw["watcher"]
