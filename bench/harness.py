@@ -301,6 +301,11 @@ def markdown(results):
                      "%.2fx [%.2f-%.2f] | <= 1.3x |" % (
                          rc["hosts"], rng(rc["restart_s"]), rng(rc["fresh_s"]), rc["ratio"],
                          rc["ratio_min"], rc["ratio_max"]))
+    if rc and rc.get("buckets"):
+        def parts(side):
+            return ", ".join("%s %s" % (k, rng(v)) for k, v in rc["buckets"].get(side, {}).items())
+        lines.append("| the same, train.json's goodput buckets (s): the restart's | %s | the fresh "
+                     "run's: %s | | |" % (parts("restart"), parts("fresh")))
     dc = results.get("detach_cost")
     if dc:
         lines.append("| train.yml -e detach=true to its report, finished unattended by the "

@@ -1,6 +1,7 @@
 """A worker's network cut to every rank of the restarted attempt running, against a fresh run."""
 from __future__ import annotations
 
+import json
 import shutil
 import statistics
 import subprocess
@@ -23,6 +24,23 @@ def all_ranks_resumed(remote, hosts, attempt_dir):
     return found == set(hosts)
 
 
+def buckets(run_dir):
+    """train.json's goodput of a finished run: the restart's buckets (its failure's detection
+    and restart, the next attempt's launch and init, the failure's cost) or a fresh run's
+    (preflight, launch, init); {} when the run wrote none."""
+    try:
+        g = json.loads((run_dir / "train.json").read_text())["goodput"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    if len(g["attempts"]) > 1:
+        first, second = g["attempts"][0]["buckets"], g["attempts"][1]["buckets"]
+        return {"detection": first["detection"], "restart": first["restart"],
+                "launch": second["launch"], "init": second["init"],
+                "cost": g["failures"][0]["cost_s"] if g["failures"] else None}
+    b = g["attempts"][0]["buckets"] if g["attempts"] else g["buckets"]
+    return {"preflight": b["preflight"], "launch": b["launch"], "init": b["init"]}
+
+
 def run(args, tmp):
     """From a worker's network cut to every rank of the restarted attempt running (train.yml
     nnodes=6 spares=2 max_restarts=1 on 8 lab hosts, lost_after_s=5), against a fresh train.yml
@@ -36,6 +54,7 @@ def run(args, tmp):
     hand_inventory = tmp / "by-hand.yml"
     hand_inventory.write_text(yaml.safe_dump(inv, sort_keys=False))
     times = {"restart": [], "fresh": []}
+    parts = {"restart": [], "fresh": []}  # train.json's goodput buckets of each run
 
     def wait(predicate, proc, what):
         end = time.monotonic() + 300
@@ -64,6 +83,7 @@ def run(args, tmp):
             the_lab.heal()
             assert proc.returncode == 0, out[-3000:]
             times["restart"].append(running - cut)
+            parts["restart"].append(buckets(tmp / ("rs-%d" % i)))
             # By hand: the same checkpoint, an inventory without node2, a fresh train.yml.
             hand_ckpt, hand_remote = tmp / ("hand-ckpt%d" % i), tmp / ("hand-remote%d" % i)
             hand_ckpt.mkdir()
@@ -81,9 +101,14 @@ def run(args, tmp):
             out, _ = proc.communicate(timeout=300)
             assert proc.returncode == 0, out[-3000:]
             times["fresh"].append(running - start)
+            parts["fresh"].append(buckets(tmp / ("fr-%d" % i)))
     finally:
         lab_down()
     r, f = times["restart"], times["fresh"]
     return {"hosts": 8, "restart_s": stats(r), "fresh_s": stats(f),
             "ratio": statistics.median(r) / statistics.median(f),
-            "ratio_min": min(r) / max(f), "ratio_max": max(r) / min(f)}
+            "ratio_min": min(r) / max(f), "ratio_max": max(r) / min(f),
+            "buckets": {side: {k: stats([p[k] for p in runs if p.get(k) is not None])
+                               for k in sorted({k for p in runs for k in p})
+                               if any(p.get(k) is not None for p in runs)}
+                        for side, runs in parts.items()}}
