@@ -18,6 +18,7 @@ class FoundWatch:
 
     def __init__(self, found, warnings):
         self.found, self.warnings, self.closed = found, warnings, False
+        self.watch = types.SimpleNamespace(looks=3, scans=2, cpu_s=0.001)
 
     def take(self):
         out = self.found, self.warnings

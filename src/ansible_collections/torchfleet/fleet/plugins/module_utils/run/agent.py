@@ -683,6 +683,9 @@ class MasterStore:
         if self.checkpoints is not None:  # every torchrun ended: what is pending counts now
             self.checkpoints.finish()
             self._take_checkpoints(self.clock())
+            w = self.checkpoints.watch
+            self.log("checkpoint watch: %d looks, %d scans, %.1f ms CPU in all" % (
+                w.looks, w.scans, w.cpu_s * 1e3))
         self.state.final = True
         self.write_state(force=True)
         self.server.close()
