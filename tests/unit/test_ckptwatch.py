@@ -179,9 +179,11 @@ def test_what_was_there_at_the_first_look_is_the_past_unless_the_directory_came_
     assert found == [] and len(warnings) == 1 and "does not exist (yet" in warnings[0] and \
         str(later) in warnings[0]
     assert look(w2, clock2, 500.0) == ([], [])  # said once
+    assert w2.blind  # (goodput: lost work unknown, not all of it)
     later.mkdir()
     save(later / "step_2.pt")
     look(w2, clock2, 502.0)
+    assert not w2.blind and not w.blind
     assert [c["path"] for c in look(w2, clock2, 505.0)[0]] == ["step_2.pt"]
 
 
@@ -252,6 +254,7 @@ def test_a_directory_that_cannot_be_read_or_is_no_directory_is_one_sentence(tmp_
     assert look(w, clock, 100.0)[1] == ["checkpoint_dir %s is not a directory: set "
                                         "checkpoint_dir to the directory the script saves "
                                         "into" % f]
+    assert w.blind
     w, clock = watch(tmp_path)
 
     def refused(path):
@@ -259,6 +262,7 @@ def test_a_directory_that_cannot_be_read_or_is_no_directory_is_one_sentence(tmp_
     monkeypatch.setattr(ckptwatch.os, "scandir", refused)
     said = look(w, clock, 100.0)[1] + look(w, clock, 101.0)[1]
     assert len(said) == 1 and "Permission denied" in said[0] and "read and execute" in said[0]
+    assert w.blind
 
 
 def test_look_never_raises(tmp_path, monkeypatch):

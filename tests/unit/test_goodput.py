@@ -9,7 +9,7 @@ import os
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import goodput as gp
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.goodput import (
-    BUCKETS, NO_CHECKPOINT_DIR, advice, duration, goodput, line, runs_goodput)
+    BLIND, BUCKETS, NO_CHECKPOINT_DIR, advice, duration, goodput, line, runs_goodput)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -56,7 +56,8 @@ ATTEMPT = st.fixed_dictionaries({
     "failure": st.one_of(st.none(), st.fixed_dictionaries({"check": st.sampled_from(
         ["run.hardware", "host.lost", "run.exit", "run.stopped", ""]), "host": st.text(max_size=4)})),
     "checkpoints": st.lists(CHECKPOINT, max_size=5),
-    "checkpoint_warnings": st.lists(st.text(max_size=10), max_size=2)})
+    "checkpoint_warnings": st.lists(st.text(max_size=10), max_size=2),
+    "checkpoint_blind": st.booleans()})
 
 
 @settings(max_examples=400, deadline=None)
@@ -75,9 +76,11 @@ def test_any_timeline_gives_buckets_that_add_up_to_the_wall_time(started, now, a
     # The run's buckets are its attempts' summed.
     for k in BUCKETS:
         if g["buckets"][k] is not None and g["attempts"]:
-            assert math.isclose(g["buckets"][k], sum(a["buckets"][k] for a in g["attempts"]),
+            assert math.isclose(g["buckets"][k], sum(a["buckets"][k] or 0.0 for a in g["attempts"]),
                                 abs_tol=1e-6)
-    assert (g["buckets"]["lost_work"] is None) == (NO_CHECKPOINT_DIR in g["unknown"])
+    unknown = NO_CHECKPOINT_DIR in g["unknown"] or any(BLIND in u for u in g["unknown"])
+    assert g["buckets"]["lost_work"] is not None or unknown
+    assert unknown == any(a["buckets"]["lost_work"] is None for a in g["attempts"])
     assert isinstance(line(g), str)
     json.dumps(g, allow_nan=False)
 
@@ -237,6 +240,17 @@ def test_the_checkpoint_watch_warnings_are_said():
     a["checkpoint_warnings"] = ["checkpoint_dir /x does not exist"]
     assert goodput(timeline(a))["unknown"] == [
         "checkpoint watch: checkpoint_dir /x does not exist"]
+
+
+def test_a_checkpoint_dir_the_watch_could_not_read_leaves_lost_work_unknown():
+    # The directory never appeared (a wrong path) or could not be read: no checkpoint seen
+    # says nothing of what was lost, so it is unknown, not every second of the training.
+    fails = attempt(0, 0, 1, 2, 50, 52, {"check": "run.exit", "host": "a"})
+    assert goodput(timeline(fails))["buckets"]["lost_work"] == 48
+    fails["checkpoint_blind"] = True
+    g = goodput(timeline(fails))
+    assert g["buckets"]["lost_work"] is None and g["unknown"][0] == BLIND
+    assert g["buckets"]["kept_training"] == 48 and adds_up(g)
 
 
 def test_nothing_but_garbage_raises_nothing():

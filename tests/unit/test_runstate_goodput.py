@@ -199,10 +199,11 @@ def test_a_lost_master_keeps_the_checkpoints_and_the_timeline():
     beat(s, "node1", 1001.0, done=1, first={"2": 0.5, "3": 0.5})
     s.checkpoint_seen(1050.0, ckpt(1040.0, 1049.0))
     s.checkpoint_warning("a warning")
+    s.checkpoint_blind(True)  # its last look could not read the directory
     rec = json.loads(json.dumps(s.record()))
     lost = runstate.master_lost(rec, "node0", "its agent died")
     assert lost["checkpoints"] == rec["checkpoints"]
-    assert lost["checkpoint_watch"] == {"dir": "/ckpt", "warnings": ["a warning"]}
+    assert lost["checkpoint_watch"] == {"dir": "/ckpt", "warnings": ["a warning"], "blind": True}
     assert lost["timeline"]["init_done"] == 1000.5
     assert lost["hosts"][0]["ended"] == rec["updated"]
 

@@ -34,6 +34,10 @@ NO_CHECKPOINT_DIR = ("lost work is unknown: no checkpoint_dir, so no checkpoint 
                      "-e checkpoint_dir=<where the script saves> (until then goodput is an upper "
                      "bound: the training since the last checkpoint counts as kept)")
 
+BLIND = ("lost work is unknown: the checkpoint watch could not read checkpoint_dir at the end "
+         "(its sentence below says why), so a failure's loss since the last checkpoint is not "
+         "known; goodput is an upper bound")
+
 
 def _t(value):
     """An epoch time (or a duration) to the millisecond; None when it is not a plausible one."""
@@ -164,7 +168,8 @@ def goodput(timeline, mtbf_s=None):
     timeline: {"started": T0 (the first play's start), "now" (for a live run), "checkpoint_dir"
     ("" unset), "attempts": [{"attempt", "launch" L, "running" R, "init_done" I, "failed" F,
     "stopped" S (each None when unknown), "failure": {"check", "host"} | None, "checkpoints":
-    [{"path", "began", "ended", "step", "stall", ...}], "checkpoint_warnings": [str]}]}.
+    [{"path", "began", "ended", "step", "stall", ...}], "checkpoint_warnings": [str],
+    "checkpoint_blind": the watch could not read checkpoint_dir at its last look}]}.
 
     Each attempt's boundaries are clipped to L <= R <= I <= F <= S (and L to the previous
     attempt's S): a missing R or I is the next one known, a missing F is S (a clean end, unless
@@ -173,7 +178,7 @@ def goodput(timeline, mtbf_s=None):
     preflight = L1 - T0; launch = R - L; init = I - R; detection = F -> S; restart = S -> the
     next L; the training window [I, F] = kept_training + checkpoint_stall + lost_work, where
     lost_work = F - max(I, C), C the end of the last checkpoint ended KEPT_MARGIN_S before F
-    (0 for a clean end; None when no checkpoint_dir is watched: that time stays in
+    (0 for a clean end; None when no checkpoint_dir is watched, or its watch was blind: that time stays in
     kept_training, and "unknown" says goodput is then an upper bound), and checkpoint_stall the
     union of the saves that stalled the ranks, clipped to [I, max(I, C)] (a stall after C is
     lost work already). The run's buckets are its attempts' summed (the first attempt carries
@@ -192,13 +197,16 @@ def goodput(timeline, mtbf_s=None):
     watched = bool(tl.get("checkpoint_dir")) and isinstance(tl.get("checkpoint_dir"), str)
     t0 = _t(tl.get("started"))
     if t0 is None:
-        known = [_t(a.get("launch")) for a in attempts] + [now]
+        # (no first play noted: the earliest moment the timeline holds)
+        known = [_t(a.get(k)) for a in attempts
+                 for k in ("launch", "running", "init_done", "failed", "stopped")] + [now]
         t0 = min([t for t in known if t is not None] or [0.0])
     cursor, done = t0, []
     for i, a in enumerate(attempts):
         last = i == len(attempts) - 1
         nxt = None if last else _t(attempts[i + 1].get("launch"))
-        done.append(_attempt(a, i, cursor, nxt, last, now, watched))
+        done.append(_attempt(a, i, cursor, nxt, last, now,
+                             watched and a.get("checkpoint_blind") is not True))
         cursor = done[-1]["stopped"]
     end = cursor if attempts else max(t0, now if now is not None else t0)
     if done:
@@ -210,8 +218,12 @@ def goodput(timeline, mtbf_s=None):
         total["preflight"] = _d(end - t0)
     for d in done:
         for k in BUCKETS:
-            total[k] = None if total[k] is None or d["buckets"][k] is None \
-                else _d(total[k] + d["buckets"][k])
+            total[k] = _d(total[k] + (d["buckets"][k] or 0.0))
+    # Lost work is unknown when no failed attempt's is known; where some are (a watch blind in
+    # one attempt only), the known ones are summed and "unknown" says which are not.
+    if any(d["buckets"]["lost_work"] is None for d in done) and not any(
+            d["failure"] is not None and d["buckets"]["lost_work"] is not None for d in done):
+        total["lost_work"] = None
     failures = []
     for i, d in enumerate(done):
         if d["failure"] is None:
@@ -222,8 +234,12 @@ def goodput(timeline, mtbf_s=None):
             cost += done[i + 1]["buckets"]["launch"] + done[i + 1]["buckets"]["init"]
         failures.append(dict(d["failure"], cost_s=_d(cost)))
     unknown = []
-    if total["lost_work"] is None:
+    blind = [d["attempt"] for d in done if d["buckets"]["lost_work"] is None]
+    if blind and not watched:
         unknown.append(NO_CHECKPOINT_DIR)
+    elif blind:
+        unknown.append(BLIND if total["lost_work"] is None else
+                       "%s (attempt %s)" % (BLIND, ", ".join(map(str, blind))))
     for d in done:
         unknown += d["notes"]
     for a in attempts:

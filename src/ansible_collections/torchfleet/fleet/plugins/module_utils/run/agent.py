@@ -611,6 +611,7 @@ class MasterStore:
         for text in warnings:
             self.state.checkpoint_warning("%s: %s" % (self.p["host"], text))
             self.log("checkpoint watch: %s" % text)
+        self.state.checkpoint_blind(self.checkpoints.watch.blind)
 
     def _read_start_failures(self, now):
         """Hosts whose start task failed, as the controller's watch wrote them here (the

@@ -143,6 +143,9 @@ class CheckpointWatch:
         self.missing_m = None  # since when the directory is missing
         self.final = False
         self.looks = self.scans = 0
+        # The last look could not read the directory (missing, unreadable, not one): what was
+        # lost since a checkpoint is then unknown, not all of the training (goodput).
+        self.blind = self._sees = False
         self.cpu_s = 0.0      # this watch's CPU time, all looks (the bench's figure)
         self.last_scan_cpu_s = 0.0
 
@@ -155,11 +158,14 @@ class CheckpointWatch:
         began_cpu = self.cpu()
         found, warnings = [], []
         self.final = final
-        try:
+        self._sees = False  # this look read the directory (blind is set once, at the end:
+        try:                # the agent's thread reads it)
             self._look(now_wall, found, warnings)
         except Exception as exc:  # never out of the agent's loop: one sentence instead
+            self._sees = False
             self._warn(warnings, "error", "checkpoint_dir %s could not be watched (%s: %s); "
                        "checkpoints are not recorded" % (self.said, type(exc).__name__, exc))
+        self.blind = not self._sees
         self.looks += 1
         self.cpu_s += max(0.0, self.cpu() - began_cpu)
         return found, warnings
@@ -192,6 +198,7 @@ class CheckpointWatch:
             self._warn(warnings, "notdir", "checkpoint_dir %s is not a directory: set "
                        "checkpoint_dir to the directory the script saves into" % self.said)
             return
+        self._sees = True
         if now_m >= self.next_scan_m or self.final:
             began = self.cpu()
             self._scan(now_wall, now_m, st, warnings)
@@ -208,6 +215,7 @@ class CheckpointWatch:
             it = os.scandir(self.path)
         except OSError as exc:
             why = exc.strerror or exc
+            self._sees = False
             self._warn(warnings, "scan", "checkpoint_dir %s cannot be listed (%s): give the "
                        "run's user read and execute access to it" % (self.said, why))
             return

@@ -30,7 +30,8 @@ collective.json), the Python API, the CLI and the HTML report read that copy:
      "straggle": {"watched", "signal": "durations" | "calls" | "", "collectives", "window_s",
                   "untimed": [host whose NCCL collectives are not timed, ...]},
      "checkpoints": [CHECKPOINT, ...] (oldest first, the newest defaults.CHECKPOINTS_KEPT),
-     "checkpoint_watch": {"dir": checkpoint_dir ("" unset), "warnings": [sentence, ...] (<= 8)},
+     "checkpoint_watch": {"dir": checkpoint_dir ("" unset), "warnings": [sentence, ...] (<= 8),
+                          "blind": the watch's last look could not read the directory},
      "timeline": {"running": every host's ranks running (the latest host's ranks_at),
                   "init_done": the first collective completed on every rank (the latest
                   rank's first collective), "failed": the first failure's own time (started +
@@ -490,7 +491,8 @@ def master_lost(record, master, detail):
     state.checkpoints = [dict(c) for c in record.get("checkpoints") or [] if isinstance(c, dict)]
     watch = record.get("checkpoint_watch") or {}
     state.checkpoint_watch = {"dir": _text(watch.get("dir"), DIR_MAX),
-                              "warnings": list(watch.get("warnings") or [])}
+                              "warnings": list(watch.get("warnings") or []),
+                              "blind": watch.get("blind") is True}
     state.init_done = _number((record.get("timeline") or {}).get("init_done"))
     at = record.get("updated") or record["started"]
     if master in state.hosts and state.hosts[master]["state"] not in DONE:
@@ -558,7 +560,8 @@ class RunState:
         # (sorted, one per ADVANCE_GAP_S, the newest ADVANCES_KEPT); the checkpoints seen.
         self.firsts, self.init_done, self.advances = {}, None, []
         self.checkpoints = []
-        self.checkpoint_watch = {"dir": _text(checkpoint_dir, DIR_MAX), "warnings": []}
+        self.checkpoint_watch = {"dir": _text(checkpoint_dir, DIR_MAX), "warnings": [],
+                                 "blind": False}
 
     # -- what the agents report -------------------------------------------------------------
 
@@ -1031,7 +1034,8 @@ class RunState:
                 "checkpoints": [c if c["stall"] is not None else dict(c, stall=self.stall(c))
                                 for c in self.checkpoints],
                 "checkpoint_watch": {"dir": self.checkpoint_watch["dir"],
-                                     "warnings": list(self.checkpoint_watch["warnings"])},
+                                     "warnings": list(self.checkpoint_watch["warnings"]),
+                                     "blind": self.checkpoint_watch["blind"]},
                 "timeline": self.timeline()}
 
     # -- goodput's timeline and checkpoints ---------------------------------------------------
@@ -1119,6 +1123,12 @@ class RunState:
         del self.checkpoints[:-defaults.CHECKPOINTS_KEPT]
         self.updated = max(self.updated, now)
         return entry
+
+    def checkpoint_blind(self, blind):
+        """Whether the watch's last look could not read checkpoint_dir (missing, unreadable):
+        the run's lost work is then unknown (goodput), not all of its training."""
+        if not self.final:
+            self.checkpoint_watch["blind"] = bool(blind)
 
     def checkpoint_warning(self, text):
         """A sentence of the checkpoint watch (a directory missing, unreadable, huge, a file
