@@ -1,0 +1,221 @@
+"""Goodput measured for real (issue 59): 4 lab hosts and a spare run a gloo all_reduce loop
+(tests/fixtures/scripts/ckpt_train.py) whose rank 0 saves a checkpoint every 15 s into
+checkpoint_dir (this machine's directory, which every lab host sees: the nodes share its files),
+torch.save at about 2 MB/s (a 2 s save the other ranks wait out: a checkpoint stall) in one case,
+a torch.distributed.checkpoint directory in the other. Once a save has ended and the loop trained
+on KILL_AFTER_S past it, node2's agent is killed (its torchrun and rank go with it, as a host
+that died); the master names node2 lost, the run restarts on the spare node4, resumes from the
+newest checkpoint and ends ok once it trained STOP_AFTER_S (the test then makes the file that
+stops its loop).
+
+Every rank writes its own record of what happened (its start, its first collective, each save's
+start and end, its end) and the test records when it killed node2 and when each host's torchrun
+ended (polled): each bucket the record can tell is compared with the report's goodput, within
+1 s (init within 1 s and a heartbeat: the master dates the ranks running by the first beat that
+reports them); goodput within 1 percentage point of the kept training so computed over the report's wall
+time; the buckets sum to the wall time within 1 %. preflight, launch and restart begin at the
+controller's plays, which no script sees: the report's wall time is checked against the test's
+own bounds (the playbook's start, the last torchrun's end) instead."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FIXTURES, run_processes
+from tests.integration.playbook import BIN, ROOT, Run
+from tests.lab.conftest import runs_root
+from tests.lab.test_reliability_lab import wait_until
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import procs
+from torchfleet import ansible_cli
+
+pytestmark = pytest.mark.lab
+REMOTE_RUNS = runs_root(Path(__file__).stem)
+SCRIPT = FIXTURES / "scripts" / "ckpt_train.py"
+HOSTS, SPARE, KILLED = ("node0", "node1", "node2", "node3"), "node4", "node2"
+EVERY_S = 15      # the script's checkpoint interval
+KILL_AFTER_S = 5  # training past the first save's end before node2 dies: its lost work
+STEPS = 100000    # more than the run makes: the restart ends when it is told to
+STOP_AFTER_S = 2  # the restart's training before the test stops it
+TOLERANCE_S = 1.0
+
+
+def events(record_dir, attempt):
+    """Every rank's events of one attempt, by kind: {event: [entries]}."""
+    out: dict[str, list[dict]] = {}
+    for path in record_dir.glob("rank*_attempt%d.jsonl" % attempt):
+        for line in path.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:  # a line cut by the kill
+                continue
+            out.setdefault(entry["event"], []).append(entry)
+    return out
+
+
+class Ends:
+    """When each host's torchrun of each attempt ended, polled every 0.1 s from its PID file
+    (the lab's hosts share this machine's processes and files)."""
+
+    def __init__(self, run_id):
+        self.run_id, self.ended, self.stop = run_id, {}, threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def _poll(self):
+        seen = {}
+        while not self.stop.is_set():
+            for attempt, where in ((0, ""), (1, "attempt_1/")):
+                for host in HOSTS + (SPARE,):
+                    key = (attempt, host)
+                    if key in self.ended:
+                        continue
+                    if key not in seen:
+                        try:
+                            seen[key] = json.loads((REMOTE_RUNS / self.run_id / host / where
+                                                    / "torchrun.pid").read_text())["pid"]
+                        except (OSError, ValueError, KeyError):
+                            continue
+                    if not procs.alive(seen[key]):
+                        self.ended[key] = time.time()
+            self.stop.wait(0.1)
+
+    def last(self, attempt):
+        self.stop.set()
+        self.thread.join()
+        return max(t for (a, _h), t in self.ended.items() if a == attempt)
+
+
+def truth(record_dir, killed, ends_0, ends_1):
+    """The buckets the scripts' own record tells, per attempt (goodput.py's definitions on
+    this machine's clock): init (every rank started to the first collective completed on every
+    rank), checkpoint_stall (the saves, each of which the other ranks waited out, up to the
+    last one ended a second before the failure), lost_work (that save's end to the kill),
+    detection (the kill to every torchrun ended, and to the killed host known lost: its agent's
+    connection closed at the kill, and the master's rule waits CLOSED_LOST_S for it to come
+    back), kept_training (what is left of the first collective to the failure, or to the
+    end)."""
+    out = []
+    for attempt, failed, stopped in ((0, killed, ends_0), (1, None, ends_1)):
+        e = events(record_dir, attempt)
+        started = max(x["t"] for x in e["start"])
+        first = max(x["t"] for x in e["first"])
+        end = failed if failed is not None else stopped
+        saves = sorted((x["began"], x["ended"]) for x in e.get("save", [])
+                       if failed is None or x["ended"] <= failed - 1.0)
+        kept_to = max([first] + [b for _a, b in saves]) if failed is not None else end
+        stall = sum(max(0.0, min(b, kept_to) - max(a, first)) for a, b in saves)
+        lost = end - kept_to
+        out.append({"init": first - started, "checkpoint_stall": stall, "lost_work": lost,
+                    "detection": stopped - failed if failed is not None else 0.0,
+                    "kept_training": end - first - stall - lost})
+    return out
+
+
+def start(lab, tmp_path, mode):
+    ckpt, record, stop = tmp_path / "ckpt", tmp_path / "record", tmp_path / "stop"
+    ckpt.mkdir()
+    record.mkdir()
+    began = time.time()
+    proc = subprocess.Popen(
+        [*ansible_cli.command("ansible-playbook"), "train.yml", "-i", str(lab.inventory),
+         "-e", "nnodes=4", "-e", "spares=1", "-e", "max_restarts=1",
+         "-e", "checkpoint_dir=%s" % ckpt, "-e", "script=%s" % SCRIPT,
+         "-e", json.dumps({"script_args": [str(ckpt), str(record), mode, str(STEPS),
+                                           str(EVERY_S), str(stop)]}),
+         "-e", "run_dir=%s" % (tmp_path / "run")],
+        cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return proc, record, stop, began
+
+
+def trained(record, attempt, seconds):
+    """Rank 0 of the attempt stepped `seconds` past its first collective."""
+    e = events(record, attempt)
+    first = [x["t"] for x in e.get("first", []) if x["rank"] == 0]
+    steps = [x["t"] for x in e.get("step", []) if x["rank"] == 0]
+    return bool(first and steps and max(steps) >= first[0] + seconds)
+
+
+def past_the_first_save(record):
+    """Rank 0's first save ended and it trained KILL_AFTER_S past it."""
+    e = events(record, 0)
+    saves = [x for x in e.get("save", [])]
+    steps = [x["t"] for x in e.get("step", []) if x["rank"] == 0]
+    return bool(saves and steps and max(steps) >= saves[0]["ended"] + KILL_AFTER_S)
+
+
+@pytest.mark.parametrize("mode", ["save", "dcp"])
+def test_each_bucket_is_what_the_script_recorded(healthy_lab, tmp_path, mode):
+    proc, record, stop, began = start(healthy_lab, tmp_path, mode)
+    ends = None
+    try:
+        assert wait_until(lambda: past_the_first_save(record) or proc.poll() is not None, 300), \
+            "no checkpoint was saved"
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        run_id = next(p for p in REMOTE_RUNS.glob("*/%s/torchrun.pid" % KILLED)
+                      if p.stat().st_mtime >= began).parent.parent.name
+        ends = Ends(run_id)
+        pid = json.loads((REMOTE_RUNS / run_id / KILLED / "torchrun.pid").read_text())["pid"]
+        os.kill(procs.parent(pid), signal.SIGKILL)  # its agent: torchrun and the rank follow
+        killed = time.time()
+        assert wait_until(lambda: trained(record, 1, STOP_AFTER_S) or proc.poll() is not None,
+                          400), "the restart never trained"
+        stop.touch()
+        out, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:  # an assertion failed before the run ended
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    run = Run(proc.returncode, out, tmp_path / "run")
+    assert run.rc == 0, out[-3000:]
+    report = run.report("train.json")
+    assert report["verdict"].startswith(
+        "train ok after 1 restart: %s host.lost, replaced by %s" % (KILLED, SPARE)), \
+        report["verdict"]
+    resumed = events(record, 1)["resume"]
+    assert resumed and resumed[0]["step"] == events(record, 0)["save"][-1]["step"], resumed
+    ends_0 = max([killed + defaults.CLOSED_LOST_S] + [t for (a, h), t in ends.ended.items()
+                                                      if a == 0])
+    ends_1 = ends.last(1)
+    g = report["goodput"]
+    expected = truth(record, killed, ends_0, ends_1)
+    lines = ["%-16s %9s %9s %7s" % ("bucket", "report", "record", "diff")]
+    for attempt, want in zip(g["attempts"], expected, strict=True):
+        for bucket, got in attempt["buckets"].items():
+            if bucket in want:
+                lines.append("%-16s %9.3f %9.3f %+7.3f  (attempt %d)" % (
+                    bucket, got, want[bucket], got - want[bucket], attempt["attempt"]))
+            else:  # the controller's plays: no script sees them
+                lines.append("%-16s %9.3f %9s %7s  (attempt %d)" % (
+                    bucket, got, "-", "", attempt["attempt"]))
+    kept = sum(a["kept_training"] for a in expected)
+    lines.append("goodput %.4f, kept/wall from the record %.4f, wall %.3f s, buckets %.3f s"
+                 % (g["ratio"], kept / g["wall_s"], g["wall_s"], sum(g["buckets"].values())))
+    print("\n".join(lines))
+    for attempt, want in zip(g["attempts"], expected, strict=True):
+        for bucket, value in want.items():
+            # The master dates "every rank running" by the first heartbeat that reports them
+            # (one every BEAT_S): up to a beat after the ranks started.
+            slack = defaults.BEAT_S if bucket == "init" else 0.0
+            assert abs(attempt["buckets"][bucket] - value) <= TOLERANCE_S + slack, \
+                "\n".join(lines)
+    assert abs(g["ratio"] - kept / g["wall_s"]) <= 0.01, "\n".join(lines)
+    assert abs(sum(g["buckets"].values()) - g["wall_s"]) <= 0.01 * g["wall_s"], g
+    # The wall time runs from the first play (after the playbook started) to the last end.
+    first_rank = min(x["t"] for x in events(record, 0)["start"])
+    assert ends_1 - first_rank - TOLERANCE_S <= g["wall_s"] <= ends_1 - began + TOLERANCE_S, \
+        (g["wall_s"], ends_1 - first_rank, ends_1 - began)
+    assert g["unknown"] == [] and [(f["check"], f["host"]) for f in g["failures"]] == [
+        ("host.lost", KILLED)], g
+    assert {c["step"] for c in g["checkpoints"]} == {x["step"] for a in (0, 1)
+                                                     for x in events(record, a).get("save", [])}
+    assert "goodput" in out and "1 restart cost" in out
+    assert run_processes(report["run_id"]) == []
