@@ -96,6 +96,20 @@ def test_an_unmeasured_offset_is_zero_and_a_missing_launch_is_the_records_start(
     assert (tl["attempts"][0]["launch"], tl["attempts"][0]["running"]) == (507.0, 509.0)
 
 
+def test_a_final_record_ends_when_it_was_last_updated_and_carries_a_blind_watch():
+    # A host never heard to stop (stopped unknown): the run ended at the record's last update,
+    # not when the report is written; a watch that could not read the directory says so.
+    record = _record(1000.0, failure={"host": "node1", "reason": FAILED},
+                     timeline={"running": 1002.0, "init_done": 1003.0, "failed": 1040.0,
+                               "stopped": None}, watch_dir="/ckpt")
+    record.update(final=True, updated=1050.0 + OFFSET)
+    record["checkpoint_watch"]["blind"] = True
+    times = {"started": 990.0, "launched": {"0": 998.0}, "attempts": [{"attempt": 0, "dir": "a"}]}
+    g = summary.run_goodput(times, record)
+    assert g["wall_s"] == 60.0 and g["buckets"]["detection"] == 10.0
+    assert g["buckets"]["lost_work"] is None and "could not read checkpoint_dir" in g["unknown"][0]
+
+
 @pytest.mark.parametrize("failure, check", [
     ({"host": "node1", "reason": FAILED}, "run.exit"),
     ({"host": "node1", "reason": LOST}, "host.lost"),

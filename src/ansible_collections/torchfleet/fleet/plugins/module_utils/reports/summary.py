@@ -516,7 +516,8 @@ def timeline(times, records, now):
             "checkpoints": [dict(c, began=local(c.get("began")), ended=local(c.get("ended")))
                             for c in record.get("checkpoints") or [] if isinstance(c, dict)],
             "checkpoint_warnings": [w for w in watch.get("warnings") or []
-                                    if isinstance(w, str)]})
+                                    if isinstance(w, str)],
+            "checkpoint_blind": watch.get("blind") is True})
     return {"started": _time(times.get("started")), "now": now, "checkpoint_dir": watched,
             "attempts": out}
 
@@ -530,6 +531,12 @@ def run_goodput(times, last_record, now=None):
     records = {a.get("attempt"): read_json(os.path.join(str(a.get("dir") or ""), STATE_FILE))
                or {} for a in attempts[:-1]}
     records[attempts[-1].get("attempt")] = last_record
+    if now is None and isinstance(last_record, dict) and last_record.get("final"):
+        # A final record's run ended when it was last updated, not when it is reported: a
+        # host never heard to stop must not count the report's delay as detection.
+        clock = last_record.get("clock") if isinstance(last_record.get("clock"), dict) else {}
+        updated = _time(last_record.get("updated"))
+        now = None if updated is None else updated - (_time(clock.get("offset_s")) or 0.0)
     return goodput.goodput(timeline(times, records, time.time() if now is None else now))
 
 
