@@ -296,6 +296,10 @@ CHECKPOINTS_KEPT = 256          # the record keeps the newest this many checkpoi
 CHECKPOINT_STALL_LEAD_S = 1.5
 CHECKPOINT_STALL_TAIL_S = 0.5
 ADVANCE_GAP_S = 0.5             # the master keeps one moment of collectives advancing per this
+# Goodput (reports/goodput.py): a checkpoint counts as kept only when it ended at least this
+# long before the failure: a save still being written when a rank died stops growing then too,
+# and is not a checkpoint to resume from.
+CHECKPOINT_KEPT_MARGIN_S = 1.0
 
 
 def master_settle_s(abort_grace_s=ABORT_GRACE_S, hang=False):

@@ -15,15 +15,12 @@ import re
 import stat
 import time
 
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import RUN_ID
 
 BUCKETS = ("preflight", "launch", "init", "kept_training", "checkpoint_stall", "lost_work",
            "detection", "restart")
-# A checkpoint counts as kept only when it ended at least this long before the failure: a save
-# still being written when a rank died stops growing then too, and is not a checkpoint to resume
-# from. (Goodput's only timing; the contract of issue 59 names it "defaults' margin": it moves
-# to defaults.py with the watch's timings.)
-KEPT_MARGIN_S = 1.0
+KEPT_MARGIN_S = defaults.CHECKPOINT_KEPT_MARGIN_S
 CHECKPOINTS_SHOWN = 256     # train.json's goodput lists the newest this many checkpoints
 UNKNOWN_MAX = 8             # sentences in "unknown"
 TIME_MAX = 1e10             # an epoch time past 2286 is garbage, not a time
