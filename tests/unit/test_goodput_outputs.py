@@ -303,3 +303,34 @@ def test_the_watch_says_goodput_so_far_from_the_controllers_times_and_the_record
     # Outside a launch (status, an attach without the facts): the record alone.
     assert action._goodput({}, record, 1040.0 + OFFSET).startswith("goodput ")
     assert action._goodput({}, {"garbled": True}, None) == ""
+
+
+def test_the_watch_takes_the_whole_record_once_a_minute_and_writes_goodput_so_far(
+        tmp_path, monkeypatch):
+    from ansible_collections.torchfleet.fleet.plugins.action import torchrun_watch
+    from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+
+    monkeypatch.setattr(defaults, "GOODPUT_SAY_S", 0.0)  # every look is a minute apart
+    record = _record(1010.0, timeline={"running": 1012.0, "init_done": 1015.0}, offset=0.0)
+    record.update(final=False, nnodes=1, nproc_per_node=1)
+    asked = []
+
+    def look(task_vars, **args):
+        asked.append(args.get("full", False))
+        final = len(asked) > 2
+        rec = dict(record, phase=SUCCEEDED if final else "running", final=final)
+        return {"state": "final" if final else "running", "now": 1040.0,
+                "summary": {"phase": rec["phase"], "final": final, "elapsed_s": 30.0,
+                            "nranks": 1, "ranks_alive": 1, "hosts_running": 1, "nnodes": 1},
+                "record": rec if args.get("full") or final else None}
+
+    action = torchrun_watch.ActionModule.__new__(torchrun_watch.ActionModule)
+    action.clock = Clock()
+    action.params = {"mode": "attached", "poll_s": 0.0, "progress_every_s": 10.0,
+                     "settle_s": 0.0, "lost_after_s": 30.0, "lease_s": 60.0, "stop_now": "",
+                     "attempt": 0, "progress_file": str(tmp_path / "progress.jsonl")}
+    monkeypatch.setattr(action, "_look", look)
+    _look, failure, final = action._follow({}, "node0", {}, __import__("time").monotonic())
+    assert asked[:2] == [True, True] and final["phase"] == SUCCEEDED
+    lines = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert lines[0]["goodput"].startswith("goodput ") and " so far" in lines[0]["goodput"]
