@@ -463,6 +463,12 @@ def test_the_watcher_dates_a_ranks_first_collective_from_a_recorded_gloo_dump():
         {"is_p2p": True, "time_created_ns": 1}, {"time_created_ns": 0}]
     assert first([("_dump_fr_trace", dump)]) == want
     assert first([("_dump_fr_trace", {"entries": []})]) is None
+    # NCCL (torch's tutorial dump): the first collective's completion, which its watchdog
+    # recorded after the call (the communicator's set-up happens there).
+    nccl = json.loads((FLIGHT / "nccl_tutorial_dump.json").read_text())
+    head = min(nccl["entries"], key=lambda e: e["time_created_ns"])
+    assert first([("_dump_nccl_trace", nccl)]) == head["time_discovered_completed_ns"] / 1e9 \
+        > head["time_created_ns"] / 1e9
 
 
 def test_positions_pass_each_ranks_first_collective_as_an_age_on_the_hosts_clock(tmp_path):

@@ -15,8 +15,9 @@ Three parts, one per place they run:
   reads; without the entries' call sites, which take seconds to symbolize) beside the rank's
   logs, gathered with them.
   Once, when the recorder first shows a collective completed, it adds "first": when this
-  rank called its first collective (the earliest entry's time_created_ns; with gloo the first
-  collective runs in its caller and completes when the last rank calls it), for goodput's
+  rank's first collective completed (NCCL's recorded completion; with gloo, which records
+  none, its call: the first collective runs in its caller and completes when the last rank
+  calls it), for goodput's
   init (the first collective completed on every rank: runstate.RunState.timeline).
 - positions(), in the host's agent: those files, checked and bounded, for its heartbeat.
 - clean() and finding(), in the master's judge (runstate.py): a heartbeat's positions from
@@ -109,14 +110,22 @@ def _torchfleet_pgs(status_dumps, entry_dumps, names):
 
 
 def _torchfleet_first(entry_dumps):
-    """torchfleet: when this rank called its first collective (epoch seconds, this host's
-    clock): the earliest time_created_ns among the recorder's collective entries (the
-    recorder keeps the newest few thousand: a rank that ran more before the watcher's first
-    look reads a later one). None without one."""
-    times = [int(e.get("time_created_ns") or 0) for _src, d in entry_dumps
-             for e in d.get("entries") or [] if not e.get("is_p2p")]
-    times = [t for t in times if t > 0]
-    return min(times) / 1e9 if times else None
+    """torchfleet: when this rank's first collective completed (epoch seconds, this host's
+    clock): the earliest collective entry's time_discovered_completed_ns where the recorder
+    knows it (NCCL's watchdog: the first collective also sets up the communicator, which can
+    take seconds at scale, after the call returned), else its time_created_ns (gloo says 0:
+    its collective runs in the caller and completes when the last rank calls it, so the latest
+    rank's call is that moment). The recorder keeps the newest few thousand: a rank that ran
+    more before the watcher's first look reads a later one. None without one."""
+    first = None
+    for _src, d in entry_dumps:
+        for e in d.get("entries") or []:
+            created = int(e.get("time_created_ns") or 0)
+            if not e.get("is_p2p") and created > 0 and (first is None or created < first[0]):
+                first = (created, int(e.get("time_discovered_completed_ns") or 0))
+    if first is None:
+        return None
+    return (first[1] if first[1] >= first[0] else first[0]) / 1e9
 
 
 def _torchfleet_samples(entries, after, n_max):
