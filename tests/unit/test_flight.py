@@ -279,10 +279,9 @@ def test_any_positions_from_a_host_leave_the_judge_standing_and_name_only_its_ra
 FLIGHT = Path(__file__).resolve().parent.parent / "fixtures" / "flight"
 
 
-def watcher_reader(names=None):
-    """The watcher's reading of dumps (status dumps, entry dumps) -> positions, from the
-    sitecustomize text itself (outside a rank it only defines its functions); names: the
-    {(source, pg_id): group} it learned so far."""
+def watcher_namespace():
+    """The watcher's functions, from the sitecustomize text itself (outside a rank it only
+    defines them)."""
     namespace = {}
     env = {k: os.environ.pop(k) for k in ("TORCHELASTIC_ERROR_FILE", "RANK", flight.ENV_TRIGGER)
            if k in os.environ}
@@ -290,6 +289,13 @@ def watcher_reader(names=None):
         exec(compile(flight.WATCHER, "sitecustomize.py", "exec"), namespace)
     finally:
         os.environ.update(env)
+    return namespace
+
+
+def watcher_reader(names=None):
+    """The watcher's reading of dumps (status dumps, entry dumps) -> positions; names: the
+    {(source, pg_id): group} it learned so far."""
+    namespace = watcher_namespace()
     names = {} if names is None else names
     return lambda status, entries: namespace["_torchfleet_pgs"](
         [("_dump_fr_trace", d) for d in status], [("_dump_fr_trace", d) for d in entries],
@@ -446,14 +452,7 @@ def test_the_watcher_dates_a_ranks_first_collective_from_a_recorded_gloo_dump():
     one runs in its caller and completes when the last rank calls it, so each rank's own call
     time (the earliest entry's time_created_ns; gloo's entries say 0 for when each
     completed), the latest over the ranks, is that moment."""
-    namespace = {}
-    env = {k: os.environ.pop(k) for k in ("TORCHELASTIC_ERROR_FILE", "RANK", flight.ENV_TRIGGER)
-           if k in os.environ}
-    try:
-        exec(compile(flight.WATCHER, "sitecustomize.py", "exec"), namespace)
-    finally:
-        os.environ.update(env)
-    first = namespace["_torchfleet_first"]
+    first = watcher_namespace()["_torchfleet_first"]
     dump = json.loads((FLIGHT / "gloo_2.13_rank1_late_rank0.json").read_text())
     assert all(e["time_discovered_completed_ns"] == 0 for e in dump["entries"])
     want = min(e["time_created_ns"] for e in dump["entries"]) / 1e9
