@@ -334,3 +334,18 @@ def test_the_watch_takes_the_whole_record_once_a_minute_and_writes_goodput_so_fa
     assert asked[:2] == [True, True] and final["phase"] == SUCCEEDED
     lines = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
     assert lines[0]["goodput"].startswith("goodput ") and " so far" in lines[0]["goodput"]
+
+
+@pytest.mark.parametrize("garbled", [
+    {"checkpoints": 7, "checkpoint_watch": {"warnings": "x"}, "timeline": [1, 2]},
+    {"checkpoints": [None, "a", {"began": "x"}], "timeline": {"running": "soon"}, "started": {}},
+    {"clock": 3, "failure": "lost", "checkpoint_watch": 5},
+])
+def test_a_garbled_record_reads_as_unknown_and_status_still_says_something(garbled):
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import status
+
+    record = dict(_record(1010.0, timeline={"running": 1012.0}), **garbled)
+    view = status.view(record, 1100.0)
+    assert view["goodput"].startswith("goodput")
+    tl = summary.timeline({"attempts": [{"attempt": 0, "dir": "a0"}]}, {0: record}, 1100.0)
+    assert isinstance(tl["attempts"][0]["checkpoints"], list)

@@ -481,6 +481,11 @@ def _time(value):
         else None
 
 
+def _list(value):
+    """A record's list, or none (the record comes from another host: a garbled field is [])."""
+    return value if isinstance(value, list) else []
+
+
 def timeline(times, records, now):
     """goodput.goodput()'s input (reports/goodput.py): every attempt's times on the
     controller's clock. times: the run_summary parameter (started, launched {attempt: t},
@@ -490,7 +495,7 @@ def timeline(times, records, now):
     launched it did not gather) starts at its record's own start."""
     launched = times.get("launched") if isinstance(times.get("launched"), dict) else {}
     out, watched = [], ""
-    for a in times.get("attempts") or []:
+    for a in _list(times.get("attempts")):
         n = a.get("attempt") if isinstance(a, dict) else None
         if not isinstance(n, int) or isinstance(n, bool):
             continue
@@ -514,8 +519,8 @@ def timeline(times, records, now):
             "failure": None if failure is None else {"check": check_of(failure),
                                                      "host": failure.get("host") or ""},
             "checkpoints": [dict(c, began=local(c.get("began")), ended=local(c.get("ended")))
-                            for c in record.get("checkpoints") or [] if isinstance(c, dict)],
-            "checkpoint_warnings": [w for w in watch.get("warnings") or []
+                            for c in _list(record.get("checkpoints")) if isinstance(c, dict)],
+            "checkpoint_warnings": [w for w in _list(watch.get("warnings"))
                                     if isinstance(w, str)],
             "checkpoint_blind": watch.get("blind") is True})
     return {"started": _time(times.get("started")), "now": now, "checkpoint_dir": watched,
@@ -525,7 +530,7 @@ def timeline(times, records, now):
 def run_goodput(times, last_record, now=None):
     """The report's goodput object (goodput.goodput of timeline()), the last attempt's record
     as given, the others' read from their directories; None without any attempt."""
-    attempts = [a for a in times.get("attempts") or [] if isinstance(a, dict)]
+    attempts = [a for a in _list(times.get("attempts")) if isinstance(a, dict)]
     if not attempts:
         return None
     records = {a.get("attempt"): read_json(os.path.join(str(a.get("dir") or ""), STATE_FILE))
