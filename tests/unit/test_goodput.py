@@ -54,7 +54,7 @@ ATTEMPT = st.fixed_dictionaries({
     "attempt": st.integers(0, 9), "launch": TIME, "running": TIME, "init_done": TIME,
     "failed": TIME, "stopped": TIME,
     "failure": st.one_of(st.none(), st.fixed_dictionaries({"check": st.sampled_from(
-        ["run.hardware", "host.lost", "run.exit", "run.stopped", ""]), "host": st.text(max_size=4)})),
+        ["run.hardware", "host.lost", "run.exit", "run.stopped_by_user", ""]), "host": st.text(max_size=4)})),
     "checkpoints": st.lists(CHECKPOINT, max_size=5),
     "checkpoint_warnings": st.lists(st.text(max_size=10), max_size=2),
     "checkpoint_blind": st.booleans()})
@@ -395,3 +395,12 @@ def test_the_cli_refuses_a_bad_since_in_one_sentence(tmp_path, capsys):
 def test_the_cli_on_an_empty_runs_root(tmp_path, capsys):
     assert cli.main(["goodput", "--runs-root", str(tmp_path / "none")]) == 0
     assert capsys.readouterr().out.startswith("no run with a goodput under ")
+
+
+def test_the_users_own_stop_costs_work_but_is_no_failure_of_the_mean_time_between_them():
+    # The check id the summary names a stop by (summary.check_of, checks.py's registry).
+    g = goodput(timeline(
+        attempt(0, 0, 1, 2, 1000, 1002, {"check": "run.exit", "host": "a"}),
+        attempt(1, 1010, 1011, 1012, 3000, 3002, {"check": "run.stopped_by_user", "host": ""})))
+    assert [f["check"] for f in g["failures"]] == ["run.exit", "run.stopped_by_user"]
+    assert g["mtbf_s"] == g["wall_s"] == 3002

@@ -25,7 +25,7 @@ CHECKPOINTS_SHOWN = 256     # train.json's goodput lists the newest this many ch
 UNKNOWN_MAX = 8             # sentences in "unknown"
 TIME_MAX = 1e10             # an epoch time past 2286 is garbage, not a time
 READ_MAX = 16 << 20         # a train.json larger than this is not read (the 256-host one: 0.3 MB)
-NOT_A_FAILURE = ("run.stopped",)  # the user's own stop: costs work, says nothing of MTBF
+NOT_A_FAILURE = ("run.stopped_by_user",)  # the user's own stop: costs work, says nothing of MTBF
 CHECK_ID = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 NO_CHECKPOINT_DIR = ("lost work is unknown: no checkpoint_dir, so no checkpoint was seen; give "
                      "-e checkpoint_dir=<where the script saves> (until then goodput is an upper "
@@ -183,7 +183,7 @@ def goodput(timeline, mtbf_s=None):
 
     failures: one per failed attempt, "cost_s" = its lost work (0 when unknown) + detection +
     restart + the next attempt's launch and init. mtbf_s: the run's wall time per failure (the
-    user's own stop, run.stopped, is none), else the mtbf_s given (the runs root's). Also
+    user's own stop, run.stopped_by_user, is none), else the mtbf_s given (the runs root's). Also
     "advice" (see advice()), "save_s" and "interval_s" (medians), "live" (the last attempt
     still runs: the figures are so far) and "started" (T0): those two beyond the issue's object.
     """
