@@ -18,7 +18,7 @@ class FoundWatch:
 
     def __init__(self, found, warnings):
         self.found, self.warnings, self.closed = found, warnings, False
-        self.watch = types.SimpleNamespace(looks=3, scans=2, cpu_s=0.001)
+        self.watch = types.SimpleNamespace(looks=3, scans=2, cpu_s=0.001, blind=True)
 
     def take(self):
         out = self.found, self.warnings
@@ -46,6 +46,7 @@ def test_the_master_dates_each_checkpoint_on_the_records_clock_and_names_its_hos
     assert (c["path"], c["step"], c["kind"], c["bytes"]) == ("step_100.pt", 100, "file", 123)
     assert rec["checkpoint_watch"]["warnings"] == [
         "node0: checkpoint_dir /x does not exist (yet): ..."]
+    assert rec["checkpoint_watch"]["blind"]  # (the watch's last look could not read it)
     watch = store.checkpoints
     store.server = types.SimpleNamespace(close=lambda: None)
     store.finish()
@@ -96,6 +97,8 @@ import io, os, sys, threading, time
 import torch
 import torch.distributed as dist
 ckdir = sys.argv[1]
+with open(os.path.join(sys.argv[2], "torch_imported_%s" % os.environ["RANK"]), "w") as f:
+    f.write(repr(time.time()))
 dist.init_process_group("gloo")
 rank, t = dist.get_rank(), torch.ones(256)
 
@@ -134,7 +137,8 @@ def test_a_real_run_records_its_checkpoints_stalls_and_timeline(tmp_path):
     script.write_text(SAVING)
     ckdir.mkdir()
     args = agent_args(tmp_path, "unit-ckpt-%d" % os.getpid(), script=str(script),
-                      script_args=[str(ckdir)], nproc_per_node=2, checkpoint_dir=str(ckdir),
+                      script_args=[str(ckdir), str(tmp_path)], nproc_per_node=2,
+                      checkpoint_dir=str(ckdir),
                       join_timeout_s=120)
     job = start_agent(args)
     try:
@@ -155,7 +159,11 @@ def test_a_real_run_records_its_checkpoints_stalls_and_timeline(tmp_path):
         assert line["init_done"] < c["began"] < line["stopped"]
     assert rec["started"] <= line["running"] <= line["init_done"] <= line["stopped"]
     assert line["failed"] is None and rec["checkpoint_watch"] == {"dir": str(ckdir),
-                                                                  "warnings": []}
+                                                                  "warnings": [],
+                                                                  "blind": False}
+    # Every rank was running (its agent saw it start) before any had imported torch.
+    imported = [float((tmp_path / ("torch_imported_%d" % r)).read_text()) for r in (0, 1)]
+    assert line["running"] < min(imported)
     assert line["stopped"] == max(h["ended"] for h in rec["hosts"])
     t0 = rec["started"]
     print("\ntimeline (s from the start): %s; checkpoints: %s" % (

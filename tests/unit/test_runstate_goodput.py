@@ -59,6 +59,20 @@ def test_the_timeline_of_a_run_that_succeeded():
     assert [h["ended"] for h in rec["hosts"]] == [1099.5, 1101.0]
 
 
+def test_every_rank_running_is_when_the_agent_saw_its_ranks_start_not_its_beat():
+    # The beat comes up to a second after the ranks started: its up_s (an age on the host's
+    # clock) dates the start; a hostile one is bounded, never before the run.
+    s = state()
+    s.report("node0", 1003.0, {"t": runstate.BEAT, "alive": 2, "up_s": 0.8})
+    s.report("node1", 1004.0, {"t": runstate.BEAT, "alive": 2, "up_s": 1e9})
+    assert [h["ranks_at"] for h in s.record()["hosts"]] == [1002.2, 1000.0]
+    s2 = state()
+    for bad in ("x", -3, float("nan"), None, [1]):
+        s2.hosts["node0"]["ranks_at"] = None
+        s2.report("node0", 1003.0, {"t": runstate.BEAT, "alive": 2, "up_s": bad})
+        assert s2.hosts["node0"]["ranks_at"] == 1003.0
+
+
 def test_a_failures_own_time_and_a_lost_hosts_end_is_when_it_was_judged():
     s = state()
     beat(s, "node0", 1001.0)

@@ -294,6 +294,7 @@ class HostAgent:
         self.dirs = {}              # the ranks' log directories, once torchrun made them
         self.died_sent = False      # a rank's failure is told (DIED)
         self.died = None            # (root cause, consequence) it told
+        self.up_m = None            # when every rank of this host was first seen running
         self.log = _logger(p["run_dir"])
 
     def step(self, now_m):
@@ -303,6 +304,8 @@ class HostAgent:
         # (Every look until every rank is found: the exit watch has each from its start.)
         self.deaths.look(self.proc.pid, now_m, self.stopped, refresh=beat or len(
             self.deaths.ranks) < self.p["nproc_per_node"])
+        if self.up_m is None and len(self.deaths.ranks) >= self.p["nproc_per_node"]:
+            self.up_m = now_m
         if rc is None:
             self._tell_death(now_m, refresh=beat)
         if beat or rc is not None and not self.exit_sent:
@@ -315,6 +318,8 @@ class HostAgent:
             self.most_workers = max(self.most_workers, status["alive"])
             fr = self.samples.take(rank_dirs(self.p["run_dir"]), now_m) if self.samples else {}
             extra = {"fr": fr} if fr else {}
+            if self.up_m is not None:  # (on this host's clock: an age)
+                extra["up_s"] = round(now_m - self.up_m, 3)
             if self.samples and self.samples.untimed:
                 extra["fr_untimed"] = True
             self.send(dict(status, t=runstate.BEAT, hw=self.watch.take(now_m),

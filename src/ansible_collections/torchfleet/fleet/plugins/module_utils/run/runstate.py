@@ -307,7 +307,8 @@ def message(body):
                 "steady": body.get("steady"), "first": body.get("first"), "hw": hw,
                 "hw_dropped": hw_dropped, "hw_fatal_more": hw_fatal_more,
                 "watch": watch_status(body.get("watch")) if "watch" in body else None,
-                "fr": body.get("fr"), "fr_untimed": body.get("fr_untimed") is True}
+                "fr": body.get("fr"), "fr_untimed": body.get("fr_untimed") is True,
+                "up_s": _bounded(body.get("up_s"), 0.0, AGE_MAX_S, 0.0)}
     if kind == PONG:
         return {"t": PONG, "echo": _number(body.get("echo")), "at": _number(body.get("at"))}
     if kind in (EXIT, DIED):
@@ -587,7 +588,7 @@ class RunState:
             return None
         if msg["t"] == BEAT:
             return self.beat(host, now, msg["alive"], msg["idle_s"], msg["last_line"],
-                             msg["pid"]) or made
+                             msg["pid"], msg["up_s"]) or made
         if msg["t"] == EXIT:
             return self.exited(host, now, msg["rc"], stopped=msg["stopped"],
                                root_cause=msg["root_cause"], last_line=msg["last_line"],
@@ -656,9 +657,10 @@ class RunState:
             return False
         return any(v[0] > v[1] for _h, groups in pos.values() for v in groups.values())
 
-    def beat(self, host, now, alive=0, idle_s=None, last_line="", pid=None):
+    def beat(self, host, now, alive=0, idle_s=None, last_line="", pid=None, up_s=0.0):
         """A live agent's report: its torchrun runs with `alive` ranks, whose newest log write
-        is idle_s old on that host's own clock."""
+        is idle_s old on that host's own clock; every one of its ranks was running up_s ago
+        (its agent saw the last one start: goodput's launch ends there, not at the beat)."""
         rec = self.hosts.get(host)
         if rec is None or rec["state"] in DONE:
             return None
@@ -666,7 +668,8 @@ class RunState:
         rec.update(state=STARTED, alive=int(alive), last_seen=now, pid=pid,
                    elapsed_s=round(now - self.started, 3))
         if int(alive) and rec.get("ranks_at") is None:
-            rec["ranks_at"] = now  # the first report of its ranks alive
+            # The first report of its ranks alive, dated when its agent saw them all start.
+            rec["ranks_at"] = round(max(self.started, now - up_s), 3)
         if idle_s is not None:
             rec["progress_ts"] = max(now - idle_s, rec["progress_ts"] or 0)
         if last_line:
