@@ -166,6 +166,118 @@ def test_an_hf_style_directory_counts_once_its_files_held_still_a_log_directory_
     assert warnings == []
 
 
+def test_hfs_two_phase_save_counts_once_on_trainer_state_not_when_the_model_held_still(
+        tmp_path):
+    """HF Trainer writes the model, gathers the optimizer's state for minutes, then writes
+    optimizer.pt and trainer_state.json (its commit), and rng state after: one checkpoint,
+    counted on trainer_state.json, never twice."""
+    w, clock = watch(tmp_path)
+    look(w, clock, 100.0)
+    ck = tmp_path / "checkpoint-500"
+    ck.mkdir()
+    save(ck / "pytorch_model.bin")
+    for t in (101.0, 110.0, 125.0, 130.0):  # the model held still for 29 s: not yet
+        assert look(w, clock, t) == ([], [])
+    save(ck / "optimizer.pt", 4000)  # 30 s later by the watch's clock
+    assert look(w, clock, 131.0) == ([], [])
+    assert look(w, clock, 140.0) == ([], [])
+    (ck / "trainer_state.json").write_text('{"global_step": 500}')
+    found = look(w, clock, 141.0)[0] + look(w, clock, 141.0 + defaults.CHECKPOINT_STILL_S)[0]
+    assert [(c["path"], c["kind"], c["step"]) for c in found] == [("checkpoint-500", "dir", 500)]
+    assert found[0]["bytes"] == sum(os.stat(ck / n).st_size for n in os.listdir(ck))
+    save(ck / "rng_state.pth", 10)  # written after its commit: the same checkpoint
+    for t in range(150, 300, 10):
+        assert look(w, clock, float(t)) == ([], [])
+
+
+def test_deepspeeds_tag_counts_once_latest_names_it(tmp_path):
+    w, clock = watch(tmp_path)
+    (tmp_path / "latest").write_text("global_step50")  # an earlier save's
+    look(w, clock, 100.0)
+    tag = tmp_path / "global_step100"
+    tag.mkdir()
+    save(tag / "mp_rank_00_model_states.pt")
+    for t in (101.0, 105.0):
+        assert look(w, clock, t) == ([], [])
+    save(tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt", 3000)
+    for t in range(106, 200, 10):  # the ZeRO shards held still: still no `latest` naming it
+        assert look(w, clock, float(t)) == ([], [])
+    (tmp_path / "latest").write_text("global_step100")
+    found = look(w, clock, 200.5)[0]
+    assert [(c["path"], c["kind"], c["step"], c["ended"]) for c in found] == [
+        ("global_step100", "dir", 100, round(os.stat(tmp_path / "latest").st_mtime, 3))]
+    assert look(w, clock, 230.0) == ([], [])
+
+
+def test_megatrons_iteration_two_levels_down_counts_on_its_tracker(tmp_path):
+    """Megatron's legacy layout: iter_0001000/mp_rank_00/model_optim_rng.pt, then the top-level
+    latest_checkpointed_iteration.txt naming 1000 once every rank saved."""
+    w, clock = watch(tmp_path)
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("500")
+    look(w, clock, 100.0)
+    it = tmp_path / "iter_0001000"
+    for rank in ("mp_rank_00", "mp_rank_01"):
+        (it / rank).mkdir(parents=True)
+        save(it / rank / "model_optim_rng.pt", 2000)
+    for t in range(101, 200, 10):
+        assert look(w, clock, float(t)) == ([], [])
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("1000")
+    found = look(w, clock, 200.5)[0]
+    assert [(c["path"], c["kind"], c["step"]) for c in found] == [("iter_0001000", "dir", 1000)]
+    assert found[0]["bytes"] == 2 * os.stat(it / "mp_rank_00" / "model_optim_rng.pt").st_size
+
+
+def test_nemos_distributed_checkpoint_one_level_down_counts_once_its_metadata_is_there(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    w, clock = watch(tmp_path)
+    look(w, clock, 100.0)
+    ck = tmp_path / "model--step=99-consumed_samples=1600.0-last"
+    (ck / "context").mkdir(parents=True)
+    (ck / "context" / "io.json").write_text("{}")
+    dcp.save({"w": torch.zeros(64), "b": torch.ones(8)}, checkpoint_id=str(ck / "weights"))
+    meta = ck / "weights" / ".metadata"
+    kept = meta.read_bytes()
+    meta.unlink()  # as it is while the ranks still write their shards
+    for t in range(101, 200, 10):
+        assert look(w, clock, float(t)) == ([], [])
+    meta.write_bytes(kept)
+    found = look(w, clock, 200.5)[0] + look(w, clock, 200.5 + defaults.CHECKPOINT_STILL_S)[0]
+    assert [(c["path"], c["kind"], c["step"]) for c in found] == [(ck.name, "dcp", 99)]
+
+
+def test_a_directory_without_a_known_marker_counts_only_once_it_held_still_long_and_once(
+        tmp_path):
+    w, clock = watch(tmp_path)
+    look(w, clock, 100.0)
+    ck = tmp_path / "run7_save"
+    ck.mkdir()
+    save(ck / "model.pt")
+    for t in (101.0, 101.0 + defaults.CHECKPOINT_STILL_S, 110.0, 130.0):
+        assert look(w, clock, t) == ([], [])  # not before DIR_STILL_S: it may not be done
+    assert ckptwatch.DIR_STILL_S >= 30.0
+    found = look(w, clock, 101.0 + ckptwatch.DIR_STILL_S)[0]
+    assert [(c["path"], c["kind"]) for c in found] == [("run7_save", "dir")]
+    save(ck / "optim.pt")  # changed again: not a second checkpoint
+    for t in range(140, 300, 10):
+        assert look(w, clock, float(t)) == ([], [])
+
+
+def test_a_new_save_into_the_same_directory_is_a_new_checkpoint(tmp_path):
+    """A `latest/` distributed checkpoint overwritten by each save: its .metadata rewritten."""
+    import torch.distributed.checkpoint as dcp
+
+    w, clock = watch(tmp_path)
+    look(w, clock, 100.0)
+    dcp.save({"w": torch.zeros(64)}, checkpoint_id=str(tmp_path / "latest"))
+    assert [c["path"] for c in look(w, clock, 101.0)[0]] == ["latest"]
+    assert look(w, clock, 110.0) == ([], [])
+    time.sleep(0.01)
+    dcp.save({"w": torch.ones(64)}, checkpoint_id=str(tmp_path / "latest"))
+    found = look(w, clock, 111.0)[0] + look(w, clock, 120.0)[0]
+    assert [c["path"] for c in found] == ["latest"]
+
+
 def test_what_was_there_at_the_first_look_is_the_past_unless_the_directory_came_later(tmp_path):
     save(tmp_path / "step_1.pt")
     w, clock = watch(tmp_path)
@@ -324,7 +436,7 @@ def test_a_small_directorys_watch_costs_well_under_a_tenth_of_a_percent_of_a_cor
 @given(prefix=st.sampled_from(["", "run3/", "model_", "a-b."]),
        word=st.sampled_from(["step", "STEP", "global_step", "iter", "iteration", "epoch",
                              "checkpoint", "ckpt", "Ckpt"]),
-       sep=st.sampled_from(["", "_", "-"]), n=st.integers(0, 10**12),
+       sep=st.sampled_from(["", "_", "-", "="]), n=st.integers(0, 10**12),
        suffix=st.sampled_from(["", ".pt", ".pth", "/", ".distcp", "_final.bin"]))
 def test_the_step_is_read_from_any_common_name(prefix, word, sep, n, suffix):
     assert step_of(prefix + word + sep + str(n) + suffix) == n

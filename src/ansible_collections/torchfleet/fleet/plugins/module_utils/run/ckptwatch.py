@@ -2,8 +2,8 @@
 master's agent, each checkpoint recorded when it completes with when its writing began and
 ended (goodput's lost work and checkpoint stalls: runstate.RunState.checkpoint_seen).
 
-What counts as a checkpoint, one level down the directory (and one more inside a
-sub-directory):
+What counts as a checkpoint, one level down the directory (a sub-directory read with its own
+sub-directories):
 
 - a torch.save file (a zip since torch 1.6, else a pickle; a safetensors file too): a regular
   file, not hidden, not a temporary name (*.tmp, *.partial, ...; those are followed by inode,
@@ -15,8 +15,17 @@ sub-directory):
 - a torch.distributed.checkpoint directory (one holding .metadata, which torch writes last,
   through a temporary name and a rename): complete once .metadata is there; a directory of
   *.distcp files without it is a save still going (or one that died);
-- any other sub-directory (HF Trainer's checkpoint-500/): complete once every file in it held
-  still for CHECKPOINT_STILL_S and none is a zip cut short.
+- any other sub-directory, read with its own sub-directories (two levels below checkpoint_dir
+  at most: Megatron's iter_0001000/mp_rank_00/model_optim_rng.pt, NeMo 2's
+  step=...-last/weights/.metadata), on its framework's commit marker where its layout has one
+  (a save goes on for minutes after its first files held still): HF Trainer's checkpoint-N/
+  once trainer_state.json is in it (and its tree held still CHECKPOINT_STILL_S), DeepSpeed's
+  global_stepN/ once the top-level `latest` names it, Megatron's iter_N/ once the top-level
+  latest_checkpointed_iteration.txt holds N, a distributed checkpoint one level down once its
+  .metadata is there (and the tree held still); with no known marker, once its whole tree held
+  still for DIR_STILL_S. Either way it holds a checkpoint file and none is a zip cut short. A
+  directory is recorded once: again only when its marker is rewritten (a new save into the
+  same path, e.g. a latest/ overwritten by each save).
 
 A checkpoint's ended is its newest mtime (its .metadata's); began is when its name (or its
 inode under a temporary name) first appeared: the directory's mtime at the scan that first saw
@@ -28,7 +37,8 @@ Cheap: a look stats the directory and the pending candidates; a scan of the dire
 level; a sub-directory only while it is a candidate) comes no sooner than its own measured
 CPU cost / CHECKPOINT_SCAN_BUDGET after the last (the watch stays within 0.1 % of a core
 however large the directory is). Bounded: the names kept (NAMES_MAX, the newest), the
-candidates (CANDIDATES_MAX, the newest), a sub-directory's entries read (DIR_ENTRIES_MAX).
+candidates (CANDIDATES_MAX, the newest), a sub-directory's entries read, its own
+sub-directories' included (DIR_ENTRIES_MAX).
 Hostile or odd input (a directory missing, unreadable, huge; a file that never stops growing;
 symlinks, which are never followed; names that are not UTF-8) is at most one sentence each;
 look() never raises. Watcher runs the watch in its own thread: a look that hangs on a dead
@@ -54,7 +64,19 @@ PATH_MAX = 200
 TEMP_SUFFIXES = (".tmp", ".temp", ".partial", ".part", ".incomplete", ".swp", "~")
 TAIL = 64 * 1024 + 22     # a zip's end-of-central-directory record lies within this of its end
 ZIP, EOCD = b"PK\x03\x04", b"PK\x05\x06"
-STEP = re.compile(r"(?:global_step|iteration|checkpoint|epoch|step|iter|ckpt)[_-]?(\d{1,18})",
+# A sub-directory without its framework's commit marker counts once its whole tree held still
+# this long (HF writes the model, then gathers the optimizer's state for minutes: 2 s counted it
+# early). It belongs in defaults.py (CHECKPOINT_DIR_STILL_S), which this file may not change yet.
+DIR_STILL_S = 30.0
+# Commit markers, written by each framework once a save is whole: HF Trainer's trainer_state.json
+# inside checkpoint-N/; DeepSpeed's top-level `latest` naming the tag; Megatron's top-level
+# tracker holding the iteration; torch.distributed.checkpoint's .metadata.
+HF_NAME, HF_MARKER = re.compile(r"checkpoint-\d+$"), "trainer_state.json"
+DS_NAME, DS_MARKER = re.compile(r"global_step\d+$"), "latest"
+DS_FILE = re.compile(r"(?:mp_rank_\d+_model_states|.*zero_pp_rank_\d+.*_optim_states)\.pt$")
+MEGATRON_NAME, MEGATRON_MARKER = re.compile(r"iter_\d+$"), "latest_checkpointed_iteration.txt"
+MEGATRON_SUB = re.compile(r"mp_rank_\d+")
+STEP = re.compile(r"(?:global_step|iteration|checkpoint|epoch|step|iter|ckpt)[_=-]?(\d{1,18})",
                   re.IGNORECASE)
 
 
@@ -117,7 +139,7 @@ class Candidate:
         self.verdict = None   # (ident, "cut") of a file that held still cut short
         self.warned = False
         self.head = None      # the ident whose first bytes said it may be a checkpoint
-        self.distcp = False   # a directory of a distributed checkpoint's shards
+        self.distcp = None    # where a distributed checkpoint's shards are ("": in it)
         self.next_m = 0.0     # a directory's next scan (spaced by its cost, as the top's)
 
 
@@ -128,11 +150,15 @@ class CheckpointWatch:
     def __init__(self, path, still_s=defaults.CHECKPOINT_STILL_S,
                  growing_warn_s=defaults.CHECKPOINT_GROWING_WARN_S,
                  budget=defaults.CHECKPOINT_SCAN_BUDGET, mono=time.monotonic,
-                 cpu=time.thread_time):
+                 cpu=time.thread_time, dir_still_s=DIR_STILL_S):
         self.path = os.path.expanduser(path)
         self.said = printable(path, 300)
         self.still_s, self.growing_warn_s, self.budget = still_s, growing_warn_s, budget
         self.mono, self.cpu = mono, cpu
+        self.dir_still_s = dir_still_s
+        # A directory recorded -> its commit marker then: recorded once, again only on a new
+        # marker (a new save into the same path).
+        self.recorded = {}
         self.known = {}       # name -> (ino, size, mtime_ns, is_dir) at the last scan
         self.floor_ns = -1    # names older than this were let go (NAMES_MAX): not new
         self.cands = {}       # name -> Candidate
@@ -282,6 +308,8 @@ class CheckpointWatch:
             self.floor_ns = max(self.floor_ns, seen[ordered[-NAMES_MAX - 1]][2])
             seen = {n: seen[n] for n in ordered[-NAMES_MAX:]}
         self.known = seen
+        if len(self.recorded) > len(seen):
+            self.recorded = {n: m for n, m in self.recorded.items() if n in seen}
 
     def _restat(self, now_m):
         """Between scans, the pending candidates alone (a stat each)."""
@@ -345,57 +373,128 @@ class CheckpointWatch:
             return False
         return "file", mtime_ns / 1e9, size
 
+    def _pointer(self, name):
+        """A framework's top-level pointer file (DeepSpeed's latest, Megatron's tracker): (its
+        text, (inode, mtime)), else None."""
+        try:
+            fd = os.open(os.path.join(self.path, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return None
+        try:
+            s = os.fstat(fd)
+            if not stat.S_ISREG(s.st_mode):
+                return None
+            return os.pread(fd, 256, 0).decode("utf-8", "replace").strip(), (s.st_ino, s.st_mtime_ns)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+    def _tree(self, path):
+        """The directory and its sub-directories (depth 2 below checkpoint_dir at most),
+        DIR_ENTRIES_MAX entries in all: (files [(name, size, mtime_ns, ino)], sub-directory
+        names, newest mtime_ns, bytes, where shards of a distributed checkpoint are), None when
+        it cannot be read."""
+        files, subs, newest, total, distcp, read = [], [], 0, 0, None, 0
+        queue = [""]
+        for rel in queue:
+            if read >= DIR_ENTRIES_MAX:
+                break
+            try:
+                with os.scandir(os.path.join(path, rel) if rel else path) as it:
+                    for e in it:
+                        read += 1
+                        if read > DIR_ENTRIES_MAX:
+                            break
+                        if e.is_symlink():
+                            continue
+                        try:
+                            s = e.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        newest = max(newest, s.st_mtime_ns)
+                        if stat.S_ISDIR(s.st_mode):
+                            if not rel:
+                                queue.append(e.name)
+                                subs.append(e.name)
+                            continue
+                        if not stat.S_ISREG(s.st_mode):
+                            continue
+                        total += s.st_size
+                        if distcp is None and e.name.endswith(".distcp"):
+                            distcp = rel
+                        files.append((os.path.join(rel, e.name) if rel else e.name, s.st_size,
+                                      s.st_mtime_ns, s.st_ino))
+            except OSError:
+                if not rel:
+                    return None
+        return files, subs, newest, total, distcp
+
     def _dir_done(self, c, now_m):
-        """("dcp" | "dir", ended, bytes) once complete; False when it holds no checkpoint;
-        None while it is written."""
+        """("dcp" | "dir", ended, bytes) once complete; False when it holds no checkpoint (or
+        one already recorded); None while it is written. Complete on its framework's commit
+        marker where its layout has one (HF, DeepSpeed, Megatron, a distributed checkpoint in
+        it or one level down), else once its tree held still for dir_still_s."""
         path = os.path.join(self.path, c.name)
         if not self.final:
             # A distributed checkpoint's shards are there: one stat a look until its .metadata
             # is; any other directory is scanned no more often than its cost allows.
-            if c.distcp and not os.path.lexists(os.path.join(path, ".metadata")) or \
-                    now_m < c.next_m:
+            if c.distcp is not None and not os.path.lexists(
+                    os.path.join(path, c.distcp, ".metadata")) or now_m < c.next_m:
                 return None
         began = self.cpu()
-        files, newest, total, metadata, distcp = [], 0, 0, None, False
-        try:
-            with os.scandir(path) as it:
-                for i, e in enumerate(it):
-                    if i >= DIR_ENTRIES_MAX:
-                        break
-                    if e.is_symlink():
-                        continue
-                    try:
-                        s = e.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    newest = max(newest, s.st_mtime_ns)
-                    if not stat.S_ISREG(s.st_mode):
-                        continue
-                    total += s.st_size
-                    if e.name == ".metadata":
-                        metadata = s.st_mtime_ns
-                    distcp = distcp or e.name.endswith(".distcp")
-                    files.append((e.name, s.st_size, s.st_mtime_ns))
-        except OSError:
-            return None
+        tree = self._tree(path)
         c.next_m = now_m + max(0.0, self.cpu() - began) / self.budget
-        c.distcp = distcp
-        if metadata is not None:
-            return "dcp", metadata / 1e9, total
-        if distcp or not files:
+        if tree is None:
+            return None
+        files, subs, newest, total, c.distcp = tree
+        by_name = {f[0]: f for f in files}
+        meta = by_name.get(".metadata")
+        sub_meta = [by_name[n] for n in (os.path.join(d, ".metadata") for d in subs) if n in by_name]
+        kind, hold, ended, marker = "dir", self.still_s, None, None
+        if meta is not None:  # torch wrote it last: at once
+            kind, hold, ended, marker = "dcp", 0.0, meta[2] / 1e9, (meta[3], meta[2])
+        elif HF_MARKER in by_name:
+            marker = by_name[HF_MARKER][3], by_name[HF_MARKER][2]
+        elif sub_meta:  # NeMo 2: a distributed checkpoint in weights/, context/ beside it
+            kind, marker = "dcp", max((m[3], m[2]) for m in sub_meta)
+        elif HF_NAME.match(c.name):
+            pass  # HF's: its marker awaited
+        elif DS_NAME.match(c.name) or any(DS_FILE.match(f[0]) for f in files):
+            pointer = self._pointer(DS_MARKER)
+            if pointer is not None and pointer[0] == c.name:
+                hold, ended, marker = 0.0, pointer[1][1] / 1e9, pointer[1]
+        elif MEGATRON_NAME.match(c.name) or any(MEGATRON_SUB.match(d) for d in subs):
+            pointer = self._pointer(MEGATRON_MARKER)
+            step = step_of(c.name)
+            if pointer is not None and pointer[0].isdigit() and step is not None and \
+                    int(pointer[0]) == step:
+                hold, ended, marker = 0.0, pointer[1][1] / 1e9, pointer[1]
+        else:
+            hold, marker = self.dir_still_s, ("dir", c.ino)
+        if c.name in self.recorded and (marker is None or self.recorded[c.name] == marker):
+            return False  # recorded once already; a new save into it rewrites its marker
+        if marker is None:
+            return None  # its framework's marker is not there yet: a save still going
+        if kind == "dir" and (not files or c.distcp is not None):
             return None  # a distributed checkpoint still being written; nothing yet
         ident = (c.ino, total, newest, True, len(files))
         if ident != c.ident and not self.final:
             c.ident, c.still_m = ident, now_m
+            if hold:
+                return None
+        if now_m - c.still_m < hold and not self.final:
             return None
-        if now_m - c.still_m < self.still_s and not self.final:
-            return None
-        # A checkpoint holds one (a model's weights, an optimizer's state); a directory of logs
-        # or events does not.
-        verdicts = [file_verdict(os.path.join(path, name), size) for name, size, _m in files[:64]]
-        if "cut" in verdicts:
-            return None
-        return ("dir", newest / 1e9, total) if "ok" in verdicts else False
+        if kind == "dir":
+            # A checkpoint holds one (a model's weights, an optimizer's state); a directory of
+            # logs or events does not.
+            verdicts = [file_verdict(os.path.join(path, f[0]), f[1]) for f in files[:64]]
+            if "cut" in verdicts:
+                return None
+            if "ok" not in verdicts:
+                return False
+        self.recorded[c.name] = marker
+        return kind, newest / 1e9 if ended is None else ended, total
 
 
 class Watcher:
