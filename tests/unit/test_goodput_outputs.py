@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -349,3 +350,15 @@ def test_a_garbled_record_reads_as_unknown_and_status_still_says_something(garbl
     assert view["goodput"].startswith("goodput")
     tl = summary.timeline({"attempts": [{"attempt": 0, "dir": "a0"}]}, {0: record}, 1100.0)
     assert isinstance(tl["attempts"][0]["checkpoints"], list)
+
+
+def test_the_watch_names_the_hosts_judged_lost_which_the_play_leaves_out_of_its_gather():
+    # (follow.yml read launch_watch.record, which the watch never returns: the lost host was
+    # stopped and gathered before the restart, each waiting out its SSH timeout, about 7 s.)
+    from ansible_collections.torchfleet.fleet.plugins.action.torchrun_watch import judged_lost
+    record = {"hosts": [{"host": "node0", "state": "exited"}, {"host": "node2", "state": "lost"},
+                        {"host": 3, "state": "lost"}, "x", {"state": "lost"}]}
+    assert judged_lost(record) == ["node2"] and judged_lost({}) == []
+    follow = (Path(__file__).parents[2] / "src/ansible_collections/torchfleet/fleet/roles/launch"
+              / "tasks/follow.yml").read_text()
+    assert "launch_watch.lost" in follow and "launch_watch.record" not in follow

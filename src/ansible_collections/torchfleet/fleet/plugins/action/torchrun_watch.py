@@ -151,6 +151,14 @@ def write_state(path, record):
     os.replace(tmp, path)
 
 
+def judged_lost(record):
+    """The hosts the master judged lost (the play does not stop or gather them before a
+    restart: each would cost its SSH timeout; report.yml stops and gathers them at the end)."""
+    return [h["host"] for h in record.get("hosts") or []
+            if isinstance(h, dict) and h.get("state") == runstate.HOST_LOST
+            and isinstance(h.get("host"), str)]
+
+
 def progress_text(s):
     slow = s.get("slowest") or {}
     failure = s.get("failure") or {}
@@ -409,5 +417,6 @@ class ActionModule(ActionBase):
                       failure=failure,
                       master_lost=bool(look.get("failed")),
                       summary=look.get("summary"), changed=False, clock=record["clock"],
+                      lost=judged_lost(record),
                       watched_s=round(time.monotonic() - begin, 3))
         return result

@@ -204,6 +204,12 @@ outcome:
     aborted), read from the master's record; C(detached) when O(mode=detach) detached it.
   returned: from the action plugin
   type: str
+lost:
+  description: Action plugin only. The hosts the master judged lost (host.lost), which the play
+    leaves out of the stop and gather before a restart.
+  returned: from the action plugin
+  type: list
+  elements: str
 master_lost:
   description: Action plugin only. True when the controller could not reach the master.
   returned: from the action plugin
