@@ -283,6 +283,10 @@ PING_S = 5.0            # the master measures each host's clock offset this ofte
 # directory (a hung mount: the watch runs in its own thread, the run goes on).
 CHECKPOINT_LOOK_S = 1.0
 CHECKPOINT_STILL_S = 2.0
+# A checkpoint directory of no known layout (no commit marker: HF's trainer_state.json,
+# DeepSpeed's latest, Megatron's tracker, DCP's .metadata) is complete once its whole tree held
+# still this long: frameworks write a model, then gather the optimizer's state for minutes.
+CHECKPOINT_DIR_STILL_S = 30.0
 CHECKPOINT_GROWING_WARN_S = 600.0
 CHECKPOINT_HUNG_WARN_S = 60.0
 CHECKPOINT_MISSING_WARN_S = 120.0  # a checkpoint_dir still missing this long is said (the script

@@ -222,7 +222,9 @@ options:
       directory, O(chdir) or O(run_dir)). The master's agent watches it, read-only, in a
       thread of its own, and its record keeps each checkpoint when it completes (a
       C(torch.save) file once it held still and, for a zip, once its end record is there; a
-      C(torch.distributed.checkpoint) directory once its C(.metadata) is written), with when
+      C(torch.distributed.checkpoint) directory once its C(.metadata) is written; an HF,
+      DeepSpeed or Megatron checkpoint directory once its framework's commit marker is, another
+      directory once its tree held still for 30 s), with when
       its writing began and ended on the master's clock, its step from its name and whether
       it stalled the ranks; a directory missing, unreadable or huge is one warning in the
       record. Unset, nothing is watched.

@@ -64,10 +64,7 @@ PATH_MAX = 200
 TEMP_SUFFIXES = (".tmp", ".temp", ".partial", ".part", ".incomplete", ".swp", "~")
 TAIL = 64 * 1024 + 22     # a zip's end-of-central-directory record lies within this of its end
 ZIP, EOCD = b"PK\x03\x04", b"PK\x05\x06"
-# A sub-directory without its framework's commit marker counts once its whole tree held still
-# this long (HF writes the model, then gathers the optimizer's state for minutes: 2 s counted it
-# early). It belongs in defaults.py (CHECKPOINT_DIR_STILL_S), which this file may not change yet.
-DIR_STILL_S = 30.0
+DIR_STILL_S = defaults.CHECKPOINT_DIR_STILL_S  # a directory of no known layout: held still
 # Commit markers, written by each framework once a save is whole: HF Trainer's trainer_state.json
 # inside checkpoint-N/; DeepSpeed's top-level `latest` naming the tag; Megatron's top-level
 # tracker holding the iteration; torch.distributed.checkpoint's .metadata.
