@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench import (checkpoint_watch, detach_cost, diagnosis, fail_fast, flood, fuzz, hardware_watch,
                    harness_overhead, health_cost, isolate, launch_overhead, launch_profile, output_lines, preflight_cost, recording_cost,
-                   report_scale, restart_cost, scale, spares_cost, start_skew, straggler,
+                   report_scale, restart_cost, restart_profile, scale, spares_cost, start_skew, straggler,
                    straggler_rates, watch_cpu)
 from bench.harness import RESULTS, machine, markdown, merge, write
 
@@ -40,6 +40,7 @@ BENCHES = {
     "report_scale": report_scale.run,
     "spares_cost": spares_cost.run,
     "restart_cost": restart_cost.run,
+    "restart_profile": restart_profile.run,
     "health_cost": health_cost.run,
     "recording_cost": recording_cost.run,
     "detach_cost": detach_cost.run,
@@ -55,7 +56,7 @@ GROUPS = {"lean": ["preflight_cost", "launch_overhead", "launch_profile", "fail_
                    "spares_cost", "isolate"]}
 NEEDS_ROOT = {"launch_overhead", "launch_profile", "fail_fast", "watch_cpu", "diagnosis", "harness_overhead",
               "isolate", "flood", "start_skew", "output_lines", "spares_cost",
-              "restart_cost", "health_cost", "detach_cost", "straggler"}
+              "restart_cost", "restart_profile", "health_cost", "detach_cost", "straggler"}
 
 
 def main():
