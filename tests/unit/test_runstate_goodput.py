@@ -108,21 +108,76 @@ def advancing(s, t0, t1, every=1.0):
         done, t = done + 1, t + every
 
 
-def test_a_save_during_which_no_collective_completed_is_a_stall_one_with_training_is_not():
+def judged(c, *moments):
+    """The record's entry of one save c in a run whose collectives advance each second from
+    1010 to 1020 and from 1030 to 1040 (rank 0 saves in between; every rank waits for it),
+    and at the moments given."""
     s = state()
     advancing(s, 1010.0, 1020.0)
-    # Rank 0 saves for 10 s; every rank waits for it: nothing completes.
+    for t in moments:
+        s._advanced(t)
     advancing(s, 1030.0, 1040.0)
+    assert s.checkpoint_seen(1041.0, c) is not None
+    (entry,) = s.record()["checkpoints"]
+    return entry["stall"], entry["stall_s"]
+
+
+def test_a_save_during_which_no_collective_completed_is_a_stall_one_with_training_is_not():
+    # A synchronous save: nothing completes while it is written; a stall, whole.
+    assert judged(ckpt(1020.5, 1030.0)) == (True, 9.5)
     # An asynchronous save: training goes on while it is written.
-    s.checkpoint_seen(1031.0, ckpt(1020.5, 1030.0, path="a.pt"))
-    s.checkpoint_seen(1041.0, ckpt(1031.0, 1039.0, path="b.pt"))
+    assert judged(ckpt(1031.0, 1039.0)) == (False, 0.0)
     # A collective completed just before the save is seen up to a second into it: not
     # training during the save.
-    s.checkpoint_seen(1041.0, ckpt(1019.6, 1025.0, path="c.pt"))
+    assert judged(ckpt(1019.6, 1025.0)) == (True, 5.4)
     # A save of 2 s or less: a stall, however the collectives went.
-    s.checkpoint_seen(1041.0, ckpt(1033.0, 1035.0, path="d.pt"))
-    got = {c["path"]: c["stall"] for c in s.record()["checkpoints"]}
-    assert got == {"a.pt": True, "b.pt": False, "c.pt": True, "d.pt": True}
+    assert judged(ckpt(1033.0, 1035.0)) == (True, 2.0)
+
+
+def test_a_synchronous_save_with_a_few_collectives_of_its_own_is_a_stall_still():
+    # A 180 s save with one collective 5 s in (DeepSpeed's barrier, DCP's plan gather) stalls
+    # for all but seconds of it: the gaps over 2 s inside its window, not "no stall".
+    for moments in ((1025.5,), (1025.5, 1080.0, 1140.0)):  # or a few (FSDP's all-gathers)
+        s = state()
+        advancing(s, 1000.0, 1020.0)
+        for t in moments:
+            s._advanced(t)
+        advancing(s, 1201.0, 1210.0)
+        s.checkpoint_seen(1211.0, ckpt(1020.5, 1200.5))
+        (c,) = s.record()["checkpoints"]
+        assert c["stall"] is True and 170 <= c["stall_s"] <= 180.0
+    # Training that pauses 6 s inside an asynchronous save: those seconds only.
+    s = state()
+    advancing(s, 1000.0, 1100.0)
+    s.advances = [t for t in s.advances if not 1050.0 < t < 1056.0]
+    s.checkpoint_seen(1101.0, ckpt(1030.0, 1090.0))
+    assert s.record()["checkpoints"][0]["stall_s"] == 6.0
+    # No rank's position in the whole run (flight_recorder=0): the whole save, as before.
+    s = state()
+    s.checkpoint_seen(1211.0, ckpt(1020.5, 1200.5))
+    assert s.record()["checkpoints"][0]["stall_s"] == 180.0
+
+
+def test_shard_files_of_one_save_are_one_entry_and_a_directory_recorded_twice_too():
+    s = state()
+    # 8 per-rank shard files of one save, written side by side, then the next save 60 s later.
+    for save in (0, 60):
+        for r in range(8):
+            began, ended = 1010.0 + save + 0.1 * r, 1020.0 + save + 0.2 * r
+            s.checkpoint_seen(1100.0 + save, ckpt(began, ended, step=save,
+                                                  path="model_rank%d_step%d.pt" % (r, save)))
+    cps = s.record()["checkpoints"]
+    assert [(c["began"], c["ended"], c["files"], c["bytes"], c["step"]) for c in cps] == [
+        (1010.0, 1021.4, 8, 80, 0), (1070.0, 1081.4, 8, 80, 60)]
+    # A directory recorded twice (a file in it written again): one entry, to the later end.
+    s = state()
+    s.checkpoint_seen(1030.0, ckpt(1010.0, 1020.0, path="checkpoint-500", kind="dir"))
+    s.checkpoint_seen(1030.0, ckpt(1010.0, 1024.0, path="checkpoint-500", kind="dir"))
+    assert [(c["path"], c["began"], c["ended"], c["files"]) for c in s.record()["checkpoints"]] \
+        == [("checkpoint-500", 1010.0, 1024.0, 1)]
+    # The same name saved again later (a latest.pt overwritten each save): two saves.
+    s.checkpoint_seen(1100.0, ckpt(1080.0, 1090.0, path="checkpoint-500", kind="dir"))
+    assert len(s.record()["checkpoints"]) == 2
 
 
 def test_a_stall_is_judged_once_its_beats_are_in_then_kept():
@@ -151,15 +206,17 @@ def test_checkpoints_are_kept_oldest_first_bounded_and_none_after_the_record_is_
     s = state()
     n = defaults.CHECKPOINTS_KEPT + 10
     for i in range(n):
-        assert s.checkpoint_seen(5000.0, ckpt(1000.0 + i, 1001.0 + i, path="s_%d" % i,
+        assert s.checkpoint_seen(5000.0, ckpt(1000.0 + 10 * i, 1001.0 + 10 * i, path="s_%d" % i,
                                               step=i)) is not None
-    s.checkpoint_seen(5000.0, ckpt(999.0 + n, 999.5 + n, path="late"))  # ended before the last
-    s.checkpoint_seen(5000.0, ckpt(1000.0, 1001.0 + n - 1, path="s_%d" % (n - 1)))  # a repeat
+    last = 1001.0 + 10 * (n - 1)
+    s.checkpoint_seen(5000.0, ckpt(last - 7, last - 6, path="late"))  # ended before the last
+    assert s.checkpoint_seen(5000.0, ckpt(last - 1, last, path="s_%d" % (n - 1))) is None  # a repeat
     cps = s.record()["checkpoints"]
     assert len(cps) == defaults.CHECKPOINTS_KEPT
     assert [c["ended"] for c in cps] == sorted(c["ended"] for c in cps)
     assert cps[-2]["path"] == "late" and cps[-1]["path"] == "s_%d" % (n - 1)
-    assert set(cps[0]) == {"path", "began", "ended", "step", "kind", "bytes", "stall"}
+    assert set(cps[0]) == {"path", "began", "ended", "step", "kind", "bytes", "files", "stall",
+                           "stall_s"}
     s.final = True
     assert s.checkpoint_seen(6000.0, ckpt(5000.0, 5001.0, path="after")) is None
     s.checkpoint_warning("too late")
@@ -195,7 +252,7 @@ def test_the_record_stays_bounded_at_512_hosts_of_8_ranks():
                              "coll": {str(r): {"0": [1, 1, "", "", ""]} for r in range(lo, lo + 8)},
                              "steady": {str(r): [0.0, True] for r in range(lo, lo + 8)}})
     for i in range(1000):
-        s.checkpoint_seen(2000.0, ckpt(1000.0 + i, 1000.5 + i, path="c%d" % i))
+        s.checkpoint_seen(3000.0, ckpt(1000.0 + 2 * i, 1000.5 + 2 * i, path="c%d" % i))
         s.checkpoint_warning("w%d" % i)
     s.report(hosts[0], 1011.0, {"t": runstate.BEAT, "alive": 8, "idle_s": 0.0, "pid": 1,
                                 "first": {str(r): 0.0 for r in range(5000)}})  # hostile

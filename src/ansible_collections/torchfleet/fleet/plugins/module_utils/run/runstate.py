@@ -51,8 +51,9 @@ collective.json), the Python API, the CLI and the HTML report read that copy:
              "what", "line", "at", "age_err_s" (it happened between at - age_err_s and at),
              "count" (how many times it was seen)}
     CHECKPOINT = {"path" (relative to checkpoint_dir), "began", "ended", "step" (from its name,
-                  or None), "kind": "file" | "dcp" | "dir", "bytes", "stall": no rank's
-                  collective completed while it was written (stall())}
+                  or None), "kind": "file" | "dcp" | "dir", "bytes", "files": the
+                  completions grouped in it (per-rank shards of one save), "stall_s": how long
+                  it stalled the ranks (stall_s()), "stall": stall_s > 0}
     STRAGGLER = {"host", "ranks", "share_last", "late_ms_median", "late_ms_mean",
                  "interval_ms", "first_seen", "last_seen", "active"} (times on the master's
                  clock; active: named at the last judgement)
@@ -165,6 +166,12 @@ COUNT_MAX = 1 << 31
 CKPT_KINDS = ("file", "dcp", "dir")
 CKPT_PATH_MAX, CKPT_WARNINGS_MAX, DIR_MAX = 200, 8, 1000
 ADVANCES_KEPT = 2048
+# A gap between two moments collectives advanced longer than this is a stall inside a save (the
+# ranks' watchers write each second and beats come each second: a shorter one says nothing).
+STALL_GAP_S = 2 * defaults.BEAT_S
+# Completions whose windows overlap or end within this of each other are one save (per-rank
+# shard files); goodput groups them alike. (Belongs in defaults.py, with goodput's.)
+SAME_SAVE_S = 1.0
 _PCI = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 
@@ -1034,7 +1041,7 @@ class RunState:
                 "failures": self.failures, "channel": {"refused": dict(self.refused)},
                 "events": self.events, "hosts": [self.hosts[h] for h in self.order],
                 "stragglers": stragglers, "straggle": watch,
-                "checkpoints": [c if c["stall"] is not None else dict(c, stall=self.stall(c))
+                "checkpoints": [c if c["stall"] is not None else self._judged_stall(c)
                                 for c in self.checkpoints],
                 "checkpoint_watch": {"dir": self.checkpoint_watch["dir"],
                                      "warnings": list(self.checkpoint_watch["warnings"]),
@@ -1082,28 +1089,47 @@ class RunState:
         if len(self.advances) > ADVANCES_KEPT:
             del self.advances[0]
 
-    def stall(self, c):
-        """Whether a checkpoint was a stall: no rank's collective completed while it was
-        written (none advanced inside (began + CHECKPOINT_STALL_LEAD_S, ended -
-        CHECKPOINT_STALL_TAIL_S); a save of 2 s or less is one). Without any rank's position
-        (flight_recorder=0) no collective is seen to complete: a stall, as a synchronous save
-        in the training loop is."""
+    def stall_s(self, c):
+        """How long a checkpoint stalled the ranks: the union of the gaps longer than
+        STALL_GAP_S between successive moments some rank's collectives advanced inside
+        [began + CHECKPOINT_STALL_LEAD_S, ended - CHECKPOINT_STALL_TAIL_S] (the window's bounds
+        count as moments): a synchronous save with the few collectives of its own inside
+        (DeepSpeed's per-rank barriers, DCP's plan gather, FSDP's all-gathers) stalls for
+        minutes all the same. A save of 2 s or less, one with no moment inside its window, and
+        any save of a run with no rank's position (flight_recorder=0) stall whole (ended -
+        began), as a synchronous save in the training loop does."""
+        whole = round(c["ended"] - c["began"], 3)
         low = c["began"] + defaults.CHECKPOINT_STALL_LEAD_S
         high = c["ended"] - defaults.CHECKPOINT_STALL_TAIL_S
-        i = bisect.bisect_right(self.advances, low)
-        return not (i < len(self.advances) and self.advances[i] < high)
+        if len(self.advances) >= ADVANCES_KEPT:  # older moments were dropped: not known there
+            low = max(low, self.advances[0])
+        inside = self.advances[bisect.bisect_right(self.advances, low):
+                               bisect.bisect_left(self.advances, high)]
+        if high <= low or not inside:
+            return whole
+        moments = [low] + inside + [high]
+        gaps = sum(b - a for a, b in zip(moments, moments[1:], strict=False) if b - a > STALL_GAP_S)
+        return round(min(gaps, whole), 3)
+
+    def _judged_stall(self, c):
+        stall_s = self.stall_s(c)
+        return dict(c, stall_s=stall_s, stall=stall_s > 0)
 
     def _judge_stalls(self, now):
         """Each checkpoint's stall, judged once every beat that could show a collective of its
         window has come (two beats after its end), then kept."""
-        for c in self.checkpoints:
+        for i, c in enumerate(self.checkpoints):
             if c["stall"] is None and now >= c["ended"] + 2 * defaults.BEAT_S:
-                c["stall"] = self.stall(c)
+                self.checkpoints[i] = self._judged_stall(c)
 
     def checkpoint_seen(self, now, ckpt):
         """A checkpoint the master's watch saw complete (ckptwatch.py), dated on this clock:
-        checked and bounded, kept oldest first (the newest CHECKPOINTS_KEPT); returns it, or
-        None. Nothing is added once the record is final."""
+        checked and bounded, kept oldest first (the newest CHECKPOINTS_KEPT saves); returns its
+        entry, or None. One save is one entry: a completion whose window overlaps the newest
+        entry's (or ends within SAME_SAVE_S of it: per-rank shard files written side by side)
+        extends that entry, and so does a second completion of an entry's path that began
+        before that entry ended (a directory recorded twice); "files" counts them. Nothing is
+        added once the record is final."""
         if self.final or not isinstance(ckpt, dict):
             return None
         began, ended = _number(ckpt.get("began")), _number(ckpt.get("ended"))
@@ -1115,10 +1141,28 @@ class RunState:
         entry = {"path": path[:CKPT_PATH_MAX], "began": round(min(began, ended), 3),
                  "ended": round(ended, 3), "step": _int(ckpt.get("step")),
                  "kind": ckpt.get("kind") if ckpt.get("kind") in CKPT_KINDS else "file",
-                 "bytes": max(0, _int(ckpt.get("bytes")) or 0), "stall": None}
-        if any(c["path"] == entry["path"] and c["ended"] == entry["ended"]
-               for c in self.checkpoints):
-            return None
+                 "bytes": max(0, _int(ckpt.get("bytes")) or 0), "files": 1, "stall": None,
+                 "stall_s": None}
+        same = next((c for c in reversed(self.checkpoints) if c["path"] == entry["path"]
+                     and entry["began"] <= c["ended"] + SAME_SAVE_S), None)
+        newest = self.checkpoints[-1] if self.checkpoints else None
+        if same is None and newest is not None and (
+                entry["began"] < newest["ended"] and newest["began"] < entry["ended"]
+                or abs(entry["ended"] - newest["ended"]) <= SAME_SAVE_S):
+            same = newest
+        if same is not None:
+            if same["path"] == entry["path"] and same["ended"] == entry["ended"]:
+                return None  # the same completion told twice
+            if same["path"] != entry["path"]:
+                same["files"] = same.get("files", 1) + 1
+                same["bytes"] = same["bytes"] + entry["bytes"]
+            same.update(began=min(same["began"], entry["began"]),
+                        ended=max(same["ended"], entry["ended"]), stall=None, stall_s=None)
+            if entry["step"] is not None and (same["step"] is None or entry["step"] > same["step"]):
+                same["step"] = entry["step"]
+            self.checkpoints.sort(key=lambda c: c["ended"])
+            self.updated = max(self.updated, now)
+            return same
         i = len(self.checkpoints)
         while i and self.checkpoints[i - 1]["ended"] > entry["ended"]:
             i -= 1
