@@ -49,7 +49,9 @@ TIME = st.one_of(st.none(), st.floats(0, 1e7).map(lambda x: T0 + x),
                                   [1]]))
 CHECKPOINT = st.fixed_dictionaries({"began": TIME, "ended": TIME, "stall": st.booleans(),
                                     "step": st.one_of(st.none(), st.integers(0, 10**6)),
-                                    "path": st.text(max_size=5)})
+                                    "path": st.text(max_size=5)},
+                                   optional={"stall_s": st.one_of(TIME, st.floats(0, 1e4)),
+                                             "files": st.one_of(st.integers(-2, 10), TIME)})
 ATTEMPT = st.fixed_dictionaries({
     "attempt": st.integers(0, 9), "launch": TIME, "running": TIME, "init_done": TIME,
     "failed": TIME, "stopped": TIME,
@@ -93,7 +95,10 @@ def test_a_monotonic_timeline_is_read_as_it_is(offsets, fails, watched):
                                  stopped, {"check": "run.exit", "host": "a"} if fails else None),
                          checkpoint_dir="/c" if watched else ""))
     b = g["buckets"]
-    near = lambda x, y: math.isclose(x, y, abs_tol=2e-3)  # noqa: E731 (ms rounding)
+
+    def near(x, y):
+        return math.isclose(x, y, abs_tol=2e-3)  # (ms rounding)
+
     assert near(g["wall_s"], stopped)
     assert near(b["preflight"], launch) and near(b["launch"], running - launch)
     assert near(b["init"], init_done - running)
@@ -118,32 +123,33 @@ def test_a_clean_run_keeps_all_its_training():
     assert g["ratio"] == round(3600 / 3650, 6) and g["failures"] == [] and g["unknown"] == []
     assert g["save_s"] == 30 and g["interval_s"] == 1000 and g["mtbf_s"] is None
     assert [c["step"] for c in g["checkpoints"]] == [100, 200]
-    assert set(g["checkpoints"][0]) == {"path", "began", "ended", "step"}
+    assert set(g["checkpoints"][0]) == {"path", "began", "ended", "step", "files"}
     assert line(g) == "goodput 99 %; no failure"
 
 
 def test_one_failure_with_checkpoints_costs_what_a_person_computes():
     # T0 -> 30 s preflight; launch 30-50, init 50-70; saves 600-640 (stalled the ranks) and
-    # 1200-1210 (did not); rank dies at 1500, every rank stopped at 1512; the re-check and
-    # decision until 1560; second attempt: launch 1560-1575, init 1575-1600, clean end at 3000.
+    # 1200-1210 (did not: training went on while it was written, so it holds the state of
+    # 1200); rank dies at 1500, every rank stopped at 1512; the re-check and decision until
+    # 1560; second attempt: launch 1560-1575, init 1575-1600, clean end at 3000.
     first = attempt(0, 30, 50, 70, 1500, 1512, {"check": "run.hardware", "host": "node2"},
                     [ckpt(600, 640, 100, stall=True), ckpt(1200, 1210, 200)])
     second = attempt(1, 1560, 1575, 1600, None, 3000)
     g = goodput(timeline(first, second))
     b = g["buckets"]
     assert g["wall_s"] == 3000
-    assert b["lost_work"] == 1500 - 1210        # since the last checkpoint completed
+    assert b["lost_work"] == 1500 - 1200        # since the last checkpoint's state
     assert b["detection"] == 12 and b["restart"] == 48
     assert b["checkpoint_stall"] == 40
     assert b["launch"] == 20 + 15 and b["init"] == 20 + 25 and b["preflight"] == 30
-    assert b["kept_training"] == (1500 - 70) - 40 - 290 + (3000 - 1600)
+    assert b["kept_training"] == (1500 - 70) - 40 - 300 + (3000 - 1600)
     assert adds_up(g)
     assert g["failures"] == [{"attempt": 0, "check": "run.hardware", "host": "node2",
-                              "at": T0 + 1500, "cost_s": 290 + 12 + 48 + 15 + 25}]
+                              "at": T0 + 1500, "cost_s": 300 + 12 + 48 + 15 + 25}]
     assert g["attempts"][0]["buckets"]["restart"] == 48
     assert g["attempts"][1]["buckets"]["preflight"] == 0
     assert g["mtbf_s"] == 3000 and g["unknown"] == []
-    assert line(g) == ("goodput %d %%; 1 restart cost 6 min 30 s: 4 min 50 s lost since the "
+    assert line(g) == ("goodput %d %%; 1 restart cost 6 min 40 s: 5 min lost since the "
                        "last checkpoint" % round(100 * b["kept_training"] / 3000))
 
 
@@ -182,10 +188,11 @@ def test_a_save_cut_by_the_failure_is_not_kept():
     assert g["save_s"] == 10
     # Listed still: the user sees what was written.
     assert [c["step"] for c in g["checkpoints"]] == [200, 300]
-    # One that ended just inside the margin is not kept either.
+    # One that ended just inside the margin is not kept either (step 200's, written while
+    # training went on, holds the state of 1200).
     g = goodput(timeline(attempt(0, 0, 10, 20, 1500, 1505, {"check": "run.exit", "host": "a"},
                                  [ckpt(1200, 1210, 200), ckpt(1490, 1499.5, 300)])))
-    assert g["buckets"]["lost_work"] == 290
+    assert g["buckets"]["lost_work"] == 300
 
 
 def test_a_failure_during_init_loses_no_training():
@@ -212,7 +219,7 @@ def test_a_live_run_counts_to_now():
     # Failed, not yet stopped: detection so far.
     g = goodput(timeline(attempt(0, 10, 20, 30, 900, None, {"check": "host.lost", "host": "c"},
                                  [ckpt(500, 510, 1)]), now=1000))
-    assert g["buckets"]["detection"] == 100 and g["buckets"]["lost_work"] == 390
+    assert g["buckets"]["detection"] == 100 and g["buckets"]["lost_work"] == 400
 
 
 def test_a_timeline_out_of_order_is_clipped_not_negative():
@@ -233,6 +240,56 @@ def test_overlapping_stalls_count_once():
     g = goodput(timeline(attempt(0, 0, 0, 0, None, 1000, checkpoints=[
         ckpt(100, 160, 1, stall=True, path="a.pt"), ckpt(130, 190, 1, stall=True, path="b")])))
     assert g["buckets"]["checkpoint_stall"] == 90
+
+
+def test_a_synchronous_save_stalls_for_its_stalled_seconds_not_all_or_nothing():
+    # A 180 s save with one collective 5 s in (the record's stall_s: 178 of its 180 s), and an
+    # async one that paused training 6 s: those seconds, not the saves' whole windows.
+    g = goodput(timeline(attempt(0, 0, 0, 0, None, 1000, checkpoints=[
+        dict(ckpt(100, 280, 1), stall=True, stall_s=178.0),
+        dict(ckpt(500, 560, 2), stall=True, stall_s=6.0)])))
+    assert g["buckets"]["checkpoint_stall"] == 178 + 6
+    assert g["buckets"]["kept_training"] == 1000 - 184 and adds_up(g)
+
+
+def test_an_async_save_keeps_the_training_to_its_start_a_stall_to_its_end():
+    # Training went on while step 200 was written (1200-1260): its state is that of 1200, so
+    # the failure at 1500 loses 300 s. A synchronous one (every rank waited) keeps to 1260.
+    fail = {"check": "run.exit", "host": "a"}
+    g = goodput(timeline(attempt(0, 0, 10, 20, 1500, 1505, fail, [ckpt(1200, 1260, 200)])))
+    assert g["buckets"]["lost_work"] == 300 and g["buckets"]["checkpoint_stall"] == 0
+    g = goodput(timeline(attempt(0, 0, 10, 20, 1500, 1505, fail,
+                                 [dict(ckpt(1200, 1260, 200), stall=True, stall_s=57.0)])))
+    assert g["buckets"]["lost_work"] == 240 and g["buckets"]["checkpoint_stall"] == 57
+    assert adds_up(g)
+
+
+def test_per_rank_shard_files_are_one_save():
+    # 8 ranks each write model_rank{r}_step{N}.pt every 30 min, 40 s a save, for 6 h, and a
+    # failure every 6 h: the advice is the saves', not the shards' (milliseconds apart).
+    shards = [ckpt(1800 * k + 0.05 * r, 1800 * k + 40 + 0.1 * r, 100 * k,
+                   path="model_rank%d_step%d.pt" % (r, 100 * k))
+              for k in range(1, 12) for r in range(8)]
+    g = goodput(timeline(attempt(0, 0, 0, 0, 21600, 21610, {"check": "run.hardware", "host": "b"},
+                                 shards)))
+    assert g["interval_s"] == 1800 and g["save_s"] == 40.7
+    assert len(g["checkpoints"]) == 11 and {c["files"] for c in g["checkpoints"]} == {8}
+    assert g["advice"] == ""  # every 30 min is within 2x of sqrt(2 x 40 s x 6 h) = 22 min
+    assert adds_up(g)
+
+
+def test_a_finished_run_without_its_first_collective_seen_is_not_all_init():
+    # flight_recorder=0 (or an old torch): no rank's first collective is ever reported.
+    g = goodput(timeline(attempt(0, 10, 20, None, None, 3610)))
+    assert g["buckets"]["init"] == 0 and g["buckets"]["kept_training"] == 3590
+    assert g["ratio"] == round(3590 / 3610, 6) and adds_up(g)
+    assert g["unknown"] == ["attempt 0: no rank's first collective was seen (flight_recorder=0 "
+                            "or an old torch): init counts as training; goodput is an upper "
+                            "bound"]
+    # A failed one that saved a checkpoint trained too: its lost work counts from it.
+    g = goodput(timeline(attempt(0, 10, 20, None, 1000, 1005, {"check": "run.exit", "host": "a"},
+                                 [dict(ckpt(500, 510, 1), stall=True)])))
+    assert g["buckets"]["init"] == 0 and g["buckets"]["lost_work"] == 490
 
 
 def test_the_checkpoint_watch_warnings_are_said():
@@ -270,8 +327,9 @@ def test_the_advice_names_the_interval_that_loses_least_when_it_differs_by_more_
         "checkpoints every 2 h; with a failure every 6 h and 40 s saves, every 22 min loses "
         "about 40 min less per failure")
     # Too often: every minute with 40 s saves costs 4 h a failure in saves.
-    assert advice(40, 60, 6 * 3600).startswith("checkpoints every 1 min; with a failure every "
-                                                "6 h and 40 s saves, every 22 min loses about")
+    assert advice(40, 60, 6 * 3600).startswith(
+        "checkpoints every 1 min; with a failure every 6 h and 40 s saves, every 22 min loses "
+        "about")
     # Within 2x (30 min against 22): nothing to say; nor without a figure.
     assert advice(40, 1800, 6 * 3600) == ""
     assert advice(None, 1800, 6 * 3600) == advice(40, None, 1) == advice(40, 60, None) == ""

@@ -21,7 +21,9 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import
 BUCKETS = ("preflight", "launch", "init", "kept_training", "checkpoint_stall", "lost_work",
            "detection", "restart")
 KEPT_MARGIN_S = defaults.CHECKPOINT_KEPT_MARGIN_S
-CHECKPOINTS_SHOWN = 256     # train.json's goodput lists the newest this many checkpoints
+# Checkpoints whose windows overlap or end within this of each other are one save (per-rank
+# shard files side by side). Belongs in defaults.py (runstate.SAME_SAVE_S is the same).
+SAME_SAVE_S = 1.0
 UNKNOWN_MAX = 8             # sentences in "unknown"
 TIME_MAX = 1e10             # an epoch time past 2286 is garbage, not a time
 READ_MAX = 16 << 20         # a train.json larger than this is not read (the 256-host one: 0.3 MB)
@@ -69,14 +71,52 @@ def _checkpoints(items):
         began = _t(c.get("began"))
         began = ended if began is None or began > ended else began
         step = c.get("step")
+        files = c.get("files")
+        # How long it stalled the ranks (the record's stall_s); an older record's "stall" is
+        # the whole save's.
+        stall_s = _t(c.get("stall_s"))
+        stall_s = (ended - began if c.get("stall") is True else 0.0) if stall_s is None \
+            else min(stall_s, ended - began)
         out.append({"path": str(c.get("path") or "")[-200:], "began": began, "ended": ended,
                     "step": step if isinstance(step, int) and not isinstance(step, bool) else None,
-                    "stall": c.get("stall") is True})
+                    "files": files if isinstance(files, int) and not isinstance(files, bool)
+                    and 0 < files < 1 << 31 else 1,
+                    "stall_s": stall_s})
+    return _saves(out)
+
+
+def _saves(ckpts):
+    """Checkpoints grouped into saves: windows that overlap or end within SAME_SAVE_S of each
+    other (per-rank shard files, 8 or 4096 a save) are one, from the earliest began to the
+    latest ended, its files counted, its stall the union of theirs, each taken as the end of
+    its window (exact for whole stalls; shards of one save stall at once)."""
+    out, parts = [], []
+    for c in sorted(ckpts, key=lambda c: c["began"]):
+        last = out[-1] if out else None
+        if last is not None and (c["began"] < last["ended"] or abs(c["ended"] - last["ended"])
+                                 <= SAME_SAVE_S):
+            last["ended"] = max(last["ended"], c["ended"])
+            last["files"] += c["files"]
+            parts[-1].append((c["ended"] - c["stall_s"], c["ended"]))
+            if c["step"] is not None and (last["step"] is None or c["step"] > last["step"]):
+                last["step"] = c["step"]
+        else:
+            out.append(dict(c))
+            parts.append([(c["ended"] - c["stall_s"], c["ended"])])
+    for c, stalled in zip(out, parts, strict=True):
+        c["stall_s"] = min(_union(stalled), c["ended"] - c["began"])
+        c["stall"] = c["stall_s"] > 0
+        # A checkpoint holds the state at its save's start. A stall (the ranks waited for most
+        # of it: a synchronous save, its own few collectives aside) trained nothing meanwhile:
+        # what is kept reaches its end. Else training went on while it was written (an async
+        # save: DCP's async_save, Megatron's --async-save) and that training is lost with it.
+        c["kept_at"] = c["ended"] if c["stall_s"] * 2 >= c["ended"] - c["began"] > 0 \
+            else c["began"]
     return sorted(out, key=lambda c: c["ended"])
 
 
 def _union(windows):
-    """The length of the union of [a, b] windows (two saves at once stall once)."""
+    """The length of the union of [a, b] windows."""
     total, end = 0.0, None
     for a, b in sorted(w for w in windows if w[1] > w[0]):
         if end is None or a > end:
@@ -121,8 +161,18 @@ def _attempt(a, index, cursor, next_launch, last, now, watched):
             stopped = max([t for t in (running, init_done, failed) if t is not None] or [launch])
     is_failed = failed is not None or failure is not None
     failed = stopped if failed is None else failed
+    ckpts = _checkpoints(a.get("checkpoints"))
+    if init_done is None and not live and running is not None and (
+            not is_failed or any(c["began"] >= running for c in ckpts)):
+        # (a live one may be in its init still) Every rank ran, and the attempt ended well or
+        # saved a checkpoint, with no first collective seen: flight_recorder=0, an old torch or
+        # one dead watcher, not an attempt spent in its init: count it as training. A failed
+        # one that saved nothing is read as one that died in its init (no training lost).
+        notes.append("attempt %s: no rank's first collective was seen (flight_recorder=0 or an "
+                     "old torch): init counts as training; goodput is an upper bound" % number)
+        init_done = running
     if init_done is None:
-        if not live:  # a live one may be in its init still
+        if not live:
             notes.append("attempt %s: no collective was seen completed on every rank; its "
                          "time to the end counts as init" % number)
         init_done = failed
@@ -131,17 +181,18 @@ def _attempt(a, index, cursor, next_launch, last, now, watched):
     init_done = max(init_done, running)
     failed = max(failed, init_done)
     stopped = max(stopped, failed)
-    ckpts = _checkpoints(a.get("checkpoints"))
     if not is_failed:
         lost, kept_to = 0.0, failed
     elif not watched:
         lost, kept_to = None, failed
     else:
-        done = [c["ended"] for c in ckpts if c["ended"] <= failed - KEPT_MARGIN_S]
+        done = [c["kept_at"] for c in ckpts if c["ended"] <= failed - KEPT_MARGIN_S]
         kept_to = min(failed, max([init_done] + done))
         lost = _d(failed - kept_to)
-    stall = _d(_union([(max(c["began"], init_done), min(c["ended"], kept_to))
-                       for c in ckpts if c["stall"]]))
+    # Each save's stalled part clipped to [I, kept_to] (saves do not overlap once grouped):
+    # at most what is left of its window there.
+    stall = _d(sum(min(c["stall_s"], max(0.0, min(c["ended"], kept_to) - max(c["began"], init_done)))
+                   for c in ckpts if c["stall"]))
     training = _d(failed - init_done)
     buckets = {"preflight": 0.0, "launch": _d(running - launch), "init": _d(init_done - running),
                "kept_training": _d(training - stall - (lost or 0.0)), "checkpoint_stall": stall,
@@ -165,7 +216,7 @@ def goodput(timeline, mtbf_s=None):
     timeline: {"started": T0 (the first play's start), "now" (for a live run), "checkpoint_dir"
     ("" unset), "attempts": [{"attempt", "launch" L, "running" R, "init_done" I, "failed" F,
     "stopped" S (each None when unknown), "failure": {"check", "host"} | None, "checkpoints":
-    [{"path", "began", "ended", "step", "stall", ...}], "checkpoint_warnings": [str],
+    [{"path", "began", "ended", "step", "stall_s", "stall", "files", ...}], "checkpoint_warnings": [str],
     "checkpoint_blind": the watch could not read checkpoint_dir at its last look}]}.
 
     Each attempt's boundaries are clipped to L <= R <= I <= F <= S (and L to the previous
@@ -174,11 +225,14 @@ def goodput(timeline, mtbf_s=None):
     of a live run. The buckets, which add up to the wall time T0 -> the last S:
     preflight = L1 - T0; launch = R - L; init = I - R; detection = F -> S; restart = S -> the
     next L; the training window [I, F] = kept_training + checkpoint_stall + lost_work, where
-    lost_work = F - max(I, C), C the end of the last checkpoint ended KEPT_MARGIN_S before F
+    lost_work = F - max(I, C), C where the last checkpoint ended KEPT_MARGIN_S before F keeps
+    the training to (its end when it stalled the ranks for most of its window, else its start:
+    training went on while it was written)
     (0 for a clean end; None when no checkpoint_dir is watched, or its watch was blind: that time stays in
     kept_training, and "unknown" says goodput is then an upper bound), and checkpoint_stall the
-    union of the saves that stalled the ranks, clipped to [I, max(I, C)] (a stall after C is
-    lost work already). The run's buckets are its attempts' summed (the first attempt carries
+    saves' stalled seconds ("stall_s"; checkpoints that overlap are one save first: _saves()),
+    each at most its window clipped to [I, max(I, C)] (a stall after C is lost work already).
+    A missing I in an attempt that ended is R: init 0, "unknown" says so. The run's buckets are its attempts' summed (the first attempt carries
     the preflight, each attempt the restart after it).
 
     failures: one per failed attempt, "cost_s" = its lost work (0 when unknown) + detection +
@@ -254,8 +308,8 @@ def goodput(timeline, mtbf_s=None):
     return {"ratio": round(total["kept_training"] / wall, 6) if wall > 0 else 0.0,
             "wall_s": wall, "buckets": total, "unknown": unknown,
             "attempts": [{"attempt": d["attempt"], "buckets": d["buckets"]} for d in done],
-            "checkpoints": [{k: c[k] for k in ("path", "began", "ended", "step")}
-                            for c in ckpts[-CHECKPOINTS_SHOWN:]],
+            "checkpoints": [{k: c[k] for k in ("path", "began", "ended", "step", "files")}
+                            for c in ckpts[-defaults.CHECKPOINTS_KEPT:]],
             "failures": failures, "advice": advice(save_s, interval_s, mtbf),
             "save_s": None if save_s is None else round(save_s, 3),
             "interval_s": None if interval_s is None else round(interval_s, 3),
