@@ -341,6 +341,10 @@ def test_the_watch_takes_the_whole_record_once_a_minute_and_writes_goodput_so_fa
     {"checkpoints": 7, "checkpoint_watch": {"warnings": "x"}, "timeline": [1, 2]},
     {"checkpoints": [None, "a", {"began": "x"}], "timeline": {"running": "soon"}, "started": {}},
     {"clock": 3, "failure": "lost", "checkpoint_watch": 5},
+    # Numbers JSON can carry that are no times: a 400-digit int (OverflowError in float()), inf.
+    {"timeline": {"running": 10**400, "stopped": float("inf")}, "started": 10**400,
+     "checkpoints": [{"path": "a", "began": 10**400, "ended": float("inf")}],
+     "clock": {"offset_s": 10**400}},
 ])
 def test_a_garbled_record_reads_as_unknown_and_status_still_says_something(garbled):
     from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import status

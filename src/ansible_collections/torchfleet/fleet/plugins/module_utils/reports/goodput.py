@@ -40,11 +40,11 @@ BLIND = ("lost work is unknown: the checkpoint watch could not read checkpoint_d
 
 def _t(value):
     """An epoch time (or a duration) to the millisecond; None when it is not a plausible one."""
-    value = _num(value)
+    value = finite(value)
     return None if value is None or not 0 <= value < TIME_MAX else round(value, 3)
 
 
-def _num(value):
+def finite(value):
     """A finite number as a float, else None (JSON's 1e999 is inf; a bool is no number)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -371,11 +371,11 @@ def line(g, so_far=None):
     far; 1 restart cost 4 min 10 s: 2 min lost since the last checkpoint". so_far: None reads
     the object's "live"."""
     g = g if isinstance(g, dict) else {}
-    ratio, wall = _num(g.get("ratio")), _num(g.get("wall_s"))
+    ratio, wall = finite(g.get("ratio")), finite(g.get("wall_s"))
     if ratio is None or not wall or wall <= 0:
         return "goodput: nothing measured yet"
     buckets = g.get("buckets") if isinstance(g.get("buckets"), dict) else {}
-    lost = _num(buckets.get("lost_work"))
+    lost = finite(buckets.get("lost_work"))
     unknown = buckets.get("lost_work") is None
     pct = min(max(ratio, 0.0), 1.0) * 100
     pct_text = "%d %%" % (99 if 99 < pct < 100 else round(pct))
@@ -389,7 +389,7 @@ def line(g, so_far=None):
     n = len(failures)
     # Every failure was followed by another attempt, or the last one ended the run.
     what = ("%d restart%s" if n < n_attempts else "%d failure%s") % (n, "" if n == 1 else "s")
-    cost = sum(_num(f.get("cost_s")) or 0.0 for f in failures)
+    cost = sum(finite(f.get("cost_s")) or 0.0 for f in failures)
     tail = ("lost work unknown (no checkpoint_dir)" if unknown
             else "%s lost since the last checkpoint" % duration(lost) if lost
             else "no training lost")
@@ -430,7 +430,7 @@ def read_bounded(path, limit=READ_MAX):
 def _stored(g):
     """A run's stored goodput object, checked: (wall, buckets, failures) or None when it is not
     one goodput() wrote."""
-    wall = _num(g.get("wall_s"))
+    wall = finite(g.get("wall_s"))
     buckets = g.get("buckets")
     if wall is None or not 0 <= wall < TIME_MAX or not isinstance(buckets, dict):
         return None
@@ -440,7 +440,7 @@ def _stored(g):
         if v is None and k == "lost_work":
             clean[k] = None
             continue
-        v = _num(v)
+        v = finite(v)
         if v is None or not 0 <= v <= wall + 1e-3:
             return None
         clean[k] = v
@@ -449,7 +449,7 @@ def _stored(g):
         if isinstance(f, dict):
             check = f.get("check") if isinstance(f.get("check"), str) else ""
             failures.append({"check": check if CHECK_ID.match(check) else "unknown",
-                             "cost_s": min(max(_num(f.get("cost_s")) or 0.0, 0.0), wall)})
+                             "cost_s": min(max(finite(f.get("cost_s")) or 0.0, 0.0), wall)})
     return wall, clean, failures
 
 

@@ -476,9 +476,9 @@ def check_of(failure):
     return "run.exit"
 
 
-def _time(value):
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
-        else None
+# A record's time: a finite number, else none (the record comes from another host: a
+# 400-digit int or 1e999 is garbage, never an OverflowError in status or the report).
+_time = goodput.finite
 
 
 def _list(value):

@@ -315,7 +315,8 @@ def message(body):
                 "hw_dropped": hw_dropped, "hw_fatal_more": hw_fatal_more,
                 "watch": watch_status(body.get("watch")) if "watch" in body else None,
                 "fr": body.get("fr"), "fr_untimed": body.get("fr_untimed") is True,
-                "up_s": _bounded(body.get("up_s"), 0.0, AGE_MAX_S, 0.0)}
+                # (at most two beats: ranks_at is also the hang judge's floor of silence)
+                "up_s": _bounded(body.get("up_s"), 0.0, 2 * defaults.BEAT_S, 0.0)}
     if kind == PONG:
         return {"t": PONG, "echo": _number(body.get("echo")), "at": _number(body.get("at"))}
     if kind in (EXIT, DIED):
