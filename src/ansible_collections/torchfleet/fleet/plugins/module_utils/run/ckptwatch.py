@@ -85,10 +85,11 @@ def step_of(name):
 
 
 def printable(name, limit=PATH_MAX):
-    """A file name as text for the record: bytes that are not UTF-8 replaced, bounded."""
+    """A file name as text for the record: bytes that are not UTF-8 escaped (\\x80: two names
+    stay two), bounded."""
     if isinstance(name, bytes):
         name = os.fsdecode(name)
-    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")[:limit]
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")[:limit]
 
 
 def is_temp(name):
@@ -393,8 +394,9 @@ class CheckpointWatch:
         names, newest mtime_ns, bytes, where shards of a distributed checkpoint are), None when
         it cannot be read."""
         files, subs, newest, total, distcp, read = [], [], 0, 0, None, 0
-        queue = [""]
-        for rel in queue:
+        queue = [""]  # the directory, then its sub-directories (found while reading it)
+        while queue:
+            rel = queue.pop(0)
             if read >= DIR_ENTRIES_MAX:
                 break
             try:
