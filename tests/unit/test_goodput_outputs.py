@@ -322,7 +322,9 @@ def test_the_watch_takes_the_whole_record_once_a_minute_and_writes_goodput_so_fa
         rec = dict(record, phase=SUCCEEDED if final else "running", final=final)
         return {"state": "final" if final else "running", "now": 1040.0,
                 "summary": {"phase": rec["phase"], "final": final, "elapsed_s": 30.0,
-                            "nranks": 1, "ranks_alive": 1, "hosts_running": 1, "nnodes": 1},
+                            "nranks": 1, "ranks_alive": 1, "hosts_running": 1, "nnodes": 1,
+                            # (a straggler named while goodput is said: the watch crashed on it)
+                            "stragglers": ["node2 (rank 2): the others wait 30 ms for it"]},
                 "record": rec if args.get("full") or final else None}
 
     action = torchrun_watch.ActionModule.__new__(torchrun_watch.ActionModule)

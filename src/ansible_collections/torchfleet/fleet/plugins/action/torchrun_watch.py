@@ -322,14 +322,14 @@ class ActionModule(ActionBase):
                 display.display(progress_text(summary))
                 return look, None, None
             if summary:
-                said = ""
+                line = ""  # (not `said`: that is when stragglers were last named)
                 if look.get("record") and summary["phase"] == "running":
-                    goodput_at, said = elapsed, self._goodput(task_vars, look["record"],
+                    goodput_at, line = elapsed, self._goodput(task_vars, look["record"],
                                                               look.get("now"))
-                    if said:
-                        display.display("  " + said)
+                    if line:
+                        display.display("  " + line)
                 append_progress(a.get("progress_file"), dict(
-                    summary, watched_s=round(elapsed, 3), **({"goodput": said} if said else {})))
+                    summary, watched_s=round(elapsed, 3), **({"goodput": line} if line else {})))
                 if elapsed - shown >= every_s or summary["phase"] != "running":
                     shown = elapsed
                     display.display(progress_text(summary))
