@@ -98,6 +98,19 @@ def _kind(argv, root_pid, pid):
     return "other: " + head
 
 
+
+def proc_sample(pid):
+    """(CPU-seconds so far, its start time in ticks since boot as /proc writes it, command
+    line) of a process, or None when it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICK, fields[19], argv
+
 class Sampler(threading.Thread):
     """Each member of `groups`' last utime + stime, by (pid, start time)."""
 
@@ -116,15 +129,11 @@ class Sampler(threading.Thread):
                     self._look(int(pid))
 
     def _look(self, pid):
-        try:
-            with open("/proc/%d/stat" % pid) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open("/proc/%d/cmdline" % pid, "rb") as f:
-                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-        except (OSError, IndexError):
+        seen = proc_sample(pid)
+        if seen is None:
             return
-        cpu = (int(fields[11]) + int(fields[12])) / TICK
-        key = (pid, fields[19])
+        cpu, started, argv = seen
+        key = (pid, started)
         known = self.seen.get(key)
         # What it showed while alive: a zombie's command line is empty.
         kind = known[0] if known and not argv else _kind(argv, self.root_pid, pid)

@@ -100,18 +100,14 @@ class Sampler(threading.Thread):
                     self._look(int(pid), name, now)
 
     def _look(self, pid, group, now):
-        try:
-            with open("/proc/%d/stat" % pid) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open("/proc/%d/cmdline" % pid, "rb") as f:
-                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-        except (OSError, IndexError):
+        seen = launch_profile.proc_sample(pid)
+        if seen is None:
             return
-        cpu = (int(fields[11]) + int(fields[12])) / TICK
-        key = (pid, fields[19])
+        cpu, started, argv = seen
+        key = (pid, started)
         known = self.seen.get(key)
         if known is None:
-            known = self.seen[key] = [None, group, self.boot + int(fields[19]) / TICK, []]
+            known = self.seen[key] = [None, group, self.boot + int(started) / TICK, []]
         if argv:  # a zombie's command line is empty: it keeps what it showed
             known[0] = _kind(argv, self.root_pid, pid)
         known[3].append((now, cpu))
