@@ -511,3 +511,19 @@ def test_the_watcher_thread_hands_over_what_it_found_and_says_a_hung_look_once(t
     clock.t += defaults.CHECKPOINT_HUNG_WARN_S + 1
     said = hung.take()[1] + hung.take()[1]
     assert len(said) == 1 and "has not answered" in said[0] and str(tmp_path) in said[0]
+
+
+def test_a_distributed_checkpoint_with_more_shards_than_a_read_takes_still_completes(
+        tmp_path, monkeypatch):
+    # More shards than DIR_ENTRIES_MAX (8 files per rank at 1,250 ranks; directory order is
+    # arbitrary): .metadata among the entries left unread is still seen.
+    monkeypatch.setattr(ckptwatch, "DIR_ENTRIES_MAX", 50)
+    w, clock = watch(tmp_path)
+    look(w, clock, 100.0)
+    shards = tmp_path / "step_9"
+    shards.mkdir()
+    for i in range(80):
+        (shards / ("__%d_0.distcp" % i)).write_bytes(b"x")
+    (shards / ".metadata").write_bytes(b"m")
+    found = look(w, clock, 101.0)[0] + look(w, clock, 104.0)[0] + look(w, clock, 108.0)[0]
+    assert [(c["path"], c["kind"], c["step"]) for c in found] == [("step_9", "dcp", 9)]

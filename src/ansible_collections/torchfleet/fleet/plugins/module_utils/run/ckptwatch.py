@@ -429,6 +429,19 @@ class CheckpointWatch:
                     return None
         return files, subs, newest, total, distcp
 
+    @staticmethod
+    def _metadata(path):
+        """A distributed checkpoint's .metadata read directly: (name, size, mtime_ns, ino), or
+        None. The tree's read stops at DIR_ENTRIES_MAX entries in no set order, so with more
+        shards than that its .metadata may be among those left unread."""
+        try:
+            s = os.lstat(os.path.join(path, ".metadata"))
+        except OSError:
+            return None
+        if not stat.S_ISREG(s.st_mode):
+            return None
+        return ".metadata", s.st_size, s.st_mtime_ns, s.st_ino
+
     def _dir_done(self, c, now_m):
         """("dcp" | "dir", ended, bytes) once complete; False when it holds no checkpoint (or
         one already recorded); None while it is written. Complete on its framework's commit
@@ -448,7 +461,7 @@ class CheckpointWatch:
             return None
         files, subs, newest, total, c.distcp = tree
         by_name = {f[0]: f for f in files}
-        meta = by_name.get(".metadata")
+        meta = by_name.get(".metadata") or self._metadata(path)
         sub_meta = [by_name[n] for n in (os.path.join(d, ".metadata") for d in subs) if n in by_name]
         kind, hold, ended, marker = "dir", self.still_s, None, None
         if meta is not None:  # torch wrote it last: at once
