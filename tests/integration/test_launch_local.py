@@ -52,7 +52,10 @@ def test_train_builtin_workload_synchronises_gradients(tmp_path):
     assert "HOST" in run.out and "succeeded" in run.out
     # Goodput (issue 59), from the first play to the end: nothing failed, nothing was lost.
     g = report["goodput"]
-    assert 0 < g["ratio"] < 1 and g["failures"] == [] and g["unknown"] == []
+    # (A rank's watcher looks each second: in a run of 60 steps a rank can destroy its process
+    # group before a look saw its first collective; init is then unknown and said so.)
+    assert 0 < g["ratio"] < 1 and g["failures"] == [] and all(
+        "first collective was seen" in u for u in g["unknown"])
     assert sum(g["buckets"].values()) == pytest.approx(g["wall_s"], rel=0.01)
     assert min(g["buckets"][b] for b in ("preflight", "launch", "init", "kept_training")) > 0
     assert "goodput %d %%; no failure" % round(g["ratio"] * 100) in run.out

@@ -188,7 +188,7 @@ def _torchfleet_flight():
         return
     here, pid = os.path.dirname(err), os.getpid()
     seen = {"pgs": None, "detailed": None, "dumped": False, "after": {}, "next": 0.0,
-            "names": {}, "lost": set(), "first": None, "tries": 0}
+            "names": {}, "lost": set(), "first": None}
     try:  # stragglers: "period,budget,rows" (straggle.py), or unset: off
         period, budget, n_max = (float(v) for v in os.environ["TORCHFLEET_FR_SAMPLE"].split(","))
     except (KeyError, ValueError):
@@ -290,12 +290,13 @@ def _torchfleet_flight():
             sample(c10d)
         plain = look(c10d, False)
         pending = any(v[0] > v[1] for v in plain.values())
-        first = seen["first"] is None and any(v[1] >= 1 for v in plain.values())
-        if first:  # (a dump that failed or held none is tried again, a few times: 0 then)
-            seen["tries"] += 1
-            seen["first"] = _torchfleet_first(dumps(c10d, True)) or (
-                0 if seen["tries"] >= 5 else None)
-            first = seen["first"] is not None
+        # (From the recorder's own status, named or not: a group the watcher could not name
+        # yet, or ever, still tells when this rank's first collective completed.)
+        first = seen["first"] is None and (any(v[1] >= 1 for v in plain.values()) or any(
+            int(st.get("last_completed_collective", -1)) >= 1 for _src, d in dumps(c10d, False)
+            for st in (d.get("pg_status") or {}).values()))
+        if first:  # (a dump that failed or held none: this look's time, a second late at most)
+            seen["first"] = _torchfleet_first(dumps(c10d, True)) or time.time()
         if plain == seen["pgs"] and pending and seen["detailed"] != plain:
             seen["detailed"] = plain
             save(look(c10d, True))  # the same collective pending for a second: its op
