@@ -57,7 +57,8 @@ def test_train_builtin_workload_synchronises_gradients(tmp_path):
     assert 0 < g["ratio"] < 1 and g["failures"] == [] and all(
         "first collective was seen" in u for u in g["unknown"])
     assert sum(g["buckets"].values()) == pytest.approx(g["wall_s"], rel=0.01)
-    assert min(g["buckets"][b] for b in ("preflight", "launch", "init", "kept_training")) > 0
+    assert min(g["buckets"][b] for b in ("preflight", "launch", "kept_training")) > 0
+    assert g["buckets"]["init"] > 0 or g["unknown"]  # (init unknown: counted as training)
     assert "goodput %d %%; no failure" % round(g["ratio"] * 100) in run.out
     assert run_processes(report["run_id"]) == []
 
