@@ -304,6 +304,9 @@ ADVANCE_GAP_S = 0.5             # the master keeps one moment of collectives adv
 # long before the failure: a save still being written when a rank died stops growing then too,
 # and is not a checkpoint to resume from.
 CHECKPOINT_KEPT_MARGIN_S = 1.0
+# Checkpoints whose windows overlap or end within this of each other are one save (per-rank
+# shard files written side by side): the record and goodput group them alike.
+CHECKPOINT_SAME_SAVE_S = 1.0
 
 
 def master_settle_s(abort_grace_s=ABORT_GRACE_S, hang=False):

@@ -21,9 +21,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import
 BUCKETS = ("preflight", "launch", "init", "kept_training", "checkpoint_stall", "lost_work",
            "detection", "restart")
 KEPT_MARGIN_S = defaults.CHECKPOINT_KEPT_MARGIN_S
-# Checkpoints whose windows overlap or end within this of each other are one save (per-rank
-# shard files side by side). Belongs in defaults.py (runstate.SAME_SAVE_S is the same).
-SAME_SAVE_S = 1.0
+SAME_SAVE_S = defaults.CHECKPOINT_SAME_SAVE_S  # (the record groups its saves alike)
 UNKNOWN_MAX = 8             # sentences in "unknown"
 TIME_MAX = 1e10             # an epoch time past 2286 is garbage, not a time
 READ_MAX = 16 << 20         # a train.json larger than this is not read (the 256-host one: 0.3 MB)

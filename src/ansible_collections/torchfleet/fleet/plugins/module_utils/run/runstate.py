@@ -169,9 +169,7 @@ ADVANCES_KEPT = 2048
 # A gap between two moments collectives advanced longer than this is a stall inside a save (the
 # ranks' watchers write each second and beats come each second: a shorter one says nothing).
 STALL_GAP_S = 2 * defaults.BEAT_S
-# Completions whose windows overlap or end within this of each other are one save (per-rank
-# shard files); goodput groups them alike. (Belongs in defaults.py, with goodput's.)
-SAME_SAVE_S = 1.0
+SAME_SAVE_S = defaults.CHECKPOINT_SAME_SAVE_S  # (goodput groups its saves alike)
 _PCI = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 
