@@ -23,6 +23,16 @@ pytestmark = pytest.mark.lab
 REMOTE_RUNS = runs_root(Path(__file__).stem)  # its lab's remote_runs_root
 
 
+def exit_barrier_race_removed(log):
+    """torchrun's log less the exception its agent logs when the master's torchrun closes the
+    store as this host leaves the exit barrier (pytorch/pytorch#69520, after a run that ended
+    ok): every line logged from where that exception was logged (pid and source line)."""
+    where = {line.split("] ", 1)[0].split(" ", 2)[-1] for line in log.splitlines()
+             if "] Error waiting on exit barrier" in line}
+    return "\n".join(line for line in log.splitlines()
+                     if line.split("] ", 1)[0].split(" ", 2)[-1] not in where)
+
+
 def test_train_across_two_lab_nodes(healthy_lab, tmp_path):
     run = playbook("train.yml", tmp_path, "-e", "nnodes=2", "-e", "train_steps=40",
                    inventory=healthy_lab.inventory)
@@ -33,7 +43,7 @@ def test_train_across_two_lab_nodes(healthy_lab, tmp_path):
     # Each rank ran inside its own node: its own UTS hostname, rendezvous over the lab network.
     assert [(r["host"], r["rank"]) for r in report["ranks"]] == [("node0", 0), ("node1", 1)]
     torchrun_log = (run.run_dir / "logs" / "node1" / "torchrun.log").read_text()
-    assert "Traceback" not in torchrun_log
+    assert "Traceback" not in exit_barrier_race_removed(torchrun_log)
     pidfile = json.loads(next(REMOTE_RUNS.glob("%s/node1/torchrun.pid" % report["run_id"]))
                          .read_text())
     assert "--local-addr" in pidfile["argv"]
