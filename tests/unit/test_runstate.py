@@ -4,6 +4,8 @@ Times are given explicitly (now=...), so each case says exactly when a thing hap
 """
 from __future__ import annotations
 
+import json
+
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import runstate
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import RunState, host_outcome, summary
 
@@ -275,6 +277,16 @@ def test_a_signed_message_with_odd_fields_cannot_break_the_master():
         s.report("node1", 1002, body)
     assert s.failure["host"] == "node1" and runstate.failure_text(s.failure)
     assert s.report("nobody", 1003, {"t": "exit", "rc": 1}) is None
+
+
+def test_nan_and_infinity_from_a_hosts_bytes_are_no_number():
+    # json.loads takes them: a beat saying so must not date the ranks or an exit at infinity.
+    body = json.loads('{"t": "beat", "alive": 2, "idle_s": NaN, "up_s": Infinity, "pid": 1}')
+    checked = runstate.message(body)
+    assert checked["idle_s"] is None and checked["up_s"] == 0.0
+    ended = runstate.message(json.loads('{"t": "exit", "rc": 0, "age_s": -Infinity, '
+                                        '"ended_s": NaN}'))
+    assert ended["age_s"] == 0.0 and ended["ended_s"] == 0.0
 
 
 def test_no_sentence_for_people_holds_a_none_or_a_question_mark():

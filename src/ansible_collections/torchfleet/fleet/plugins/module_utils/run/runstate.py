@@ -178,7 +178,11 @@ def _text(value, limit):
 
 
 def _number(value, default=None):
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+    """A finite number, else default: json.loads takes NaN and Infinity from a host's bytes, and
+    either would poison every sum and comparison of times downstream (goodput, leases)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return default
+    return value if math.isfinite(value) else default
 
 
 def _int(value):
@@ -186,10 +190,7 @@ def _int(value):
 
 
 def _bounded(value, low, high, default):
-    value = _number(value, default)
-    if isinstance(value, float) and math.isnan(value):
-        return default
-    return min(high, max(low, value))
+    return min(high, max(low, _number(value, default)))
 
 
 def _event(e):
