@@ -1,5 +1,9 @@
-"""Which candidates a run uses when preflight checked spares (`spares=K`): the first nnodes
-healthy hosts in inventory order, every other candidate named with why.
+"""Which candidates a run uses when preflight checked spares (`spares=K`): the nnodes healthy
+hosts the fleet's ledger holds healthiest (lowest score; inventory order among equals, so without
+a ledger the first nnodes healthy in inventory order), ranked in inventory order, every other
+candidate named with why. A host the ledger quarantined is left out like an unhealthy one while
+the others suffice; when they do not, the healthiest quarantined ones fill the run (preflight
+says so: host.quarantined).
 
 A host is healthy when it has no failed error check of its own. What a worker found about the
 master's ports and route says nothing about the worker when the master is the broken one: the
@@ -36,10 +40,11 @@ def master_to_blame(master, workers, bad):
     return bool(workers) and len(bound) * 2 > len(workers)
 
 
-def choose(hosts, nnodes, checks, master=None):
-    """(chosen hosts, {skipped host: failed ids}, retest): the first nnodes healthy candidates;
-    retest when the master changed because the tested one (`master`, else the first) was to
-    blame."""
+def choose(hosts, nnodes, checks, master=None, scores=None, quarantined=()):
+    """(chosen hosts, {skipped host: failed ids}, retest): the nnodes healthy candidates of
+    lowest `scores` ({host: the ledger's score}), quarantined ones last; retest when the master
+    changed: the tested one (`master`, else the first) was to blame, or the ledger left it
+    out."""
     master = master if master in hosts else hosts[0]
     bad = failing(checks)
     # The workers tested against it; the hosts before it were not reached.
@@ -53,8 +58,19 @@ def choose(hosts, nnodes, checks, master=None):
                 bad[host] = own
             else:
                 bad.pop(host, None)
-    chosen = [h for h in hosts if h not in bad][:nnodes]
-    return chosen, {h: bad[h] for h in hosts if h in bad}, blamed and bool(chosen)
+    scores = scores or {}
+    # sorted() is stable: equal scores keep inventory order.
+    healthiest = sorted((h for h in hosts if h not in bad),
+                        key=lambda h: (h in quarantined, scores.get(h) or 0.0))
+    taken = set(healthiest[:nnodes])
+    chosen = [h for h in hosts if h in taken]
+    # A master inventory order would have taken and the ledger left out: the chosen hosts'
+    # ports were tested against it.
+    moved = master in [h for h in hosts if h not in bad][:nnodes] and master not in taken
+    for host in healthiest[nnodes:]:
+        if host in quarantined:
+            bad[host] = ["host.quarantined"]
+    return chosen, {h: bad[h] for h in hosts if h in bad}, (blamed or moved) and bool(chosen)
 
 
 def too_few(hosts, nnodes, skipped):
