@@ -3,6 +3,7 @@ nothing fetched) with the preflight matrix, every rank's end and, for the collec
 busbw-versus-message-size chart per op with the min-max band across ranks."""
 from __future__ import annotations
 
+import json
 import math
 from datetime import datetime, timezone
 from html import escape
@@ -259,6 +260,38 @@ def _heat_caption(iso: Isolation) -> str:
                 "bad" if iso.slow_nodes or iso.slow_links else "ok", verdict))
 
 
+def fleet_history(run_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """preflight.json's `fleet`: what the fleet's ledger held of each candidate at preflight
+    ({host: {score, history, quarantined_until}}, only hosts with a history); {} without."""
+    try:
+        data = json.loads((Path(run_dir) / "preflight.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    fleet = data.get("fleet") if isinstance(data, dict) else None
+    return {str(h): v for h, v in fleet.items() if isinstance(v, dict)} \
+        if isinstance(fleet, dict) else {}
+
+
+def _history(entry: dict[str, Any] | None) -> str:
+    """A host's history cell: its incidents, and its quarantine."""
+    if not entry:
+        return ""
+    text = str(entry.get("history") or "")
+    if entry.get("quarantined_until"):
+        text += "%squarantined until %s" % ("; " if text else "", entry["quarantined_until"])
+    return text
+
+
+def _fleet(fleet: dict[str, dict[str, Any]]) -> str:
+    """The preflight's hosts with a history in the fleet's ledger, worst first."""
+    rows = "".join('<tr><td>%s</td><td class="%s">%s</td><td>%s</td></tr>' % (
+        escape(h), "bad" if e.get("quarantined_until") else "warn", escape(_history(e)),
+        escape(str(e.get("score", "")))) for h, e in sorted(
+            fleet.items(), key=lambda he: -float(he[1].get("score") or 0)))
+    return '<table class="fleet"><tr><th>host</th><th>history (the fleet&rsquo;s ledger, at ' \
+        'preflight)</th><th>score</th></tr>%s</table>' % rows
+
+
 def _ranks(result: Result) -> str:
     bad = [r for r in result.ranks if not r.ok]
     good = [r for r in result.ranks if r.ok]
@@ -274,13 +307,17 @@ def _ranks(result: Result) -> str:
             rows += ('<tr class="rank ok folded"><td colspan="3">%d ranks</td><td class="ok">%s'
                      '</td><td>0</td></tr>' % (len(these), escape(state)))
     nccl = any(h.transport for h in result.hosts)  # NCCL's INFO lines were read
-    worst = [h for h in result.hosts if h.outcome != "succeeded"]
-    fine = [h for h in result.hosts if h.outcome == "succeeded"]
+    # The fleet's ledger's history of each host, as preflight read it (a column only when some
+    # host has one); a host with one is listed, never folded.
+    fleet = fleet_history(result.run_dir)
+    worst = [h for h in result.hosts if h.outcome != "succeeded" or h.host in fleet]
+    fine = [h for h in result.hosts if h.outcome == "succeeded" and h.host not in fleet]
     shown = worst + ([] if len(fine) > FOLD_ABOVE else fine)
-    hosts = "".join("<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td>%s</tr>" % (
+    hosts = "".join("<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td>%s%s</tr>" % (
         escape(h.host), escape(str(h.outcome)), "-" if h.rc is None else h.rc,
         "-" if h.duration_s is None else "%.1f s" % h.duration_s, table.spread_of(h.busbw_gbs),
-        "<td>%s</td>" % escape(describe(h.transport)) if nccl else "")
+        "<td>%s</td>" % escape(describe(h.transport)) if nccl else "",
+        "<td>%s</td>" % escape(_history(fleet.get(h.host))) if fleet else "")
         for h in shown)
     if len(shown) < len(result.hosts):  # one row for the hosts that succeeded
         durations = [h.duration_s for h in fine if h.duration_s is not None]
@@ -288,13 +325,14 @@ def _ranks(result: Result) -> str:
                   '<td>%s</td><td colspan="%d"></td></tr>' % (
                       len(fine), _names([h.host for h in fine], 3),
                       "%.1f&ndash;%.1f s" % (min(durations), max(durations)) if durations
-                      else "-", 2 if nccl else 1))
+                      else "-", 1 + bool(nccl) + bool(fleet)))
     return ('<table class="hosts"><tr><th>host</th><th>outcome</th><th>exit</th>'
             '<th>duration</th><th>busbw GB/s min / median / max (its ranks, all_reduce at the '
-            'largest size)</th>%s</tr>%s</table>'
+            'largest size)</th>%s%s</tr>%s</table>'
             '<table class="ranks"><tr><th>rank</th><th>host</th><th>local rank</th><th>state</th>'
             '<th>exit code</th></tr>%s</table>' % (
-                "<th>NCCL transport</th>" if nccl else "", hosts, rows))
+                "<th>NCCL transport</th>" if nccl else "",
+                "<th>history (the fleet&rsquo;s ledger)</th>" if fleet else "", hosts, rows))
 
 
 def _attempts(result: Result) -> str:
@@ -517,6 +555,9 @@ def render(result: Result) -> str:
         body.append("<h2>Attempts</h2>" + _attempts(result))
     if pre is not None:
         body.append("<h2>Preflight</h2>" + _matrix(pre))
+        fleet = fleet_history(pre.run_dir)
+        if fleet and result.kind == "preflight":  # a run's host table has it as a column
+            body.append("<h2>Host history</h2>" + _fleet(fleet))
         if _health(pre):
             body.append("<h2>Node health</h2>" + _health(pre))
     if result.kind in ("train", "collective"):

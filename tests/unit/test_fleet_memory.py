@@ -48,3 +48,28 @@ def test_a_master_the_ledger_leaves_out_hands_over_with_a_port_test_again():
     # A master merely less healthy than a spare hands over too: its ports were the ones tested.
     chosen, skipped, retest = spares.choose(SIX, 4, [], None, {"n0": 0.5})
     assert chosen == ["n1", "n2", "n3", "n4"] and skipped == {} and retest is True
+
+
+def test_the_html_host_table_gains_the_history_column_only_with_a_history(tmp_path):
+    import json
+    from pathlib import Path
+
+    from torchfleet.html_report import render
+    from torchfleet.results import Host, Result
+
+    def page(run_dir):
+        hosts = [Host(host="n%d" % i, outcome="succeeded", rc=0, duration_s=3.0)
+                 for i in range(3)]
+        return render(Result(kind="train", ok=True, run_id="r1", run_dir=Path(run_dir),
+                             hosts=hosts))
+
+    assert "history" not in page(tmp_path)  # no preflight.json, no ledger: as before
+    (tmp_path / "preflight.json").write_text(json.dumps({"ok": True, "checks": [], "fleet": {
+        "n1": {"score": 2.5, "history": "3 incidents in 7 days: Xid 79 x2, lost x1",
+               "quarantined_until": "2026-11-29T10:00:00Z"}}}))
+    html = page(tmp_path)
+    assert "<th>history (the fleet&rsquo;s ledger)</th>" in html
+    assert "<td>3 incidents in 7 days: Xid 79 x2, lost x1; quarantined until " \
+           "2026-11-29T10:00:00Z</td>" in html
+    pre = render(Result(kind="preflight", ok=True, run_id="r1", run_dir=tmp_path))
+    assert "<h2>Host history</h2>" in pre and "Xid 79 x2" in pre
