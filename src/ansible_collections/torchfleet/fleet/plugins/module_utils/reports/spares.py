@@ -1,9 +1,9 @@
-"""Which candidates a run uses when preflight checked spares (`spares=K`): the nnodes healthy
-hosts the fleet's ledger holds healthiest (lowest score; inventory order among equals, so without
-a ledger the first nnodes healthy in inventory order), ranked in inventory order, every other
-candidate named with why. A host the ledger quarantined is left out like an unhealthy one while
-the others suffice; when they do not, the healthiest quarantined ones fill the run (preflight
-says so: host.quarantined).
+"""Which candidates a run uses when preflight checked spares (`spares=K`): the first nnodes
+candidates where healthy, the spares taking the others' places healthiest first (the fleet's
+ledger's lowest score; inventory order among equals, so without a ledger the first nnodes
+healthy in inventory order), ranked in inventory order; every other candidate named with why.
+A host the ledger quarantined is left out like an unhealthy one while the others suffice; when
+they do not, the healthiest quarantined ones fill the run (preflight says so: host.quarantined).
 
 A host is healthy when it has no failed error check of its own. What a worker found about the
 master's ports and route says nothing about the worker when the master is the broken one: the
@@ -41,10 +41,10 @@ def master_to_blame(master, workers, bad):
 
 
 def choose(hosts, nnodes, checks, master=None, scores=None, quarantined=()):
-    """(chosen hosts, {skipped host: failed ids}, retest): the nnodes healthy candidates of
-    lowest `scores` ({host: the ledger's score}), quarantined ones last; retest when the master
-    changed: the tested one (`master`, else the first) was to blame, or the ledger left it
-    out."""
+    """(chosen hosts, {skipped host: failed ids}, retest): the first nnodes candidates where
+    healthy and not `quarantined`, the others' places taken by the healthy candidates of lowest
+    `scores` ({host: the ledger's score}), quarantined ones last; retest when the master changed:
+    the tested one (`master`, else the first) was to blame, or the ledger left it out."""
     master = master if master in hosts else hosts[0]
     bad = failing(checks)
     # The workers tested against it; the hosts before it were not reached.
@@ -58,16 +58,18 @@ def choose(hosts, nnodes, checks, master=None, scores=None, quarantined=()):
                 bad[host] = own
             else:
                 bad.pop(host, None)
-    scores = scores or {}
+    healthy = [h for h in hosts if h not in bad]
+    kept = [h for h in hosts[:nnodes] if h not in bad and h not in quarantined]
     # sorted() is stable: equal scores keep inventory order.
-    healthiest = sorted((h for h in hosts if h not in bad),
-                        key=lambda h: (h in quarantined, scores.get(h) or 0.0))
-    taken = set(healthiest[:nnodes])
+    scores = scores or {}
+    others = sorted((h for h in healthy if h not in kept),
+                    key=lambda h: (h in quarantined, scores.get(h) or 0.0))
+    taken = set(kept + others[:nnodes - len(kept)])
     chosen = [h for h in hosts if h in taken]
     # A master inventory order would have taken and the ledger left out: the chosen hosts'
     # ports were tested against it.
-    moved = master in [h for h in hosts if h not in bad][:nnodes] and master not in taken
-    for host in healthiest[nnodes:]:
+    moved = master in healthy[:nnodes] and master not in taken
+    for host in others[nnodes - len(kept):]:
         if host in quarantined:
             bad[host] = ["host.quarantined"]
     return chosen, {h: bad[h] for h in hosts if h in bad}, (blamed or moved) and bool(chosen)
