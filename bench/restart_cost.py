@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -11,6 +12,10 @@ import yaml
 
 from bench.harness import ROOT, env, lab, lab_down, stats
 from torchfleet import ansible_cli
+
+# TORCHFLEET_BENCH_TREE=DIR: run the playbooks from DIR, a copy of the tree (ansible.cfg, src,
+# inventory, train.yml) at another revision: a baseline measured beside a change.
+TREE = os.environ.get("TORCHFLEET_BENCH_TREE") or str(ROOT)
 
 
 def all_ranks_resumed(remote, hosts, attempt_dir):
@@ -72,7 +77,7 @@ def run(args, tmp):
                  "-e", "lost_after_s=5", "-e", "train_steps=400",
                  "-e", "train_checkpoint_dir=%s" % ckpt, "-e", "remote_runs_root=%s" % remote,
                  "-e", "run_dir=%s/rs-%d" % (tmp, i)],
-                cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                cwd=TREE, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 text=True)
             wait(lambda: (ckpt / "ddp_train.pt").exists(), proc, "no checkpoint")  # noqa: B023
             the_lab.cut_network("node2")
@@ -94,7 +99,7 @@ def run(args, tmp):
                  "-e", "nnodes=6", "-e", "train_steps=400",
                  "-e", "train_checkpoint_dir=%s" % hand_ckpt,
                  "-e", "remote_runs_root=%s" % hand_remote, "-e", "run_dir=%s/fr-%d" % (tmp, i)],
-                cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                cwd=TREE, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 text=True)
             running = wait(lambda: all_ranks_resumed(hand_remote, hosts, ""),  # noqa: B023
                            proc, "the fresh run never ran")
