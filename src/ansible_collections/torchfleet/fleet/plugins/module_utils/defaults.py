@@ -200,6 +200,26 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
     (("health_clock_max_s", "float", 2.0), dict(description=(
         "A host whose clock is further than this from the fleet's (measured by the port test, "
         "no NTP server needed) fails host.clock: leases and ages compare clocks."))),
+    # The fleet's ledger (reports/ledger.py, docs/ledger.md).
+    (("fleet_db", "str", "fleet.db"), dict(description=(
+        "The fleet's ledger: what happened to each host in every preflight and run, kept "
+        "across runs (a SQLite file, relative to runs_root when relative), or a "
+        "postgresql:// URL shared by several controllers. C('') turns it off."))),
+    (("ledger_half_life_h", "float", 168.0), dict(description=(
+        "A host's score halves every this many hours: an incident of last week counts half "
+        "of one today."))),
+    (("quarantine_score", "float", 2.5), dict(description=(
+        "A host whose score reaches this is quarantined (3 failures it caused within a day "
+        "do, 2 do not; a fatal hardware event counts 1.5)."))),
+    (("quarantine_h", "float", 24.0), dict(description=(
+        "How long a quarantine lasts, unless released first (torchfleet hosts release "
+        "HOST)."))),
+    (("quarantine", "str", "warn"), dict(choices=("warn", "strict"), description=(
+        "A quarantined host is left out like an unhealthy one while spares allow; when none "
+        "do, warn runs with it and says so (host.quarantined), strict refuses."))),
+    (("ledger_textfile", "str", ""), dict(description=(
+        "A Prometheus node-exporter textfile the ledger writes at each preflight's and run's "
+        "end: each host's score, incidents and quarantine."))),
 ))
 BY_NAME = {o.name: o for o in OPTIONS}
 
@@ -307,6 +327,11 @@ CHECKPOINT_KEPT_MARGIN_S = 1.0
 # Checkpoints whose windows overlap or end within this of each other are one save (per-rank
 # shard files written side by side): the record and goodput group them alike.
 CHECKPOINT_SAME_SAVE_S = 1.0
+# The fleet's ledger (reports/ledger.py): its file's name in the runs root (fleet_db), and how
+# long a write waits for another controller's (SQLite's busy timeout, PostgreSQL's lock and
+# connect timeouts) before the ledger is skipped with a warning.
+FLEET_DB = "fleet.db"
+LEDGER_TIMEOUT_S = 10.0
 
 
 def master_settle_s(abort_grace_s=ABORT_GRACE_S, hang=False):

@@ -1,0 +1,273 @@
+"""The fleet's ledger on SQLite (reports/ledger.py): what a report records per host, the score,
+quarantine and release, `hosts`, the textfile, and failing open. Both engines and two writers
+at once: tests/integration/test_ledger_engines.py."""
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger
+
+T0 = 1_800_000_000.0
+H = 3600.0
+HOSTS = ["node%d" % i for i in range(5)]
+
+
+def train(run_id, culprit=None, reason="lost", hardware=(), stragglers=(), hosts=HOSTS,
+          attempts=None):
+    rows = [{"host": h, "outcome": (reason if reason == "lost" else "failed")
+             if h == culprit else "stopped" if culprit else "succeeded"} for h in hosts]
+    report = {"run_id": run_id, "kind": "train", "ok": culprit is None, "hosts": rows,
+              "checks": [], "hardware": list(hardware), "stragglers": list(stragglers)}
+    if culprit:
+        report["first_failure"] = {"host": culprit, "failure": reason, "consequence": False}
+        report["checks"].append({"id": "host.lost" if reason == "lost" else "run.exit",
+                                 "host": culprit, "ok": False, "severity": "error"})
+    if attempts is not None:
+        report["attempts"] = attempts
+    return report
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    f = ledger.Fleet("fleet.db", str(tmp_path))
+    yield f
+    f.close()
+
+
+def test_three_failures_a_host_caused_within_a_day_quarantine_it_one_or_two_do_not(fleet):
+    assert fleet.record_run(train("r1", "node3"), now=T0) == []
+    assert fleet.record_run(train("r2", "node3"), now=T0 + 11 * H) == []
+    out = fleet.record_run(train("r3", "node3"), now=T0 + 23 * H)
+    assert [q["host"] for q in out] == ["node3"]
+    assert out[0]["until"] == T0 + 23 * H + defaults.default("quarantine_h") * H
+    assert "3 incidents in 7 days" in out[0]["reason"]
+    health = fleet.health(HOSTS, now=T0 + 24 * H)
+    assert health["node3"]["quarantined_until"] == out[0]["until"]
+    assert health["node3"]["history"].startswith("3 incidents in 7 days: ")
+    assert "lost x3" in health["node3"]["history"]
+    # The hosts the failure stopped are not blamed.
+    assert all(health[h] == {"score": 0.0, "quarantined_until": None, "reason": "",
+                             "history": ""} for h in HOSTS if h != "node3")
+    assert fleet.warnings == []
+
+
+def test_the_default_threshold_is_passed_by_three_culprits_spread_over_a_day_not_two():
+    """quarantine_score's default, as docs/variables.md says it."""
+    decay = 0.5 ** (24 / defaults.default("ledger_half_life_h"))
+    assert 1 + 1 + decay >= defaults.default("quarantine_score") > 2 * 1.0
+
+
+def test_the_same_run_written_twice_counts_once(fleet):
+    """The unattended finisher and a later attach write the same train.json."""
+    for _ in range(3):
+        fleet.record_run(train("r1", "node3"), now=T0)
+    listed = {h["host"]: h for h in fleet.hosts(now=T0)}
+    assert listed["node3"]["runs"] == 1
+    assert listed["node3"]["incidents"] == {"culprit": 1, "lost": 1}
+    assert listed["node3"]["score"] == 1.0
+
+
+def test_incidents_decay_with_the_half_life_and_a_quarantine_ends_on_time(fleet):
+    for i in range(3):
+        fleet.record_run(train("r%d" % i, "node3"), now=T0 + i)
+    until = T0 + 2 + 24 * H
+    assert fleet.health(["node3"], now=until - 1)["node3"]["quarantined_until"] == until
+    after = fleet.health(["node3"], now=until)["node3"]
+    assert after["quarantined_until"] is None
+    week = fleet.health(["node3"], now=T0 + 168 * H)["node3"]["score"]
+    assert week == pytest.approx(1.5, abs=0.01)
+
+
+def test_a_release_ends_the_quarantine_and_forgives_the_past(fleet):
+    for i in range(3):
+        fleet.record_run(train("r%d" % i, "node3"), now=T0 + i)
+    assert fleet.release("node3", now=T0 + H)
+    assert fleet.health(["node3"], now=T0 + H)["node3"] == {
+        "score": 0.0, "quarantined_until": None, "reason": "", "history": ""}
+    # One new failure after the release does not bring it back.
+    assert fleet.record_run(train("r9", "node3"), now=T0 + 2 * H) == []
+
+
+def test_a_quarantine_by_hand_lasts_its_hours(fleet):
+    assert fleet.quarantine("node1", 2, "bad fan", now=T0)
+    h = fleet.health(["node1"], now=T0 + H)["node1"]
+    assert h["quarantined_until"] == T0 + 2 * H and h["reason"] == "bad fan"
+    assert fleet.health(["node1"], now=T0 + 2 * H)["node1"]["quarantined_until"] is None
+    assert not fleet.quarantine("node1", 0, now=T0)
+
+
+def test_a_fatal_hardware_event_weighs_more_than_a_warning(fleet):
+    xid = {"host": "node2", "kind": "xid", "code": 79, "fatal": True, "line": "NVRM: Xid 79"}
+    warn = {"host": "node1", "kind": "aer", "code": "corrected", "fatal": False}
+    fleet.record_run(train("r1", hardware=[xid, warn]), now=T0)
+    h = fleet.health(["node1", "node2"], now=T0)
+    assert h["node2"]["score"] == 1.5 and h["node1"]["score"] == pytest.approx(0.1)
+    assert h["node2"]["history"] == "1 incident in 7 days: Xid 79 x1"
+    assert h["node1"]["history"] == ""  # warnings alone make no history line
+
+
+def test_a_failure_every_host_shared_blames_the_first_one_little(fleet):
+    """A script that fails on every host (the first to die is chance): a quarter each."""
+    report = train("r1", "node0", reason="failed")
+    for row in report["hosts"]:
+        row["outcome"] = "failed"
+    fleet.record_run(report, now=T0)
+    assert fleet.health(["node0"], now=T0)["node0"]["score"] == ledger.SHARED_CULPRIT
+
+
+def test_every_attempt_of_a_restarted_run_is_recorded(fleet):
+    attempts = [
+        {"attempt": 0, "hosts": ["node0", "node1", "node3"], "outcomes": {
+            "node0": "stopped", "node1": "stopped", "node3": "lost"},
+         "failure": {"host": "node3", "reason": "lost"}, "drain": [],
+         "replaced": [{"host": "node3", "reason": "host.lost", "by": "node4"}]},
+        {"attempt": 1, "hosts": ["node0", "node1", "node4"], "outcomes": {},
+         "failure": None, "drain": [], "replaced": []}]
+    fleet.record_run(train("r1", hosts=["node0", "node1", "node4"], attempts=attempts), now=T0)
+    listed = {h["host"]: h for h in fleet.hosts(now=T0)}
+    assert listed["node3"]["incidents"] == {"culprit": 1, "lost": 1, "restart": 1}
+    assert listed["node3"]["score"] == 1.0  # one failure, seen three ways
+    assert listed["node4"]["runs"] == 1 and listed["node4"]["score"] == 0.0
+
+
+def test_a_preflight_blames_the_hosts_own_failed_checks_not_the_masters_ports(fleet):
+    checks = [{"id": "gpu.ecc", "host": "node2", "ok": False, "severity": "error"},
+              {"id": "host.quarantined", "host": "node3", "ok": False, "severity": "warning"},
+              {"id": "disk.space", "host": "node4", "ok": False, "severity": "warning"}]
+    checks += [{"id": "port.blocked", "host": h, "ok": False, "severity": "error"}
+               for h in HOSTS[1:]]
+    report = {"run_id": "p1", "kind": "preflight", "hosts": [{"host": h} for h in HOSTS],
+              "checks": checks}
+    fleet.record_preflight(report, now=T0)
+    listed = {h["host"]: h for h in fleet.hosts(now=T0)}
+    assert listed["node2"]["incidents"] == {"check": 1}
+    assert listed["node2"]["last_incident"] == {"run_id": "p1", "check": "gpu.ecc",
+                                                "at": ledger.iso(T0)}
+    assert listed["node3"]["incidents"] == {}  # the ledger's own verdict feeds nothing back
+    assert listed["node4"]["incidents"] == {"warning": 1}
+    assert listed["node1"]["incidents"] == {}
+
+
+def test_hosts_json_shape_and_since(fleet):
+    fleet.record_run(train("old", "node1"), now=T0)
+    fleet.record_run(train("new", "node2"), now=T0 + 10 * 86400)
+    listed = fleet.hosts(since_s=7 * 86400, now=T0 + 10 * 86400)
+    assert listed[0]["host"] == "node2"  # worst first
+    assert set(listed[0]) >= {"host", "runs", "incidents", "score", "quarantined_until",
+                              "last_incident"}
+    one = {h["host"]: h for h in listed}["node1"]
+    assert one["runs"] == 1 and one["incidents"] == {} and one["score"] > 0
+    json.dumps(listed)
+
+
+def test_the_textfile_is_prometheus_text_written_whole(fleet, tmp_path):
+    fleet.record_run(train("r1", "node3"), now=T0)
+    fleet.quarantine('we"ird\\host', 1, now=T0)
+    path = tmp_path / "torchfleet.prom"
+    assert fleet.textfile(str(path), now=T0)
+    text = path.read_text()
+    assert 'torchfleet_host_score{host="node3"} 1.0' in text
+    assert 'torchfleet_host_incidents_total{host="node3",kind="lost"} 1.0' in text
+    assert 'torchfleet_host_quarantined{host="we\\"ird\\\\host"} 1.0' in text
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_off_does_nothing(tmp_path):
+    f = ledger.Fleet("", str(tmp_path))
+    assert f.record_run(train("r1", "node3")) == [] and f.hosts() == []
+    assert f.health(["node1"])["node1"]["score"] == 0.0
+    assert list(tmp_path.iterdir()) == [] and f.warnings == []
+
+
+def test_a_corrupt_file_warns_once_and_the_caller_goes_on(tmp_path):
+    (tmp_path / "fleet.db").write_bytes(b"this is not a database at all" * 100)
+    f = ledger.Fleet("fleet.db", str(tmp_path))
+    assert f.record_run(train("r1", "node3"), now=T0) == []
+    assert f.health(["node3"], now=T0)["node3"]["score"] == 0.0
+    assert f.hosts() == [] and not f.textfile(str(tmp_path / "x.prom"))
+    assert len(f.warnings) == 1
+    assert "fleet.db is corrupt" in f.warnings[0] and "mv " in f.warnings[0]
+
+
+def test_a_newer_schema_warns_and_is_left_alone(tmp_path):
+    ledger.Fleet("fleet.db", str(tmp_path)).hosts()
+    db = sqlite3.connect(tmp_path / "fleet.db")
+    db.execute("UPDATE ledger_meta SET value='9' WHERE key='schema_version'")
+    db.commit()
+    db.close()
+    f = ledger.Fleet("fleet.db", str(tmp_path))
+    assert f.record_run(train("r1", "node3"), now=T0) == []
+    assert len(f.warnings) == 1 and "schema version 9, newer" in f.warnings[0]
+    db = sqlite3.connect(tmp_path / "fleet.db")
+    assert db.execute("SELECT count(*) FROM ledger_incidents").fetchone() == (0,)
+    db.close()
+
+
+def test_the_schema_is_versioned_and_wal(fleet, tmp_path):
+    fleet.hosts()
+    db = sqlite3.connect(tmp_path / "fleet.db")
+    assert db.execute("SELECT value FROM ledger_meta").fetchall() == [
+        (str(ledger.SCHEMA_VERSION),)]
+    assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    db.close()
+
+
+def test_without_sqlalchemy_one_warning(monkeypatch, tmp_path):
+    monkeypatch.setattr(ledger, "HAS_SQLALCHEMY", False)
+    f = ledger.Fleet("fleet.db", str(tmp_path))
+    assert f.record_run(train("r1", "node3")) == [] and f.hosts() == []
+    assert len(f.warnings) == 1 and "pip install 'sqlalchemy>=2'" in f.warnings[0]
+
+
+def test_an_unwritable_directory_warns(tmp_path):
+    (tmp_path / "file").write_text("")
+    f = ledger.Fleet(str(tmp_path / "file" / "fleet.db"), "")
+    assert f.record_run(train("r1", "node3")) == []
+    assert len(f.warnings) == 1 and f.warnings[0].startswith("the fleet's ledger ")
+
+
+def test_the_injected_clock(monkeypatch):
+    monkeypatch.setenv(ledger.NOW_ENV, "1234.5")
+    assert ledger.now() == 1234.5
+    monkeypatch.setenv(ledger.NOW_ENV, "nan")
+    assert ledger.now() > 1e9
+
+
+def test_a_url_never_shows_its_password():
+    assert ledger.describe("postgresql://fleet:s3cret@db:5432/fleet") == \
+        "postgresql://fleet:***@db:5432/fleet"
+
+
+# A report from another host's bytes: any JSON value where a field is expected.
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+                    lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+FIELDS = ("run_id", "kind", "hosts", "first_failure", "attempts", "hardware", "drain",
+          "stragglers", "checks", "spares")
+REPORT = st.fixed_dictionaries({}, optional={k: JSON for k in FIELDS}) | JSON
+HOSTILE_ROWS = st.fixed_dictionaries({"run_id": st.text(min_size=1), "hosts": st.lists(
+    st.fixed_dictionaries({"host": st.text(), "outcome": st.sampled_from(["lost", "failed"])}),
+    max_size=3), "first_failure": st.fixed_dictionaries(
+        {"host": st.text(), "failure": st.text(), "consequence": JSON}),
+    "hardware": st.lists(st.fixed_dictionaries({"host": st.text(), "kind": st.text(),
+                                                "code": JSON, "fatal": JSON}), max_size=2)})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reports=st.lists(REPORT | HOSTILE_ROWS, min_size=1, max_size=3))
+def test_a_report_from_another_hosts_bytes_never_raises(tmp_path_factory, reports):
+    f = ledger.Fleet("fleet.db", str(tmp_path_factory.mktemp("ledger")))
+    for report in reports:
+        f.record_run(report, now=T0)
+        f.record_preflight(report, now=T0)
+    listed = f.hosts(now=T0)
+    json.dumps(listed)
+    assert f.warnings == [], f.warnings  # stored as given, NUL and surrogates made safe
+    f.health([h["host"] for h in listed], now=T0)
+    f.close()
