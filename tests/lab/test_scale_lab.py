@@ -118,8 +118,14 @@ def test_spares_skip_a_firewalled_worker_and_replace_one_cut_off_mid_run_from_it
             (remote / report["run_id"]).glob("*/attempt_1/results/rank-*.json")]
     assert sorted(s["rank"] for s in seen) == [0, 1, 2, 3]
     assert {s["attempt"] for s in seen} == {1} and min(s["resumed_from_step"] for s in seen) >= 50
+    # The restart probed again only what the cut could have changed: the master's port (node0)
+    # and the candidates attempt 0 did not use (node1, still skipped, and node5); node3 and
+    # node4, whose agents stopped their ranks, kept their probe and were stopped and gathered
+    # after the restart.
+    assert "probed again: node0, node1, node5, the others kept their last probe" in out
     # Every attempt's logs are kept apart; logs/ is the last attempt's.
-    assert (run.run_dir / "attempt_0" / "logs" / "node0" / "torchrun.log").exists()
+    for host in ("node0", "node3", "node4"):
+        assert (run.run_dir / "attempt_0" / "logs" / host / "torchrun.log").exists(), host
     assert (run.run_dir / "logs" / "node5" / "torchrun.log").exists()
     assert os.readlink(run.run_dir / "logs") == "attempt_1/logs"
     # node2, cut off, stops its own torchrun once it cannot hear the master.

@@ -102,8 +102,8 @@ def test_a_failure_no_host_explains_is_not_restarted_unless_restart_on_any():
 
 def test_no_restart_for_a_success_for_restarts_used_or_too_few_hosts_left():
     assert first(record("ok")) == first(None) == {
-        "recheck": False, "hosts": [], "exclude": [], "left_out": {}, "suspect": None,
-        "cause": None, "why": ""}
+        "recheck": False, "hosts": [], "probe": [], "exclude": [], "left_out": {},
+        "suspect": None, "cause": None, "why": ""}
     used = first(record("lost n2"), attempt=1, max_restarts=1)
     assert not used["recheck"] and used["why"] == "not restarted: max_restarts=1 used"
     # Restarts not asked for: nothing said.
@@ -172,19 +172,119 @@ def test_max_restarts_and_restart_on_are_checked_before_any_host():
 # Any JSON: the record is the master's, read from another host.
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
                     | st.text(max_size=8) | st.sampled_from(SIX + ["lost", "not_started",
-                                                                   "failed", "hung"]),
+                                                                   "failed", "hung", "stopped",
+                                                                   "exited"]),
                     lambda inner: st.lists(inner, max_size=4)
                     | st.dictionaries(st.sampled_from(["failure", "failures", "phase", "host",
-                                                       "reason", "consequence", "x"]),
+                                                       "reason", "consequence", "hosts",
+                                                       "state", "x"]),
                                       inner, max_size=5), max_leaves=30)
 
 
 @settings(max_examples=400, deadline=None)
 @given(JSON, st.booleans())
 def test_a_record_of_any_shape_never_raises_and_leaves_out_only_named_hosts(rec, any_):
-    plan_ = first(rec, restart_on="any" if any_ else "host")
-    assert set(plan_) == {"recheck", "hosts", "exclude", "left_out", "suspect", "cause", "why"}
+    plan_ = first(rec, restart_on="any" if any_ else "host", probed=SIX)
+    assert set(plan_) == {"recheck", "hosts", "probe", "exclude", "left_out", "suspect", "cause",
+                          "why"}
     assert all(isinstance(h, str) for h in plan_["exclude"])
+    # Fewer hosts probed again only after a host lost or never started, never without the master.
+    assert set(plan_["probe"]) <= set(plan_["hosts"])
+    if plan_["probe"] != plan_["hosts"]:
+        assert plan_["cause"]["reason"] in ("lost", "not_started") and plan_["probe"][0] == "n0"
     assert set(plan_["hosts"]) <= set(SIX) and not set(plan_["hosts"]) & set(plan_["exclude"])
     assert restart.after_recheck(plan_, chose(FOUR), FOUR, "any" if any_ else "host")["why"] \
         is not None
+
+
+def stopped(rec, hosts=("n0", "n1", "n3")):
+    """The record once the other hosts' agents stopped their torchrun (as the watch returns it)."""
+    state = RunState("r1", FOUR, 1, now=0.0, lost_after_s=5.0)
+    for h in FOUR:
+        state.beat(h, 1.0, alive=1, idle_s=0.0)
+    for h in FOUR:
+        if h != "n2":
+            state.beat(h, 7.0, alive=1, idle_s=0.0)
+    state.tick(7.0)
+    for h in hosts:
+        state.exited(h, 8.0, -9, stopped=True)
+    return state.record() if rec is None else rec(state.record())
+
+
+def test_after_a_lost_worker_only_the_master_and_the_spares_are_probed_again():
+    plan_ = first(stopped(None), probed=SIX)
+    assert plan_["recheck"] and plan_["left_out"] == {"n2": "host.lost"}
+    # Every remaining candidate is re-checked (decided); n1 and n3, stopped by their agents,
+    # keep their probe; the master's port is tested again and the spares probed.
+    assert plan_["hosts"] == ["n0", "n1", "n3", "n4", "n5"]
+    assert plan_["probe"] == ["n0", "n4", "n5"]
+    # Never started: the same.
+    rec = stopped(None)
+    rec["failures"][0]["reason"] = rec["failure"]["reason"] = "not_started"
+    assert first(rec, probed=SIX)["probe"] == ["n0", "n4", "n5"]
+    # attach.yml's restart of a detached run holds no probe of the others: all are probed.
+    assert first(stopped(None))["probe"] == plan_["hosts"]
+    assert first(stopped(None), probed=["n0", "n1"])["probe"] == plan_["hosts"]
+
+
+def _with(**change):
+    def edit(rec):
+        rec["failures"].append(dict(rec["failures"][0], consequence=False, **change))
+        return rec
+    return edit
+
+
+def test_every_candidate_is_probed_again_when_the_failure_could_have_changed_another_host():
+    everyone = ["n0", "n1", "n3", "n4", "n5"]
+    # A survivor whose agent has not said its torchrun ended: it may still run the ranks.
+    assert first(stopped(None, hosts=("n0", "n1")), probed=SIX)["probe"] == everyone
+    assert first(record("lost n2"), probed=SIX)["probe"] == everyone
+    # A second failure of the host's own beside the lost one: run.oom, run.exit, run.hardware,
+    # run.straggler.
+    for reason in ("oom", "failed", "hardware", "straggler"):
+        plan_ = first(stopped(_with(host="n1", reason=reason)), restart_on="any", probed=SIX)
+        assert plan_["recheck"] and plan_["probe"] == plan_["hosts"], reason
+    # A rank's exit, a hang, a lost master: every candidate, as before.
+    rank = stopped(None)
+    rank["failure"] = rank["failures"][0] = dict(rank["failure"], reason="failed", host="n1")
+    assert first(rank, restart_on="any", probed=SIX)["probe"] == SIX
+    assert first(record("hang"), restart_on="any", probed=SIX)["probe"] == SIX
+    master = RunState("r1", FOUR, 1, now=0.0, lost_after_s=5.0)
+    for h in FOUR:
+        master.beat(h, 1.0, alive=1, idle_s=0.0)
+    for h in FOUR[1:]:
+        master.beat(h, 7.0, alive=1, idle_s=0.0)
+    master.tick(7.0)
+    for h in FOUR[1:]:
+        master.exited(h, 8.0, -9, stopped=True)
+    plan_ = first(master.record(), probed=SIX)
+    assert plan_["left_out"] == {"n0": "host.lost"}
+    assert plan_["probe"] == plan_["hosts"] == ["n1", "n2", "n3", "n4", "n5"]
+    # A host unreachable at the gather beside the lost one is left out too; still only the
+    # master and the spares.
+    assert first(stopped(None), unreachable=["n3"], probed=SIX)["probe"] == ["n0", "n4", "n5"]
+
+
+def test_after_a_lost_worker_the_others_stopped_by_their_agents_are_gathered_later(tmp_path):
+    import json
+
+    from ansible_collections.torchfleet.fleet.plugins.filter.gather_later import FilterModule
+
+    rec = stopped(None)
+    # The master (n0) is stopped and gathered at once: its ports are tested again.
+    assert restart.gather_later(rec, FOUR, ["n2"]) == ["n1", "n3"]
+    # A host whose torchrun ended by itself, or that is still running, is stopped now.
+    assert restart.gather_later(stopped(None, hosts=("n0", "n1")), FOUR, ["n2"]) == ["n1"]
+    rec2 = stopped(None)
+    next(h for h in rec2["hosts"] if h["host"] == "n3")["state"] = "exited"
+    assert restart.gather_later(rec2, FOUR, ["n2"]) == ["n1"]
+    # No host lost (a rank's exit, a hang...), no record, a garbled one: everyone now.
+    assert restart.gather_later(rec, FOUR, []) == []
+    for bad in (None, [], {"hosts": "n1"}, {"hosts": [None, 3, {"host": "n1"}]}):
+        assert restart.gather_later(bad, FOUR, ["n2"]) == []
+    # The filter reads the attempt's record on the controller.
+    state = tmp_path / "run_state.json"
+    state.write_text(json.dumps(rec))
+    gather = FilterModule().filters()["gather_later"]
+    assert gather(str(state), FOUR, ["n2"]) == ["n1", "n3"]
+    assert gather(str(tmp_path / "none.json"), FOUR, ["n2"]) == []

@@ -57,6 +57,12 @@ options:
     type: list
     elements: str
     default: []
+  probed:
+    description: The candidates whose last probe the controller holds; only those may keep it
+      (see RV(probe)).
+    type: list
+    elements: str
+    default: []
   plan:
     description: This module's first answer; with it the module decides the restart.
     type: dict
@@ -98,6 +104,14 @@ recheck:
   description: Whether the candidates in RV(hosts) are re-checked for a restart.
   returned: without plan
   type: bool
+probe:
+  description: The candidates of RV(hosts) to probe again. After a host lost or never started,
+    with every other host of the attempt stopped by its own agent and the same master, only the
+    master (its port) and the candidates the attempt did not use; the others keep their last
+    probe (one of O(probed)). Otherwise every candidate of RV(hosts).
+  returned: without plan
+  type: list
+  elements: str
 exclude:
   description: Every host left out so far (lost, not started, unreachable).
   returned: without plan

@@ -12,15 +12,20 @@ job's time limit, the OOM killer ending a rank: the workload's memory, not the h
 retried unless restart_on=any. Two steps, with the playbook's re-check
 (preflight's probe and port test of the remaining candidates) between them:
 
-    after_attempt(...)   -> {"recheck", "hosts", "exclude", "suspect", "cause", "why"}
+    after_attempt(...)   -> {"recheck", "hosts", "probe", "exclude", "suspect", "cause", "why"}
     after_recheck(...)   -> {"restart", "hosts", "replaced", "why"}
+
+The re-check probes again only what the failure could have changed (`probe`): after a host
+lost or never started, with every other host of the attempt stopped by its own agent and the
+same master, that is the master (its port) and the candidates the attempt did not use; the
+others keep their last probe. Any other failure re-probes every remaining candidate.
 """
 from __future__ import annotations
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import read_json
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import (
-    CONTROLLER_LOST, FAILED, HARDWARE, LOST, NOT_STARTED, OOM, STOPPED_BY_USER, STRAGGLER,
-    SUCCEEDED)
+    CONTROLLER_LOST, EXITED, FAILED, HARDWARE, LOST, NOT_STARTED, OOM, STOPPED, STOPPED_BY_USER,
+    STRAGGLER, SUCCEEDED)
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
 RESTART_ON = ("host", "any")
@@ -53,19 +58,52 @@ def _left_out(record, unreachable):
     return out
 
 
+def _probe_only(record, failure, left_out, hosts, remaining, probed):
+    """The candidates a restart must probe again when the failure could have changed only the
+    hosts it left out, else None (every remaining candidate is probed again). Only after a host
+    lost or never started (host.lost, host.not_started, or unreachable at the gather) whose every
+    other failure in the record is a consequence of it, with every other host of the attempt
+    stopped by its own agent (its ranks ended, as the record says) and the same master: then the
+    master (its port is tested again: its listener, the others' connections) and the candidates
+    the attempt did not use (the spares that may replace the lost) are probed; the attempt's
+    other hosts keep their last probe, when the controller holds one (`probed`: attach.yml's
+    restart of a detached run holds none). run.exit, run.oom, run.hardware, run.straggler, a hang
+    and a lost master re-probe every candidate."""
+    if _text(failure, "reason") not in (LOST, NOT_STARTED) or failure.get("stalled"):
+        return None
+    if any(why not in (CAUSE_ID[LOST], CAUSE_ID[NOT_STARTED], "host.unreachable")
+           for why in left_out.values()):
+        return None
+    failures = record.get("failures")
+    for f in failures if isinstance(failures, list) else [None]:
+        if not isinstance(f, dict) or not (_text(f, "reason") in (LOST, NOT_STARTED)
+                                           or f.get("consequence") is True):
+            return None
+    if not hosts or not remaining or remaining[0] != hosts[0] or hosts[0] in left_out:
+        return None  # a new master: every host's port test is against it
+    rows = record.get("hosts")
+    states = {_text(r, "host"): _text(r, "state") for r in rows if isinstance(r, dict)} \
+        if isinstance(rows, list) else {}
+    if any(states.get(h) not in (EXITED, STOPPED) or h not in probed
+           for h in hosts if h not in left_out and h != hosts[0]):
+        return None
+    return [h for h in remaining if h == hosts[0] or h not in hosts]
+
+
 def after_attempt(record, attempt, max_restarts, restart_on, candidates, hosts, excluded=(),
-                  unreachable=()):
+                  unreachable=(), probed=()):
     """After attempt `attempt` (0 first) ended with `record`: re-check for a restart or not.
 
     candidates: preflight's candidates in inventory order; hosts: the attempt's (as many as the
-    run needs); excluded: hosts earlier attempts left out. Returns recheck (bool), hosts (the
-    candidates to re-check), exclude (every host left out so far), suspect (a host whose rank
-    failed: the re-check decides), cause (the failure answered) and why (a sentence when there
-    is no re-check and restarts were asked)."""
+    run needs); excluded: hosts earlier attempts left out; probed: the candidates whose last
+    probe the controller holds. Returns recheck (bool), hosts (the candidates to re-check),
+    probe (those of them to probe again: _probe_only), exclude (every host left out so far),
+    suspect (a host whose rank failed: the re-check decides), cause (the failure answered) and
+    why (a sentence when there is no re-check and restarts were asked)."""
     record = record if isinstance(record, dict) else None
     failure = (record or {}).get("failure")
     failure = failure if isinstance(failure, dict) else None
-    out = {"recheck": False, "hosts": [], "exclude": list(excluded), "left_out": {},
+    out = {"recheck": False, "hosts": [], "probe": [], "exclude": list(excluded), "left_out": {},
            "suspect": None, "cause": None, "why": ""}
     if not record or record.get("phase") == SUCCEEDED or not failure:
         return out
@@ -107,8 +145,24 @@ def after_attempt(record, attempt, max_restarts, restart_on, candidates, hosts, 
                       "(add spares: -e spares=K)"
                       % (len(remaining), ", ".join(exclude), len(hosts)))
         return out
-    out.update(recheck=True, hosts=remaining)
+    probe = _probe_only(record, failure, left_out, hosts, remaining, probed)
+    out.update(recheck=True, hosts=remaining, probe=remaining if probe is None else probe)
     return out
+
+
+def gather_later(record, hosts, lost):
+    """The hosts of a failed attempt whose stop and gather may wait for the run's end
+    (playbooks/report.yml gathers the attempt's left_behind; attempt.yml at once when no restart
+    follows), off the restart's path: after a host lost (`lost`, the watch's), every other host
+    but the master (hosts[0]: its agent holds the control port and its torchrun the store's port
+    the restart tests again) whose agent stopped its torchrun and every rank (the record's state
+    stopped: the agent swept torchrun's tree before it said so). A host whose torchrun ended by
+    itself, or the record says nothing of, is stopped and gathered now."""
+    if not lost or not isinstance(record, dict) or not isinstance(record.get("hosts"), list):
+        return []
+    stopped = {r.get("host") for r in record["hosts"]
+               if isinstance(r, dict) and r.get("state") == STOPPED}
+    return [h for h in hosts[1:] if h not in lost and h in stopped]
 
 
 def after_recheck(plan, recheck, hosts, restart_on):
@@ -157,6 +211,7 @@ ARGUMENT_SPEC = dict(
     excluded=dict(type="list", elements="str", default=[]),
     gathered=dict(type="dict", default={}),
     hosts=dict(type="list", elements="str", default=[]),
+    probed=dict(type="list", elements="str", default=[]),
     plan=dict(type="dict"),
     recheck=dict(type="dict"),
 )
@@ -173,4 +228,5 @@ def decide(params):
                    if isinstance(res, dict) and res.get("unreachable")]
     return after_attempt(record, params["attempt"], params["max_restarts"],
                          params["restart_on"], params["candidates"], params["hosts"],
-                         params["excluded"], [h for h in params["hosts"] if h in unreachable])
+                         params["excluded"], [h for h in params["hosts"] if h in unreachable],
+                         params["probed"])
