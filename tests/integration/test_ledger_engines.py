@@ -1,0 +1,145 @@
+"""The fleet's ledger on both engines: SQLite and a real PostgreSQL server the tests start
+(tests/pg.py). Two controllers (processes) writing at once into a fresh ledger (both
+creating its schema) lose no row; a corrupt SQLite file and a newer schema cost one warning
+and the controller goes on."""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+
+import pytest
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger
+from tests import pg
+from tests.conftest import ROOT
+
+T0 = 1_800_000_000.0
+HOSTS = ["node%02d" % i for i in range(16)]
+RUNS = 40  # per controller
+
+# A controller: waits for the go file, then records its runs as fast as it can. Each run
+# takes all 16 hosts; its culprit is the run's number's host; every run is written twice
+# (the unattended finisher and an attach).
+CONTROLLER = textwrap.dedent("""
+    import json, os, sys, time
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger
+    fleet_db, root, name, go, n = sys.argv[1:6]
+    hosts = ["node%02d" % i for i in range(16)]
+    while not os.path.exists(go):
+        time.sleep(0.005)
+    fleet = ledger.Fleet(fleet_db, root, quarantine_score=1e9)
+    for i in range(int(n)):
+        culprit = hosts[i % len(hosts)]
+        report = {"run_id": "%s-%d" % (name, i), "kind": "train", "ok": False,
+                  "hosts": [{"host": h, "outcome": "lost" if h == culprit else "stopped"}
+                            for h in hosts],
+                  "first_failure": {"host": culprit, "failure": "lost"}}
+        fleet.record_run(report, now=T0 + i)
+        fleet.record_run(report, now=T0 + i)
+    print(json.dumps(fleet.warnings))
+""").replace("T0", repr(T0))
+
+
+@pytest.fixture(scope="module")
+def server():
+    with pg.server() as s:
+        yield s
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def fleet_db(request, tmp_path):
+    if request.param == "sqlite":
+        return str(tmp_path / "fleet.db")
+    s = request.getfixturevalue("server")
+    return s.create_database("t_%d_%d" % (os.getpid(), time.monotonic_ns()))
+
+
+def controllers(fleet_db, root, names, runs=RUNS):
+    go = os.path.join(root, "go")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    procs = [subprocess.Popen([sys.executable, "-c", CONTROLLER, fleet_db, root, name, go,
+                               str(runs)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for name in names]
+    with open(go, "w"):
+        pass  # both start at once
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=300)
+        assert p.returncode == 0, stderr
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+def test_two_controllers_writing_at_once_into_a_fresh_ledger_lose_no_row(fleet_db, tmp_path):
+    warnings = controllers(fleet_db, str(tmp_path), ["a", "b"])
+    assert warnings == [[], []]
+    fleet = ledger.Fleet(fleet_db, str(tmp_path))
+    listed = {h["host"]: h for h in fleet.hosts(now=T0 + RUNS)}
+    assert fleet.warnings == []
+    assert sorted(listed) == HOSTS
+    # Every host took part in every run of both; each run's culprit, once however often
+    # it was written.
+    assert {h["runs"] for h in listed.values()} == {2 * RUNS}
+    caused = Counter(HOSTS[i % len(HOSTS)] for i in range(RUNS))
+    assert {h: v["incidents"] for h, v in listed.items()} == {
+        h: {"culprit": 2 * caused[h], "lost": 2 * caused[h]} for h in HOSTS}
+    fleet.close()
+
+
+def test_a_newer_schema_warns_once_and_writes_nothing(fleet_db, tmp_path):
+    first = ledger.Fleet(fleet_db, str(tmp_path))
+    assert first.hosts() == [] and first.warnings == []
+    first.close()
+    import sqlalchemy as sa
+
+    url, _path = ledger._url(fleet_db, str(tmp_path))
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE ledger_meta SET value='2' WHERE key='schema_version'"))
+    fleet = ledger.Fleet(fleet_db, str(tmp_path))
+    assert fleet.record_run({"run_id": "r1", "hosts": [{"host": "node1", "outcome": "lost"}]},
+                            now=T0) == []
+    assert fleet.hosts() == [] and fleet.health(["node1"])["node1"]["score"] == 0.0
+    assert len(fleet.warnings) == 1 and "schema version 2, newer than" in fleet.warnings[0]
+    with engine.begin() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM ledger_runs")).scalar() == 0
+    engine.dispose()
+
+
+def test_a_corrupt_sqlite_ledger_warns_once_and_the_controller_goes_on(tmp_path):
+    path = tmp_path / "fleet.db"
+    ledger.Fleet(str(path), "").record_run({"run_id": "r0", "hosts": [{"host": "node1"}]})
+    with open(path, "r+b") as f:  # the header and the first pages overwritten
+        f.write(os.urandom(8192))
+    warnings = controllers(str(path), str(tmp_path), ["a"], runs=3)
+    assert len(warnings[0]) == 1 and "is corrupt" in warnings[0][0], warnings
+    assert "mv %s %s.corrupt" % (path, path) in warnings[0][0]
+
+
+def test_a_writer_locked_out_past_the_timeout_warns_and_goes_on(tmp_path):
+    path = tmp_path / "fleet.db"
+    ledger.Fleet(str(path), "").hosts()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another controller stuck mid-write
+    try:
+        fleet = ledger.Fleet(str(path), "", timeout_s=0.2)
+        assert fleet.record_run({"run_id": "r1", "hosts": [{"host": "node1"}]}, now=T0) == []
+        assert len(fleet.warnings) == 1 and "stayed locked past its 0.2 s" in fleet.warnings[0]
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert sqlite3.connect(path).execute("SELECT count(*) FROM ledger_runs").fetchone() == (0,)
+
+
+def test_postgresql_unreachable_warns_with_the_url_without_its_password(tmp_path):
+    url = "postgresql://fleet:secret@127.0.0.1:%d/fleet" % pg.free_port()
+    fleet = ledger.Fleet(url, "", timeout_s=2)
+    assert fleet.record_run({"run_id": "r1", "hosts": [{"host": "node1"}]}) == []
+    assert len(fleet.warnings) == 1 and "cannot be reached" in fleet.warnings[0]
+    assert "secret" not in fleet.warnings[0] and "fleet:***@" in fleet.warnings[0]
