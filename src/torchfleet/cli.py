@@ -1,4 +1,4 @@
-"""torchfleet preflight|collective|train|attach|status|logs|stop|report|goodput|checks|variables|fabric|transport|health|collection.
+"""torchfleet preflight|collective|train|attach|status|logs|stop|report|goodput|hosts|checks|variables|fabric|transport|health|collection.
 
 Exit status: 0 ok, 1 a check or the run failed, 2 usage or internal error. --json prints the
 Result (see docs/api.md) on stdout and nothing else.
@@ -19,7 +19,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import go
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.table import render
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import rdma
 
-from torchfleet import api, fabric_cli, health_cli, html_report, rundirs
+from torchfleet import api, fabric_cli, health_cli, hosts_cli, html_report, rundirs
 from torchfleet import variables as public_variables
 from torchfleet.progress import Progress
 from torchfleet.results import Result
@@ -99,6 +99,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--since", help="only the runs started this long ago or later (7d, 12h, "
                    "30m, 2w)")
     p.add_argument("--runs-root", help="where run directories are (default ./runs)")
+    p.add_argument("--json", action="store_true", help="print it as JSON")
+    p = sub.add_parser("hosts", help="the fleet's ledger per host: runs, incidents by kind, "
+                       "score, quarantine and the last incident; release HOST ends a "
+                       "quarantine, quarantine HOST --hours N starts one")
+    p.add_argument("action", nargs="?", choices=("release", "quarantine"),
+                   help="release HOST or quarantine HOST --hours N (default: list the hosts)")
+    p.add_argument("host", nargs="?", help="the host to release or quarantine")
+    p.add_argument("--hours", type=float, help="how long a quarantine by hand lasts")
+    p.add_argument("--reason", default="", help="why (the quarantine's reason)")
+    p.add_argument("--since", help="count runs and incidents of this long ago or later (7d, "
+                   "12h, 30m, 2w); the score is always the whole decayed history")
+    p.add_argument("--runs-root", help="where run directories are (default ./runs)")
+    p.add_argument("--fleet-db", help="the ledger: a path (relative to the runs root) or a "
+                   "postgresql:// URL (default %s in the runs root)" % hosts_cli.defaults.FLEET_DB)
     p.add_argument("--json", action="store_true", help="print it as JSON")
     p = sub.add_parser("checks", help="list every check id: what it catches, the fix it names")
     p.add_argument("--markdown", action="store_true", help="as docs/checks.md's tables")
@@ -231,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         return by_id_command(args)
     if args.command == "goodput":
         return goodput_command(args)
+    if args.command == "hosts":
+        return hosts_command(args)
     if args.command == "attach":
         progress = Progress(sys.stderr) if not args.json else None
         try:
@@ -330,6 +346,50 @@ def goodput_command(args: argparse.Namespace) -> int:
     # The runs root as `torchfleet status` finds it.
     view = goodput.runs_goodput(str(api._runs_root(args.runs_root)), since_s=since_s)
     print(json.dumps(view, indent=2) if args.json else goodput_text(view))
+    return OK
+
+
+def hosts_command(args: argparse.Namespace) -> int:
+    """torchfleet hosts [release HOST | quarantine HOST --hours N]: a ledger that cannot be
+    used is an error here (it is what was asked for), never in a run."""
+    where = "torchfleet hosts" + (" " + args.action if args.action else "")
+    try:
+        since_s = parse_since(args.since) if args.since is not None else None
+        if args.action and not args.host:
+            raise ValueError("%s takes the host's name" % args.action)
+        if args.action == "quarantine" and not (args.hours and args.hours > 0):
+            raise ValueError("quarantine takes --hours N (N > 0)")
+        if not args.action and args.host:
+            raise ValueError("give release HOST or quarantine HOST --hours N")
+    except ValueError as exc:
+        print("%s: %s" % (where, exc), file=sys.stderr)
+        return ERROR
+    root = str(api._runs_root(args.runs_root))
+    if not args.action and hosts_cli.missing(args.fleet_db, root):
+        print(hosts_cli.as_json([]) if args.json else hosts_cli.missing(args.fleet_db, root))
+        return OK
+    fleet = hosts_cli.open_fleet(args.fleet_db, root, create=bool(args.action))
+    try:
+        if args.action == "release":
+            done = fleet.release(args.host)
+            said = "%s released: its incidents so far no longer count" % args.host
+        elif args.action == "quarantine":
+            done = fleet.quarantine(args.host, args.hours, args.reason or "quarantined by hand "
+                                    "(torchfleet hosts quarantine)")
+            until = fleet.health([args.host])[args.host]["quarantined_until"]
+            said = "%s quarantined until %s" % (args.host, hosts_cli.ledger.iso(until))
+        else:
+            listed = fleet.hosts(since_s=since_s)
+            done = not fleet.warnings
+            said = hosts_cli.as_json(listed) if args.json else hosts_cli.hosts_text(
+                listed, fleet.where, since_s)
+    finally:
+        fleet.close()
+    if fleet.warnings or not done:
+        for line in fleet.warnings or ["the ledger was not changed"]:
+            print("%s: %s" % (where, line), file=sys.stderr)
+        return ERROR
+    print(said)
     return OK
 
 

@@ -271,3 +271,40 @@ def test_a_report_from_another_hosts_bytes_never_raises(tmp_path_factory, report
     assert f.warnings == [], f.warnings  # stored as given, NUL and surrogates made safe
     f.health([h["host"] for h in listed], now=T0)
     f.close()
+
+
+def test_the_cli_lists_releases_and_quarantines(tmp_path, capsys, monkeypatch):
+    from torchfleet import cli
+
+    root = str(tmp_path)
+    assert cli.main(["hosts", "--runs-root", root]) == 0
+    assert "no ledger at %s/fleet.db yet" % root in capsys.readouterr().out
+    assert not (tmp_path / "fleet.db").exists()  # listing creates nothing
+    fleet = ledger.Fleet("fleet.db", root)
+    for i in range(3):
+        fleet.record_run(train("r%d" % i, "node3"))
+    fleet.close()
+    assert cli.main(["hosts", "--runs-root", root, "--json", "--since", "7d"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed[0]["host"] == "node3" and listed[0]["quarantined_until"].endswith("Z")
+    assert listed[0]["incidents"] == {"culprit": 3, "lost": 3}
+    assert cli.main(["hosts", "--runs-root", root]) == 0
+    out = capsys.readouterr().out
+    assert "node3: score 3.00 >= quarantine_score 2.5" in out and "1 quarantined" in out
+    assert cli.main(["hosts", "release", "node3", "--runs-root", root]) == 0
+    assert cli.main(["hosts", "quarantine", "node1", "--hours", "2", "--runs-root", root]) == 0
+    capsys.readouterr()
+    assert cli.main(["hosts", "--runs-root", root, "--json"]) == 0
+    now = {h["host"]: h for h in json.loads(capsys.readouterr().out)}
+    assert now["node3"]["quarantined_until"] is None and now["node3"]["score"] == 0.0
+    assert now["node1"]["quarantined_until"] is not None
+    assert cli.main(["hosts", "quarantine", "node1", "--runs-root", root]) == 2
+    assert "--hours" in capsys.readouterr().err
+
+
+def test_the_cli_says_a_broken_ledger_and_fails(tmp_path, capsys):
+    from torchfleet import cli
+
+    (tmp_path / "fleet.db").write_bytes(b"garbage" * 1000)
+    assert cli.main(["hosts", "--runs-root", str(tmp_path)]) == 2
+    assert "is corrupt" in capsys.readouterr().err

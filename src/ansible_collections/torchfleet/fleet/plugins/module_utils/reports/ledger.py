@@ -315,7 +315,8 @@ class Fleet:
         self.timeout_s = float(timeout_s)
         self.create = create
         self.warnings = []
-        self.where = describe(self.fleet_db)
+        self.where = _url(self.fleet_db, self.runs_root)[1] or describe(self.fleet_db) \
+            if self.fleet_db else ""
         self._engine = None
         self._off = not self.fleet_db
 

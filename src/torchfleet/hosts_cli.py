@@ -1,0 +1,58 @@
+"""torchfleet hosts: the fleet's ledger per host (runs, incidents by kind, score, quarantine, the
+last incident), and its two edits: release HOST, quarantine HOST --hours N (docs/ledger.md)."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import goodput, ledger
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.table import render
+
+
+def sqlite_path(fleet_db: str, runs_root: str) -> str | None:
+    """The file of a SQLite ledger (None for a PostgreSQL URL)."""
+    return ledger._url(fleet_db, runs_root)[1] if ledger.HAS_SQLALCHEMY else \
+        os.path.join(runs_root, fleet_db)
+
+
+def open_fleet(fleet_db: str | None, runs_root: str, create: bool) -> Any:
+    return ledger.Fleet(fleet_db or defaults.FLEET_DB, runs_root,
+                        half_life_h=defaults.default("ledger_half_life_h"),
+                        quarantine_score=defaults.default("quarantine_score"),
+                        quarantine_h=defaults.default("quarantine_h"), create=create)
+
+
+def missing(fleet_db: str | None, runs_root: str) -> str:
+    """A sentence when the SQLite ledger does not exist yet, else ''."""
+    path = sqlite_path(fleet_db or defaults.FLEET_DB, runs_root)
+    if path is None or os.path.exists(path):
+        return ""
+    return "no ledger at %s yet: it is written at every preflight's and run's end (or give " \
+        "--fleet-db, --runs-root)" % path
+
+
+def hosts_text(listed: list[dict[str, Any]], where: str, since_s: float | None) -> str:
+    """The table people read, worst first."""
+    since = " in the last %s" % goodput.duration(since_s) if since_s else ""
+    if not listed:
+        return "no host in the fleet's ledger %s%s" % (where, since)
+    rows = []
+    for h in listed:
+        last = h["last_incident"] or {}
+        rows.append((h["host"], h["runs"], ", ".join(
+            "%s %d" % (k, n) for k, n in sorted(h["incidents"].items(), key=lambda kv: -kv[1]))
+            or "-", "%.2f" % h["score"], h["quarantined_until"] or "-",
+            "%s %s (%s)" % (last["at"], last["check"], last["run_id"]) if last else "-"))
+    quarantined = [h for h in listed if h["quarantined_until"]]
+    lines = ["fleet's ledger %s: %d host%s%s, %d quarantined" % (
+        where, len(listed), "" if len(listed) == 1 else "s", since, len(quarantined)),
+        render(["HOST", "RUNS", "INCIDENTS", "SCORE", "QUARANTINED UNTIL", "LAST INCIDENT"],
+               rows)]
+    lines += ["%s: %s" % (h["host"], h["reason"]) for h in quarantined if h["reason"]]
+    return "\n".join(lines)
+
+
+def as_json(listed: list[dict[str, Any]]) -> str:
+    return json.dumps(listed, indent=2)
