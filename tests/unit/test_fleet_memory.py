@@ -2,6 +2,8 @@
 equals (so nothing changes without a ledger), a quarantined host left out while spares allow."""
 from __future__ import annotations
 
+import json
+
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import spares
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import check
 
@@ -74,3 +76,108 @@ def test_the_html_host_table_gains_the_history_column_only_with_a_history(tmp_pa
            "2026-11-29T10:00:00Z</td>" in html
     pre = render(Result(kind="preflight", ok=True, run_id="r1", run_dir=tmp_path))
     assert "<h2>Host history</h2>" in pre and "Xid 79 x2" in pre
+
+
+# ---- preflight and the run's end with the ledger (reports/memory.py) -------------------------
+
+def preflight_params(tmp_path, hosts=SIX, nnodes=4, spares=2, name="r1", **more):
+    from tests.unit import test_preflight_checks as shapes
+
+    shapes.ADDR.update({"n4": "10.1.0.5", "n5": "10.1.0.6"})
+    probes = {h: shapes.probe(h, master=(h == hosts[0])) for h in hosts}
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.preflight import (
+        ARGUMENT_SPEC)
+
+    return dict({k: v.get("default") for k, v in ARGUMENT_SPEC.items()},
+                hosts=hosts[:nnodes + spares], nnodes=nnodes, inventory_size=len(hosts),
+                probes=probes, connects={h: shapes.connect(h) for h in hosts}, spares=spares,
+                run_id=name, run_dir=str(tmp_path / "runs" / name), fleet_db="fleet.db",
+                **more)
+
+
+def preflight_decide(params):
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import preflight
+
+    return preflight.decide(params)
+
+
+def fleet_of(tmp_path):
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger
+
+    return ledger.Fleet("fleet.db", str(tmp_path / "runs"))
+
+
+NOW = 1_900_000_000.0
+
+
+def test_without_a_history_preflight_is_as_before(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHFLEET_LEDGER_NOW", repr(NOW))
+    result = preflight_decide(preflight_params(tmp_path))
+    assert result["ok"] and [n["host"] for n in result["nodes"]] == SIX[:4]
+    assert not [c for c in result["checks"] if c["id"] in ("host.quarantined", "fleet.ledger")]
+    assert "fleet history" not in result["table"]
+    report = json.loads((tmp_path / "runs" / "r1" / "preflight.json").read_text())
+    assert "fleet" not in report
+    assert (tmp_path / "runs" / "fleet.db").exists()  # beside the run's directory
+
+
+def test_a_quarantined_host_is_left_out_with_a_warning_and_its_history(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHFLEET_LEDGER_NOW", repr(NOW))
+    fleet_of(tmp_path).quarantine("n1", 24, "culprit of 3 failures", now=NOW - 3600)
+    result = preflight_decide(preflight_params(tmp_path))
+    assert result["ok"], result["table"]
+    assert [n["host"] for n in result["nodes"]] == ["n0", "n2", "n3", "n4"]
+    held = [c for c in result["checks"] if c["id"] == "host.quarantined"]
+    assert [(c["host"], c["severity"]) for c in held] == [("n1", "warning")]
+    assert "not used: a spare takes its place" in held[0]["detail"]
+    assert "culprit of 3 failures" in held[0]["detail"]
+    assert result["choice"]["skipped"] == {"n1": ["host.quarantined"]}
+    assert "n1 (host.quarantined)" in result["table"]
+    assert "fleet history (the ledger):\nn1: " in result["table"]
+    report = json.loads((tmp_path / "runs" / "r1" / "preflight.json").read_text())
+    assert report["fleet"]["n1"]["quarantined_until"] == "2030-03-18T16:46:40Z"  # 24 h from its start
+
+
+def test_with_no_spare_left_a_quarantined_host_is_used_with_a_warning_or_refused(tmp_path,
+                                                                                monkeypatch):
+    monkeypatch.setenv("TORCHFLEET_LEDGER_NOW", repr(NOW))
+    fleet_of(tmp_path).quarantine("n1", 24, "lost 3 times", now=NOW)
+    used = preflight_decide(preflight_params(tmp_path, spares=0))
+    assert used["ok"] and [n["host"] for n in used["nodes"]] == SIX[:4]
+    held = [c for c in used["checks"] if c["id"] == "host.quarantined"]
+    assert [(c["host"], c["severity"]) for c in held] == [("n1", "warning")]
+    assert "used anyway: no healthy spare is left" in held[0]["detail"]
+    strict = preflight_decide(preflight_params(tmp_path, spares=0, name="r2",
+                                               quarantine="strict"))
+    assert not strict["ok"]
+    assert [(c["id"], c["host"]) for c in strict["failures"]] == [("host.quarantined", "n1")]
+
+
+def test_a_history_is_a_line_of_the_table_and_never_a_check(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHFLEET_LEDGER_NOW", repr(NOW))
+    params = preflight_params(tmp_path, spares=0)
+    params["probes"]["n2"]["shm"]["total_bytes"] = 1 << 20
+    assert not preflight_decide(params)["ok"]  # n2's shm.size: an incident of n2's
+    monkeypatch.setenv("TORCHFLEET_LEDGER_NOW", repr(NOW + 3600))
+    again = preflight_decide(preflight_params(tmp_path, spares=0, name="r2"))
+    assert again["ok"], again["table"]
+    history = fleet_of(tmp_path).health(["n2"], now=NOW + 3600)["n2"]["history"]
+    assert history and "n2: %s" % history in again["table"]
+    assert not [c for c in again["checks"] if not c["ok"]]
+
+
+def test_a_corrupt_ledger_is_one_warning_and_the_run_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHFLEET_LEDGER_NOW", repr(NOW))
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "fleet.db").write_bytes(b"not a database" * 100)
+    result = preflight_decide(preflight_params(tmp_path))
+    assert result["ok"]
+    said = [c for c in result["checks"] if c["id"] == "fleet.ledger"]
+    assert len(said) == 1 and said[0]["severity"] == "warning" and said[0]["host"] == "controller"
+    assert (tmp_path / "runs" / "r1" / "preflight.json").exists()
+
+
+def test_the_textfile_is_written_where_asked(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHFLEET_LEDGER_NOW", repr(NOW))
+    result = preflight_decide(preflight_params(tmp_path, ledger_textfile="fleet.prom"))
+    assert result["ok"] and (tmp_path / "runs" / "fleet.prom").exists()

@@ -171,6 +171,34 @@ options:
   choice:
     description: The first decision's RV(choice), kept in the report of the second.
     type: dict
+  quarantine:
+    description: A host the fleet's ledger quarantined that the run must use (no healthy spare left) is a
+      C(host.quarantined) warning with C(warn), an error with C(strict). With spares it is left out while the
+      others suffice, and the spares that take the places of hosts left out are the ledger's healthiest.
+    type: str
+    choices: [warn, strict]
+    default: warn
+  fleet_db:
+    description: The fleet's ledger (its public variable; the plays pass it, default C(fleet.db)), a SQLite path
+      relative to the run directory's parent (the runs root) when relative, or a C(postgresql://) URL. Unset or
+      empty, or without O(run_dir), no ledger is read or written.
+    type: str
+  ledger_half_life_h:
+    description: A host's score in the ledger halves every this many hours.
+    type: float
+    default: 168.0
+  quarantine_score:
+    description: A host whose score reaches this when the ledger records the report is quarantined.
+    type: float
+    default: 2.5
+  quarantine_h:
+    description: How long a quarantine lasts.
+    type: float
+    default: 24.0
+  ledger_textfile:
+    description: A Prometheus node-exporter textfile the ledger writes after recording (relative to the runs
+      root when relative); none when empty.
+    type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -260,6 +288,13 @@ skipped_records:
   returned: when retest is not empty
   type: list
   elements: dict
+quarantined:
+  description: The hosts the fleet's ledger quarantined on recording this preflight (host, until in epoch
+    seconds, the ledger's reason).
+  returned: when the ledger quarantined a host
+  type: list
+  elements: dict
+  sample: [{"host": "node3", "until": 1795973923.0, "reason": "score 2.93 >= quarantine_score 2.5: ..."}]
 """
 
 from ansible.module_utils.basic import AnsibleModule

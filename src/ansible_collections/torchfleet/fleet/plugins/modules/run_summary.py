@@ -108,6 +108,33 @@ options:
         description: Each host's NIC (NCCL_SOCKET_IFNAME), named in the fix of node.slow.
         type: dict
         default: {}
+  ledger_said:
+    description: The C(fleet.ledger) warnings preflight gave (its report's details); when there is one, the run's
+      end does not warn about the ledger again.
+    type: list
+    elements: str
+    default: []
+  fleet_db:
+    description: The fleet's ledger (its public variable; the plays pass it, default C(fleet.db)), a SQLite path
+      relative to the run directory's parent (the runs root) when relative, or a C(postgresql://) URL. Unset or
+      empty, or without O(run_dir), no ledger is read or written.
+    type: str
+  ledger_half_life_h:
+    description: A host's score in the ledger halves every this many hours.
+    type: float
+    default: 168.0
+  quarantine_score:
+    description: A host whose score reaches this when the ledger records the report is quarantined.
+    type: float
+    default: 2.5
+  quarantine_h:
+    description: How long a quarantine lasts.
+    type: float
+    default: 24.0
+  ledger_textfile:
+    description: A Prometheus node-exporter textfile the ledger writes after recording (relative to the runs
+      root when relative); none when empty.
+    type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -159,8 +186,17 @@ first_failure:
   type: dict
 drain:
   description: Each host with a fatal hardware event during the run, as host, reason (the
-    check id) and evidence (the event's line).
+    check id) and evidence (the event's line); and each host the fleet's ledger quarantined on
+    recording this run (reason C(host.quarantined), the ledger's reason as evidence), which
+    train.json keeps as RV(quarantined) instead. The results role drains them in Slurm with
+    slurm_drain.
   returned: always
+  type: list
+  elements: dict
+quarantined:
+  description: The hosts the fleet's ledger quarantined on recording this run (host, until in
+    epoch seconds, the ledger's reason); in the JSON report too.
+  returned: when the ledger quarantined a host
   type: list
   elements: dict
 hardware:

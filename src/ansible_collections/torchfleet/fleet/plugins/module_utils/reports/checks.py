@@ -107,6 +107,21 @@ REGISTRY = (
          'controller naming every failing host',
          'fix the named host before it is needed; add spares or fix hosts when too few are '
          'healthy'),
+    Unit(('host.quarantined',), PREFLIGHT,
+         "the fleet's ledger holds the host in quarantine (its score passed "
+         '`quarantine_score`; until `quarantine_h` has passed or it is released): names the '
+         'reason, its history and until when; with `spares` it is left out like an unhealthy '
+         'host while the others suffice (a warning); used anyway when they do not, a warning, '
+         'an error with `quarantine=strict`',
+         'mend the host, then `torchfleet hosts release <host>`; add spares; '
+         '`quarantine=warn` uses it anyway'),
+    Unit(('fleet.ledger',), PREFLIGHT,
+         "the fleet's ledger (`fleet_db`) cannot be read or written at preflight's or the "
+         "run's end: missing, locked past its timeout, corrupt, of a newer schema, or "
+         'SQLAlchemy is not installed; a warning, said once: the run goes on and its own '
+         'report is written',
+         'the fix it names: move the corrupt file aside, install SQLAlchemy, upgrade '
+         "torchfleet, or `fleet_db=''` to run without it"),
     Unit(('input.spares',), INPUT,
          '`spares` that is not a whole number >= 0, or `nnodes + spares` larger than group '
          '`nodes`; reported before any host is touched',

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import kmsg, perf, rdma
-from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import fabric, health_checks, spares
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import fabric, health_checks, ledger, memory, spares
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.net import is_loopback as is_loopback_addr
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.plan import bad_nproc_per_node
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import (  # noqa: F401 (check: for importers)
@@ -565,6 +565,8 @@ ARGUMENT_SPEC = dict(
         "health_clock_max_s")},
     skipped=dict(type="list", elements="dict", default=[]),
     choice=dict(type="dict"),
+    quarantine=dict(type="str", default=defaults.default("quarantine"), choices=["warn", "strict"]),
+    **memory.SPEC
 )
 
 
@@ -599,6 +601,12 @@ def decide(params):
                                        "health_clock_max_s")}
     settings["nproc_per_node"] = nproc
     hosts, nnodes = params["hosts"], params["nnodes"]
+    # The fleet's memory of the candidates: their scores order the spares, a quarantined host
+    # is left out while spares allow (none of it without a ledger, or with its history empty).
+    fleet = memory.open_fleet(params, params["run_dir"])
+    now = ledger.now()
+    health = memory.health(fleet, hosts, now) if hosts else {}
+    held = memory.quarantined(health, now)
 
     def judge(chosen, master=None):
         return evaluate(chosen, nnodes, params["inventory_size"], params["probes"],
@@ -608,13 +616,19 @@ def decide(params):
     # before it were not reached): that master, unless it is the one to blame, runs.
     checks, nodes, resolved = judge(hosts, params["master"])
     choice = None
+    used = hosts
     if params["spares"] > 0 and hosts:
-        chosen, skipped, retest = spares.choose(hosts, nnodes, checks, params["master"])
+        chosen, skipped, retest = spares.choose(
+            hosts, nnodes, checks, params["master"],
+            {h: v.get("score") or 0.0 for h, v in health.items()}, held)
         choice = {"candidates": hosts, "chosen": chosen, "skipped": skipped}
+        used = chosen
         if len(chosen) < nnodes:
             checks = checks + [spares.too_few(hosts, nnodes, skipped)]
         else:
             others = spares.skipped_records(hosts, checks, chosen, skipped, retest)
+            others += memory.quarantine_checks([], [h for h in hosts if h in skipped], health,
+                                               now)
             if retest:
                 # The chosen hosts' ports were tested against the broken master: the playbook
                 # tests them again with the new one and decides then, with these records.
@@ -623,8 +637,18 @@ def decide(params):
                             table="", verdict="")
             checks, nodes, resolved = judge(chosen)
             checks = checks + others
-    checks = checks + params["skipped"]
+    checks = checks + params["skipped"] + memory.quarantine_checks(
+        used, [], health, now, params["quarantine"] == "strict")
     choice = choice or params["choice"]
+    newly = []
+    if params["run_dir"]:
+        # Written in the ledger before the report: its warnings are the report's too.
+        newly = memory.record(fleet, "preflight", dict(
+            ok=not failed(checks), kind="preflight", run_id=params["run_id"],
+            nnodes=params["nnodes"], hosts=nodes, checks=checks,
+            **({"spares": choice} if choice else {})), now)
+        memory.textfile(fleet, params, params["run_dir"], now)
+    checks = checks + memory.ledger_checks(fleet)
     bad = failed(checks)
     sentence = verdict("preflight", checks)
     table = summary_table(checks, nodes)
@@ -632,18 +656,26 @@ def decide(params):
         table += "\n\nnetwork=%s%s: %s" % (
             resolved["network"], " (auto)" if params["network"] == "auto" else "",
             resolved["network_why"])
+    said = memory.history_lines(health, hosts, now)
+    if said or newly:
+        table += "\n\n" + "\n".join(t for t in (said, memory.newly_text(newly)) if t)
     if choice and not bad:
         table += "\n\n" + spares.summary(choice)
     result = dict(ok=not bad, checks=checks, nodes=nodes, resolved=resolved, failures=bad,
                   table=table + "\n\n" + sentence, verdict=sentence, report="", retest=[])
     if choice:
         result["choice"] = choice
+    fleet_entry = memory.report_entry(health, hosts, now)
+    if newly:
+        result["quarantined"] = newly
     if params["run_dir"]:
         report = dict(ok=not bad, kind="preflight", run_id=params["run_id"],
                       nnodes=params["nnodes"], master_port=params["master_port"],
                       hosts=nodes, checks=checks, verdict=sentence, **resolved)
         if choice:
             report["spares"] = choice
+        if fleet_entry:
+            report["fleet"] = fleet_entry
         result["report"] = write_report(params["run_dir"], "preflight.json", report,
                                         params["runs_root"] or None)
     return result

@@ -17,7 +17,7 @@ import time
 
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import kmsg, nccl_log
-from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import fabric, goodput, isolate
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import fabric, goodput, isolate, memory
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import flight, straggle
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import ERROR, WARNING, check, failed
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.report import point_link, prune_runs, verdict, write_report
@@ -61,6 +61,9 @@ ARGUMENT_SPEC = dict(
         floor_gbs=dict(type="float", default=0.0),
         nics=dict(type="dict", default={}),
     )),
+    # The fleet's ledger (reports/memory.py), and what preflight said of it already.
+    ledger_said=dict(type="list", elements="str", default=[]),
+    **memory.SPEC
 )
 
 
@@ -684,6 +687,18 @@ def decide(params):
     report = dict(ok=not bad, kind=kind, run_id=params["run_id"], world_size=world,
                   phase=record.get("phase"), hosts=rows_out, ranks=rank_rows, checks=checks,
                   first_failure=failure, verdict=sentence, settings=params["settings"], **extra)
+    # The fleet's memory of the run, written before its report (whose warning it may be):
+    # the hosts it quarantines now are drained with the ledger's reason where asked.
+    fleet = memory.open_fleet(params, params["run_dir"])
+    newly = memory.record(fleet, kind, report) if params["run_dir"] else []
+    memory.textfile(fleet, params, params["run_dir"])
+    said = memory.ledger_checks(fleet, params["ledger_said"])
+    if said:
+        checks.extend(said)
+        sentence = verdict(kind, checks, failure, extra.get("attempts", []))
+        report.update(checks=checks, verdict=sentence)
+    if newly:
+        report["quarantined"] = extra["quarantined"] = newly
     path = ""
     if params["run_dir"] and logs_dir != params["run_dir"]:
         link_logs(params["run_dir"], logs_dir)
@@ -711,5 +726,16 @@ def decide(params):
     text += "\n\n" + sentence + ("\n" + failure["tail"] if failure else "")
     if extra.get("goodput"):
         text += "\n" + goodput.line(extra["goodput"])
-    return dict(ok=not bad, checks=checks, failures=bad, first_failure=failure, report=path,
-                verdict=sentence, table=text, hosts=rows_out, ranks=rank_rows, **extra)
+    if newly:
+        text += "\n" + memory.newly_text(newly)
+    if said:
+        text += "\n" + "\n".join("fleet.ledger: %s" % c["detail"] for c in said)
+    out = dict(ok=not bad, checks=checks, failures=bad, first_failure=failure, report=path,
+               verdict=sentence, table=text, hosts=rows_out, ranks=rank_rows, **extra)
+    # Slurm drains (roles/results' drain.yml) of the hosts quarantined now, with the ledger's
+    # reason, beside those of a fatal hardware cause.
+    drained = {d["host"] for d in out["drain"]}
+    out["drain"] = out["drain"] + [
+        {"host": q["host"], "reason": "host.quarantined", "evidence": "%s (until %s)" % (
+            q["reason"], memory.iso(q["until"]))} for q in newly if q["host"] not in drained]
+    return out

@@ -1,0 +1,152 @@
+"""The fleet's memory as preflight and the run's end use it (DESIGN.md "The fleet's memory"):
+the ledger (reports/ledger.py) opened beside the run's directory, what it holds said as check
+records and table lines, and what a report adds to it.
+
+The ledger lives in the runs root: the parent of the run's directory (runs_root/<run_id>; with
+`run_dir` set, that directory's parent), so preflight, the run's end and an attach of a
+detached run find the same one. It never fails a run: what cannot be done is a fleet.ledger
+warning, once.
+"""
+from __future__ import annotations
+
+import os
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import (
+    CONTROLLER, ERROR, WARNING, check)
+
+# The modules' options for the ledger (preflight_checks adds `quarantine`, what it decides).
+# fleet_db has no default here: the plays pass the variable (its default, fleet.db); a module
+# called without it (the unit tests' thousand reports) writes no ledger.
+SPEC = dict(
+    fleet_db=dict(type="str"),
+    ledger_half_life_h=dict(type="float", default=defaults.default("ledger_half_life_h")),
+    quarantine_score=dict(type="float", default=defaults.default("quarantine_score")),
+    quarantine_h=dict(type="float", default=defaults.default("quarantine_h")),
+    ledger_textfile=dict(type="str", default=defaults.default("ledger_textfile")),
+)
+# Checks that are the ledger's own words, not the host's: recording them would feed a
+# quarantine from itself.
+OWN = ("host.quarantined", "fleet.ledger")
+
+
+def root_of(run_dir):
+    """The runs root the ledger's relative path is read from: the run directory's parent."""
+    return os.path.dirname(os.path.abspath(run_dir)) if run_dir else ""
+
+
+def open_fleet(params, run_dir):
+    """The ledger of the fleet (off, every call a no-op, without a run directory or with
+    fleet_db='')."""
+    return ledger.Fleet((params.get("fleet_db") or "") if run_dir else "", root_of(run_dir),
+                        half_life_h=params["ledger_half_life_h"],
+                        quarantine_score=params["quarantine_score"],
+                        quarantine_h=params["quarantine_h"])
+
+
+iso = ledger.iso
+
+
+def quarantined(health, now):
+    """{host: its health} of the hosts quarantined at `now`."""
+    return {h: v for h, v in health.items()
+            if v.get("quarantined_until") and v["quarantined_until"] > now}
+
+
+def _why(host, state):
+    said = "quarantined by the fleet's ledger until %s" % iso(state["quarantined_until"])
+    if state.get("reason"):
+        said += " (%s)" % state["reason"]
+    return said + ("; " + state["history"] if state.get("history") else "")
+
+
+def quarantine_checks(used, left_out, health, now, strict=False):
+    """host.quarantined of each quarantined host: one left out (a spare took its place) is a
+    warning; one the run uses anyway (no healthy spare left) a warning, an error when
+    `strict`."""
+    held = quarantined(health, now)
+    out = [check("host.quarantined", h, False, _why(h, held[h]) + "; not used: a spare takes "
+                 "its place", "mend %s, then `torchfleet hosts release %s`" % (h, h), WARNING)
+           for h in left_out if h in held]
+    out += [check("host.quarantined", h, False, _why(h, held[h]) + "; %s: no healthy spare is "
+                  "left to take its place" % ("refused" if strict else "used anyway"),
+                  "mend %s, then `torchfleet hosts release %s`; or add spares (-e spares=K)%s"
+                  % (h, h, "" if not strict else "; quarantine=warn uses it anyway"),
+                  ERROR if strict else WARNING)
+            for h in used if h in held]
+    return out
+
+
+def ledger_checks(fleet, said=()):
+    """fleet.ledger: the ledger's warnings, unless preflight `said` one already (a run is
+    warned once)."""
+    return [] if said else [
+        check("fleet.ledger", CONTROLLER, False, w, "as it says; fleet_db='' runs without the "
+              "ledger", WARNING) for w in fleet.warnings]
+
+
+def history_lines(health, hosts, now):
+    """The table's lines of the hosts with a history ("node3: 3 incidents in 7 days: ...")."""
+    held = quarantined(health, now)
+    lines = ["%s: %s%s" % (h, health[h]["history"] or "no incident",
+                           "; quarantined until %s" % iso(held[h]["quarantined_until"])
+                           if h in held else "")
+             for h in hosts if h in health and (health[h].get("history") or h in held)]
+    return "fleet history (the ledger):\n" + "\n".join(lines) if lines else ""
+
+
+def report_entry(health, hosts, now):
+    """The report's `fleet`: {host: {score, history, quarantined_until (ISO 8601 or None)}}
+    of the hosts with a history or a quarantine (none without a ledger)."""
+    held = quarantined(health, now)
+    return {h: {"score": round(float(health[h].get("score") or 0.0), 3),
+                "history": health[h].get("history") or "",
+                "quarantined_until": iso(held[h]["quarantined_until"]) if h in held else None}
+            for h in hosts if h in health and (health[h].get("history") or h in held)}
+
+
+def newly_text(newly):
+    """The lines of the hosts this report quarantined."""
+    return "\n".join("quarantined now: %s until %s (%s)" % (
+        q["host"], iso(q["until"]), q["reason"]) for q in newly)
+
+
+def for_ledger(report):
+    """The report as the ledger records it: without the ledger's own checks."""
+    return dict(report, checks=[c for c in report.get("checks") or [] if c["id"] not in OWN])
+
+
+def record(fleet, kind, report, now=None):
+    """The report written into the ledger (record_preflight / record_run); the hosts it newly
+    quarantined. The ledger says its own failures (fleet.warnings); anything else it raises is
+    one more warning, never the run's end nor the loss of its report."""
+    try:
+        write = fleet.record_preflight if kind == "preflight" else fleet.record_run
+        return write(for_ledger(report), now=now) or []
+    except Exception as e:  # pylint: disable=broad-except  # fail open (issue 60 item 5)
+        fleet.warnings.append("the fleet's ledger could not record the %s: %s: %s"
+                              % (kind, type(e).__name__, e))
+        return []
+
+
+def health(fleet, hosts, now=None):
+    """fleet.health(hosts), or none (a warning) when it fails unforeseen."""
+    try:
+        return fleet.health(list(hosts), now=now) or {}
+    except Exception as e:  # pylint: disable=broad-except  # fail open, as record()
+        fleet.warnings.append("the fleet's ledger could not be read: %s: %s"
+                              % (type(e).__name__, e))
+        return {}
+
+
+def textfile(fleet, params, run_dir, now=None):
+    """The node-exporter textfile, when ledger_textfile is set (relative: in the runs root)."""
+    path = params.get("ledger_textfile") or ""
+    if not (path and run_dir):
+        return
+    try:
+        fleet.textfile(os.path.join(root_of(run_dir), path), now=now)
+    except Exception as e:  # pylint: disable=broad-except  # fail open, as record()
+        fleet.warnings.append("the fleet's ledger could not write %s: %s: %s"
+                              % (path, type(e).__name__, e))
