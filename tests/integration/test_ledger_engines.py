@@ -114,7 +114,9 @@ def test_a_newer_schema_warns_once_and_writes_nothing(fleet_db, tmp_path):
 
 def test_a_corrupt_sqlite_ledger_warns_once_and_the_controller_goes_on(tmp_path):
     path = tmp_path / "fleet.db"
-    ledger.Fleet(str(path), "").record_run({"run_id": "r0", "hosts": [{"host": "node1"}]})
+    first = ledger.Fleet(str(path), "")
+    first.record_run({"run_id": "r0", "hosts": [{"host": "node1"}]})
+    first.close()  # the last connection checkpoints the WAL into the file
     with open(path, "r+b") as f:  # the header and the first pages overwritten
         f.write(os.urandom(8192))
     warnings = controllers(str(path), str(tmp_path), ["a"], runs=3)

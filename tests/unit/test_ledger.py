@@ -73,6 +73,15 @@ def test_the_same_run_written_twice_counts_once(fleet):
     assert listed["node3"]["score"] == 1.0
 
 
+def test_a_run_and_its_preflight_count_one_run_a_host_it_added_counts_too(fleet):
+    fleet.record_preflight({"run_id": "r1", "hosts": [{"host": h} for h in HOSTS[:3]]}, now=T0)
+    fleet.record_run(train("r1", hosts=HOSTS[:2] + ["node4"]), now=T0 + 60)
+    runs = {h["host"]: h["runs"] for h in fleet.hosts(now=T0 + 60)}
+    assert runs == {"node0": 1, "node1": 1, "node2": 1, "node4": 1}
+    since = {h["host"]: h["runs"] for h in fleet.hosts(since_s=3600, now=T0 + 60)}
+    assert since == runs
+
+
 def test_incidents_decay_with_the_half_life_and_a_quarantine_ends_on_time(fleet):
     for i in range(3):
         fleet.record_run(train("r%d" % i, "node3"), now=T0 + i)
