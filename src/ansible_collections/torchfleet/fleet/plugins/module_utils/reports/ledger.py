@@ -65,9 +65,10 @@ NOT_INCIDENTS = ("host.quarantined", CHECK_ID, "run.exit", "host.lost", "run.han
                  "run.hardware", "run.straggler", "run.restart")
 # A worker's failure of these is the master's when most workers failed one (reports/spares.py).
 MASTER_BOUND = ("port.blocked", "port.ephemeral", "nic.route")
-# The first failure's reason (runstate.py) and the check it is reported under.
+# The first failure's reason (runstate.py) and the check it is reported under (as
+# summary.check_of says it; any other reason of a host is run.exit).
 REASON_CHECK = {"lost": "host.lost", "hung": "run.hang", "hardware": "run.hardware",
-                "oom": "run.oom", "straggler": "run.straggler", "not_started": "run.not_started"}
+                "oom": "run.oom", "straggler": "run.straggler"}
 RUN_WIDE = ("hung", "timeout", "controller_lost", "stopped_by_user")
 HISTORY_S = 7 * 86400.0  # the history line's window
 DECAYED_OUT = 20         # half-lives past which an incident no longer counts (2**-20)
@@ -566,8 +567,8 @@ class Fleet:
                 labels.setdefault(r.host, []).append(
                     (r.run_id, r.phase, r.attempt, label(r.kind, r.detail)))
         out = {h: [0.0, ""] for h in (hosts or [])}
-        for (host, *_), weight in groups.items():
-            out.setdefault(host, [0.0, ""])[0] += weight
+        for key, weight in groups.items():
+            out.setdefault(key[0], [0.0, ""])[0] += weight
         for host, found in labels.items():
             out.setdefault(host, [0.0, ""])[1] = history(found, window_s)
         return {h: (round(s, 4), line) for h, (s, line) in out.items()}
