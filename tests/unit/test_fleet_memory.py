@@ -181,3 +181,52 @@ def test_the_textfile_is_written_where_asked(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHFLEET_LEDGER_NOW", repr(NOW))
     result = preflight_decide(preflight_params(tmp_path, ledger_textfile="fleet.prom"))
     assert result["ok"] and (tmp_path / "runs" / "fleet.prom").exists()
+
+
+def failed_run(tmp_path, name, capsys, **more):
+    """run_summary (the module, as the results role calls it) of a run of n0 and n1 where n1's
+    rank exited 1, beside the ledger in tmp_path/runs."""
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import RunState
+    from ansible_collections.torchfleet.fleet.plugins.modules import run_summary
+    from tests.unit.modules import run_module
+
+    state = RunState(name, ["n0", "n1"], 1, now=100.0)
+    state.beat("n0", 101.0)
+    state.beat("n1", 101.0)
+    state.exited("n1", 102.5, 1)
+    state.exited("n0", 103.0, -15, stopped=True)
+    return run_module(run_summary, dict({
+        "kind": "train", "run_id": name, "hosts": ["n0", "n1"], "state": state.record(),
+        "world_size": 2, "settings": {"nproc_per_node": 1}, "expect_results": False,
+        "run_dir": str(tmp_path / "runs" / name), "fleet_db": "fleet.db"}, **more), capsys)
+
+
+def test_the_runs_end_quarantines_the_culprit_of_three_failures_and_drains_it(tmp_path,
+                                                                             capsys,
+                                                                             monkeypatch):
+    for i in range(3):
+        monkeypatch.setenv("TORCHFLEET_LEDGER_NOW", repr(NOW + i * 3600))
+        end = failed_run(tmp_path, "r%d" % i, capsys)
+        assert end["first_failure"]["host"] == "n1"
+        assert ("quarantined" in end) is (i == 2) and end["drain"] == ([] if i < 2 else [
+            {"host": "n1", "reason": "host.quarantined",
+             "evidence": end["quarantined"][0]["reason"] + " (until 2030-03-18T19:46:40Z)"}])
+    assert [q["host"] for q in end["quarantined"]] == ["n1"]
+    assert "quarantined now: n1 until 2030-03-18T19:46:40Z" in end["table"]
+    report = json.loads((tmp_path / "runs" / "r2" / "train.json").read_text())
+    assert report["quarantined"] == end["quarantined"] and report["drain"] == []
+    assert fleet_of(tmp_path).health(["n0"], now=NOW + 7200)["n0"]["score"] == 0.0
+
+
+def test_a_ledger_preflight_warned_of_is_not_warned_of_again_at_the_runs_end(tmp_path, capsys,
+                                                                             monkeypatch):
+    monkeypatch.setenv("TORCHFLEET_LEDGER_NOW", repr(NOW))
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "fleet.db").write_bytes(b"not a database" * 100)
+    end = failed_run(tmp_path, "r0", capsys)
+    said = [c for c in end["checks"] if c["id"] == "fleet.ledger"]
+    assert len(said) == 1 and said[0]["severity"] == "warning"
+    assert "fleet.ledger: the fleet's ledger" in end["table"]
+    again = failed_run(tmp_path, "r1", capsys, ledger_said=[said[0]["detail"]])
+    assert not [c for c in again["checks"] if c["id"] == "fleet.ledger"]
+    assert json.loads((tmp_path / "runs" / "r1" / "train.json").read_text())["run_id"] == "r1"
