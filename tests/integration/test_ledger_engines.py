@@ -145,3 +145,27 @@ def test_postgresql_unreachable_warns_with_the_url_without_its_password(tmp_path
     assert fleet.record_run({"run_id": "r1", "hosts": [{"host": "node1"}]}) == []
     assert len(fleet.warnings) == 1 and "cannot be reached" in fleet.warnings[0]
     assert "secret" not in fleet.warnings[0] and "fleet:***@" in fleet.warnings[0]
+
+
+def test_a_hostile_report_is_stored_safely_on_both_engines(fleet_db, tmp_path):
+    """NUL (PostgreSQL refuses it in text), a lone surrogate (neither encodes it), names past
+    the columns' width, a 400-digit attempt and garbage where lists belong."""
+    odd = "node\x00\ud800" + "x" * 400
+    report = {"run_id": "r\x00\udcff1", "kind": "train\x00", "hosts": [
+        {"host": odd, "outcome": "lost"}, {"host": 7}, "node1", None],
+        "first_failure": {"host": odd, "failure": "lost", "consequence": "no"},
+        "attempts": [{"attempt": 10 ** 400, "outcomes": {odd: "lost"}, "hosts": [odd],
+                      "failure": {"host": odd, "reason": "lost"}, "drain": "x",
+                      "replaced": [{"host": odd, "reason": "\ud800"}]}],
+        "hardware": [{"host": odd, "kind": "xid\ud800", "code": 1e999, "fatal": True}],
+        "checks": [{"id": "gpu.ecc\x00", "host": odd, "ok": False, "severity": "error"}]}
+    fleet = ledger.Fleet(fleet_db, str(tmp_path))
+    fleet.record_run(report, now=T0)
+    fleet.record_preflight(report, now=T0)
+    listed = fleet.hosts(now=T0)
+    assert fleet.warnings == []
+    (host,) = listed
+    assert host["host"].startswith("node\\ud800xxx") and len(host["host"]) <= 255
+    assert host["incidents"]["culprit"] == 1 and host["incidents"]["lost"] == 1
+    assert fleet.health([host["host"]], now=T0)[host["host"]]["score"] > 0
+    fleet.close()

@@ -92,8 +92,8 @@ def _text(value, limit=HOST_MAX):
         return ""
     if len(value) <= limit and value.isascii() and "\x00" not in value:
         return value  # the common case, 512 times a run
-    value = value.replace("\x00", "")[:limit]
-    return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    value = value[:4 * limit].replace("\x00", "")
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")[:limit]
 
 
 def _num(value):
