@@ -227,6 +227,15 @@ def test_the_schema_is_versioned_and_wal(fleet, tmp_path):
     db.close()
 
 
+def test_every_version_has_its_step_and_a_reopened_ledger_keeps_its_rows(fleet, tmp_path):
+    assert sorted(ledger.MIGRATIONS) == list(range(1, ledger.SCHEMA_VERSION + 1))
+    fleet.record_run(train("r1", "node3"), now=T0)
+    fleet.close()
+    again = ledger.Fleet("fleet.db", str(tmp_path))
+    assert {h["host"]: h["runs"] for h in again.hosts(now=T0)}["node3"] == 1
+    assert again.warnings == []
+
+
 def test_without_sqlalchemy_one_warning(monkeypatch, tmp_path):
     monkeypatch.setattr(ledger, "HAS_SQLALCHEMY", False)
     f = ledger.Fleet("fleet.db", str(tmp_path))

@@ -320,7 +320,7 @@ class Fleet:
         self.half_life_s = max(float(_num(half_life_h) or 168.0), 1e-3) * 3600.0
         self.quarantine_score = float(_num(quarantine_score) or 2.5)
         self.quarantine_s = max(float(_num(quarantine_h) or 0.0), 0.0) * 3600.0
-        self.timeout_s = float(timeout_s)
+        self.timeout_s = max(float(_num(timeout_s) or defaults.LEDGER_TIMEOUT_S), 0.001)
         self.create = create
         self.warnings = []
         self.where = _url(self.fleet_db, self.runs_root)[1] or describe(self.fleet_db) \
