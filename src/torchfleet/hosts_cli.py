@@ -13,8 +13,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.table imp
 
 def sqlite_path(fleet_db: str, runs_root: str) -> str | None:
     """The file of a SQLite ledger (None for a PostgreSQL URL)."""
-    return ledger._url(fleet_db, runs_root)[1] if ledger.HAS_SQLALCHEMY else \
-        os.path.join(runs_root, fleet_db)
+    return ledger._url(fleet_db, runs_root)[1]
 
 
 def open_fleet(fleet_db: str | None, runs_root: str, create: bool) -> Any:
