@@ -230,3 +230,23 @@ def test_a_ledger_preflight_warned_of_is_not_warned_of_again_at_the_runs_end(tmp
     again = failed_run(tmp_path, "r1", capsys, ledger_said=[said[0]["detail"]])
     assert not [c for c in again["checks"] if c["id"] == "fleet.ledger"]
     assert json.loads((tmp_path / "runs" / "r1" / "train.json").read_text())["run_id"] == "r1"
+
+
+def test_a_quarantined_master_hands_over_and_the_second_decision_names_it(tmp_path,
+                                                                         monkeypatch):
+    from tests.unit import test_preflight_checks as shapes
+
+    monkeypatch.setenv("TORCHFLEET_LEDGER_NOW", repr(NOW))
+    fleet_of(tmp_path).quarantine("n0", 24, "Xid 79 twice", now=NOW)
+    first = preflight_decide(preflight_params(tmp_path))
+    assert first["retest"] == ["n1", "n2", "n3", "n4"] and first["nodes"] == []
+    # The playbook tests the chosen hosts' ports again with n1 as the master, then decides.
+    probes = {h: shapes.probe(h, master=(h == "n1")) for h in first["retest"]}
+    second = preflight_decide(dict(preflight_params(tmp_path, spares=0), hosts=first["retest"],
+                                   probes=probes, skipped=first["skipped_records"],
+                                   choice=first["choice"]))
+    assert second["ok"], second["table"]
+    assert [n["host"] for n in second["nodes"]] == ["n1", "n2", "n3", "n4"]
+    held = [c for c in second["checks"] if c["id"] == "host.quarantined"]
+    assert [(c["host"], c["severity"]) for c in held] == [("n0", "warning")]
+    assert "n0: no incident; quarantined until" in second["table"]

@@ -605,7 +605,10 @@ def decide(params):
     # is left out while spares allow (none of it without a ledger, or with its history empty).
     fleet = memory.open_fleet(params, params["run_dir"])
     now = ledger.now()
-    health = memory.health(fleet, hosts, now) if hosts else {}
+    # (A second decision, after a port test against a new master, names every candidate's.)
+    candidates = list(dict.fromkeys(list((params["choice"] or {}).get("candidates") or [])
+                                    + hosts))
+    health = memory.health(fleet, candidates, now) if hosts else {}
     held = memory.quarantined(health, now)
 
     def judge(chosen, master=None):
@@ -656,7 +659,7 @@ def decide(params):
         table += "\n\nnetwork=%s%s: %s" % (
             resolved["network"], " (auto)" if params["network"] == "auto" else "",
             resolved["network_why"])
-    said = memory.history_lines(health, hosts, now)
+    said = memory.history_lines(health, candidates, now)
     if said or newly:
         table += "\n\n" + "\n".join(t for t in (said, memory.newly_text(newly)) if t)
     if choice and not bad:
@@ -665,7 +668,7 @@ def decide(params):
                   table=table + "\n\n" + sentence, verdict=sentence, report="", retest=[])
     if choice:
         result["choice"] = choice
-    fleet_entry = memory.report_entry(health, hosts, now)
+    fleet_entry = memory.report_entry(health, candidates, now)
     if newly:
         result["quarantined"] = newly
     if params["run_dir"]:
