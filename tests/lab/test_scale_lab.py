@@ -133,6 +133,52 @@ def test_spares_skip_a_firewalled_worker_and_replace_one_cut_off_mid_run_from_it
         run_processes(report["run_id"])
 
 
+def test_a_lost_worker_with_no_spare_left_is_not_restarted_and_every_host_is_gathered(
+        lab, tmp_path):
+    # nnodes=3 of 3 candidates, max_restarts=1: node2's network is cut once the checkpoint
+    # exists; no candidate is left to replace it. node0 and node1, whose agents stopped their
+    # ranks, were left to be stopped and gathered after a restart that does not come: they are
+    # gathered at once, and the report is what it was when every host was gathered before the
+    # decision.
+    ckpt, remote = tmp_path / "ckpt", tmp_path / "remote"
+    proc = subprocess.Popen(
+        [*ansible_cli.command("ansible-playbook"), "train.yml", "-i", str(lab.inventory),
+         "-e", "nnodes=3", "-e", "max_restarts=1", "-e", "lost_after_s=5",
+         "-e", "train_steps=%d" % RESTART_STEPS, "-e", "train_checkpoint_dir=%s" % ckpt,
+         "-e", "remote_runs_root=%s" % remote, "-e", "run_dir=%s" % (tmp_path / "run")],
+        cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (ckpt / "ddp_train.pt").exists() and proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (ckpt / "ddp_train.pt").exists(), "attempt 0 never saved a checkpoint"
+        lab.cut_network("node2")
+        out, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+        lab.heal()
+    run = Run(proc.returncode, out, tmp_path / "run")
+    assert run.rc != 0, out[-5000:]
+    report = run.report("train.json")
+    assert report["verdict"].endswith(
+        "not restarted: 2 candidate(s) remain without node2 and the run needs 3 (add spares: "
+        "-e spares=K)"), report["verdict"]
+    assert [(c["host"], c["detail"].split(",")[0]) for c in report["checks"]
+            if c["id"] == "run.exit"] == [("node0", "aborted"), ("node1", "aborted"),
+                                          ("node2", "lost")]
+    play = (run.run_dir / "play.log").read_text().splitlines()
+    at = play.index("PLAY [Restart | none after all; stop and gather the hosts left for later]")
+    # node1; node0 (the master) too when the record was final as the watch returned.
+    assert re.search(r"ok 0, changed [12], failed 0$", play[at + 1]), play[at:at + 3]
+    for host in ("node0", "node1"):
+        assert (run.run_dir / "attempt_0" / "logs" / host / "torchrun.log").exists(), host
+    assert wait_until(lambda: not run_processes(report["run_id"]), 60), \
+        run_processes(report["run_id"])
+
+
 def test_twelve_hosts_get_ranks_in_inventory_order_in_fork_batches(lab, tmp_path):
     # forks=6: two batches for launch, stop and gather; the watch is one task on the master.
     # The hosts keep this run under a root of its own: the lab shares this machine's files

@@ -271,8 +271,10 @@ def test_after_a_lost_worker_the_others_stopped_by_their_agents_are_gathered_lat
     from ansible_collections.torchfleet.fleet.plugins.filter.gather_later import FilterModule
 
     rec = stopped(None)
-    # The master (n0) is stopped and gathered at once: its ports are tested again.
-    assert restart.gather_later(rec, FOUR, ["n2"]) == ["n1", "n3"]
+    # The master (n0) is stopped and gathered at once while the record is not final (its
+    # agent may still hold the control port), later with the others once it is.
+    assert not rec["final"] and restart.gather_later(rec, FOUR, ["n2"]) == ["n1", "n3"]
+    assert restart.gather_later(dict(rec, final=True), FOUR, ["n2"]) == ["n0", "n1", "n3"]
     # A host whose torchrun ended by itself, or that is still running, is stopped now.
     assert restart.gather_later(stopped(None, hosts=("n0", "n1")), FOUR, ["n2"]) == ["n1"]
     rec2 = stopped(None)

@@ -8,7 +8,8 @@ short_description: The hosts of a failed attempt whose stop and gather may wait 
 description:
   - From the attempt's record on the controller (its run_state.json), the hosts whose stop and
     gather a restart need not wait for; plugins/module_utils/run/restart.py's gather_later
-    decides (after a host lost, the others but the master whose agents stopped their ranks).
+    decides (after a host lost, the others whose agents stopped their ranks; the master once
+    the record is final).
   - A record that cannot be read names none (every host is stopped and gathered at once).
 author: torchfleet developers (@torchfleet)
 options:

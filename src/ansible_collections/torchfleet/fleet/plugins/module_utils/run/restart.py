@@ -154,15 +154,17 @@ def gather_later(record, hosts, lost):
     """The hosts of a failed attempt whose stop and gather may wait for the run's end
     (playbooks/report.yml gathers the attempt's left_behind; attempt.yml at once when no restart
     follows), off the restart's path: after a host lost (`lost`, the watch's), every other host
-    but the master (hosts[0]: its agent holds the control port and its torchrun the store's port
-    the restart tests again) whose agent stopped its torchrun and every rank (the record's state
-    stopped: the agent swept torchrun's tree before it said so). A host whose torchrun ended by
+    whose agent stopped its torchrun and every rank (the record's state stopped: the agent swept
+    torchrun's tree before it said so). The master (hosts[0]) only once the record is final:
+    its agent closed the control port as it wrote it, and its torchrun (the store's port) is
+    gone; the restart's re-check tests that port again on it. A host whose torchrun ended by
     itself, or the record says nothing of, is stopped and gathered now."""
     if not lost or not isinstance(record, dict) or not isinstance(record.get("hosts"), list):
         return []
     stopped = {r.get("host") for r in record["hosts"]
                if isinstance(r, dict) and r.get("state") == STOPPED}
-    return [h for h in hosts[1:] if h not in lost and h in stopped]
+    later = [h for h in hosts if h not in lost and h in stopped]
+    return later if record.get("final") is True else [h for h in later if h != hosts[0]]
 
 
 def after_recheck(plan, recheck, hosts, restart_on):
