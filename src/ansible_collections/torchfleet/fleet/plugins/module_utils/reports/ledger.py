@@ -624,10 +624,12 @@ class Fleet:
                     kinds.setdefault(host, {})[kind] = n
                     newest[host] = max(newest.get(host, last), last)
                 last = {}
-                if newest:
+                if newest:  # each host's newest rows, found by the (host, at) index
+                    top = sa.select(INCIDENTS.c.host, sa.func.max(INCIDENTS.c.at).label("m")) \
+                        .group_by(INCIDENTS.c.host).subquery()
                     q = sa.select(INCIDENTS.c.host, INCIDENTS.c.run_id, INCIDENTS.c.check_id,
-                                  INCIDENTS.c.at, INCIDENTS.c.weight).where(
-                        INCIDENTS.c.at >= min(newest.values()))
+                                  INCIDENTS.c.at, INCIDENTS.c.weight).join(top, sa.and_(
+                                      INCIDENTS.c.host == top.c.host, INCIDENTS.c.at == top.c.m))
                     for r in conn.execute(q):
                         if r.at == newest.get(r.host) and (
                                 r.host not in last or r.weight > last[r.host][1]):
