@@ -47,6 +47,13 @@ def report(i, hosts, rng):
     return out
 
 
+def listing(fleet, at):
+    """What `torchfleet hosts` computes: the hosts and their table."""
+    listed = fleet.hosts(now=at)
+    hosts_cli.hosts_text(listed, fleet.where, None)
+    return listed
+
+
 def measure(fleet_db, nhosts, nfill, runs):
     rng = random.Random(60)
     hosts = ["gpu%04d" % i for i in range(nhosts)]
@@ -57,27 +64,31 @@ def measure(fleet_db, nhosts, nfill, runs):
     fill_s = time.perf_counter() - began
     assert not fleet.warnings, fleet.warnings
     at = T0 + nfill * 3600.0
-    write, health, listing = [], [], []
+    wall = {"record_run_ms": [], "health_ms": [], "hosts_ms": []}
+    cpu = {name: [] for name in wall}
+
+    def timed(name, call, *args):
+        t, c = time.perf_counter(), time.process_time()
+        out = call(*args)
+        wall[name].append((time.perf_counter() - t) * 1000)
+        cpu[name].append((time.process_time() - c) * 1000)
+        return out
+
     for k in range(runs):
         one = report(3 * (nfill + k), hosts, rng)  # a failed one
-        t = time.perf_counter()
-        fleet.record_run(one, now=at + k)
-        write.append((time.perf_counter() - t) * 1000)
-        t = time.perf_counter()
-        fleet.health(hosts, now=at + k)
-        health.append((time.perf_counter() - t) * 1000)
-        t = time.perf_counter()
-        listed = fleet.hosts(now=at + k)
-        hosts_cli.hosts_text(listed, fleet.where, None)
-        listing.append((time.perf_counter() - t) * 1000)
+        timed("record_run_ms", fleet.record_run, one, at + k)
+        timed("health_ms", fleet.health, hosts, at + k)
+        listed = timed("hosts_ms", listing, fleet, at + k)
     assert not fleet.warnings and len(listed) == nhosts, fleet.warnings
     assert sum(h["runs"] for h in listed) == nhosts * (nfill + runs)
     fleet.close()
-    return {"record_run_ms": stats(write), "health_ms": stats(health), "hosts_ms": stats(listing),
+    # cpu: this process's (SQLite's work is in it; PostgreSQL's server's is not).
+    return {**{name: stats(v) for name, v in wall.items()},
+            **{name.replace("_ms", "_cpu_ms"): stats(v) for name, v in cpu.items()},
             "fill_s": fill_s, "fill_record_run_ms": fill_s * 1000 / nfill,
             "hosts": nhosts, "filled_runs": nfill,
-            "goals_met": statistics.median(write) <= GOALS_MS["record_run_ms"]
-            and statistics.median(listing) <= GOALS_MS["hosts_ms"]}
+            "goals_met": all(statistics.median(wall[name]) <= goal
+                             for name, goal in GOALS_MS.items())}
 
 
 def run(args, tmp):
