@@ -328,3 +328,13 @@ def test_the_cli_says_a_broken_ledger_and_fails(tmp_path, capsys):
     (tmp_path / "fleet.db").write_bytes(b"garbage" * 1000)
     assert cli.main(["hosts", "--runs-root", str(tmp_path)]) == 2
     assert "is corrupt" in capsys.readouterr().err
+
+
+def test_the_oom_killer_says_little_about_the_host(fleet):
+    """The workload's memory: a quarter, however many ways the report says it."""
+    report = train("r1", "node2", reason="oom")
+    report["hardware"] = [{"host": "node2", "kind": "oom", "code": "global", "fatal": True}]
+    report["checks"].append({"id": "run.oom", "host": "node2", "ok": False,
+                             "severity": "error"})
+    fleet.record_run(report, now=T0)
+    assert fleet.health(["node2"], now=T0)["node2"]["score"] == ledger.SHARED_CULPRIT

@@ -60,9 +60,10 @@ KINDS = tuple(WEIGHTS)
 # The check each kind is reported under (last_incident's check).
 KIND_CHECK = {"hardware": "run.hardware", "drained": "run.hardware", "lost": "host.lost",
               "hang": "run.hang", "straggler": "run.straggler", "restart": "run.restart"}
-# Checks that are the ledger's own, or that another kind already records.
+# Checks that are the ledger's own, or that another kind already records (run.oom: the
+# culprit's, a quarter: the workload's memory).
 NOT_INCIDENTS = ("host.quarantined", CHECK_ID, "run.exit", "host.lost", "run.hang",
-                 "run.hardware", "run.straggler", "run.restart")
+                 "run.hardware", "run.straggler", "run.restart", "run.oom")
 # A worker's failure of these is the master's when most workers failed one (reports/spares.py).
 MASTER_BOUND = ("port.blocked", "port.ephemeral", "nic.route")
 # The first failure's reason (runstate.py) and the check it is reported under (as
