@@ -135,6 +135,7 @@ options:
     description: A Prometheus node-exporter textfile the ledger writes after recording (relative to the runs
       root when relative); none when empty.
     type: str
+    default: ""
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
