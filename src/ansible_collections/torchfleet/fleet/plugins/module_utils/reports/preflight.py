@@ -635,6 +635,7 @@ def decide(params):
             if retest:
                 # The chosen hosts' ports were tested against the broken master: the playbook
                 # tests them again with the new one and decides then, with these records.
+                fleet.close()
                 return dict(ok=True, retest=chosen, checks=others, skipped_records=others,
                             choice=choice, nodes=[], resolved={}, failures=[], report="",
                             table="", verdict="")
@@ -651,6 +652,7 @@ def decide(params):
             nnodes=params["nnodes"], hosts=nodes, checks=checks,
             **({"spares": choice} if choice else {})), now)
         memory.textfile(fleet, params, params["run_dir"], now)
+    fleet.close()  # (a PostgreSQL ledger's connection, not held through the run)
     checks = checks + memory.ledger_checks(fleet)
     bad = failed(checks)
     sentence = verdict("preflight", checks)

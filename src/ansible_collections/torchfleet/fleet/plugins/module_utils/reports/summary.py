@@ -692,6 +692,7 @@ def decide(params):
     fleet = memory.open_fleet(params, params["run_dir"])
     newly = memory.record(fleet, kind, report) if params["run_dir"] else []
     memory.textfile(fleet, params, params["run_dir"])
+    fleet.close()
     said = memory.ledger_checks(fleet, params["ledger_said"])
     if said:
         checks.extend(said)
