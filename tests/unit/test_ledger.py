@@ -50,7 +50,7 @@ def test_three_failures_a_host_caused_within_a_day_quarantine_it_one_or_two_do_n
     health = fleet.health(HOSTS, now=T0 + 24 * H)
     assert health["node3"]["quarantined_until"] == out[0]["until"]
     assert health["node3"]["history"].startswith("3 incidents in 7 days: ")
-    assert "lost x3" in health["node3"]["history"]
+    assert health["node3"]["history"] == "3 incidents in 7 days: lost x3"  # said once each
     # The hosts the failure stopped are not blamed.
     assert all(health[h] == {"score": 0.0, "quarantined_until": None, "reason": "",
                              "history": ""} for h in HOSTS if h != "node3")
@@ -338,3 +338,14 @@ def test_the_oom_killer_says_little_about_the_host(fleet):
                              "severity": "error"})
     fleet.record_run(report, now=T0)
     assert fleet.health(["node2"], now=T0)["node2"]["score"] == ledger.SHARED_CULPRIT
+
+
+def test_a_host_left_out_is_recorded_for_what_left_it_out_not_again_for_being_left_out(fleet):
+    report = {"run_id": "p1", "kind": "preflight", "ok": True, "hosts": [{"host": "node4"}],
+              "checks": [{"id": "data.missing", "host": "node4", "ok": False,
+                          "severity": "warning"},
+                         {"id": "host.skipped", "host": "node4", "ok": False,
+                          "severity": "warning", "detail": "not needed"}]}
+    fleet.record_preflight(report, now=T0)
+    assert [r["incidents"] for r in fleet.hosts(now=T0) if r["host"] == "node4"] == [
+        {"warning": 1}]

@@ -28,8 +28,10 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
     (("nproc_per_node", "str", "auto"), dict(description="Processes per node, or C(auto) (the "
                                              "host's GPUs, 1 without GPUs).")),
     (("spares", "raw", 0), dict(description="Extra hosts of group C(nodes) checked after the "
-                                "first O(nnodes); the run uses the first O(nnodes) healthy ones "
-                                "in inventory order and names every other.")),
+                                "first O(nnodes); the run keeps each of the first O(nnodes) that "
+                                "is healthy and not quarantined, fills the other places with "
+                                "the healthiest spares by the fleet's ledger (inventory order "
+                                "among equals) and names every other.")),
     (("master_port", "int", 29500), dict(description="Rendezvous port on the master.")),
     (("master_addr", "str", ""), dict(description="Address the workers dial; decided on the "
                                       "master when unset.")),

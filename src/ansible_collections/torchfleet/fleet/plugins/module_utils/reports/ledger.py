@@ -62,8 +62,10 @@ KIND_CHECK = {"hardware": "run.hardware", "drained": "run.hardware", "lost": "ho
               "hang": "run.hang", "straggler": "run.straggler", "restart": "run.restart"}
 # Checks that are the ledger's own, or that another kind already records (run.oom: the
 # culprit's, a quarter: the workload's memory).
-NOT_INCIDENTS = ("host.quarantined", CHECK_ID, "run.exit", "host.lost", "run.hang",
-                 "run.hardware", "run.straggler", "run.restart", "run.oom")
+# host.skipped: a host left out is recorded by what left it out (its own failed check, its
+# quarantine), not again for being left out.
+NOT_INCIDENTS = ("host.quarantined", "host.skipped", CHECK_ID, "run.exit", "host.lost",
+                 "run.hang", "run.hardware", "run.straggler", "run.restart", "run.oom")
 # A worker's failure of these is the master's when most workers failed one (reports/spares.py).
 MASTER_BOUND = ("port.blocked", "port.ephemeral", "nic.route")
 # The first failure's reason (runstate.py) and the check it is reported under (as
@@ -786,7 +788,15 @@ def _clock(at):
     return now() if at is None else at
 
 
+# What a history line calls a failure the host caused, by its check: the words a lost host's
+# own incident uses, so "lost" is said once for the one failure.
+CULPRIT_SAID = {"run.exit": "its rank exited", "run.oom": "OOM kill", "host.lost": "lost",
+                "run.hang": "hang", "run.hardware": "hardware", "run.straggler": "straggler"}
+
+
 def label(kind, detail):
+    if kind == "culprit":
+        return CULPRIT_SAID.get(detail, detail or "failed the run")
     if kind == "hardware":
         return detail or "hardware"
     if kind in ("check", "warning"):
