@@ -31,6 +31,7 @@ LABS = {  # module: (tag, nodes, with the non-root login)
     "test_slurm_lab": (12, 4, False),
     "test_straggler_lab": (13, 5, False),
     "test_goodput_lab": (14, 5, False),
+    "test_ledger_lab": (15, 5, False),
 }
 # TORCHFLEET_TEST_LAB_TAG=N gives every lab of this pytest run tag N and a directory of its own,
 # so that a second pytest can run a lab module while another runs the same module with its tag.

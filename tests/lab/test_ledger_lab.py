@@ -17,46 +17,27 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES, processes_matching
+from tests.conftest import FIXTURES
 from tests.integration.playbook import BIN, ROOT, Run
 from tests.lab import conftest as labs
-from lab import netns as labmod
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import (
     ledger, preflight, summary)
 from torchfleet import ansible_cli
 
 pytestmark = pytest.mark.lab
 MODULE = Path(__file__).stem
-# This module's lab (tests/lab/conftest.py's LABS holds the others' tags).
-TAG, NODES = int(labs.TAG_OVERRIDE) if labs.TAG_OVERRIDE else 15, 5
+NODES = labs.LABS[MODULE][1]  # its lab: tests/lab/conftest.py's LABS
 REMOTE_RUNS = labs.runs_root(MODULE)
 NOTORCH = FIXTURES / "scripts" / "steps_notorch.py"
 HOSTS = ["node%d" % i for i in range(NODES)]
 FAILING, BLEMISHED = "node1", "node3"
 RUNS, EVERY_S = 30, 2 * 3600.0
 T0 = 1_900_000_000.0  # the ledger's clock at run 0 (2030)
-
-
-@pytest.fixture(scope="module")
-def lab():
-    """The module's lab (as tests/lab/conftest.py's fixture makes the others')."""
-    reason = labs.lab_unavailable()
-    if reason:
-        pytest.skip(reason)
-    root, runs = labs.lab_dir(MODULE), REMOTE_RUNS
-    shutil.rmtree(runs, ignore_errors=True)
-    the_lab = labmod.Lab.up(NODES, root, TAG, runs_root=runs)
-    yield the_lab
-    listeners = processes_matching("torchfleet-port-listener", netns=labs.lab_netns(TAG))
-    labmod.down(root, TAG)
-    shutil.rmtree(runs, ignore_errors=True)
-    assert listeners == [] and labs.leftovers(TAG, root) == []
 
 
 def at(i):
