@@ -76,7 +76,10 @@ def run(args, tmp):
                  "-e", "nnodes=6", "-e", "spares=2", "-e", "max_restarts=1",
                  "-e", "lost_after_s=5", "-e", "train_steps=400",
                  "-e", "train_checkpoint_dir=%s" % ckpt, "-e", "remote_runs_root=%s" % remote,
-                 "-e", "run_dir=%s/rs-%d" % (tmp, i)],
+                 "-e", "run_dir=%s/rs-%d" % (tmp, i),
+                 # Each run its own ledger: the fleet's memory would quarantine the host
+                 # cut in every run, and the next runs would leave it out.
+                 "-e", "fleet_db=%s/rs-%d.db" % (tmp, i)],
                 cwd=TREE, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 text=True)
             wait(lambda: (ckpt / "ddp_train.pt").exists(), proc, "no checkpoint")  # noqa: B023
@@ -98,7 +101,10 @@ def run(args, tmp):
                 [*ansible_cli.command("ansible-playbook"), "-i", str(hand_inventory), "train.yml",
                  "-e", "nnodes=6", "-e", "train_steps=400",
                  "-e", "train_checkpoint_dir=%s" % hand_ckpt,
-                 "-e", "remote_runs_root=%s" % hand_remote, "-e", "run_dir=%s/fr-%d" % (tmp, i)],
+                 "-e", "remote_runs_root=%s" % hand_remote, "-e", "run_dir=%s/fr-%d" % (tmp, i),
+                 # Each run its own ledger: the fleet's memory would quarantine the host
+                 # cut in every run, and the next runs would leave it out.
+                 "-e", "fleet_db=%s/fr-%d.db" % (tmp, i)],
                 cwd=TREE, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 text=True)
             running = wait(lambda: all_ranks_resumed(hand_remote, hosts, ""),  # noqa: B023

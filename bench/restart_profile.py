@@ -311,7 +311,10 @@ def run(args, tmp):
                               "-e", "spares=2", "-e", "max_restarts=1", "-e", "lost_after_s=5",
                               "-e", "train_steps=400", "-e", "train_checkpoint_dir=%s" % ckpt,
                               "-e", "remote_runs_root=%s" % remote,
-                              "-e", "run_dir=%s/rs-%d" % (tmp, i)],
+                              "-e", "run_dir=%s/rs-%d" % (tmp, i),
+                 # Each run its own ledger: the fleet's memory would quarantine the host
+                 # cut in every run, and the next runs would leave it out.
+                 "-e", "fleet_db=%s/rs-%d.db" % (tmp, i)],
                     timings, remote, "attempt_1/", cut)
             finally:
                 the_lab.heal()
@@ -327,7 +330,10 @@ def run(args, tmp):
                 the_lab, ["-i", str(hand_inventory), "train.yml", "-e", "nnodes=6",
                           "-e", "train_steps=400", "-e", "train_checkpoint_dir=%s" % hand_ckpt,
                           "-e", "remote_runs_root=%s" % hand_remote,
-                          "-e", "run_dir=%s/fr-%d" % (tmp, i)], timings, hand_remote, "")
+                          "-e", "run_dir=%s/fr-%d" % (tmp, i),
+                 # Each run its own ledger: the fleet's memory would quarantine the host
+                 # cut in every run, and the next runs would leave it out.
+                 "-e", "fleet_db=%s/fr-%d.db" % (tmp, i)], timings, hand_remote, "")
             assert rc == 0, out[-3000:]
             marks, phases, tasks = _marks(tasks_of(timings), sampler, t0, resumed, False)
             sides["fresh"].append({"marks": marks, "phases": phases, "tasks": tasks,
