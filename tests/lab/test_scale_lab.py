@@ -63,18 +63,13 @@ def test_a_broken_first_host_makes_the_second_the_master(lab, tmp_path):
     assert run_processes(pre["run_id"]) == []
 
 
-def test_spares_skip_a_firewalled_worker_and_replace_one_cut_off_mid_run_from_its_checkpoint(
-        lab, tmp_path):
-    # One run, two faults: node1 cannot reach the master's port (preflight skips it: the run
-    # uses node0, node2, node3, node4), then node2's network is cut once the built-in DDP
-    # workload saved its first checkpoint (every 50 steps, on storage every host sees): the
-    # restart re-checks node1 (still skipped) and takes node5. lost_after_s=5: the mechanism is
-    # the default 30 s's, the test 25 s shorter.
+def node2_cut_after_the_first_checkpoint(lab, tmp_path, *extra):
+    """train.yml (the built-in workload, max_restarts=1, lost_after_s=5) with node2's network
+    cut once the first checkpoint exists; the lab healed after the play ends."""
     ckpt, remote = tmp_path / "ckpt", tmp_path / "remote"
-    lab.block_egress("node1", 29500)
     proc = subprocess.Popen(
         [*ansible_cli.command("ansible-playbook"), "train.yml", "-i", str(lab.inventory),
-         "-e", "nnodes=4", "-e", "spares=2", "-e", "max_restarts=1", "-e", "lost_after_s=5",
+         *extra, "-e", "max_restarts=1", "-e", "lost_after_s=5",
          "-e", "train_steps=%d" % RESTART_STEPS, "-e", "train_checkpoint_dir=%s" % ckpt,
          "-e", "remote_runs_root=%s" % remote, "-e", "run_dir=%s" % (tmp_path / "run")],
         cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])),
@@ -91,8 +86,20 @@ def test_spares_skip_a_firewalled_worker_and_replace_one_cut_off_mid_run_from_it
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
         lab.heal()
-    run = Run(proc.returncode, out, tmp_path / "run")
-    assert run.rc == 0, out[-5000:]
+    return Run(proc.returncode, out, tmp_path / "run")
+
+
+def test_spares_skip_a_firewalled_worker_and_replace_one_cut_off_mid_run_from_its_checkpoint(
+        lab, tmp_path):
+    # One run, two faults: node1 cannot reach the master's port (preflight skips it: the run
+    # uses node0, node2, node3, node4), then node2's network is cut once the built-in DDP
+    # workload saved its first checkpoint (every 50 steps, on storage every host sees): the
+    # restart re-checks node1 (still skipped) and takes node5. lost_after_s=5: the mechanism is
+    # the default 30 s's, the test 25 s shorter.
+    lab.block_egress("node1", 29500)
+    run = node2_cut_after_the_first_checkpoint(lab, tmp_path, "-e", "nnodes=4", "-e", "spares=2")
+    remote = tmp_path / "remote"
+    assert run.rc == 0, run.out[-5000:]
     # Preflight: the firewalled worker is named and skipped, in inventory order.
     pre = run.report("preflight.json")
     skipped = [(c["host"], c["severity"], c["detail"]) for c in pre["checks"]
@@ -100,7 +107,7 @@ def test_spares_skip_a_firewalled_worker_and_replace_one_cut_off_mid_run_from_it
     assert skipped == [("node1", "warning", "not used: failed port.blocked; the run uses node0, "
                                             "node2, node3, node4")]
     assert pre["spares"]["skipped"] == {"node1": ["port.blocked"]}
-    assert "not used: node1 (port.blocked), node5 (healthy spare)" in out
+    assert "not used: node1 (port.blocked), node5 (healthy spare)" in run.out
     # The restart: node2 lost, node5 in its place, node1 still skipped by the re-check.
     report = run.report("train.json")
     assert report["verdict"] == "train ok after 1 restart: node2 host.lost, replaced by node5"
@@ -122,7 +129,7 @@ def test_spares_skip_a_firewalled_worker_and_replace_one_cut_off_mid_run_from_it
     # and the candidates attempt 0 did not use (node1, still skipped, and node5); node3 and
     # node4, whose agents stopped their ranks, kept their probe and were stopped and gathered
     # after the restart.
-    assert "probed again: node0, node1, node5, the others kept their last probe" in out
+    assert "probed again: node0, node1, node5, the others kept their last probe" in run.out
     # Every attempt's logs are kept apart; logs/ is the last attempt's.
     for host in ("node0", "node3", "node4"):
         assert (run.run_dir / "attempt_0" / "logs" / host / "torchrun.log").exists(), host
@@ -140,28 +147,8 @@ def test_a_lost_worker_with_no_spare_left_is_not_restarted_and_every_host_is_gat
     # ranks, were left to be stopped and gathered after a restart that does not come: they are
     # gathered at once, and the report is what it was when every host was gathered before the
     # decision.
-    ckpt, remote = tmp_path / "ckpt", tmp_path / "remote"
-    proc = subprocess.Popen(
-        [*ansible_cli.command("ansible-playbook"), "train.yml", "-i", str(lab.inventory),
-         "-e", "nnodes=3", "-e", "max_restarts=1", "-e", "lost_after_s=5",
-         "-e", "train_steps=%d" % RESTART_STEPS, "-e", "train_checkpoint_dir=%s" % ckpt,
-         "-e", "remote_runs_root=%s" % remote, "-e", "run_dir=%s" % (tmp_path / "run")],
-        cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 240
-        while not (ckpt / "ddp_train.pt").exists() and proc.poll() is None \
-                and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert (ckpt / "ddp_train.pt").exists(), "attempt 0 never saved a checkpoint"
-        lab.cut_network("node2")
-        out, _ = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-        lab.heal()
-    run = Run(proc.returncode, out, tmp_path / "run")
-    assert run.rc != 0, out[-5000:]
+    run = node2_cut_after_the_first_checkpoint(lab, tmp_path, "-e", "nnodes=3")
+    assert run.rc != 0, run.out[-5000:]
     report = run.report("train.json")
     assert report["verdict"].endswith(
         "not restarted: 2 candidate(s) remain without node2 and the run needs 3 (add spares: "
