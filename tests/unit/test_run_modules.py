@@ -296,6 +296,29 @@ def test_run_summary_names_the_failed_host_and_the_missing_rank(tmp_path, capsys
     assert "NODE_RANK" in summary["table"]
 
 
+def test_the_failed_ranks_code_comes_from_the_judge_when_torchrun_was_stopped_before_saying_it(
+        tmp_path, capsys):
+    # The abort stopped node1's torchrun (-9) before it printed its failure summary: the rank's
+    # own exit code 3 is the record's, read as the rank died (test_api_local's flake, loaded).
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import RunState
+
+    state = RunState("r1", ["node0", "node1"], 1, now=100.0)
+    state.beat("node0", 101.0)
+    state.beat("node1", 101.0)
+    state.exited("node1", 102.5, -9, root_cause={"rank": 1, "local_rank": 0, "exitcode": 3,
+                                                 "script_code": 3, "at_exit": True})
+    state.exited("node0", 103.0, -9, stopped=True)
+    (tmp_path / "run_state.json").write_text(json.dumps(state.record()))
+    summary = run_module(run_summary, {
+        "kind": "train", "run_id": "r1", "hosts": ["node0", "node1"],
+        "ranks": {"node0": {"results": []}, "node1": {"results": []}}, "world_size": 2,
+        "settings": {"nproc_per_node": 1}, "run_dir": str(tmp_path)}, capsys)
+    report = json.loads((tmp_path / "train.json").read_text())
+    assert [(r["rank"], r["exit_code"], r["state"]) for r in report["ranks"]] == [
+        (0, None, "stopped"), (1, 3, "failed")]
+    assert summary["first_failure"]["exit_code"] == 3
+
+
 def test_a_report_that_cannot_be_written_is_one_sentence_naming_its_directory(tmp_path,
                                                                              capsys):
     (tmp_path / "a-file").write_text("")

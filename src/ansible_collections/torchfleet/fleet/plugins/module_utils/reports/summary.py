@@ -407,11 +407,13 @@ def collective_text(table):
     return "\n\n".join(blocks)
 
 
-def rank_states(hosts_out, results, run_dir, nproc):
+def rank_states(hosts_out, results, run_dir, nproc, failure=None):
     """Every rank's end: [{rank, host, local_rank, ok, exit_code, state}].
 
     A rank's exit code comes from torchrun's failure summary on its host (negative: a signal)
-    or is 0 when its host's torchrun succeeded. state: succeeded | failed | killed (by a signal)
+    or is 0 when its host's torchrun succeeded; the first failure's rank's from the judge's
+    record (`failure`: first_failure(), read as the rank died) where torchrun said none: the abort can stop its
+    torchrun before it prints its summary. state: succeeded | failed | killed (by a signal)
     | stopped (ended by torchfleet after another rank failed, no code recorded).
     """
     rows = {}
@@ -432,6 +434,11 @@ def rank_states(hosts_out, results, run_dir, nproc):
             rows.setdefault((h["host"], local_rank), {
                 "rank": h["node_rank"] * nproc + local_rank, "host": h["host"], "local_rank": local_rank, "ok": False,
                 "exit_code": None, "state": "stopped"})
+    failure = failure or {}
+    row = rows.get((failure.get("host"), failure.get("local_rank")))
+    code = failure.get("exit_code")
+    if row is not None and row["exit_code"] is None and isinstance(code, int) and code:
+        row.update(ok=False, exit_code=code, state="failed" if code > 0 else "killed")
     return sorted(rows.values(), key=lambda r: (r["rank"] is None, r["rank"] or 0, r["host"],
                                                 r["local_rank"]))
 
@@ -682,7 +689,7 @@ def decide(params):
     # The collective test's report has it only when it may restart (its attempts).
     if kind == "train" or params["attempts"]:
         extra["goodput"] = run_goodput(params["times"], record)
-    rank_rows = rank_states(rows_out, results, logs_dir, nproc)
+    rank_rows = rank_states(rows_out, results, logs_dir, nproc, failure)
     extra.update(hardware, **slow)
     report = dict(ok=not bad, kind=kind, run_id=params["run_id"], world_size=world,
                   phase=record.get("phase"), hosts=rows_out, ranks=rank_rows, checks=checks,
