@@ -1,0 +1,32 @@
+# -*- coding: utf-8 -*-
+# The fleet ledger's options, as preflight_checks and run_summary take them (reports/memory.py's
+# SPEC): written once for both modules' documentation.
+from __future__ import annotations
+
+
+class ModuleDocFragment:
+    DOCUMENTATION = r"""
+options:
+  fleet_db:
+    description: The fleet's ledger (its public variable; the plays pass it, default C(fleet.db)), a SQLite path
+      relative to the run directory's parent (the runs root) when relative, or a C(postgresql://) URL. Unset or
+      empty, or without O(run_dir), no ledger is read or written.
+    type: str
+  ledger_half_life_h:
+    description: A host's score in the ledger halves every this many hours.
+    type: float
+    default: 168.0
+  quarantine_score:
+    description: A host whose score reaches this when the ledger records the report is quarantined.
+    type: float
+    default: 2.5
+  quarantine_h:
+    description: How long a quarantine lasts.
+    type: float
+    default: 24.0
+  ledger_textfile:
+    description: A Prometheus node-exporter textfile the ledger writes after recording (relative to the runs
+      root when relative); none when empty.
+    type: str
+    default: ""
+"""
