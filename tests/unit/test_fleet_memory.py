@@ -138,6 +138,29 @@ def test_a_quarantined_host_is_left_out_with_a_warning_and_its_history(tmp_path,
     assert report["fleet"]["n1"]["quarantined_until"] == "2030-03-18T16:46:40Z"  # 24 h from its start
 
 
+def test_a_restarts_recheck_reads_the_ledger_of_the_runs_root_and_writes_nothing(tmp_path,
+                                                                                monkeypatch):
+    # attempt.yml's re-check decides in runs/r1/attempt_1 with the run's runs root as
+    # ledger_root: a quarantined spare is left out there too, and the re-check is no record.
+    monkeypatch.setenv("TORCHFLEET_LEDGER_NOW", repr(NOW))
+    fleet = fleet_of(tmp_path)
+    fleet.quarantine("n4", 24, "its rank exited x3", now=NOW - 3600)
+    before = fleet.hosts(now=NOW)
+    fleet.close()
+    params = preflight_params(tmp_path, hosts=["n0", "n1", "n2", "n3", "n4", "n5"],
+                              ledger_root=str(tmp_path / "runs"), ledger_record=False)
+    params.update(hosts=["n0", "n1", "n3", "n4", "n5"], nnodes=4,  # n2 lost for good
+                  run_dir=str(tmp_path / "runs" / "r1" / "attempt_1"))
+    result = preflight_decide(params)
+    assert result["ok"], result["table"]
+    assert [n["host"] for n in result["nodes"]] == ["n0", "n1", "n3", "n5"]
+    assert result["choice"]["skipped"] == {"n4": ["host.quarantined"]}
+    assert not (tmp_path / "runs" / "r1" / "fleet.db").exists()  # not beside the attempt
+    fleet = fleet_of(tmp_path)
+    assert fleet.hosts(now=NOW) == before
+    fleet.close()
+
+
 def test_with_no_spare_left_a_quarantined_host_is_used_with_a_warning_or_refused(tmp_path,
                                                                                 monkeypatch):
     monkeypatch.setenv("TORCHFLEET_LEDGER_NOW", repr(NOW))

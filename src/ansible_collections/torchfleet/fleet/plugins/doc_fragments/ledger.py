@@ -29,4 +29,11 @@ options:
       root when relative); none when empty.
     type: str
     default: ""
+  ledger_root:
+    description: The runs root a relative O(fleet_db) is read from (the run directory's parent when unset).
+    type: str
+  ledger_record:
+    description: Whether this report is written into the ledger (a restart's re-check only reads it).
+    type: bool
+    default: true
 """

@@ -25,6 +25,10 @@ SPEC = dict(
     quarantine_score=dict(type="float", default=defaults.default("quarantine_score")),
     quarantine_h=dict(type="float", default=defaults.default("quarantine_h")),
     ledger_textfile=dict(type="str", default=defaults.default("ledger_textfile")),
+    # A restart's re-check reads the ledger (its spares healthiest first, a quarantined one left
+    # out) from the run's runs root, and writes nothing: the run's end records the attempt.
+    ledger_root=dict(type="str"),
+    ledger_record=dict(type="bool", default=True),
 )
 # Checks that are the ledger's own words, not the host's: recording them would feed a
 # quarantine from itself.
@@ -38,8 +42,9 @@ def root_of(run_dir):
 
 def open_fleet(params, run_dir):
     """The ledger of the fleet (off, every call a no-op, without a run directory or with
-    fleet_db='')."""
-    return ledger.Fleet((params.get("fleet_db") or "") if run_dir else "", root_of(run_dir),
+    fleet_db=''), in ledger_root when given, else beside the run's directory."""
+    return ledger.Fleet((params.get("fleet_db") or "") if run_dir else "",
+                        params.get("ledger_root") or root_of(run_dir),
                         half_life_h=params["ledger_half_life_h"],
                         quarantine_score=params["quarantine_score"],
                         quarantine_h=params["quarantine_h"])

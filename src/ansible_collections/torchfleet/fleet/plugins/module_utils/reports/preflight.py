@@ -645,7 +645,7 @@ def decide(params):
         used, [], health, now, params["quarantine"] == "strict")
     choice = choice or params["choice"]
     newly = []
-    if params["run_dir"]:
+    if params["run_dir"] and params["ledger_record"]:
         # Written in the ledger before the report: its warnings are the report's too.
         newly = memory.record(fleet, "preflight", dict(
             ok=not failed(checks), kind="preflight", run_id=params["run_id"],

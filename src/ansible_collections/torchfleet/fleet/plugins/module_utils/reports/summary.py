@@ -697,7 +697,8 @@ def decide(params):
     # The fleet's memory of the run, written before its report (whose warning it may be):
     # the hosts it quarantines now are drained with the ledger's reason where asked.
     fleet = memory.open_fleet(params, params["run_dir"])
-    newly = memory.record(fleet, kind, report) if params["run_dir"] else []
+    newly = memory.record(fleet, kind, report) if params["run_dir"] and params["ledger_record"] \
+        else []
     memory.textfile(fleet, params, params["run_dir"])
     fleet.close()
     said = memory.ledger_checks(fleet, params["ledger_said"])
