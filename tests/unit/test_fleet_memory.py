@@ -179,8 +179,8 @@ def test_with_no_spare_left_a_quarantined_host_is_used_with_a_warning_or_refused
 def test_a_history_is_a_line_of_the_table_and_never_a_check(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHFLEET_LEDGER_NOW", repr(NOW))
     params = preflight_params(tmp_path, spares=0)
-    params["probes"]["n2"]["shm"]["total_bytes"] = 1 << 20
-    assert not preflight_decide(params)["ok"]  # n2's shm.size: an incident of n2's
+    params["probes"]["n2"] = {"unreachable": True, "msg": "Failed to connect to the host via ssh"}
+    assert not preflight_decide(params)["ok"]  # n2's host.unreachable: an incident of n2's
     monkeypatch.setenv("TORCHFLEET_LEDGER_NOW", repr(NOW + 3600))
     again = preflight_decide(preflight_params(tmp_path, spares=0, name="r2"))
     assert again["ok"], again["table"]

@@ -116,7 +116,7 @@ def test_a_fatal_hardware_event_weighs_more_than_a_warning(fleet):
     warn = {"host": "node1", "kind": "aer", "code": "corrected", "fatal": False}
     fleet.record_run(train("r1", hardware=[xid, warn]), now=T0)
     h = fleet.health(["node1", "node2"], now=T0)
-    assert h["node2"]["score"] == 1.5 and h["node1"]["score"] == pytest.approx(0.1)
+    assert h["node2"]["score"] == 1.5 and h["node1"]["score"] == 0.0  # history, no score
     assert h["node2"]["history"] == "1 incident in 7 days: Xid 79 x1"
     assert h["node1"]["history"] == ""  # warnings alone make no history line
 
@@ -148,7 +148,10 @@ def test_every_attempt_of_a_restarted_run_is_recorded(fleet):
 def test_a_preflight_blames_the_hosts_own_failed_checks_not_the_masters_ports(fleet):
     checks = [{"id": "gpu.ecc", "host": "node2", "ok": False, "severity": "error"},
               {"id": "host.quarantined", "host": "node3", "ok": False, "severity": "warning"},
-              {"id": "disk.space", "host": "node4", "ok": False, "severity": "warning"}]
+              {"id": "gpu.throttle", "host": "node4", "ok": False, "severity": "warning"}]
+    # failed by every host: the user's input, not a host's (one host alone: its own)
+    checks += [{"id": "script.missing", "host": h, "ok": False, "severity": "error"}
+               for h in HOSTS]
     checks += [{"id": "port.blocked", "host": h, "ok": False, "severity": "error"}
                for h in HOSTS[1:]]
     report = {"run_id": "p1", "kind": "preflight", "hosts": [{"host": h} for h in HOSTS],
@@ -161,6 +164,9 @@ def test_a_preflight_blames_the_hosts_own_failed_checks_not_the_masters_ports(fl
     assert listed["node3"]["incidents"] == {}  # the ledger's own verdict feeds nothing back
     assert listed["node4"]["incidents"] == {"warning": 1}
     assert listed["node1"]["incidents"] == {}
+    fleet.record_preflight(dict(report, run_id="p2", checks=[
+        {"id": "data.missing", "host": "node3", "ok": False, "severity": "error"}]), now=T0)
+    assert {h["host"]: h for h in fleet.hosts(now=T0)}["node3"]["incidents"] == {"check": 1}
 
 
 def test_hosts_json_shape_and_since(fleet):
@@ -342,10 +348,44 @@ def test_the_oom_killer_says_little_about_the_host(fleet):
 
 def test_a_host_left_out_is_recorded_for_what_left_it_out_not_again_for_being_left_out(fleet):
     report = {"run_id": "p1", "kind": "preflight", "ok": True, "hosts": [{"host": "node4"}],
-              "checks": [{"id": "data.missing", "host": "node4", "ok": False,
+              "checks": [{"id": "gpu.throttle", "host": "node4", "ok": False,
                           "severity": "warning"},
                          {"id": "host.skipped", "host": "node4", "ok": False,
                           "severity": "warning", "detail": "not needed"}]}
     fleet.record_preflight(report, now=T0)
     assert [r["incidents"] for r in fleet.hosts(now=T0) if r["host"] == "node4"] == [
         {"warning": 1}]
+
+
+def test_what_the_user_caused_quarantines_no_host(fleet):
+    # A mistyped script, the wrong NCCL environment, another job on the GPUs, six times over.
+    for i in range(6):
+        report = {"run_id": "p%d" % i, "kind": "preflight", "hosts": [{"host": h} for h in HOSTS],
+                  "checks": [{"id": cid, "host": h, "ok": False, "severity": sev}
+                             for h in HOSTS for cid, sev in (
+                                 ("script.missing", "error"), ("nccl.transport", "error"),
+                                 ("gpu.busy", "error"), ("host.clock", "warning"))]}
+        assert fleet.record_preflight(report, now=T0 + i * 600) == []
+    assert all(v["score"] == 0.0 and v["history"] == ""
+               for v in fleet.health(HOSTS, now=T0 + 3600).values())
+
+
+def test_a_script_failing_in_every_attempt_of_one_run_is_one_strike(fleet):
+    # restart_on=any, three attempts on the same hosts, rank 1 failing each time.
+    attempts = [{"attempt": n, "hosts": HOSTS, "outcomes": {h: "failed" if h == "node1"
+                                                          else "aborted" for h in HOSTS},
+                 "failure": {"host": "node1", "reason": "failed", "consequence": False}}
+                for n in range(3)]
+    assert fleet.record_run(train("r1", "node1", reason="failed", attempts=attempts),
+                            now=T0) == []
+    assert fleet.health(["node1"], now=T0)["node1"]["score"] == 1.0
+
+
+def test_workers_that_never_started_beside_others_blame_none_of_them_fully(fleet):
+    report = train("r1", "node1", reason="failed")
+    report["first_failure"]["failure"] = "not_started"
+    for row in report["hosts"][1:]:
+        row["outcome"] = "failed"  # every worker: never reached the master
+    for i in range(4):
+        fleet.record_run(dict(report, run_id="r%d" % i), now=T0 + i * 600)
+    assert fleet.health(["node1"], now=T0 + 3600)["node1"]["quarantined_until"] is None

@@ -40,8 +40,9 @@ SCHEMA_VERSION = 1
 NOW_ENV = "TORCHFLEET_LEDGER_NOW"
 
 # What an incident says about its host (docs/ledger.md "The score"). A host's score adds, for
-# each attempt it took part in, the weight of that attempt's heaviest incident (one failure
-# seen as culprit, lost and drained is one failure), halved every half_life_h.
+# each run it took part in, the weight of that run's heaviest incident (one failure seen as
+# culprit, lost and drained is one failure; a script failing the same way in every attempt of
+# one run is one strike, not one a restart), halved every half_life_h.
 WEIGHTS = {
     "culprit": 1.0,     # the first failure's host (not a consequence, not run-wide)
     "hardware": 1.5,    # a fatal hardware event (Xid 79, an uncorrectable AER, a GPU reset)
@@ -50,8 +51,8 @@ WEIGHTS = {
     "hang": 1.0,        # the rank a hang's collective waited for
     "straggler": 0.5,   # the others waited for it
     "restart": 0.5,     # left behind by a restart
-    "check": 0.5,       # a failed preflight (or run) check of its own, an error
-    "warning": 0.1,     # a warning of its own, a hardware warning
+    "check": 0.5,       # a failed health check of its own (HOST_HEALTH), an error
+    "warning": 0.0,     # a health warning, a hardware warning: its history, never its score
 }
 # A culprit whose failure is not its alone (other hosts failed on their own too: the script,
 # not the host) or the workload's memory (the OOM killer) says less.
@@ -66,6 +67,17 @@ KIND_CHECK = {"hardware": "run.hardware", "drained": "run.hardware", "lost": "ho
 # quarantine), not again for being left out.
 NOT_INCIDENTS = ("host.quarantined", "host.skipped", CHECK_ID, "run.exit", "host.lost",
                  "run.hang", "run.hardware", "run.straggler", "run.restart", "run.oom")
+# Which failed checks are recorded against their host. Its health always (its GPUs, fabric
+# links, disk, clock, speed, reachability); what another job or process holds (gpu.busy,
+# port.in_use) and the controller's input never; any other (script.missing, code.sync,
+# data.missing, env.nccl, version.*, nccl.transport, ...) only where it singles hosts out:
+# failed by fewer than half the hosts checked. Failed everywhere it is the user's input, code
+# or environment: six runs with a typo must not quarantine the fleet.
+HOST_HEALTH_PREFIXES = ("gpu.", "cpu.")
+HOST_HEALTH = ("host.unreachable", "host.disk", "host.clock", "node.slow", "link.slow",
+               "nic.missing", "rdma.down", "rdma.rate")
+NEVER_THE_HOSTS = ("gpu.busy", "port.in_use", "run_id.used", "world.size")
+NEVER_PREFIXES = ("input.",)
 # A worker's failure of these is the master's when most workers failed one (reports/spares.py).
 MASTER_BOUND = ("port.blocked", "port.ephemeral", "nic.route")
 # The first failure's reason (runstate.py) and the check it is reported under (as
@@ -154,15 +166,18 @@ def _failure_incidents(out, failure, attempt, outcomes):
     reason = _text(failure.get("reason") if "failure" not in failure else failure.get("failure"),
                    32)
     if reason == "hung":  # a run-wide failure: the ranks its collective waited for are named
+        # (missing: never joined; a mismatch, ranks calling different collectives at one
+        # point, is the program's, not a host's)
         found = _dict(failure.get("collective"))
-        for m in _list(found.get("missing")) + _list(found.get("mismatch")):
+        for m in _list(found.get("missing")):
             _incident(out, _dict(m).get("host"), attempt, "hang", info="collective #%s"
                       % _int(_dict(found).get("seq"), -1))
         return
     host = _text(failure.get("host"))
     if not host or reason in RUN_WIDE or failure.get("consequence") is True:
         return
-    shared = reason == "oom" or (reason in ("failed", "") and sum(
+    # (not_started beside other failed hosts: the master or the network, not this host)
+    shared = reason == "oom" or (reason in ("failed", "", "not_started") and sum(
         1 for h, o in outcomes.items() if o == "failed" and h != host) > 0)
     _incident(out, host, attempt, "culprit", REASON_CHECK.get(reason, "run.exit"),
               weight=SHARED_CULPRIT if shared else None,
@@ -207,21 +222,37 @@ def run_incidents(report):
         _incident(out, d.get("host"), last, "drained", d.get("reason"), info=d.get("evidence"))
     for s in _list(report.get("stragglers")):
         _incident(out, _dict(s).get("host"), last, "straggler")
-    _check_incidents(out, report, last)
+    _check_incidents(out, report, last, hosts)
     return out, hosts
 
 
-def _check_incidents(out, report, attempt, master_bound_ok=True):
-    for c in _list(report.get("checks")):
-        c = _dict(c)
+def _check_incidents(out, report, attempt, hosts, master_bound_ok=True):
+    checks = [_dict(c) for c in _list(report.get("checks"))]
+    failing = {}
+    for c in checks:
+        if c.get("ok") is False:
+            failing.setdefault(_text(c.get("id"), 64), set()).add(_text(c.get("host")))
+    checked = max(len({h for h in hosts if h}), 1)
+    for c in checks:
         cid = _text(c.get("id"), 64)
-        if c.get("ok") is not False or not cid or cid in NOT_INCIDENTS:
+        if c.get("ok") is not False or not cid or cid in NOT_INCIDENTS \
+                or not says_of_host(cid, len(failing.get(cid, ())), checked):
             continue
         if not master_bound_ok and cid in MASTER_BOUND:
             continue
         error = c.get("severity") == "error"
         _incident(out, c.get("host"), attempt, "check" if error else "warning", cid,
                   info=c.get("detail"))
+
+
+def says_of_host(cid, failed_by, checked):
+    """Whether check `cid`, failed by `failed_by` of the `checked` hosts, says something of the
+    hosts that failed it (HOST_HEALTH above)."""
+    if cid in NEVER_THE_HOSTS or cid.startswith(NEVER_PREFIXES):
+        return False
+    if cid in HOST_HEALTH or cid.startswith(HOST_HEALTH_PREFIXES):
+        return True
+    return failed_by * 2 < checked
 
 
 def preflight_incidents(report):
@@ -234,7 +265,7 @@ def preflight_incidents(report):
     workers = [h for h in hosts[1:] if h]
     bound = {_text(_dict(c).get("host")) for c in _list(report.get("checks"))
              if _dict(c).get("ok") is False and _dict(c).get("id") in MASTER_BOUND}
-    _check_incidents(out, report, 0, master_bound_ok=len(bound & set(workers)) * 2
+    _check_incidents(out, report, 0, hosts, master_bound_ok=len(bound & set(workers)) * 2
                      <= len(set(workers)))
     return out, hosts
 
@@ -563,12 +594,11 @@ class Fleet:
             if released is not None and r.at <= released:
                 continue
             if r.at >= horizon:
-                key = (r.host, r.run_id, r.phase, r.attempt)
+                key = (r.host, r.run_id)
                 weight = r.weight * 0.5 ** (max(at - r.at, 0.0) / self.half_life_s)
                 groups[key] = max(groups.get(key, 0.0), weight)
             if r.at >= at - window_s and r.weight > WEIGHTS["warning"]:
-                labels.setdefault(r.host, []).append(
-                    (r.run_id, r.phase, r.attempt, label(r.kind, r.detail)))
+                labels.setdefault(r.host, []).append((r.run_id, label(r.kind, r.detail)))
         out = {h: [0.0, ""] for h in (hosts or [])}
         for key, weight in groups.items():
             out.setdefault(key[0], [0.0, ""])[0] += weight
@@ -806,13 +836,12 @@ def label(kind, detail):
 
 
 def history(found, window_s=HISTORY_S):
-    """"3 incidents in 7 days: Xid 79 x2, lost x1": failures (attempts with an incident) and
-    what they were, most frequent first."""
-    failures = len({f[:3] for f in found})
+    """"3 incidents in 7 days: Xid 79 x2, lost x1": failures (runs with an incident; `found`:
+    (run_id, what) pairs) and what they were, most frequent first."""
+    failures = len({run for run, _what in found})
     if not failures:
         return ""
-    said = Counter(dict.fromkeys((f[:3], f[3]) for f in found))  # once per attempt each
-    counts = Counter(what for (_attempt, what) in said)
+    counts = Counter(what for (_run, what) in set(found))  # once per run each
     days = window_s / 86400.0
     return "%d incident%s in %s: %s" % (
         failures, "" if failures == 1 else "s",
