@@ -389,3 +389,13 @@ def test_workers_that_never_started_beside_others_blame_none_of_them_fully(fleet
     for i in range(4):
         fleet.record_run(dict(report, run_id="r%d" % i), now=T0 + i * 600)
     assert fleet.health(["node1"], now=T0 + 3600)["node1"]["quarantined_until"] is None
+
+
+def test_rank_0_failing_alone_again_and_again_does_not_quarantine_the_master(fleet):
+    # A bug in what only rank 0 runs (its evaluation, its logging, its saving): three runs.
+    for i in range(3):
+        report = train("r%d" % i, "node0", reason="failed")
+        report["first_failure"]["rank"] = 0
+        assert fleet.record_run(report, now=T0 + i * 600) == []
+    assert fleet.health(["node0"], now=T0 + 3600)["node0"]["score"] == pytest.approx(
+        3 * ledger.SHARED_CULPRIT, rel=0.01)  # (decayed by an hour)

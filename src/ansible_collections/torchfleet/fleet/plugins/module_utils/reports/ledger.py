@@ -177,8 +177,12 @@ def _failure_incidents(out, failure, attempt, outcomes):
     if not host or reason in RUN_WIDE or failure.get("consequence") is True:
         return
     # (not_started beside other failed hosts: the master or the network, not this host)
-    shared = reason == "oom" or (reason in ("failed", "", "not_started") and sum(
-        1 for h, o in outcomes.items() if o == "failed" and h != host) > 0)
+    # (rank 0 runs what no other rank does, logging, evaluation, saving: its own exit, alone,
+    # says least of its host)
+    own_exit = reason in ("failed", "")
+    others_failed = any(o == "failed" and h != host for h, o in outcomes.items())
+    shared = reason == "oom" or (own_exit and _int(failure.get("rank"), -1) == 0) \
+        or ((own_exit or reason == "not_started") and others_failed)
     _incident(out, host, attempt, "culprit", REASON_CHECK.get(reason, "run.exit"),
               weight=SHARED_CULPRIT if shared else None,
               info=failure.get("reason") if isinstance(failure.get("reason"), str) else "")
@@ -526,7 +530,9 @@ class Fleet:
                 before = _count(conn, run_id, phase)
                 _bulk(conn, INCIDENTS, rows)
                 if _count(conn, run_id, phase) != before:  # new rows: their hosts' scores
-                    touched = {r["host"] for r in rows}
+                    # (a warning's weighs nothing: it cannot bring a quarantine, and a report
+                    # warning of every host costs no read of every host's history)
+                    touched = {r["host"] for r in rows if r["weight"] > 0}
             out = []
             for host in sorted(touched):
                 state = self._states(conn, [host]).get(host) or {}
