@@ -205,8 +205,10 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
     # The fleet's ledger (reports/ledger.py, docs/ledger.md).
     (("fleet_db", "str", "fleet.db"), dict(description=(
         "The fleet's ledger: what happened to each host in every preflight and run, kept "
-        "across runs (a SQLite file, relative to runs_root when relative), or a "
-        "postgresql:// URL shared by several controllers. C('') turns it off."))),
+        "across runs (a SQLite file, relative to runs_root when relative: the run "
+        "directory's parent when run_dir names one, so a run_dir of its own per job wants "
+        "an absolute path here), or a postgresql:// URL shared by several controllers. "
+        "C('') turns it off."))),
     (("ledger_half_life_h", "float", 168.0), dict(description=(
         "A host's score halves every this many hours: an incident of last week counts half "
         "of one today."))),
