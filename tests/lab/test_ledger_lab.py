@@ -1,7 +1,8 @@
 """The fleet's memory for real (issue 60): 5 lab hosts, 30 short runs of 3 of them (nnodes=3,
 spares=2), two hours apart on the ledger's clock (TORCHFLEET_LEDGER_NOW); node1 is made to fail
 every third run it takes part in (its rank exits 3: the first failure's culprit), and node3's
-data is missing at the first run's preflight (a warning against it: the spare of a history).
+data is missing at the first run's preflight (a warning: its history) and a run elsewhere
+named it a straggler (its score: the spare of a history).
 
 Three runs are real train.yml runs over the lab (the first, where node1 fails and node3 is
 skipped; the first with node1 quarantined; one with a corrupt ledger file); the others go
@@ -131,6 +132,13 @@ def test_thirty_runs_quarantine_the_failing_host_and_only_it(lab, tmp_path, monk
     assert first.report()["spares"]["skipped"] == {BLEMISHED: ["data.missing"]}
     record = json.loads((first.run_dir / "run_state.json").read_text())
     fails, ok = record, succeeded(record)
+    # node3's missing data is a warning: its history, not its score. What ranks it below node4
+    # is a run elsewhere that waited for it (a straggler, 0.5).
+    seed = ledger.Fleet(str(fleet_db), str(runs))
+    assert seed.record_run({"run_id": "elsewhere", "kind": "train", "ok": True,
+                            "hosts": [{"host": BLEMISHED, "outcome": "succeeded"}],
+                            "stragglers": [{"host": BLEMISHED}]}, now=at(0) + 60) == []
+    seed.close()
 
     chosen_at, newly, incidents, quarantined_at, until, ended = {}, [], 0, None, None, None
     for i in range(1, RUNS):
