@@ -1,6 +1,6 @@
 """The fleet's ledger at fleet scale (issue 60: <= 50 ms for the write at a run's end, <= 200 ms
 for `torchfleet hosts`), on both engines: SQLite in a file, and a real PostgreSQL server on
-loopback (tests/pg.py, fsync on).
+loopback (lab/pg.py, fsync on).
 
 The ledger is filled through record_run itself: 512 hosts, 1,000 runs each of all 512 (the
 worst case for the runs count: 512,000 participations), a third of them failed by one host
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger
 from bench.harness import stats
-from tests import pg
+from lab import pg
 from torchfleet import hosts_cli
 
 T0 = 1_800_000_000.0

@@ -1,5 +1,5 @@
 """The fleet's ledger on both engines: SQLite and a real PostgreSQL server the tests start
-(tests/pg.py). Two controllers (processes) writing at once into a fresh ledger (both
+(lab/pg.py). Two controllers (processes) writing at once into a fresh ledger (both
 creating its schema) lose no row; a corrupt SQLite file and a newer schema cost one warning
 and the controller goes on."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections import Counter
 import pytest
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger
-from tests import pg
+from lab import pg
 from tests.conftest import ROOT
 
 T0 = 1_800_000_000.0

@@ -241,7 +241,9 @@ class Offsets:
 
     def pong(self, host, echo, at, now):
         """A host's answer: echo must be the ping it was sent (once), at its clock then."""
-        if self.pending.get(host) != echo or not isinstance(at, float) or not math.isfinite(at):
+        # (echo None: a ping's value that was no number, never one this master sent)
+        if echo is None or self.pending.get(host) != echo or not isinstance(at, float) \
+                or not math.isfinite(at):
             return
         del self.pending[host]
         if now >= echo:
