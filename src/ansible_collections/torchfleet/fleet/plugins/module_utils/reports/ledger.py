@@ -34,6 +34,7 @@ except ImportError as exc:  # a controller without it: a warning, never a failur
     IMPORT_ERROR = str(exc)
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.goodput import finite
 
 CHECK_ID = "fleet.ledger"
 SCHEMA_VERSION = 1
@@ -111,16 +112,6 @@ def _text(value, limit=HOST_MAX):
     return value.encode("utf-8", "backslashreplace").decode("utf-8")[:limit]
 
 
-def _num(value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        value = float(value)
-    except OverflowError:
-        return None
-    return value if math.isfinite(value) else None
-
-
 def _list(value):
     return value if isinstance(value, list) else []
 
@@ -141,7 +132,7 @@ def iso(at):
 def hw_label(kind, code):
     """An event's class and code as people say it: Xid 79, aer fatal, mlx5 health."""
     kind = _text(kind, 32) or "event"
-    code = _text(code if isinstance(code, str) else str(code) if _num(code) is not None
+    code = _text(code if isinstance(code, str) else str(code) if finite(code) is not None
                  else "", 64)
     return ("Xid" if kind == "xid" else kind) + (" " + code if code else "")
 
@@ -355,10 +346,10 @@ class Fleet:
                  timeout_s=defaults.LEDGER_TIMEOUT_S, create=True):
         self.fleet_db = fleet_db if isinstance(fleet_db, str) else ""
         self.runs_root = runs_root if isinstance(runs_root, str) else ""
-        self.half_life_s = max(float(_num(half_life_h) or 168.0), 1e-3) * 3600.0
-        self.quarantine_score = float(_num(quarantine_score) or 2.5)
-        self.quarantine_s = max(float(_num(quarantine_h) or 0.0), 0.0) * 3600.0
-        self.timeout_s = max(float(_num(timeout_s) or defaults.LEDGER_TIMEOUT_S), 0.001)
+        self.half_life_s = max(float(finite(half_life_h) or 168.0), 1e-3) * 3600.0
+        self.quarantine_score = float(finite(quarantine_score) or 2.5)
+        self.quarantine_s = max(float(finite(quarantine_h) or 0.0), 0.0) * 3600.0
+        self.timeout_s = max(float(finite(timeout_s) or defaults.LEDGER_TIMEOUT_S), 0.001)
         self.create = create
         self.warnings = []
         self.where = _url(self.fleet_db, self.runs_root)[1] or describe(self.fleet_db) \
@@ -549,7 +540,7 @@ class Fleet:
 
     def quarantine(self, host, hours, reason="", now=None):
         """Quarantines host for hours (from now); True when written."""
-        host, at, hours = _text(host), _clock(now), _num(hours)
+        host, at, hours = _text(host), _clock(now), finite(hours)
         if not host or hours is None or hours <= 0:
             return False
 
@@ -640,7 +631,7 @@ class Fleet:
         count}, "score", "quarantined_until" (ISO 8601 or None), "reason", "history",
         "last_incident": {"run_id", "check", "at"} or None}] (counts since since_s ago)."""
         at = _clock(now)
-        since = _num(since_s)
+        since = finite(since_s)
         start = at - since if since is not None and since > 0 else None
 
         def read():
@@ -820,7 +811,7 @@ def _set_host(conn, host, at, **values):
 
 
 def _clock(at):
-    at = _num(at)
+    at = finite(at)
     return now() if at is None else at
 
 
