@@ -168,3 +168,51 @@ def test_preflight_tries_py_spy_for_real_before_it_says_py_spy_can_attach(tmp_pa
     facts = stacks.attach_facts(sys.executable, True, scope=0, py_spy=str(denied))
     probed = stacks.probe_attach(facts, sys.executable, bounded)
     assert not probed["can_attach"] and "Operation not permitted" in probed["why"]
+
+
+FH_MAIN = ('Current thread 0x00007fe57a03ab80 (most recent call first):\n'
+           '  File "/work/hang_rank1.py", line 9 in <module>\n')
+FH_WATCHER = ('Thread 0x00007fe5793f06c0 (most recent call first):\n'
+              '  File "/run/_stack_hook/sitecustomize.py", line 313 in loop\n'
+              '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap\n\n')
+WARNING = ('/torch/_subclasses/functional_tensor.py:279: UserWarning: Failed to initialize '
+           'NumPy: No module named \'numpy\'\n  cpu = _conversion_method_template(device=x)\n')
+
+
+def test_a_dump_is_whole_at_the_main_threads_outermost_frame_whatever_other_threads_wrote():
+    """CI, loaded: the rank was descheduled after the watcher thread's block while that thread
+    wrote a warning; the dump read then (it held still) had no main thread."""
+    assert stacks._dump_state(FH_WATCHER + WARNING) == (True, False)
+    assert stacks._dump_state(WARNING) == (False, False)
+    assert stacks._dump_state(FH_WATCHER + WARNING + FH_MAIN) == (True, True)
+    m = FH_MAIN.replace("<module>", "_run_module_as_main")
+    assert stacks._dump_state(FH_WATCHER + m) == (True, True)
+
+
+def test_a_dump_written_in_pieces_slower_than_a_moment_is_read_whole(tmp_path):
+    """A 'rank' that answers SIGUSR1 with a dump in three pieces 0.5 s apart (the watcher's
+    block, another thread's warning, then the main thread): the reader waits for the end."""
+    rank_dir = tmp_path / "rank0"
+    rank_dir.mkdir()
+    script = tmp_path / "slow_dump.py"
+    script.write_text(
+        "import signal, sys, time\n"
+        "parts = %r\n"
+        "def on(sig, frame):\n"
+        "    for p in parts:\n"
+        "        sys.stderr.write(p); sys.stderr.flush(); time.sleep(0.5)\n"
+        "signal.signal(signal.SIGUSR1, on)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n" % ([FH_WATCHER, WARNING, FH_MAIN],))
+    with open(rank_dir / "stdout.log", "w") as out, open(rank_dir / "stderr.log", "w") as err:
+        proc = subprocess.Popen([sys.executable, str(script)], stdout=out, stderr=err)
+    try:
+        deadline = time.monotonic() + 60
+        while "ready" not in (rank_dir / "stdout.log").read_text():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        texts = stacks.faulthandler_dumps({0: (proc.pid, 0)}, {0: str(rank_dir)}, wait_s=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert texts[0].endswith(FH_MAIN), texts[0]

@@ -16,6 +16,7 @@ Used by node_probe (what preflight's hang.stacks reports) and by the agent (the 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import struct
@@ -30,6 +31,7 @@ PTRACE_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
 CAP_SYS_PTRACE = 19
 HOOK_DIR = "_stack_hook"
 METHODS = ("auto", "py-spy", "faulthandler")
+STEADY_S = 1.0  # a faulthandler dump without a module frame is whole once it held still this long
 
 SITECUSTOMIZE = r'''"""torchfleet: this rank's Python stacks to stderr on SIGUSR1 (faulthandler), for a hang's
 diagnosis where py-spy cannot attach. Then the sitecustomize this one shadows, if any."""
@@ -166,8 +168,26 @@ def _size(path):
         return 0
 
 
+# faulthandler's last line when its dump is whole: CPython dumps the newest thread first, so
+# the main thread comes last, and its outermost frame is the script's module (or runpy's, -m).
+_MAIN_END = re.compile(r'^\s+File ".*", line \d+ in (<module>|_run_module_as_main)$')
+
+
+def _dump_state(text):
+    """(has a thread's header, ends with the main thread's outermost frame) of what a rank
+    wrote after SIGUSR1; other threads' writes meanwhile (a warning, a log line) may lie
+    between faulthandler's lines and are skipped."""
+    head = "most recent call first" in text
+    frames = [ln for ln in text.splitlines() if ln.startswith("  File ")]
+    return head, bool(head and frames and _MAIN_END.match(frames[-1]))
+
+
 def faulthandler_dumps(workers, dirs, wait_s=3.0):
-    """{local_rank: text}: SIGUSR1 to each rank, then what each wrote to its stderr.log."""
+    """{local_rank: text}: SIGUSR1 to each rank, then what each wrote to its stderr.log.
+    A dump is taken once it ends with the main thread's outermost frame; one that never does
+    (no module frame) once it held still for STEADY_S, or at wait_s as far as it got: a rank
+    descheduled in the middle of its dump on a loaded host (its other threads writing
+    meanwhile) must not leave the main thread out."""
     before = {}
     for local_rank, (pid, _rank) in workers.items():
         path = os.path.join(dirs.get(local_rank, ""), "stderr.log")
@@ -176,21 +196,26 @@ def faulthandler_dumps(workers, dirs, wait_s=3.0):
             os.kill(pid, signal.SIGUSR1)
         except OSError:
             pass
-    # A dump is whole once the rank's stderr stopped growing for a moment after it began.
-    deadline, seen, texts = time.monotonic() + wait_s, {}, {}
-    while time.monotonic() < deadline and len(texts) < len(before):
-        time.sleep(0.2)
+    deadline, texts = time.monotonic() + wait_s, {}
+    steady = {}  # local_rank: (size, since)
+    while len(texts) < len(before):
+        last = time.monotonic() >= deadline
         for local_rank, (path, size) in before.items():
             now = _size(path)
             if local_rank in texts or now <= size:
                 continue
-            if seen.get(local_rank) == now:
-                with open(path, "rb") as f:
-                    f.seek(size)
-                    text = f.read(1 << 16).decode("utf-8", "replace")
-                if "most recent call first" in text:
-                    texts[local_rank] = text
-            seen[local_rank] = now
+            with open(path, "rb") as f:
+                f.seek(size)
+                text = f.read(1 << 16).decode("utf-8", "replace")
+            head, whole = _dump_state(text)
+            if steady.get(local_rank, (None,))[0] != now:
+                steady[local_rank] = (now, time.monotonic())
+            held = time.monotonic() - steady[local_rank][1] >= STEADY_S
+            if whole or (head and (held or last)):
+                texts[local_rank] = text
+        if last:
+            break
+        time.sleep(0.2)
     return texts
 
 
