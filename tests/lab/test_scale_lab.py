@@ -140,6 +140,15 @@ def test_spares_skip_a_firewalled_worker_and_replace_one_cut_off_mid_run_from_it
     # node2, cut off, stops its own torchrun once it cannot hear the master.
     assert wait_until(lambda: not run_processes(report["run_id"]), 60), \
         run_processes(report["run_id"])
+    # While attempt 0 trained, its healthy spare imported torch (node5; node1 was skipped);
+    # attempt 1, the last one max_restarts allows, prepared none.
+    prepared = remote / report["run_id"] / "node5" / "spare_prepare_0.json"
+    assert wait_until(lambda: prepared.exists() and "ok" in json.loads(prepared.read_text()),
+                      60), prepared
+    assert json.loads(prepared.read_text())["ok"] is True
+    assert sorted(p.relative_to(remote / report["run_id"]).as_posix()
+                  for p in (remote / report["run_id"]).glob("*/spare_prepare_*")) == [
+        "node5/spare_prepare_0.json"]
     # Every async job record of the run is removed where its host was reached again, attempt
     # 0's too on the hosts attempt 1 launched on again: only node2's, cut off, may be left.
     left = {p.name: p.read_text() for p in jobs.iterdir()}
