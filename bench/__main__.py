@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench import (checkpoint_watch, detach_cost, diagnosis, fail_fast, flood, fuzz, hardware_watch, ledger,
                    harness_overhead, health_cost, isolate, launch_overhead, launch_profile, output_lines, preflight_cost, recording_cost,
-                   report_scale, restart_cost, restart_profile, scale, spares_cost, start_skew, straggler,
+                   report_scale, restart_cost, restart_profile, scale, spare_prepare, spares_cost, start_skew, straggler,
                    straggler_rates, watch_cpu)
 from bench.harness import RESULTS, machine, markdown, merge, write
 
@@ -41,6 +41,7 @@ BENCHES = {
     "spares_cost": spares_cost.run,
     "restart_cost": restart_cost.run,
     "restart_profile": restart_profile.run,
+    "spare_prepare": spare_prepare.run,
     "ledger": ledger.run,
     "health_cost": health_cost.run,
     "recording_cost": recording_cost.run,
