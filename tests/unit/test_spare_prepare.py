@@ -4,21 +4,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 from ansible_collections.torchfleet.fleet.plugins.modules import spare_prepare
 
 from .modules import run_module
-
-
-def wait_for(cond, timeout_s=60):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.05)
-    return cond()
+from .test_gpuwatch import until
 
 
 def record_when(path, key):
@@ -28,7 +18,7 @@ def record_when(path, key):
         except (OSError, ValueError):
             return None
         return rec if key in rec else None
-    return wait_for(read)
+    return until(read, 60)
 
 
 def alive(pid):
@@ -48,7 +38,7 @@ def test_the_imports_run_detached_and_say_how_long_they_took(tmp_path, capsys):
     rec = record_when(path, "ok")
     assert rec["ok"] is True and rec["pid"] == result["pid"] and rec["seconds"] >= 0
     assert rec["imports"] == ["json", "sqlite3"]
-    assert wait_for(lambda: not alive(result["pid"]))
+    until(lambda: not alive(result["pid"]), 60)
     assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
 
 
@@ -80,7 +70,7 @@ def test_an_import_that_never_ends_ends_at_its_bound(tmp_path, capsys):
             os.environ["PYTHONPATH"] = env_before
     assert result["prepared"]
     assert json.loads(path.read_text())["pid"] == result["pid"]
-    assert wait_for(lambda: not alive(result["pid"]), 30)
+    until(lambda: not alive(result["pid"]), 30)
     assert "ok" not in json.loads(path.read_text())  # ended by its bound: no verdict invented
 
 
