@@ -152,7 +152,7 @@ def test_spares_skip_a_firewalled_worker_and_replace_one_cut_off_mid_run_from_it
     # Every async job record of the run is removed where its host was reached again, attempt
     # 0's too on the hosts attempt 1 launched on again: only node2's, cut off, may be left.
     left = {p.name: p.read_text() for p in jobs.iterdir()}
-    assert len(left) <= 1, left
+    assert len(left) <= 1 and all("/node2/" in text for text in left.values()), left
 
 
 def test_a_lost_worker_with_no_spare_left_is_not_restarted_and_every_host_is_gathered(

@@ -52,22 +52,15 @@ def test_an_import_that_fails_is_said_in_the_record(tmp_path, capsys):
 
 
 def test_an_import_that_never_ends_ends_at_its_bound(tmp_path, capsys):
-    """A spare whose storage hangs: the process ends itself at timeout_s, its PID on record."""
+    """A spare whose storage hangs: the process ends itself at timeout_s, its PID on record.
+    The module is found through the run's env (its PYTHONPATH), as the ranks would find it."""
     slow = tmp_path / "mods"
     slow.mkdir()
     (slow / "hangs_forever.py").write_text("import time\ntime.sleep(3600)\n")
     path = tmp_path / "prep.json"
-    env_before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(slow)
-    try:
-        result = run_module(spare_prepare, {"python": sys.executable, "path": str(path),
-                                            "imports": ["hangs_forever"], "timeout_s": 1},
-                            capsys)
-    finally:
-        if env_before is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = env_before
+    result = run_module(spare_prepare, {"python": sys.executable, "path": str(path),
+                                        "imports": ["hangs_forever"], "timeout_s": 1,
+                                        "env": {"PYTHONPATH": str(slow)}}, capsys)
     assert result["prepared"]
     assert json.loads(path.read_text())["pid"] == result["pid"]
     until(lambda: not alive(result["pid"]), 30)

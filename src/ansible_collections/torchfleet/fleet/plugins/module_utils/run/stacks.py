@@ -206,7 +206,7 @@ def faulthandler_dumps(workers, dirs, wait_s=3.0):
                 continue
             with open(path, "rb") as f:
                 f.seek(size)
-                text = f.read(1 << 16).decode("utf-8", "replace")
+                text = f.read(1 << 20).decode("utf-8", "replace")  # a chatty thread's lines may be in it
             head, whole = _dump_state(text)
             if steady.get(local_rank, (None,))[0] != now:
                 steady[local_rank] = (now, time.monotonic())
