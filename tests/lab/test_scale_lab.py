@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import run_processes
 from tests.integration.playbook import BIN, ROOT, Run, playbook
@@ -63,13 +64,14 @@ def test_a_broken_first_host_makes_the_second_the_master(lab, tmp_path):
     assert run_processes(pre["run_id"]) == []
 
 
-def node2_cut_after_the_first_checkpoint(lab, tmp_path, *extra):
+def node2_cut_after_the_first_checkpoint(lab, tmp_path, *extra, inventory=None):
     """train.yml (the built-in workload, max_restarts=1, lost_after_s=5) with node2's network
-    cut once the first checkpoint exists; the lab healed after the play ends."""
+    cut once the first checkpoint exists; the lab healed after the play ends. An inventory
+    given sets max_restarts itself."""
     ckpt, remote = tmp_path / "ckpt", tmp_path / "remote"
     proc = subprocess.Popen(
-        [*ansible_cli.command("ansible-playbook"), "train.yml", "-i", str(lab.inventory),
-         *extra, "-e", "max_restarts=1", "-e", "lost_after_s=5",
+        [*ansible_cli.command("ansible-playbook"), "train.yml", "-i", str(inventory or lab.inventory),
+         *extra, *([] if inventory else ["-e", "max_restarts=1"]), "-e", "lost_after_s=5",
          "-e", "train_steps=%d" % RESTART_STEPS, "-e", "train_checkpoint_dir=%s" % ckpt,
          "-e", "remote_runs_root=%s" % remote, "-e", "run_dir=%s" % (tmp_path / "run")],
         cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])),
@@ -98,8 +100,13 @@ def test_spares_skip_a_firewalled_worker_and_replace_one_cut_off_mid_run_from_it
     # the default 30 s's, the test 25 s shorter.
     lab.block_egress("node1", 29500)
     jobs = tmp_path / "async"  # Ansible's async job records, every host's (one filesystem)
+    # max_restarts from the inventory, as a fleet sets it (a play's hosts cannot look it up).
+    inventory = yaml.safe_load(lab.inventory.read_text())
+    inventory["all"].setdefault("vars", {})["max_restarts"] = 1
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
     run = node2_cut_after_the_first_checkpoint(lab, tmp_path, "-e", "nnodes=4", "-e", "spares=2",
-                                               "-e", "ansible_async_dir=%s" % jobs)
+                                               "-e", "ansible_async_dir=%s" % jobs,
+                                               inventory=tmp_path / "inventory.yml")
     remote = tmp_path / "remote"
     assert run.rc == 0, run.out[-5000:]
     # Preflight: the firewalled worker is named and skipped, in inventory order.
