@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ansible_collections.torchfleet.fleet.plugins.modules import spare_prepare
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import spare
 from bench.harness import stats
 
 
@@ -57,7 +57,7 @@ def import_s():
 def prepared(tmp):
     """spare_prepare's process run to its end; its record."""
     path = os.path.join(tmp, "spare_prepare.json")
-    pid, why = spare_prepare.prepare(sys.executable, path, ["torch", "torch.distributed"], 600)
+    pid, why = spare.prepare(sys.executable, path, ["torch", "torch.distributed"], 600)
     assert pid is not None, why
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
