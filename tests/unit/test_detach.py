@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -279,3 +280,32 @@ def test_a_runs_settings_are_every_public_variable_and_a_host_keeps_what_differs
     assert again["settings"] == {"master_port": 29600}
 
 
+
+
+def test_two_attaches_taking_the_lock_at_once_never_both_hold_it(tmp_path):
+    """The finisher and a user's attach start together, the first one's lock still being
+    written (a slow json.dump here, a loaded controller in CI): a lock seen empty was taken for
+    a stale one, removed, and both held the run. Now exactly one holds it, the other is told."""
+    where = tmp_path / "r1"
+    where.mkdir()
+    racer = (
+        "import json, sys, time\n"
+        "from ansible_collections.torchfleet.fleet.plugins.module_utils.run import detach\n"
+        "dump = json.dump\n"
+        "def slow(*a, **k):\n"
+        "    time.sleep(0.5)\n"
+        "    return dump(*a, **k)\n"
+        "detach.json.dump = slow\n"
+        "while time.time() < float(sys.argv[2]):\n"
+        "    time.sleep(0.001)\n"
+        "try:\n"
+        "    detach.lock(sys.argv[1], __import__('os').getpid())\n"
+        "    print('held', flush=True)\n"
+        "except detach.Locked:\n"
+        "    print('locked', flush=True)\n"
+        "time.sleep(3)\n")
+    go = time.time() + 2
+    procs = [subprocess.Popen([sys.executable, "-c", racer, str(where), str(go + i * 0.1)],
+                              stdout=subprocess.PIPE, text=True) for i in range(2)]
+    said = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
+    assert said == ["held", "locked"], said

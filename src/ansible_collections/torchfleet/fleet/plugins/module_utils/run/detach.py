@@ -157,12 +157,26 @@ def _drop_stale(path):
             pass
 
 
+def _create_whole(path, record):
+    """Create path holding record, or raise FileExistsError: written beside it and linked into
+    place, so no reader ever sees it empty (one that did took a lock being written for a stale
+    one, removed it, and two attaches held the run)."""
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f)
+        os.link(tmp, path)
+    finally:
+        os.unlink(tmp)
+
+
 def lock(where, owner_pid):
     """Take the attach lock for owner_pid; Locked naming the holder when it lives."""
     path = os.path.join(where, LOCK)
     for _attempt in range(2):
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            _create_whole(path, {"pid": owner_pid, "since": time.time()})
         except OSError as exc:
             if exc.errno != errno.EEXIST:
                 raise
@@ -178,8 +192,6 @@ def lock(where, owner_pid):
             except FileNotFoundError:
                 pass
             continue
-        with os.fdopen(fd, "w") as f:
-            json.dump({"pid": owner_pid, "since": time.time()}, f)
         return path
     raise ValueError("cannot take the attach lock %s: another attach keeps taking it" % path)
 
