@@ -103,7 +103,7 @@ def test_spares_skip_a_firewalled_worker_and_replace_one_cut_off_mid_run_from_it
     # max_restarts from the inventory, as a fleet sets it (a play's hosts cannot look it up).
     inventory = yaml.safe_load(lab.inventory.read_text())
     inventory["all"].setdefault("vars", {})["max_restarts"] = 1
-    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory, sort_keys=False))
     run = node2_cut_after_the_first_checkpoint(lab, tmp_path, "-e", "nnodes=4", "-e", "spares=2",
                                                "-e", "ansible_async_dir=%s" % jobs,
                                                inventory=tmp_path / "inventory.yml")
