@@ -282,20 +282,34 @@ def test_a_runs_settings_are_every_public_variable_and_a_host_keeps_what_differs
 
 
 
-def test_two_attaches_taking_the_lock_at_once_never_both_hold_it(tmp_path):
-    """The finisher and a user's attach start together, the first one's lock still being
-    written (a slow json.dump here, a loaded controller in CI): a lock seen empty was taken for
-    a stale one, removed, and both held the run. Now exactly one holds it, the other is told."""
+@pytest.mark.parametrize("slow", ["json.dump", "_holder"])
+def test_two_attaches_taking_the_lock_at_once_never_both_hold_it(tmp_path, slow):
+    """The finisher and a user's attach take the lock together. json.dump slow: the first one's
+    lock is still being written, and a lock seen empty was taken for a stale one. _holder slow,
+    beside a dead holder's stale lock: both judged it stale, and each removed the other's new
+    lock. Both held the run, each time; now exactly one does, and the other is told."""
     where = tmp_path / "r1"
     where.mkdir()
+    if slow == "_holder":
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True)
+        (where / detach.LOCK).write_text(json.dumps({"pid": int(gone.stdout), "since": 1}))
     racer = (
         "import json, sys, time\n"
         "from ansible_collections.torchfleet.fleet.plugins.module_utils.run import detach\n"
-        "dump = json.dump\n"
-        "def slow(*a, **k):\n"
-        "    time.sleep(0.5)\n"
-        "    return dump(*a, **k)\n"
-        "detach.json.dump = slow\n"
+        "if sys.argv[3] == 'json.dump':\n"
+        "    real = json.dump\n"
+        "    def slow(*a, **k):  # the lock written late\n"
+        "        time.sleep(0.5)\n"
+        "        return real(*a, **k)\n"
+        "    detach.json.dump = slow\n"
+        "else:\n"
+        "    real = detach._holder\n"
+        "    def slow(*a, **k):  # the holder read at once, judged late\n"
+        "        got = real(*a, **k)\n"
+        "        time.sleep(0.5)\n"
+        "        return got\n"
+        "    detach._holder = slow\n"
         "while time.time() < float(sys.argv[2]):\n"
         "    time.sleep(0.001)\n"
         "try:\n"
@@ -305,7 +319,8 @@ def test_two_attaches_taking_the_lock_at_once_never_both_hold_it(tmp_path):
         "    print('locked', flush=True)\n"
         "time.sleep(3)\n")
     go = time.time() + 2
-    procs = [subprocess.Popen([sys.executable, "-c", racer, str(where), str(go + i * 0.1)],
+    procs = [subprocess.Popen([sys.executable, "-c", racer, str(where), str(go + i * 0.1), slow],
                               stdout=subprocess.PIPE, text=True) for i in range(2)]
     said = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
     assert said == ["held", "locked"], said
+    assert [p.name for p in where.iterdir()] == [detach.LOCK]  # no temp file left

@@ -45,7 +45,9 @@ def prepare(python, path, imports, timeout_s, env=None):
     argv = [python, "-c", CHILD, path, str(timeout_s)] + list(imports)
     ionice = shutil.which("ionice")
     if ionice:
-        argv = [ionice, "-c", "3"] + argv  # idle I/O: the run's own reads of the same files go first
+        # Idle I/O: the run's own reads of the same files go first (-t: where the class cannot
+        # be set, a container's, run anyway).
+        argv = [ionice, "-c", "3", "-t"] + argv
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         if os.path.lexists(path):

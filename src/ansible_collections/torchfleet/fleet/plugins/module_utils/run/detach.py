@@ -24,6 +24,7 @@ to see the owner gone takes the lock and carries on from the record.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import time
@@ -157,43 +158,79 @@ def _drop_stale(path):
             pass
 
 
+# A filesystem without hard links (vfat, some FUSE mounts) says one of these to os.link.
+NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV}
+
+
 def _create_whole(path, record):
     """Create path holding record, or raise FileExistsError: written beside it and linked into
     place, so no reader ever sees it empty (one that did took a lock being written for a stale
-    one, removed it, and two attaches held the run)."""
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    one). Without hard links: created exclusively, then written."""
+    tmp = "%s.%d.%s.tmp" % (path, os.getpid(), os.urandom(4).hex())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(record, f)
-        os.link(tmp, path)
+        try:
+            os.link(tmp, path)
+            return
+        except OSError as exc:
+            if exc.errno not in NO_LINKS:
+                raise
     finally:
-        os.unlink(tmp)
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f)
+
+
+def _serialized(where):
+    """An exclusive flock on the run's directory, held while a lock is judged stale and taken
+    (two attaches that both saw the same dead holder each removed the other's new lock), or
+    None where the filesystem has no flock."""
+    try:
+        fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def lock(where, owner_pid):
     """Take the attach lock for owner_pid; Locked naming the holder when it lives."""
     path = os.path.join(where, LOCK)
-    for _attempt in range(2):
-        try:
-            _create_whole(path, {"pid": owner_pid, "since": time.time()})
-        except OSError as exc:
-            if exc.errno != errno.EEXIST:
-                raise
-            pid, holder = _holder(path)
-            if pid and pid != owner_pid and _alive(pid):
-                raise Locked("run %s is already attached (process %d follows it, since %s); "
-                             "wait for it, or stop the run" % (
-                                 os.path.basename(where), pid,
-                                 time.strftime("%H:%M:%S", time.localtime(
-                                     float(holder.get("since") or 0)))), pid) from None
-            try:  # the holder is gone: its lock is stale
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-            continue
-        return path
-    raise ValueError("cannot take the attach lock %s: another attach keeps taking it" % path)
+    guard = _serialized(where)
+    try:
+        for _attempt in range(2):
+            try:
+                _create_whole(path, {"pid": owner_pid, "since": time.time()})
+            except OSError as exc:
+                if exc.errno != errno.EEXIST:
+                    raise
+                pid, holder = _holder(path)
+                if pid and pid != owner_pid and _alive(pid):
+                    raise Locked("run %s is already attached (process %d follows it, since %s); "
+                                 "wait for it, or stop the run" % (
+                                     os.path.basename(where), pid,
+                                     time.strftime("%H:%M:%S", time.localtime(
+                                         float(holder.get("since") or 0)))), pid) from None
+                try:  # the holder is gone: its lock is stale
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+                continue
+            return path
+        raise ValueError("cannot take the attach lock %s: another attach keeps taking it" % path)
+    finally:
+        if guard is not None:
+            os.close(guard)  # (closing releases the flock)
 
 
 def release(where, owner_pid):
