@@ -317,7 +317,7 @@ def test_two_attaches_taking_the_lock_at_once_never_both_hold_it(tmp_path, slow)
         "    print('held', flush=True)\n"
         "except detach.Locked:\n"
         "    print('locked', flush=True)\n"
-        "time.sleep(3)\n")
+        "time.sleep(1.5)\n")  # alive while the other judges its lock
     go = time.time() + 2
     procs = [subprocess.Popen([sys.executable, "-c", racer, str(where), str(go + i * 0.1), slow],
                               stdout=subprocess.PIPE, text=True) for i in range(2)]
