@@ -2,11 +2,12 @@
 that imports torch, so a restart that takes the spare finds torch's files in its page cache."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import time
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import create_json
 
 # The child: lowest priority, bounded by SIGALRM, the record written once done (argv: path,
 # timeout_s, modules...). Only the standard library before the imports it is there to make.
@@ -59,18 +60,9 @@ def prepare(python, path, imports, timeout_s, env=None):
     except OSError as exc:
         return None, "%s: not prepared: %s" % (python, exc)
     # Its PID on record at once (a child ended by its bound writes nothing), unless the child's
-    # own record is there already: linked, never replaced.
-    first = path + ".pid.tmp"
+    # own record is there already: never replaced.
     try:
-        fd = os.open(first, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"pid": proc.pid, "started": round(time.time(), 3), "imports": list(imports)}, f)
-        os.link(first, path)
+        create_json(path, {"pid": proc.pid, "started": round(time.time(), 3), "imports": list(imports)})
     except OSError:
         pass  # (FileExistsError: the child was faster)
-    finally:
-        try:
-            os.unlink(first)
-        except OSError:
-            pass
     return proc.pid, None

@@ -19,6 +19,7 @@ from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import kmsg, nccl_log
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import fabric, goodput, isolate, memory
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import flight, straggle
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.stacks import FAULTHANDLER_FRAME
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import ERROR, WARNING, check, failed
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.report import point_link, prune_runs, verdict, write_report
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import (
@@ -82,10 +83,6 @@ def _rank_log(run_dir, host, local_rank, lines):
             if text.strip():
                 return text
     return _tail(os.path.join(base, "torchrun.log"), lines)
-
-
-# A frame as faulthandler prints it (py-spy's are indented by four: "    func (file:line)").
-FAULTHANDLER_FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (.+)$')
 
 
 def frames_of(dump_lines):

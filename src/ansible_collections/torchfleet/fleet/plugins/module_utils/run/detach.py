@@ -29,7 +29,7 @@ import json
 import os
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import RUN_ID
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import RUN_ID, create_json
 
 RECORD = "run.json"
 LOCK = "attach.lock"
@@ -158,35 +158,6 @@ def _drop_stale(path):
             pass
 
 
-# A filesystem without hard links (vfat, some FUSE mounts) says one of these to os.link.
-NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV}
-
-
-def _create_whole(path, record):
-    """Create path holding record, or raise FileExistsError: written beside it and linked into
-    place, so no reader ever sees it empty (one that did took a lock being written for a stale
-    one). Without hard links: created exclusively, then written."""
-    tmp = "%s.%d.%s.tmp" % (path, os.getpid(), os.urandom(4).hex())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f)
-        try:
-            os.link(tmp, path)
-            return
-        except OSError as exc:
-            if exc.errno not in NO_LINKS:
-                raise
-    finally:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f)
-
-
 def _serialized(where):
     """An exclusive flock on the run's directory, held while a lock is judged stale and taken
     (two attaches that both saw the same dead holder each removed the other's new lock), or
@@ -210,7 +181,7 @@ def lock(where, owner_pid):
     try:
         for _attempt in range(2):
             try:
-                _create_whole(path, {"pid": owner_pid, "since": time.time()})
+                create_json(path, {"pid": owner_pid, "since": time.time()})  # never seen empty
             except OSError as exc:
                 if exc.errno != errno.EEXIST:
                     raise

@@ -21,6 +21,7 @@ modules:
 """
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
@@ -80,6 +81,35 @@ def write_json(path, data):
     with os.fdopen(fd, "w") as f:
         json.dump(data, f)
     os.replace(tmp, path)
+
+
+# A filesystem without hard links (vfat, some FUSE mounts) says one of these to os.link.
+NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV}
+
+
+def create_json(path, data):
+    """Create path holding data, or raise FileExistsError: written beside it and linked into
+    place, so no reader ever sees it empty or half written. Without hard links: created
+    exclusively, then written."""
+    tmp = "%s.%d.%s.tmp" % (path, os.getpid(), os.urandom(4).hex())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        try:
+            os.link(tmp, path)
+            return
+        except OSError as exc:
+            if exc.errno not in NO_LINKS:
+                raise
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
 
 
 def read_json(path, max_bytes=64 << 20):

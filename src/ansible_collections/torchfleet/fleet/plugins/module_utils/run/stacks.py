@@ -168,18 +168,20 @@ def _size(path):
         return 0
 
 
-# faulthandler's last line when its dump is whole: CPython dumps the newest thread first, so
-# the main thread comes last, and its outermost frame is the script's module (or runpy's, -m).
-_MAIN_END = re.compile(r'^\s+File ".*", line \d+ in (<module>|_run_module_as_main)$')
+# A frame as faulthandler prints it: file, line, function (py-spy's are "    func (file:line)").
+FAULTHANDLER_FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (.+)$')
+# The functions of a main thread's outermost frame: the script's module (or runpy's, -m).
+MAIN_OUTERMOST = ("<module>", "_run_module_as_main")
 
 
 def _dump_state(text):
     """(has a thread's header, ends with the main thread's outermost frame) of what a rank
-    wrote after SIGUSR1; other threads' writes meanwhile (a warning, a log line) may lie
-    between faulthandler's lines and are skipped."""
+    wrote after SIGUSR1: CPython dumps the newest thread first, so the main thread comes last.
+    Other threads' writes meanwhile (a warning, a log line) may lie between faulthandler's
+    lines and are skipped."""
     head = "most recent call first" in text
-    frames = [ln for ln in text.splitlines() if ln.startswith("  File ")]
-    return head, bool(head and frames and _MAIN_END.match(frames[-1]))
+    frames = [m for m in map(FAULTHANDLER_FRAME.match, text.splitlines()) if m]
+    return head, bool(head and frames and frames[-1].group(3) in MAIN_OUTERMOST)
 
 
 def faulthandler_dumps(workers, dirs, wait_s=3.0):
