@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -12,6 +13,8 @@ from tests.conftest import ROOT
 from torchfleet import ansible_cli
 
 BIN = Path(sys.executable).parent
+# One row of Ansible's PLAY RECAP: "<host> : ok=N changed=N unreachable=N failed=N ...".
+RECAP_ROW = re.compile(r"^(\S.*?)\s*:\s+((?:[a-z]+=[0-9]+\s*)+)$")
 
 
 @dataclass
@@ -19,6 +22,7 @@ class Run:
     rc: int
     out: str
     run_dir: Path
+    stderr: str = ""  # what the command wrote to stderr alone (also inside `out`)
 
     def report(self, name="preflight.json"):
         return json.loads((self.run_dir / name).read_text())
@@ -29,14 +33,18 @@ class Run:
                       if not c["ok"] and c["severity"] == "error")
 
     def recap(self):
-        """{host: {ok, changed, unreachable, failed, ...}} from the PLAY RECAP lines."""
+        """{host: {ok, changed, unreachable, failed, ...}} from the PLAY RECAP's own rows: the
+        lines after its banner up to the first that is not a row, so that whatever follows on
+        stderr (a library's warning at exit) is never read as a host."""
         rows = {}
         for line in self.out.split("PLAY RECAP", 1)[-1].splitlines()[1:]:
-            if ":" not in line:
+            row = RECAP_ROW.match(line.rstrip())
+            if row is None:
+                if rows:
+                    break
                 continue
-            host, counts = line.split(":", 1)
-            rows[host.strip()] = {k: int(v) for k, v in
-                                  (field.split("=") for field in counts.split())}
+            rows[row.group(1)] = {k: int(v) for k, v in
+                                  (field.split("=") for field in row.group(2).split())}
         return rows
 
 
@@ -53,7 +61,7 @@ def playbook(name, tmp_path, *args, inventory=None, timeout_s=300):
     # so that the output's own recap stays last.
     tasks = run_dir / "play.log"
     return Run(proc.returncode, (tasks.read_text() if tasks.exists() else "")
-               + proc.stdout + proc.stderr, run_dir)
+               + proc.stdout + proc.stderr, run_dir, proc.stderr)
 
 
 def local_inventory(tmp_path, hosts):

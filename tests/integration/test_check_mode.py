@@ -26,6 +26,7 @@ def test_preflight_check_writes_nothing_on_any_host(tmp_path):
     run = playbook("preflight.yml", tmp_path, "--check", *extra)
     assert run.rc == 0, run.out[-3000:]
     assert run.report()["ok"] is True  # the verdict is what a --check run is for
+    assert run.recap() and all(row["changed"] == 0 for row in run.recap().values())
     assert host_files() == []
 
 

@@ -41,14 +41,12 @@ def test_healthy_default_passes_every_check_and_changes_nothing(tmp_path):
     assert ("port.in_use", "node0") in {(c["id"], c["host"]) for c in report["checks"]}
     assert "ok: " in run.out and "NCCL/GLOO_SOCKET_IFNAME" in run.out
     assert all(row["changed"] == 0 and row["failed"] == 0 for row in run.recap().values())
-    assert listener_processes(port) == []
-
-
-def test_check_mode_runs_clean(tmp_path):
-    run = playbook("preflight.yml", tmp_path, "--check", "-e", "master_port=%d" % free_port())
-    assert run.rc == 0, run.out
-    assert run.report()["ok"] is True
-    assert all(row["changed"] == 0 for row in run.recap().values())
+    assert run.recap() and listener_processes(port) == []
+    # What a fresh install prints is torchfleet's own: nothing on stderr, where a library's
+    # warning (cryptography's DSA deprecation at ansible-core's start) would land on the
+    # user's screen, and no Ansible warning among the table's lines.
+    assert run.stderr == "", run.stderr
+    assert "[WARNING]" not in run.out and "[DEPRECATION WARNING]" not in run.out
 
 
 def test_port_in_use_names_the_holding_pid(tmp_path):
