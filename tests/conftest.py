@@ -8,10 +8,25 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from hypothesis import settings
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 COLLECTION = ROOT / "src" / "ansible_collections" / "torchfleet" / "fleet"
 WORKLOADS = COLLECTION / "roles" / "launch" / "files" / "workloads"
+
+# Hypothesis's budget by tier (docs/testing.md): `bash tests/run` (the fast tier) sets
+# HYPOTHESIS_PROFILE=fast, a quarter of every budget; `--all` and a plain pytest the full one.
+settings.register_profile("all", max_examples=100)
+settings.register_profile("fast", max_examples=25)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "all"))
+
+
+def examples(full: int) -> int:
+    """A property test's number of examples: `full` under the full budget, the profile's share
+    of it in the fast tier (at least 10)."""
+    share = settings.default.max_examples / 100
+    return full if share >= 1 else max(10, int(full * share))
 
 def netns_of(path):
     """The network namespace (its inode) of /proc/<pid>/ns/net or /run/netns/<name>."""
@@ -118,9 +133,11 @@ DEFAULT_PORT = ("tests/integration/test_preflight_local.py",
                 "tests/integration/test_check_mode.py", "tests/integration/test_bad_input.py")
 # The longest units first, so that no long one starts last (seconds on this 2-CPU VM).
 LONGEST = ("tests/lab/test_scale_lab.py", "tests/lab/test_reliability_lab.py",
-           "tests/lab/test_detach_lab.py", "tests/api/test_collection.py",
-           "tests/lab/test_preflight_lab.py", "tests/lab/test_isolate_lab.py",
-           "tests/lab/test_hang_lab.py", "tests/integration/test_preflight_local.py")
+           "tests/lab/test_detach_lab.py", "tests/lab/test_goodput_lab.py",
+           "tests/api/test_collection.py", "tests/lab/test_preflight_lab.py",
+           "tests/lab/test_ledger_lab.py", "tests/lab/test_slurm_lab.py",
+           "tests/lab/test_isolate_lab.py", "tests/lab/test_hang_lab.py",
+           "tests/integration/test_preflight_local.py")
 
 
 # The tests that read tests/api's collective_run (a session fixture: one run a worker that
@@ -140,6 +157,12 @@ def scope_of(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(items):
+    import pytest
+
+    for item in items:  # a test that must run alone costs a CPU's whole time: the slow tier
+        if item.get_closest_marker("alone") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
     def rank(item):
         path = item.nodeid.split("::", 1)[0]
         return (LONGEST.index(path) if path in LONGEST else len(LONGEST),

@@ -18,7 +18,8 @@ from lab.ports import free_port
 from tests.conftest import COLLECTION, ROOT, run_processes
 from torchfleet import ansible_cli
 
-pytestmark = pytest.mark.integration
+# slow: docs/testing.md's tiers (bash tests/run --all, or --touching a source it covers)
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 BIN = Path(sys.executable).parent
 MODULES = sorted(p.stem for p in (COLLECTION / "plugins" / "modules").glob("*.py"))
 

@@ -18,7 +18,8 @@ import pytest
 from lab.ports import free_port
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.integration
+# slow: docs/testing.md's tiers (bash tests/run --all, or --touching a source it covers)
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def run(argv, cwd, timeout=900):

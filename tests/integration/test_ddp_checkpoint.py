@@ -13,7 +13,8 @@ import pytest
 from tests.conftest import WORKLOADS
 from lab.ports import free_port
 
-pytestmark = pytest.mark.integration
+# slow: docs/testing.md's tiers (bash tests/run --all, or --touching a source it covers)
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 WORKLOAD = WORKLOADS / "ddp_train.py"
 
 

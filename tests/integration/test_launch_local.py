@@ -105,7 +105,7 @@ def test_a_cascade_names_the_rank_that_failed_in_every_output(tmp_path):
     assert run_processes(report["run_id"]) == []
 
 
-@pytest.mark.parametrize("method", ["auto", "faulthandler"])
+@pytest.mark.parametrize("method", ["auto", pytest.param("faulthandler", marks=pytest.mark.slow)])
 def test_a_hang_is_diagnosed_with_stacks_then_stopped(tmp_path, method):
     """auto is py-spy here (root); faulthandler is what a user py-spy cannot serve gets: each
     rank dumps its own stack on SIGUSR1."""
@@ -297,7 +297,7 @@ def test_a_killed_master_agent_is_the_master_lost_and_nothing_is_left(tmp_path):
     assert run_processes(run_id) == []
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, pytest.param(signal.SIGHUP, marks=pytest.mark.slow)])
 def test_a_controller_killed_or_hung_up_leaves_nothing_running(tmp_path, sig):
     """ansible-playbook's whole process group killed (SIGKILL: a lost SSH session to the
     controller, an OOM kill, a CI job's timeout) or hung up (SIGHUP: its terminal closed)

@@ -23,7 +23,8 @@ from tests.conftest import FIXTURES, ROOT, end_unattended, parent_of, run_proces
 from tests.integration.playbook import BIN
 from torchfleet import ansible_cli
 
-pytestmark = pytest.mark.integration
+# slow: docs/testing.md's tiers (bash tests/run --all, or --touching a source it covers)
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ENV = dict(os.environ, PATH="%s:%s" % (BIN, os.environ.get("PATH", "")), ANSIBLE_NOCOLOR="1")
 
 

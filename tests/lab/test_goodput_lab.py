@@ -35,7 +35,8 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import procs
 from torchfleet import ansible_cli
 
-pytestmark = pytest.mark.lab
+# slow: docs/testing.md's tiers (bash tests/run --all, or --touching a source it covers)
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
 REMOTE_RUNS = runs_root(Path(__file__).stem)
 SCRIPT = FIXTURES / "scripts" / "ckpt_train.py"
 HOSTS, SPARE, KILLED = ("node0", "node1", "node2", "node3"), "node4", "node2"

@@ -20,7 +20,8 @@ from tests.lab.test_reliability_lab import wait_until
 from lab.ports import free_port
 from torchfleet import ansible_cli
 
-pytestmark = pytest.mark.lab
+# slow: docs/testing.md's tiers (bash tests/run --all, or --touching a source it covers)
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
 REMOTE_RUNS = runs_root(Path(__file__).stem)  # its lab's remote_runs_root
 SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "steps_notorch.py"
 

@@ -28,8 +28,8 @@ def run_fault(lab, tmp_path, fault, *extra):
 @pytest.mark.parametrize("fault, named", [
     ("sleep", "never joined; it is in load_batch (collective_fault.py:%d)" % STUCK),
     # Its log keeps growing: only the collectives say it is stuck.
-    ("print", "never joined; it is in load_batch (collective_fault.py:"),
-    ("other_op", "called all_gather (16 B, Float)"),
+    pytest.param("print", "never joined; it is in load_batch (collective_fault.py:", marks=pytest.mark.slow),
+    pytest.param("other_op", "called all_gather (16 B, Float)", marks=pytest.mark.slow),
 ])
 def test_a_hang_names_the_rank_the_collective_and_where_it_is(healthy_lab, tmp_path, fault,
                                                               named):
@@ -51,6 +51,7 @@ def test_a_hang_names_the_rank_the_collective_and_where_it_is(healthy_lab, tmp_p
     assert run_processes(report["run_id"]) == []
 
 
+@pytest.mark.slow  # a variant: the hang above, among tensor-parallel groups
 def test_a_hang_in_one_data_parallel_group_names_its_rank_among_tensor_parallel_groups(
         healthy_lab, tmp_path):
     """Tensor-parallel groups of each host's two ranks and data-parallel groups across the
@@ -73,6 +74,7 @@ def test_a_hang_in_one_data_parallel_group_names_its_rank_among_tensor_parallel_
     assert run_processes(report["run_id"]) == []
 
 
+@pytest.mark.slow
 def test_a_size_mismatch_under_gloo_is_the_abort_of_the_rank_that_received_it(healthy_lab,
                                                                               tmp_path):
     """gloo does not wait on a size mismatch: the rank that receives the larger message aborts

@@ -21,7 +21,8 @@ from tests.lab.test_reliability_lab import wait_until
 from torchfleet import html_report
 from torchfleet import ansible_cli
 
-pytestmark = pytest.mark.lab
+# slow: docs/testing.md's tiers (bash tests/run --all, or --touching a source it covers)
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
 REMOTE_RUNS = runs_root(Path(__file__).stem)  # its lab's remote_runs_root
 # A small world sweep: the pair rounds are what these tests look at.
 ISOLATE = ("-e", "collective_isolate=true", "-e", "collective_sizes=64K", "-e",

@@ -30,7 +30,8 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import (
     ledger, preflight, summary)
 from torchfleet import ansible_cli
 
-pytestmark = pytest.mark.lab
+# slow: docs/testing.md's tiers (bash tests/run --all, or --touching a source it covers)
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
 MODULE = Path(__file__).stem
 NODES = labs.LABS[MODULE][1]  # its lab: tests/lab/conftest.py's LABS
 REMOTE_RUNS = labs.runs_root(MODULE)

@@ -17,7 +17,7 @@ def preflight(lab, tmp_path, *args):
     return playbook("preflight.yml", tmp_path, *args, inventory=lab.inventory)
 
 
-@pytest.mark.parametrize("nnodes", [2, 4])
+@pytest.mark.parametrize("nnodes", [pytest.param(2, marks=pytest.mark.slow), 4])
 def test_healthy_lab_passes(healthy_lab, tmp_path, nnodes):
     run = preflight(healthy_lab, tmp_path, "-e", "nnodes=%d" % nnodes)
     assert run.rc == 0, run.out
@@ -210,7 +210,8 @@ def test_the_kernel_answers_as_ip_does_on_every_lab_host(healthy_lab):
             assert kernel == by_ip
 
 
-@pytest.mark.parametrize("before_json", [False, True], ids=["no-ip", "ip-before-json"])
+@pytest.mark.parametrize("before_json", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["no-ip", "ip-before-json"])
 def test_a_host_without_iproute2_is_checked_as_fully_as_the_others(healthy_lab, tmp_path,
                                                                   before_json):
     """node1's SSH sessions cannot run `ip` (as on the recorded H200 host), or run one from

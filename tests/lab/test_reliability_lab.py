@@ -98,6 +98,7 @@ def test_network_cut_mid_run_names_the_node_and_stops_the_rest(healthy_lab, tmp_
     assert wait_until(lambda: not processes_of(run_id), 90), processes_of(run_id)
 
 
+@pytest.mark.slow
 def test_a_cut_host_is_named_even_when_its_peers_errors_reach_the_master_first(healthy_lab,
                                                                                tmp_path):
     """collective_timeout_s=5, lost_after_s=25: node0's and node1's ranks time out in their
@@ -119,6 +120,7 @@ def test_a_cut_host_is_named_even_when_its_peers_errors_reach_the_master_first(h
     assert wait_until(lambda: not processes_of(run_id), 90), processes_of(run_id)
 
 
+@pytest.mark.slow
 def test_a_ranks_own_exit_is_named_though_its_sibling_takes_seconds_to_stop(healthy_lab,
                                                                             tmp_path):
     """2 hosts x 2 ranks: node1's rank 3 exits 3 while its sibling (rank 2) takes 8 s to stop
@@ -162,6 +164,7 @@ def test_a_ranks_own_exit_is_named_though_its_sibling_takes_seconds_to_stop(heal
 CUT_S, CUT_LEASE_S = 15, 30
 
 
+@pytest.mark.slow
 def test_a_cut_shorter_than_the_lease_between_the_controller_and_the_hosts_loses_nothing(
         healthy_lab, tmp_path):
     """3 hosts step (ranks that import no torch); the controller's traffic to and from every
@@ -190,6 +193,7 @@ def test_a_cut_shorter_than_the_lease_between_the_controller_and_the_hosts_loses
     assert wait_until(lambda: not processes_of(report["run_id"]), 90)
 
 
+@pytest.mark.slow
 def test_interrupted_controller_leaves_nothing_running(healthy_lab, tmp_path):
     proc, run_id = start_long_train(healthy_lab, tmp_path)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground process group
@@ -255,6 +259,7 @@ def _agent_and_torchrun(run_id, host):
     return procs.parent(pid), pid
 
 
+@pytest.mark.slow
 def test_a_flooded_control_port_changes_nothing(healthy_lab, tmp_path):
     """Three hosts step (ranks that import no torch) while another process floods the
     master's control port with garbage and holds hundreds of idle connections, until the
@@ -323,6 +328,7 @@ def test_a_killed_agent_takes_its_torchrun_down_and_is_named_first(healthy_lab, 
     assert wait_until(lambda: not processes_of(run_id), 90), processes_of(run_id)
 
 
+@pytest.mark.slow
 def test_a_frozen_host_is_lost_and_nothing_of_the_run_is_left_after_it_thaws(healthy_lab,
                                                                               tmp_path):
     proc, run_id = start_long_train(healthy_lab, tmp_path, "-e", "lost_after_s=10")
@@ -345,6 +351,7 @@ def test_a_frozen_host_is_lost_and_nothing_of_the_run_is_left_after_it_thaws(hea
     assert wait_until(lambda: not processes_of(run_id), 90), processes_of(run_id)
 
 
+@pytest.mark.slow
 def test_a_start_longer_than_the_lease_is_no_lost_controller(healthy_lab, tmp_path):
     """Four hosts started one at a time (forks 1) under a 3 s lease: the start outlasts the
     lease, which counts from the controller's first look, so the run is not aborted."""
@@ -361,6 +368,7 @@ def test_a_start_longer_than_the_lease_is_no_lost_controller(healthy_lab, tmp_pa
     assert starts[1] - starts[0] > 3, starts
 
 
+@pytest.mark.slow
 def test_a_host_whose_start_task_fails_is_the_first_failure_with_ansibles_reason(
         healthy_lab, tmp_path):
     """node2's async start cannot make its job directory: Ansible fails the task there; the

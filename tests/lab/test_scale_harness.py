@@ -29,6 +29,7 @@ def fleet_of(tmp_path):
         assert procs.run_processes(fleet.run_id) == [], "the harness left processes running"
 
 
+@pytest.mark.slow  # the scale harness: docs/testing.md's tiers
 def test_a_rank_that_dies_among_32_hosts_is_named_and_every_host_stops(fleet_of):
     fleet = fleet_of()
     fleet.up(timeout_s=600)
@@ -56,6 +57,7 @@ def test_a_rank_that_dies_among_32_hosts_is_named_and_every_host_stops(fleet_of)
     assert not any(procs.alive(pid) for pid in fleet.launchers().values())
 
 
+@pytest.mark.slow
 def test_a_hang_among_32_hosts_names_the_rank_that_never_joined(fleet_of):
     # (20 s: a loaded machine can hold the stand-ins still for seconds; not for twenty)
     fleet = fleet_of(hang_timeout_s=20)

@@ -22,7 +22,8 @@ from tests.integration.playbook import BIN, ROOT, Run, playbook
 from tests.lab.test_reliability_lab import wait_until
 from torchfleet import ansible_cli
 
-pytestmark = pytest.mark.lab
+# slow: docs/testing.md's tiers (bash tests/run --all, or --touching a source it covers)
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
 NODES = 12  # the rank-order run's (of the module's 40-node lab: tests/lab/conftest.py)
 # Attempt 0 has 250 steps to go when its checkpoint of step 50 is seen (~30 steps/s here).
 RESTART_STEPS = 300

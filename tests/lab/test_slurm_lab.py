@@ -26,7 +26,8 @@ from lab.slurm import TOOLS, SlurmLab
 from torchfleet.paths import ansible_root
 from torchfleet import ansible_cli
 
-pytestmark = [pytest.mark.lab, pytest.mark.skipif(
+# slow: docs/testing.md's tiers (bash tests/run --all, or --touching a source it covers)
+pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.skipif(
     not all(map(shutil.which, TOOLS)),
     reason="the Slurm lab needs slurm-wlm and munge (.ci/run installs them)")]
 ROOT = ansible_root()

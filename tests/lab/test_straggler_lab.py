@@ -29,7 +29,7 @@ from tests.lab.conftest import runs_root
 from tests.lab.test_reliability_lab import wait_until
 from torchfleet import ansible_cli
 
-pytestmark = [pytest.mark.lab, pytest.mark.alone]
+pytestmark = [pytest.mark.lab, pytest.mark.alone]  # alone is slow too (tests/conftest.py)
 REMOTE_RUNS = runs_root(Path(__file__).stem)
 SCRIPT = FIXTURES / "scripts" / "matmul_allreduce.py"
 CAPPED, PCT = "node2", 15

@@ -18,7 +18,8 @@ from tests.lab.test_reliability_lab import processes_of, start_long_train, wait_
 from lab import netns as labmod
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import stacks
 
-pytestmark = pytest.mark.lab
+# slow: docs/testing.md's tiers (bash tests/run --all, or --touching a source it covers)
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 
 def user_runs(lab):

@@ -19,6 +19,7 @@ def molecule(scenario):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_molecule_default_scenario():
     if lab_unavailable() is None:
         pytest.skip("as root the lab scenario runs the same converge and verify over real SSH; "
@@ -29,6 +30,7 @@ def test_molecule_default_scenario():
 
 
 @pytest.mark.lab
+@pytest.mark.slow
 def test_molecule_lab_scenario():
     reason = lab_unavailable()
     if reason:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import ckptwatch
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.ckptwatch import CheckpointWatch, Watcher, step_of
+from tests.conftest import examples
 
 torch = pytest.importorskip("torch")
 
@@ -432,7 +433,7 @@ def test_a_small_directorys_watch_costs_well_under_a_tenth_of_a_percent_of_a_cor
           % (cpu / 300 * 1e6, cpu / 300 * 100.0))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(prefix=st.sampled_from(["", "run3/", "model_", "a-b."]),
        word=st.sampled_from(["step", "STEP", "global_step", "iter", "iteration", "epoch",
                              "checkpoint", "ckpt", "Ckpt"]),
@@ -447,7 +448,7 @@ def test_names_without_a_step_have_none_and_the_last_one_wins():
                                  "v2_iteration7", "")] == [None, None, None, 1200, 7, None]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(tree=st.lists(st.tuples(
     st.binary(min_size=1, max_size=40).filter(lambda b: b"/" not in b and b"\x00" not in b
                                                and b not in (b".", b"..")),

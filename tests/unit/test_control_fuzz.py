@@ -16,10 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lab.ports import free_port
+from tests.conftest import examples
 
 SECRET = b"fuzzed-run-secret"
 NONCE = "a" * 32 + ":" + "b" * 32
-FUZZ = settings(max_examples=300, deadline=None,
+FUZZ = settings(max_examples=examples(300), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 json_values = st.recursive(
@@ -78,7 +79,7 @@ def _master():
     return MASTER
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.binary(min_size=1, max_size=300), min_size=1, max_size=6), st.booleans())
 def test_the_masters_loop_survives_any_bytes_on_a_connection(chunks, say_nonce):
     """Raw bytes from the first byte on, or after a well-formed first line (nonce, name)."""
@@ -98,7 +99,7 @@ def test_the_masters_loop_survives_any_bytes_on_a_connection(chunks, say_nonce):
     assert m.heard == [] and m.server.by_host == {}
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.binary(min_size=1, max_size=300), min_size=1, max_size=4))
 def test_an_agent_survives_any_bytes_from_a_fake_master(chunks):
     listener = socket.create_server(("127.0.0.1", 0))

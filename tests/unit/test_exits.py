@@ -12,6 +12,7 @@ import sys
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import exits, stacks
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.conftest import examples
 
 
 def rank(tmp_path, body):
@@ -79,7 +80,7 @@ def test_a_process_that_is_not_a_rank_writes_nothing(tmp_path):
     assert not list(tmp_path.rglob(exits.NOTE_FILE))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.one_of(st.binary(max_size=400), st.builds(
     lambda v: json.dumps(v).encode(), st.recursive(
         st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import summary
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import flight, procs, runstate
 
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, examples
 from tests.unit.test_runstate import state as runstate_state
 
 RECORDED = {"0": {"0": [40, 39, "gloo:all_reduce", "[[1024]]", "Float"]},
@@ -260,7 +260,7 @@ positions_json = st.recursive(
     | st.dictionaries(st.text(max_size=4), children, max_size=6), max_leaves=40)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(coll=positions_json, other=positions_json)
 def test_any_positions_from_a_host_leave_the_judge_standing_and_name_only_its_ranks(coll,
                                                                                    other):

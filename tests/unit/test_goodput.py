@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchfleet import cli
+from tests.conftest import examples
 
 T0 = 1_790_000_000.0  # 2026-09
 
@@ -62,7 +63,7 @@ ATTEMPT = st.fixed_dictionaries({
     "checkpoint_blind": st.booleans()})
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(started=TIME, now=TIME, attempts=st.lists(ATTEMPT, max_size=4),
        checkpoint_dir=st.sampled_from(["", "/ckpt", None]))
 def test_any_timeline_gives_buckets_that_add_up_to_the_wall_time(started, now, attempts,
@@ -87,7 +88,7 @@ def test_any_timeline_gives_buckets_that_add_up_to_the_wall_time(started, now, a
     json.dumps(g, allow_nan=False)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.floats(0, 1e6), min_size=5, max_size=5), st.booleans(), st.booleans())
 def test_a_monotonic_timeline_is_read_as_it_is(offsets, fails, watched):
     launch, running, init_done, failed, stopped = sorted(offsets)

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import gpuwatch
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.command import Failed
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, examples
 
 H200 = FIXTURES / "h200-1gpu"
 IDLE = json.loads((H200 / "nvml-idle.json").read_text())["gpus"][0]
@@ -548,7 +548,7 @@ def test_parsers_on_recorded_and_stated_outputs():
     assert gpuwatch.parse_smi((H200 / "query-health.csv").read_text())[0]["reasons"] == 1
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(max_size=400))
 def test_parsers_never_raise(text):
     assert isinstance(gpuwatch.parse_smi(text), dict)
@@ -565,7 +565,7 @@ SAMPLES = st.dictionaries(st.integers(0, 7), st.fixed_dictionaries({
     "recovery": st.one_of(st.none(), st.integers(0, 5))}), max_size=8)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(SAMPLES, SAMPLES)
 def test_changes_is_pure_and_fatal_only_for_ecc_recovery_and_xid(before, after):
     frozen = json.dumps([before, after], sort_keys=True)

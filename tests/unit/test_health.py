@@ -25,7 +25,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.run import plan
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.connect import connect
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.listener import start_listener, stop_listener
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import ERROR, WARNING
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, examples
 from torchfleet import health_cli
 
 REC = FIXTURES / "health"
@@ -365,7 +365,7 @@ def test_a_failed_measurement_is_the_hosts_check():
 
 
 @given(st.text(max_size=400))
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 def test_the_measurements_answer_is_checked_before_use(garbage):
     parsed, error = perf.parse_lines(garbage)
     assert all(0 <= p[k] < 1e7 for p in parsed for k in ("tflops", "gbps"))
@@ -434,7 +434,7 @@ LINES = st.lists(st.sampled_from(text("nvidia-smi-q.h100x8.txt").split("\n")[:22
 
 
 @given(LINES, st.text(max_size=300), st.text(max_size=300), st.text(max_size=300))
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_no_text_makes_a_parser_or_a_rule_raise(smi_text, dmesg, amd, other):
     files = {"nvidia-smi-q.txt": smi_text, "dmesg.txt": dmesg, "nvidia-smi-nvlink.txt": other,
              "uptime.txt": other, "ulimit-l.txt": other, "df.txt": other, "modules.txt": other,
@@ -457,7 +457,7 @@ JSONS = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | s
 
 
 @given(JSONS)
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_no_json_shape_makes_the_amd_parsers_raise(data):
     raw = json.dumps(data)
     gpus = smi.amd_gpus(raw, raw, raw, raw)
@@ -467,7 +467,7 @@ def test_no_json_shape_makes_the_amd_parsers_raise(data):
 @given(st.dictionaries(st.sampled_from(["vendor", "gpus", "xids", "kernel_log", "disk", "rdma",
                                         "memlock_kib", "smi_failed", "fabricmanager", "peermem"]),
                        JSONS, max_size=6))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_a_host_that_answers_garbage_facts_is_said_never_raised(facts):
     from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.preflight import health_records
 
@@ -505,7 +505,7 @@ def test_memlock_is_not_asked_for_when_the_run_uses_ethernet():
 
 
 @given(st.binary(max_size=200))
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 def test_any_bytes_on_the_port_give_a_finite_clock_or_none(sent):
     from ansible_collections.torchfleet.fleet.plugins.module_utils.host.connect import read_clock
 

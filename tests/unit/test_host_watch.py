@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import hwwatch, ibwatch, kmsg
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, examples
 
 GPUS = ["0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0",
         "0000:9a:00.0", "0000:ab:00.0", "0000:ba:00.0", "0000:db:00.0"]
@@ -607,7 +607,7 @@ RECORDED = [line for path in sorted((FIXTURES / "kmsg").glob("*.txt"))
             for line in path.read_text().splitlines()]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.sampled_from(RECORDED), st.integers(1, 40)), max_size=30),
        st.lists(st.integers(0, 255), max_size=120))
 def test_any_mix_of_recorded_lines_sends_every_fatal_one_and_bounds_the_rest(tmp_path, lines,

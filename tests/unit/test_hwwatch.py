@@ -21,7 +21,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.host import gpuwa
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import restart, runstate
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import status
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.summary import hardware_checks
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, examples
 
 KMSG_DIR = FIXTURES / "kmsg"
 HOSTS = ["n0", "n1", "n2", "n3"]
@@ -99,7 +99,7 @@ def test_amd_gpu_resets_and_ras_errors_in_the_drivers_own_words():
     assert (ue["fatal"], ce["fatal"]) == (True, False)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.one_of(st.text(max_size=2000), st.binary(max_size=2000).map(
     lambda b: b.decode("utf-8", "replace"))))
 def test_any_line_parses_to_nothing_or_a_bounded_event(line):
@@ -382,7 +382,7 @@ EVENT = st.fixed_dictionaries({}, optional={
     k: JSON for k in ("code", "gpu", "pid", "what", "line")})
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(hw=st.one_of(JSON, st.lists(EVENT | JSON, max_size=12)), watch=JSON)
 def test_any_hardware_a_host_may_send_is_bounded_and_never_raises(hw, watch):
     """What a signed beat from another host carries in `hw` and `watch` (the master checks it

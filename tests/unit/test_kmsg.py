@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import kmsg, xid
-from tests.conftest import FIXTURES, ROOT
+from tests.conftest import FIXTURES, ROOT, examples
 
 KMSG_DIR = FIXTURES / "kmsg"
 # gpu-burn's recorded corrected error (xid79-aer.gpu-burn.txt), and its Xid 79.
@@ -171,7 +171,7 @@ def test_the_same_flood_through_a_pipe_as_journalctl_writes_it(tmp_path):
     assert looks <= 5 and follower.why is None
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.integers(0, 3 * kmsg.LINE_MAX), min_size=1, max_size=400),
        st.integers(1, 5))
 def test_any_flood_is_returned_whole_and_in_order_within_the_bounds(tmp_path_factory, sizes,

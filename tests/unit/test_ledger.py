@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger
+from tests.conftest import examples
 
 T0 = 1_800_000_000.0
 H = 3600.0
@@ -285,7 +286,7 @@ HOSTILE_ROWS = st.fixed_dictionaries({"run_id": TEXT, "hosts": st.lists(
                                                 "code": JSON, "fatal": JSON}), max_size=2)})
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reports=st.lists(REPORT | HOSTILE_ROWS, min_size=1, max_size=3))
 def test_a_report_from_another_hosts_bytes_never_raises(tmp_path_factory, reports):
     f = ledger.Fleet("fleet.db", str(tmp_path_factory.mktemp("ledger")))

@@ -13,7 +13,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate impo
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, examples
 from tests.unit.modules import run_module
 from torchfleet import html_report
 from torchfleet.results import load
@@ -124,7 +124,7 @@ def test_a_runs_report_names_the_host_whose_ranks_fell_back_to_sockets(tmp_path,
     assert load(tmp_path).hosts[1].transport["socket_ranks"] == [15]  # and the API's Result
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.one_of(
     st.text(max_size=200),
     st.builds(lambda host, pid, msg: "%s:%d:%d [0] NCCL INFO %s" % (host, pid, pid, msg),

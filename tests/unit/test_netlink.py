@@ -15,6 +15,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.host import net, 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.connect import default_dev, interfaces, route_to
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.command import Failed, Missing
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.preflight import nic_checks
+from tests.conftest import examples
 
 needs_ip = pytest.mark.skipif(shutil.which("ip") is None, reason="compares with iproute2's ip")
 
@@ -98,7 +99,7 @@ def test_a_link_and_its_addresses_from_kernel_bytes():
         {"name": "eth0", "up": True, "loopback": False, "ipv4": ["10.0.0.7"], "ipv6": []}]
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.binary(max_size=600))
 def test_any_bytes_from_the_kernel_are_read_without_raising(data):
     for parse in (netlink.parse_links, netlink.parse_addresses, netlink.parse_routes):

@@ -15,6 +15,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.run import ranklo
 from ansible_collections.torchfleet.fleet.plugins.modules import rank_log, run_record
 
 from tests.unit.modules import run_module
+from tests.conftest import examples
 
 
 def rank_dir(run_dir, local_rank=0, layout="host"):
@@ -67,7 +68,7 @@ def test_a_run_without_its_log_yet_or_at_all(tmp_path):
     assert ranklog.read(args(tmp_path / "gone"))["missing"] is True
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(content=st.binary(max_size=3000), offset=st.one_of(st.none(), st.integers(-5, 4000)),
        tail=st.integers(0, 60), max_bytes=st.integers(-2, 2000))
 def test_any_bytes_and_any_offset_never_raise(tmp_path_factory, content, offset, tail, max_bytes):
@@ -123,7 +124,7 @@ garbage = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() |
                        | st.dictionaries(st.text(max_size=10), inner, max_size=4), max_leaves=20)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(record=st.one_of(garbage, st.fixed_dictionaries(
     {k: garbage for k in RECORD if k != "hosts"}, optional={"hosts": st.lists(st.fixed_dictionaries(
         {}, optional={k: garbage for k in RECORD["hosts"][0]}), max_size=3)})),

@@ -14,6 +14,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate impo
 from tests.unit.modules import run_module
 from tests.unit.test_preflight_checks import connect, probe
 from tests.unit.test_spares import SIX, plan_params
+from tests.conftest import examples
 
 FOUR = SIX[:4]
 
@@ -181,7 +182,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_
                                       inner, max_size=5), max_leaves=30)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(JSON, st.booleans())
 def test_a_record_of_any_shape_never_raises_and_leaves_out_only_named_hosts(rec, any_):
     plan_ = first(rec, restart_on="any" if any_ else "host", probed=SIX)

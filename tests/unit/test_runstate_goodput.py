@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import runstate
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import RunState
+from tests.conftest import examples
 
 HOSTS = ["node0", "node1"]
 
@@ -279,7 +280,7 @@ def test_a_lost_master_keeps_the_checkpoints_and_the_timeline():
     assert lost["hosts"][0]["ended"] == rec["updated"]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(events=st.lists(st.tuples(
     st.sampled_from(["beat", "exit", "fail_exit", "stopped", "tick", "ckpt", "first"]),
     st.sampled_from(HOSTS), st.floats(0.0, 5.0), st.floats(0.0, 40.0)), max_size=30))

@@ -24,6 +24,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import st
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.report import verdict
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import flight, restart, runstate, straggle
 from bench import straggler_rates as rates
+from tests.conftest import examples
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "flight"
@@ -520,7 +521,7 @@ rows_strategy = st.dictionaries(
     max_size=12)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rows_strategy, st.floats(allow_nan=True), st.floats(allow_nan=True), st.floats())
 def test_any_rows_and_offsets_leave_the_judge_standing_and_bounded(rows, offset, unc, now):
     state = runstate.RunState("r", ["node0", "node1"], 4, now=0.0)
@@ -535,7 +536,7 @@ def test_any_rows_and_offsets_leave_the_judge_standing_and_bounded(rows, offset,
     json.dumps(record)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.dictionaries(st.sampled_from(["profiling_name", "pg_id", "collective_seq_id",
                                                  "time_created_ns", "duration_ms", "is_p2p"]),
                                 st.one_of(st.integers(0, 1 << 40), st.floats(0, 1e3),
