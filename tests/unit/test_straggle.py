@@ -702,3 +702,51 @@ def test_each_group_is_judged_against_its_own_interval():
     assert 14.5 < s["late_ms_mean"] < 15.5 and 45.0 < s["interval_ms"] < 55.0
     assert re.search(r"the others wait 1[45]\.\d ms for it on average, about (29|30|31) % of "
                      r"the run's time$", straggle.words(s)), straggle.words(s)
+
+
+def test_pipeline_stages_that_only_sends_and_receives_connect_are_said_blind_between_hosts():
+    """Issue 65, item 15: the recorded pipeline (gloo_2.13_pp_stage1_slow_rank*.json), each
+    stage a host here (node0: ranks 0-1, node1: ranks 2-3), a tensor-parallel group in each,
+    the activations and gradients sent between them, stage 1 15 ms slower a step. Sends and
+    receives are not judged (gloo's recorder holds none; NCCL's cannot be paired), so the slow
+    stage cannot be named: before, status and train.json said nothing, which reads as "no
+    straggler". Now the record, status, train.json's straggle and the verdict say the hosts
+    were not compared, and why."""
+    dumps = [json.loads((FIXTURES / ("gloo_2.13_pp_stage1_slow_rank%d.json" % r)).read_text())
+             ["entries"] for r in range(4)]
+    assert not any(e["is_p2p"] or " " in e["profiling_name"] for d in dumps for e in d)
+    hosts = ["node0", "node1"]
+    state = runstate.RunState("r", hosts, 2, now=1000.0)
+    for h in hosts:
+        state.straggle.offsets.measured(h, 0.0, 0.0002)
+    for r, entries in enumerate(dumps):
+        state.report(hosts[r // 2], 1000.0, beat({r: rows_of(entries)}))
+    assert judged(state.straggle, 1000.0) == []
+    said = ("blind between hosts: 1 of the window's 61 sampled collectives spanned two hosts (16 "
+            "needed): only point-to-point sends and receives cross them (pipeline stages), which "
+            "are not judged; a slow host or stage is not named")
+    record = state.record()
+    assert status.view(record, 1001.0)["stragglers"] == [said]
+    assert "\nstragglers: blind between hosts: 1 of" in status.text(status.view(record, 1001.0))
+    out = summary.straggler_checks(record, hosts)
+    assert out["checks"] == [] and out["straggle"]["blind"] == said
+    assert summary.blind_note(out) == "; stragglers " + said
+    assert status.report_stragglers(dict(out, stragglers=[])) == [said]
+    # NCCL's sends and receives, timed (torch's "nccl:send 0->1" / "nccl:recv 1<-0", is_p2p,
+    # their own p2p_seq_id), are not sampled: their rows could never meet.
+    p2p = [dict(e, profiling_name=name, is_p2p=True, p2p_seq_id=i, duration_ms=3.0)
+           for i, (e, name) in enumerate(zip(nccl_entries([1.0, 1.0]),
+                                             ["nccl:send 0->1", "nccl:recv 1<-0"], strict=True))]
+    assert rows_of(p2p) == []
+
+
+def test_hosts_that_a_collective_group_spans_are_not_said_blind():
+    j = judge(HOSTS4)  # the recorded tensor-/data-parallel run: the data-parallel groups span
+    for rank in range(4):
+        entries = json.loads((FIXTURES / ("gloo_2.13_tp_dp_rank3_late_rank%d.json" % rank))
+                             .read_text())["entries"]
+        j.add("node%d" % rank, 100.0, straggle.clean({str(rank): rows_of(entries, 64)},
+                                                     range(rank, rank + 1)))
+    judged(j, 100.0)
+    assert j.record()[1]["blind"] == ""
+    assert run_with_straggler("warn").record()["straggle"]["blind"] == ""

@@ -73,6 +73,12 @@ A period of more than PERIOD_MAX collectives leaves too few late ones among a wi
 to pass the z bound. Periodic work that costs the run its time is still set aside: it is the
 training script's to fix, not a host's. A slow host is named with all its ranks.
 
+Point-to-point sends and receives are not judged: gloo's recorder holds none, and NCCL's give a
+send and its receive nothing in common to match them by (between_hosts()). A run whose
+collectives stay within each host (pipeline stages across hosts, no data-parallel group across
+them) has its hosts compared at none: the record says so (`blind`), and status and the verdict
+with it, rather than a silence that reads as "no straggler".
+
 Only the standard library, defaults.py and flight.py: it runs inside the agent on every host.
 """
 from __future__ import annotations
@@ -286,6 +292,7 @@ class Judge:
         self.found = {}               # (host, ranks) -> straggler, as record() shows it
         self.signal = ""              # "durations" (NCCL) or "calls" (gloo), once seen
         self.untimed = []             # hosts whose NCCL collectives are not timed
+        self.blind = ""               # why hosts cannot be compared (between_hosts()), or ""
         self.complete = 0             # complete collectives in the window at the last judge
         self.next_judge = 0.0
         self.first_data = None        # when the first sampled collective came
@@ -338,6 +345,8 @@ class Judge:
         # Nobody is named before a whole window was sampled (a run's first seconds: ranks
         # still warming up), nor on one judgement alone (a passing stall of one host).
         full = self.first_data is not None and now - self.first_data >= self.window_s
+        if full and figures["complete"] >= MIN_COLLECTIVES:  # (a thin window says nothing)
+            self.blind = between_hosts(figures, len(self.hosts))
         held = {k: s for k, s in self.found.items() if s["active"]}
         named = name(figures, self.host_of, self.hosts, self.threshold, held) if full else []
         # A named one the window has too few collectives of to judge (rows of its ranks
@@ -385,7 +394,7 @@ class Judge:
                for s in self.found.values()]
         return out, {"watched": self.watched, "signal": self.signal,
                      "collectives": self.complete, "window_s": self.window_s,
-                     "untimed": self.untimed}
+                     "untimed": self.untimed, "blind": self.blind}
 
     def not_timed(self, host):
         """A host said its ranks' NCCL collectives complete without a duration (the user's
@@ -635,6 +644,32 @@ def _num(value):
     # (NaN fails the comparison.)
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
         and abs(value) < 1e15 else None
+
+
+BLIND = "blind between hosts: %d of the window's %d sampled collectives spanned two hosts " \
+    "(%d needed): only point-to-point sends and receives cross them (pipeline stages), which " \
+    "are not judged; a slow host or stage is not named"
+
+
+def between_hosts(figures, hosts_n):
+    """Why a window's figures cannot compare hosts (BLIND), or '' when they can: a run of two
+    hosts or more whose collectives stay within a host (tensor-parallel groups per host,
+    pipeline stages across them, no data-parallel group across them). What crosses the hosts
+    then is point-to-point, and is not judged: gloo's recorder holds no send or receive
+    (torch 2.13, tests/fixtures/flight/README.md), and NCCL's entries give a send and its
+    receive nothing in common (p2p_seq_id counts one process's sends and receives in the
+    group; torch's analyzer matches them by their order over whole recordings, which a sampled
+    ring that wraps between samples does not keep)."""
+    across, complete = figures["across"], figures["complete"]
+    if hosts_n < 2 or across >= MIN_COLLECTIVES:
+        return ""
+    return BLIND % (across, complete, MIN_COLLECTIVES)
+
+
+def blind(watch):
+    """Why hosts are not compared, from a record's `straggle`, in words ([] when they are)."""
+    said = watch.get("blind")
+    return [said[:300]] if isinstance(said, str) and said else []
 
 
 def unwatched(watch):
