@@ -138,9 +138,36 @@ def test_the_environment_never_sets_the_recorders_size_empty(tmp_path):
 
 
 def test_the_watcher_is_valid_python_that_does_nothing_outside_a_rank(tmp_path, monkeypatch):
-    for name in ("TORCHELASTIC_ERROR_FILE", "RANK", flight.ENV_TRIGGER):
-        monkeypatch.delenv(name, raising=False)
-    exec(compile(flight.WATCHER, "sitecustomize.py", "exec"), {})  # returns at once
+    """Every process of the run's Python imports the watcher (sitecustomize): outside a rank
+    of torchrun (no error file, no RANK, or no trigger path) it starts no thread and registers
+    nothing at exit; in a rank, its one thread and its exit hook. (It asserted nothing before.)"""
+    import atexit
+    import threading
+
+    started, at_exit = [], []
+
+    class Thread:
+        def __init__(self, target=None, name=None, daemon=None):
+            self.name = name
+
+        def start(self):
+            started.append(self.name)
+
+    monkeypatch.setattr(threading, "Thread", Thread)
+    monkeypatch.setattr(atexit, "register", at_exit.append)
+    env = {"TORCHELASTIC_ERROR_FILE": str(tmp_path / "error.json"), "RANK": "3",
+           flight.ENV_TRIGGER: str(tmp_path / flight.TRIGGER)}
+    for missing in env:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.delenv(missing)
+        exec(compile(flight.WATCHER, "sitecustomize.py", "exec"), {})  # returns at once
+        assert (started, at_exit) == ([], []), missing
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    exec(compile(flight.WATCHER, "sitecustomize.py", "exec"), {})
+    assert started == ["torchfleet-flight"] and len(at_exit) == 1
+    assert list(tmp_path.iterdir()) == []  # nothing written before a rank has a process group
 
 
 # -- the judge ------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import copy
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -380,7 +381,8 @@ def test_periodic_work_on_rank_0_names_nobody():
     assert judged(j, 10.0) == []
     # The others did wait for it (40 ms a collective on average, the z bound far passed): it is
     # its period that sets it aside (straggle.aperiodic), not a lack of evidence.
-    waits, beyond, _seqs = zip(*straggle.window(j.keys, j.size, j.host_of)["rank"][0], strict=True)
+    waits, beyond, _seqs, _interval = zip(*straggle.window(j.keys, j.size, j.host_of)["rank"][0],
+                                          strict=True)
     assert math.fsum(waits) / len(waits) > 30.0 and straggle.z_score(beyond) > 5.0
 
 
@@ -641,3 +643,111 @@ def test_a_tensor_parallel_group_per_host_leaves_room_for_the_data_parallel_coll
     assert len(figures["host"]) == n_hosts
     named = straggle.name(figures, judge.host_of, judge.hosts, judge.threshold)
     assert [s["host"] for s in named] == ["n5"], named
+
+
+def tp_dp_durations(dp_late_ms, n_hosts=16, per=8, tp_ms=1.0, dp_ms=50.0, seed=13):
+    """The issue's shape (NCCL's durations, TORCH_NCCL_ENABLE_TIMING=1): n_hosts x per ranks,
+    a tensor-parallel group of each host's ranks at a collective every tp_ms and a
+    data-parallel group of each local rank across the hosts at one every dp_ms, over a 30 s
+    window sampled as the ranks sample it (1 in 2^8 and 1 in 2^2: about 120 and 150 of each
+    group); every rank's arrival jittered by 20 us, host n3's ranks dp_late_ms late at each
+    data-parallel collective. Each rank's duration: the last arrival less its own plus the
+    transfer (0.05 ms); its time_created on its host's own clock. The judge's figures."""
+    rnd = random.Random(seed)
+    hosts = {"n%d" % h: (h * per, h * per + per - 1) for h in range(n_hosts)}
+    j = straggle.Judge(hosts, 30.0, 0.05)
+    clock = {h: rnd.uniform(-5e3, 5e3) for h in range(n_hosts)}
+    rows = {r: [] for r in range(n_hosts * per)}
+
+    def collective(pg, seq, ranks, at, late):
+        arrive = {r: at + late(r) + rnd.gauss(0.0, 0.02) for r in ranks}
+        last = max(arrive.values())
+        for r, a in arrive.items():
+            rows[r].append([pg, seq, int((a + clock[r // per] + 1.8e12) * 1e6),
+                            last - a + 0.05])
+
+    for seq in (s for s in range(1, int(30e3 / tp_ms)) if straggle.sampled(s, 8)):
+        for h in range(n_hosts):
+            collective("tp%d" % h, seq, range(h * per, h * per + per), seq * tp_ms,
+                       lambda r: 0.0)
+    for seq in (s for s in range(1, int(30e3 / dp_ms)) if straggle.sampled(s, 2)):
+        for local in range(per):
+            collective("dp%d" % local, seq, range(local, n_hosts * per, per),
+                       seq * dp_ms + 0.4, lambda r: dp_late_ms if r // per == 3 else 0.0)
+    for h, (first, last) in hosts.items():
+        j.add(h, 10.0, {r: rows[r] for r in range(first, last + 1)})
+    return j, straggle.window(j.keys, j.size, j.host_of)
+
+
+def test_each_group_is_judged_against_its_own_interval():
+    """Issue 65, item 7: 16 hosts x 8 ranks, tensor-parallel groups per host at a collective a
+    millisecond, data-parallel groups across the hosts at one in 50 ms. One interval for all
+    (the median of every group's: 1 ms) made n3, 0.3 ms late at each data-parallel collective
+    (0.6 % of its interval: ordinary variation between GPUs), "about 30 % of the run's time",
+    and straggler_action=restart left it out. Each lateness is a share of its own group's
+    interval now: n3 is no straggler. 15 ms late at each (30 % of 50 ms) it is, at its cost."""
+    j, figures = tp_dp_durations(0.3)
+    assert straggle.name(figures, j.host_of, j.hosts, j.threshold) == []
+    assert judged(j, 10.0) == []
+    # The lateness is there to see: what it costs is what clears it.
+    waits = [x[0] for x in figures["host"]["n3"]]
+    assert 0.25 < math.fsum(waits) / len(waits) < 0.35
+    assert figures["complete"] > 16 * 100 and figures["across"] > 8 * 100
+    assert all(0.9 < figures["intervals"]["tp%d" % h] < 1.1 for h in range(16))
+    assert all(45.0 < figures["intervals"]["dp%d" % r] < 55.0 for r in range(8))
+
+    j, figures = tp_dp_durations(15.0)
+    named = straggle.name(figures, j.host_of, j.hosts, j.threshold)
+    assert [(s["host"], s["ranks"]) for s in named] == [("n3", list(range(24, 32)))]
+    s = named[0]
+    assert 14.5 < s["late_ms_mean"] < 15.5 and 45.0 < s["interval_ms"] < 55.0
+    assert re.search(r"the others wait 1[45]\.\d ms for it on average, about (29|30|31) % of "
+                     r"the run's time$", straggle.words(s)), straggle.words(s)
+
+
+def test_pipeline_stages_that_only_sends_and_receives_connect_are_said_blind_between_hosts():
+    """Issue 65, item 15: the recorded pipeline (gloo_2.13_pp_stage1_slow_rank*.json), each
+    stage a host here (node0: ranks 0-1, node1: ranks 2-3), a tensor-parallel group in each,
+    the activations and gradients sent between them, stage 1 15 ms slower a step. Sends and
+    receives are not judged (gloo's recorder holds none; NCCL's cannot be paired), so the slow
+    stage cannot be named: before, status and train.json said nothing, which reads as "no
+    straggler". Now the record, status, train.json's straggle and the verdict say the hosts
+    were not compared, and why."""
+    dumps = [json.loads((FIXTURES / ("gloo_2.13_pp_stage1_slow_rank%d.json" % r)).read_text())
+             ["entries"] for r in range(4)]
+    assert not any(e["is_p2p"] or " " in e["profiling_name"] for d in dumps for e in d)
+    hosts = ["node0", "node1"]
+    state = runstate.RunState("r", hosts, 2, now=1000.0)
+    for h in hosts:
+        state.straggle.offsets.measured(h, 0.0, 0.0002)
+    for r, entries in enumerate(dumps):
+        state.report(hosts[r // 2], 1000.0, beat({r: rows_of(entries)}))
+    assert judged(state.straggle, 1000.0) == []
+    said = ("blind between hosts: 1 of the window's 61 sampled collectives spanned two hosts (16 "
+            "needed): only point-to-point sends and receives cross them (pipeline stages), which "
+            "are not judged; a slow host or stage is not named")
+    record = state.record()
+    assert status.view(record, 1001.0)["stragglers"] == [said]
+    assert "\nstragglers: blind between hosts: 1 of" in status.text(status.view(record, 1001.0))
+    out = summary.straggler_checks(record, hosts)
+    assert out["checks"] == [] and out["straggle"]["blind"] == said
+    assert summary.blind_note(out) == "; stragglers " + said
+    assert status.report_stragglers(dict(out, stragglers=[])) == [said]
+    # NCCL's sends and receives, timed (torch's "nccl:send 0->1" / "nccl:recv 1<-0", is_p2p,
+    # their own p2p_seq_id), are not sampled: their rows could never meet.
+    p2p = [dict(e, profiling_name=name, is_p2p=True, p2p_seq_id=i, duration_ms=3.0)
+           for i, (e, name) in enumerate(zip(nccl_entries([1.0, 1.0]),
+                                             ["nccl:send 0->1", "nccl:recv 1<-0"], strict=True))]
+    assert rows_of(p2p) == []
+
+
+def test_hosts_that_a_collective_group_spans_are_not_said_blind():
+    j = judge(HOSTS4)  # the recorded tensor-/data-parallel run: the data-parallel groups span
+    for rank in range(4):
+        entries = json.loads((FIXTURES / ("gloo_2.13_tp_dp_rank3_late_rank%d.json" % rank))
+                             .read_text())["entries"]
+        j.add("node%d" % rank, 100.0, straggle.clean({str(rank): rows_of(entries, 64)},
+                                                     range(rank, rank + 1)))
+    judged(j, 100.0)
+    assert j.record()[1]["blind"] == ""
+    assert run_with_straggler("warn").record()["straggle"]["blind"] == ""

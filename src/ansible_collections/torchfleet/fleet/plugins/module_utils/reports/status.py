@@ -75,10 +75,11 @@ def live_goodput(record, now, attempt=0):
 
 
 def stragglers(record):
-    """The stragglers of the master's last judgement in words; or why none are watched."""
+    """The stragglers of the master's last judgement in words; or why none are watched, or
+    hosts not compared."""
     watch = record.get("straggle") if isinstance(record.get("straggle"), dict) else {}
-    return straggle.unwatched(watch) + [straggle.words(s) for s in straggle.read(
-        record.get("stragglers")) if s["active"]]
+    return straggle.unwatched(watch) + straggle.blind(watch) + [
+        straggle.words(s) for s in straggle.read(record.get("stragglers")) if s["active"]]
 
 
 def report_stragglers(report):
@@ -87,7 +88,8 @@ def report_stragglers(report):
     watch = report.get("straggle") if isinstance(report.get("straggle"), dict) else {}
     if watch.get("watched") is False:
         return [str(watch.get("why") or "not watched")[:300]]
-    return [straggle.words(s) for s in straggle.read(report.get("stragglers"))]
+    return straggle.blind(watch) + [straggle.words(s) for s in straggle.read(
+        report.get("stragglers"))]
 
 
 def hardware_by_host(events, more=None):
@@ -122,7 +124,8 @@ def text(v):
     if v.get("goodput"):
         head += "\n%s" % v["goodput"]
     for words in v.get("stragglers") or []:
-        head += "\nstraggler%s: %s" % ("s" if words.startswith("not watched") else "", words)
+        head += "\nstraggler%s: %s" % ("s" if words.startswith(("not watched", "blind")) else "",
+                                       words)
     rows = [(h["host"], h["state"], h["ranks_alive"],
              "-" if h["last_heard_s"] is None else "%.0f s ago" % h["last_heard_s"],
              h["hardware"] or "-", h["last_line"]) for h in v["hosts"]]

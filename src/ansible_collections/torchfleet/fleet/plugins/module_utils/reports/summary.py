@@ -323,6 +323,7 @@ def straggler_checks(record, hosts):
     return {"checks": checks, "straggle": {"watched": watch.get("watched") is not False
                                            and not straggle.unwatched(watch),
                                            "why": (straggle.unwatched(watch) or [""])[0],
+                                           "blind": (straggle.blind(watch) or [""])[0],
                                            "signal": str(watch.get("signal") or "")[:16],
                                            "started": _iso(started), "ended": _iso(updated)},
             "stragglers": [{"host": s["host"], "ranks": s["ranks"],
@@ -332,6 +333,13 @@ def straggler_checks(record, hosts):
                             "interval_ms": s["interval_ms"],
                             "first_seen": _iso(s["first_seen"]),
                             "last_seen": _iso(s["last_seen"])} for s in found]}
+
+
+def blind_note(slow):
+    """What a verdict adds when the run's groups left its hosts uncompared (straggler_checks'
+    straggle.blind): '; stragglers blind between hosts: ...', or ''."""
+    said = slow["straggle"].get("blind")
+    return "; stragglers %s" % said if said else ""
 
 
 def _iso(at):
@@ -682,7 +690,7 @@ def decide(params):
         for entry in [d for a in extra["attempts"] for d in a["drain"]] + hardware["drain"]:
             drained.setdefault(entry["host"], entry)
         hardware["drain"] = list(drained.values())
-    sentence = verdict(kind, checks, failure, extra.get("attempts", []))
+    sentence = verdict(kind, checks, failure, extra.get("attempts", [])) + blind_note(slow)
     # The collective test's report has it only when it may restart (its attempts).
     if kind == "train" or params["attempts"]:
         extra["goodput"] = run_goodput(params["times"], record)
@@ -701,7 +709,7 @@ def decide(params):
     said = memory.ledger_checks(fleet, params["ledger_said"])
     if said:
         checks.extend(said)
-        sentence = verdict(kind, checks, failure, extra.get("attempts", []))
+        sentence = verdict(kind, checks, failure, extra.get("attempts", [])) + blind_note(slow)
         report.update(checks=checks, verdict=sentence)
     if newly:
         report["quarantined"] = extra["quarantined"] = newly

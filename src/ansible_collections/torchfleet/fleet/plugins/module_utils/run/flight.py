@@ -135,7 +135,11 @@ def _torchfleet_samples(entries, after, n_max):
     untimed). gloo's every collective (its call time); NCCL's once timed (duration_ms:
     TORCH_NCCL_ENABLE_TIMING=1). Sampled: the
     collectives whose seq hashes into the top 2^-j, j the least that keeps them to n_max (the
-    same seqs on every rank: straggle.sampled)."""
+    same seqs on every rank: straggle.sampled). Not sends and receives (is_p2p): nothing in a
+    send's entry and its receive's is the same (p2p_seq_id counts one process's own; torch's
+    analyzer pairs them by order over whole recordings, and this ring wraps between samples),
+    and gloo records none; a run whose hosts only they connect is said blind there
+    (straggle.between_hosts)."""
     fresh, untimed = [], 0
     for e in entries:  # (the group: _torchfleet_group)
         name, dur = str(e.get("profiling_name") or ""), e.get("duration_ms")

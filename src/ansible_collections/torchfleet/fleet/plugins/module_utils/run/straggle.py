@@ -36,8 +36,11 @@ of its latenesses, less the two sides' uncertainties at each (a gloo host's cloc
 the same error at every collective), is above zero at odds below ALPHA were it no later than
 the others (a z test of the paired latenesses, the bound shared among every rank and host
 judged; with two hosts either is the later half the time, and the mean is what the run
-loses), and the mean lateness is at least straggler_threshold of the median interval between
-collectives. The mean, not the median or a share of times late: a host whose CPU is capped
+loses), and the mean lateness is at least straggler_threshold of the interval between
+collectives: each lateness a share of its own group's median interval (a tensor-parallel group
+at a collective a millisecond and a data-parallel group at one in 50 ms each weigh it against
+their own rate; one interval for all made 0.3 ms at each data-parallel collective "30 % of the
+run's time"). The mean, not the median or a share of times late: a host whose CPU is capped
 (CFS bandwidth throttling: it runs its quota of each 100 ms, then stops) is late, by tens of
 ms, only at the collective that straddles its stop, one in three at tens of collectives a
 second, and with the others in between (tests/fixtures/straggle/); the others waited for it
@@ -69,6 +72,12 @@ capped host's lateness (mod 4), and 62 % mod 2, hence PERIOD_MIN (a step's own c
 A period of more than PERIOD_MAX collectives leaves too few late ones among a window's samples
 to pass the z bound. Periodic work that costs the run its time is still set aside: it is the
 training script's to fix, not a host's. A slow host is named with all its ranks.
+
+Point-to-point sends and receives are not judged: gloo's recorder holds none, and NCCL's give a
+send and its receive nothing in common to match them by (between_hosts()). A run whose
+collectives stay within each host (pipeline stages across hosts, no data-parallel group across
+them) has its hosts compared at none: the record says so (`blind`), and status and the verdict
+with it, rather than a silence that reads as "no straggler".
 
 Only the standard library, defaults.py and flight.py: it runs inside the agent on every host.
 """
@@ -283,6 +292,7 @@ class Judge:
         self.found = {}               # (host, ranks) -> straggler, as record() shows it
         self.signal = ""              # "durations" (NCCL) or "calls" (gloo), once seen
         self.untimed = []             # hosts whose NCCL collectives are not timed
+        self.blind = ""               # why hosts cannot be compared (between_hosts()), or ""
         self.complete = 0             # complete collectives in the window at the last judge
         self.next_judge = 0.0
         self.first_data = None        # when the first sampled collective came
@@ -335,6 +345,8 @@ class Judge:
         # Nobody is named before a whole window was sampled (a run's first seconds: ranks
         # still warming up), nor on one judgement alone (a passing stall of one host).
         full = self.first_data is not None and now - self.first_data >= self.window_s
+        if full and figures["complete"] >= MIN_COLLECTIVES:  # (a thin window says nothing)
+            self.blind = between_hosts(figures, len(self.hosts))
         held = {k: s for k, s in self.found.items() if s["active"]}
         named = name(figures, self.host_of, self.hosts, self.threshold, held) if full else []
         # A named one the window has too few collectives of to judge (rows of its ranks
@@ -382,7 +394,7 @@ class Judge:
                for s in self.found.values()]
         return out, {"watched": self.watched, "signal": self.signal,
                      "collectives": self.complete, "window_s": self.window_s,
-                     "untimed": self.untimed}
+                     "untimed": self.untimed, "blind": self.blind}
 
     def not_timed(self, host):
         """A host said its ranks' NCCL collectives complete without a duration (the user's
@@ -394,14 +406,20 @@ class Judge:
 def window(keys, size, host_of):
     """What a window's complete collectives say (the newest of each group, JUDGE_ARRIVALS
     arrivals at most: a busy group does not crowd out the others): per rank and per host, its
-    lateness against the others (their median) at each, and beyond the uncertainties; the
-    median interval between collectives (each rank's, on its own clock)."""
+    lateness against the others (their median) at each, and beyond the uncertainties, with
+    the interval of that collective's own group (the median interval between its collectives,
+    each rank's on its own clock): a tensor-parallel group at a collective a millisecond and
+    a data-parallel one at one in 50 ms each weigh a lateness against their own rate (one
+    interval for all, the busiest group's, made 0.3 ms at each data-parallel collective
+    "30 % of the run's time"). A group without two of its collectives in the window has no
+    interval, and its lateness is not tallied. `across`: the collectives that spanned two
+    hosts or more (hosts are compared at those only)."""
     groups = {}
     for (pg, seq), v in keys.items():
         if len(v["r"]) >= max(2, size.get(pg, 0)):
             groups.setdefault(pg, []).append((seq, v["r"]))
     per_rank, per_host = {}, {}
-    complete, signal = 0, ""
+    complete, across, signal = 0, 0, ""
     series = {}
     for pg, seq, ranks in _newest(groups):
         for rank in sorted(ranks)[:SERIES_RANKS]:
@@ -415,14 +433,25 @@ def window(keys, size, host_of):
         else:
             continue
         complete += 1
-        _lateness(seq, arrive, host_of, per_rank, per_host)
-    gaps = []
-    for points in series.values():
+        across += _lateness((pg, seq), arrive, host_of, per_rank, per_host)
+    gaps = {}
+    for (_rank, pg), points in series.items():
         points.sort()
-        gaps.extend((t2 - t1) / (s2 - s1) for (s1, t1), (s2, t2)
-                    in zip(points, points[1:], strict=False) if s2 > s1 and t2 >= t1)
-    return {"complete": complete, "signal": signal, "rank": per_rank, "host": per_host,
-            "interval_ms": statistics.median(gaps) if gaps else None}
+        gaps.setdefault(pg, []).extend(
+            (t2 - t1) / (s2 - s1) for (s1, t1), (s2, t2)
+            in zip(points, points[1:], strict=False) if s2 > s1 and t2 >= t1)
+    intervals = {pg: statistics.median(g) for pg, g in gaps.items() if g}
+    intervals = {pg: ms for pg, ms in intervals.items() if ms > 0}
+    for tallies in (per_rank, per_host):
+        for who, t in list(tallies.items()):
+            t = [(late, beyond, seq, intervals[pg]) for late, beyond, (pg, seq) in t
+                 if pg in intervals]
+            if t:
+                tallies[who] = t
+            else:
+                del tallies[who]
+    return {"complete": complete, "across": across, "signal": signal, "rank": per_rank,
+            "host": per_host, "intervals": intervals}
 
 
 def _newest(groups):
@@ -447,29 +476,31 @@ def _newest(groups):
     return out
 
 
-def _lateness(seq, arrive, host_of, per_rank, per_host):
-    """Tally one collective: each rank's arrival against the median of the others'; each
-    host's (the lower median of its ranks': a host is late when most of its ranks are)
-    against the median of the other hosts'. Late when by more than the uncertainties of the
-    two sides (a gloo host's clock offset is uncertain by half a round trip, the same error at
-    every collective: as if it were all lateness). Tallies: [(lateness, lateness less the
-    uncertainties, seq), ...]."""
+def _lateness(key, arrive, host_of, per_rank, per_host):
+    """Tally one collective (key: (group, seq)): each rank's arrival against the median of
+    the others'; each host's (the lower median of its ranks': a host is late when most of its
+    ranks are) against the median of the other hosts'. Late when by more than the
+    uncertainties of the two sides (a gloo host's clock offset is uncertain by half a round
+    trip, the same error at every collective: as if it were all lateness). Tallies:
+    [(lateness, lateness less the uncertainties, key), ...]. Returns whether it spanned two
+    hosts or more."""
     items = sorted([(t, u, r) for r, (t, u) in arrive.items()])
     mid = sorted([x[1] for x in items])[len(items) // 2]
-    _against_others(seq, items, mid, per_rank)
+    _against_others(key, items, mid, per_rank)
     at = {}
     for i, (_t, _u, r) in enumerate(items):
         at.setdefault(host_of.get(r), []).append(i)
     if len(at) < 2:
-        return  # one host's group: its ranks are compared, the host with nobody
-    _against_others(seq, sorted(items[pos[(len(pos) - 1) // 2]][:2] + (host,)
+        return False  # one host's group: its ranks are compared, the host with nobody
+    _against_others(key, sorted(items[pos[(len(pos) - 1) // 2]][:2] + (host,)
                                 for host, pos in at.items()), mid, per_host)
+    return True
 
 
-def _against_others(seq, values, mid, tallies):
+def _against_others(key, values, mid, tallies):
     """Each of values ([(time, uncertainty, who)], sorted by time) against the median of the
     others' times, tallied for who: (lateness, lateness less its and the others' (mid)
-    uncertainties, seq)."""
+    uncertainties, key)."""
     ts = [v[0] for v in values]
     n = len(ts)
     lo, hi = (n - 2) // 2, (n - 1) // 2  # the median of the others: ts[lo], ts[hi] without i
@@ -478,7 +509,7 @@ def _against_others(seq, values, mid, tallies):
         tally = tallies.get(who)
         if tally is None:
             tally = tallies[who] = []
-        tally.append((late, late - u - mid, seq))
+        tally.append((late, late - u - mid, key))
 
 
 def z_score(values):
@@ -521,62 +552,70 @@ def judgeable(figures, key):
     with all its ranks, or one rank) to judge it."""
     host, ranks = key
     t = figures["rank"].get(ranks[0]) if len(ranks) == 1 else figures["host"].get(host)
-    return bool(figures["interval_ms"]) and figures["complete"] >= MIN_COLLECTIVES \
-        and t is not None and len(t) >= MIN_COLLECTIVES
+    return figures["complete"] >= MIN_COLLECTIVES and t is not None \
+        and len(t) >= MIN_COLLECTIVES
 
 
 def name(figures, host_of, hosts, threshold, held=()):
     """The stragglers of a window's figures: a slow host with all its ranks, else ranks.
 
-    One is named when its mean lateness beyond the uncertainties is above zero at odds below
-    ALPHA (shared among every rank and host judged: a z test of the paired latenesses), its
-    mean lateness at least straggler_threshold of the median interval, and both hold outside
-    its periodic work (aperiodic()). One named already (`held`: (host, ranks) keys) stays
+    Each lateness counts as a share of its own group's interval (window()): one is named when
+    its mean share beyond the uncertainties is above zero at odds below ALPHA (shared among
+    every rank and host judged: a z test of the paired latenesses), its mean share at least
+    straggler_threshold, and both hold outside its periodic work (aperiodic()). One named already (`held`: (host, ranks) keys) stays
     named at odds below KEEP_ALPHA: its lateness is known, and a window thinner than the one
     that named it (fewer sampled collectives, a lower z for the same lateness) does not
     clear it, while a host back in step (its mean lateness under the threshold) is cleared."""
-    interval = figures["interval_ms"]
-    if figures["complete"] < MIN_COLLECTIVES or not interval:
+    if figures["complete"] < MIN_COLLECTIVES:
         return []
     judged = max(1, len(figures["rank"]) + len(figures["host"]))
     z_new = statistics.NormalDist().inv_cdf(1.0 - ALPHA / judged)
     z_kept = statistics.NormalDist().inv_cdf(1.0 - KEEP_ALPHA)
-    cost = threshold * interval
 
     def straggles(t, key):
         n = len(t)
-        if n < MIN_COLLECTIVES or math.fsum(x[0] for x in t) < cost * n:
+        if n < MIN_COLLECTIVES:
+            return False
+        shares = [late / ms for late, _b, _s, ms in t]
+        if math.fsum(shares) < threshold * n:
             return False
         z_min = min(z_new, z_kept) if key in held else z_new
-        waits, beyond, seqs = zip(*t, strict=True)
+        beyond, seqs = [b / ms for _l, b, _s, ms in t], [seq for _l, _b, seq, _ms in t]
         if z_score(beyond) < z_min:
             return False
         keep = aperiodic(beyond, seqs)
         return len(keep) >= MIN_COLLECTIVES and z_score([beyond[i] for i in keep]) >= z_min \
-            and math.fsum(waits[i] for i in keep) >= cost * len(keep)
+            and math.fsum(shares[i] for i in keep) >= threshold * len(keep)
 
     out, said = [], set()
     for host, t in sorted(figures["host"].items(), key=lambda kv: str(kv[0])):
         first, last = hosts.get(host, (0, -1))
         if host in hosts and straggles(t, (host, tuple(range(first, last + 1)))):
-            out.append(_entry(host, list(range(first, last + 1)), t, interval))
+            out.append(_entry(host, list(range(first, last + 1)), t))
             said.add(host)
     for rank, t in sorted(figures["rank"].items()):
         if host_of.get(rank) in hosts and host_of[rank] not in said \
                 and straggles(t, (host_of[rank], (rank,))):
-            out.append(_entry(host_of[rank], [rank], t, interval))
+            out.append(_entry(host_of[rank], [rank], t))
     return out
 
 
 ENTRY = ("host", "ranks", "share_last", "late_ms_median", "late_ms_mean", "interval_ms")
 
 
-def _entry(host, ranks, t, interval):
+def _entry(host, ranks, t):
+    """A straggler's record entry. interval_ms: the interval its mean lateness is a share of,
+    that share being the mean of each lateness over its own group's interval (one group's:
+    that group's median interval; a rank late in a tensor-parallel group and in a
+    data-parallel one weighs each by its own), so that late_ms_mean / interval_ms is what
+    words() says it costs."""
     waits = [x[0] for x in t]
+    mean, share = math.fsum(waits) / len(t), math.fsum(x[0] / x[3] for x in t) / len(t)
+    interval = mean / share if mean > 0 and share > 0 else statistics.median(x[3] for x in t)
     return {"host": host, "ranks": ranks,
             "share_last": round(sum(x[1] > 0 for x in t) / len(t), 3),
             "late_ms_median": round(statistics.median(waits), 3),
-            "late_ms_mean": round(math.fsum(waits) / len(t), 3), "interval_ms": round(interval, 3)}
+            "late_ms_mean": round(mean, 3), "interval_ms": round(interval, 3)}
 
 
 def span(ranks):
@@ -605,6 +644,32 @@ def _num(value):
     # (NaN fails the comparison.)
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
         and abs(value) < 1e15 else None
+
+
+BLIND = "blind between hosts: %d of the window's %d sampled collectives spanned two hosts " \
+    "(%d needed): only point-to-point sends and receives cross them (pipeline stages), which " \
+    "are not judged; a slow host or stage is not named"
+
+
+def between_hosts(figures, hosts_n):
+    """Why a window's figures cannot compare hosts (BLIND), or '' when they can: a run of two
+    hosts or more whose collectives stay within a host (tensor-parallel groups per host,
+    pipeline stages across them, no data-parallel group across them). What crosses the hosts
+    then is point-to-point, and is not judged: gloo's recorder holds no send or receive
+    (torch 2.13, tests/fixtures/flight/README.md), and NCCL's entries give a send and its
+    receive nothing in common (p2p_seq_id counts one process's sends and receives in the
+    group; torch's analyzer matches them by their order over whole recordings, which a sampled
+    ring that wraps between samples does not keep)."""
+    across, complete = figures["across"], figures["complete"]
+    if hosts_n < 2 or across >= MIN_COLLECTIVES:
+        return ""
+    return BLIND % (across, complete, MIN_COLLECTIVES)
+
+
+def blind(watch):
+    """Why hosts are not compared, from a record's `straggle`, in words ([] when they are)."""
+    said = watch.get("blind")
+    return [said[:300]] if isinstance(said, str) and said else []
 
 
 def unwatched(watch):
