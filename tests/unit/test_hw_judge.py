@@ -299,3 +299,30 @@ def test_the_report_names_the_gpu_and_the_rank_an_event_hit_and_the_warnings_not
                                    "hardware": checks["hardware"]}, Path(tmp_path))
     result.hardware_dropped = checks["hardware_dropped"]  # (train.json's, once results.py reads it)
     assert "and 212 more warnings" in render(result)
+
+
+# -- issue 65, item 9: a fatal NVSwitch SXid is the host's -----------------------------------------
+
+def test_a_fatal_nvswitch_sxid_drains_its_host_and_names_the_switch_not_a_ranks_gpu(tmp_path):
+    """On a7e0410 the SXid line was never parsed: the rank whose GPU lost its NVLink died and
+    its exit was the run's failure. Now the agent's watch (test_host_watch's HGX sysfs, all 8
+    GPUs the run's) sends it fatal with no device, no GPU and no rank, and the master drains
+    the host with the switch named."""
+    from tests.unit.test_host_watch import GPUS, Gpus, sent, watch, write
+    line = (FIXTURES / "kmsg" / "sxid20034-xid79.gpud.txt").read_text().splitlines()[5] \
+        .split("] ", 1)[1]  # "nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, ..."
+    w, log = watch(tmp_path, gpu=Gpus(buses=GPUS))
+    write(log, line)
+    (event,) = sent(w, 10.0, {4242: (3, 3)})
+    assert (event["kind"], event["code"], event["fatal"]) == ("nvswitch", 20034, True)
+    assert (event["pci_bus"], event["gpu"], event["rank"]) == (None, None, None)
+    s = running(["n0", "n1"])
+    s.exited("n1", 1020.0, 1, root_cause={"rank": 11, "local_rank": 3, "exitcode": -6})
+    beat(s, "n1", 1020.5, [event])
+    assert (s.failure["reason"], s.failure["host"]) == ("hardware", "n1")
+    words = runstate.failure_text(s.failure)
+    assert words.startswith("n1: NVSwitch nvidia-nvswitch1 (PCI 0000:06:00.0) SXid 20034, "
+                            "fatal: the host's NVLink fabric, every GPU of it, at ")
+    assert "GPU" not in words.split(", fatal:")[0] and "drain n1" in words
+    assert hardware_checks(s.record(), ["n0", "n1"])["drain"] == [
+        {"host": "n1", "reason": "run.hardware", "evidence": line}]

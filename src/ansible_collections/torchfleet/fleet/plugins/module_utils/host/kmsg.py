@@ -7,22 +7,39 @@ It knows the lines of (format strings from the kernel and the drivers that print
 
 - NVIDIA Xids (`NVRM: Xid (PCI:0000:5d:00): 79, pid=..., name=..., ...`): fatal when xid.py
   drains on the code;
+- NVSwitch SXids (`nvidia-nvswitch3: SXid (PCI:0000:8a:00.0): 24007, Fatal, Link 44 ...`):
+  `Fatal` is fatal to the host (the switch's NVLink fabric serves every GPU of it: the event
+  names the switch and no device of the run, so no one GPU or rank is blamed), `Non-fatal` a
+  warning (xid_catalog.SXID);
 - PCIe AER (drivers/pci/pcie/aer.c and err.c, 3.x to 6.x: `AER: Uncorrected (Fatal) error
   received: ...`, 6.x's `AER: Uncorrectable (Non-Fatal) error message received from ...`,
   `PCIe Bus Error: severity=...`, `AER: device recovery failed`): an uncorrected fatal error,
   or a recovery that failed, is fatal (on the run's devices: the host watch scopes it); a
-  non-fatal one, which the kernel recovers, and a corrected one are warnings;
+  non-fatal one, which the kernel recovers, and a corrected one are warnings. The device is
+  the error's source: the BDF after `received from` / `received:`, or up to 4.18 the
+  requester ID after `id=` (bus = id >> 8, device.function = id & 0xff, in the reporting
+  port's PCI domain; id=0000, a source not recorded, names none), else the line's own device
+  (the port). The block's detail lines
+  (`AER:    [13] NonFatalErr (First)`, 4.x's `   [14] Corrected Internal Error`) are not
+  events of their own, whatever driver prints them;
 - AMD GPUs (drivers/gpu/drm/amd/amdgpu: `GPU reset begin!`, RAS `... uncorrectable hardware
   errors detected in ... block`): a reset or an uncorrectable error is fatal, a correctable one
   a warning;
 - mlx5 (drivers/net/ethernet/mellanox/mlx5/core: health.c's `device's health compromised`,
   `internal error`, `unrecoverable`, events.c's `Port module event: ... Cable unplugged`):
-  fatal; its link messages (`Link down`) a warning;
+  fatal; its link messages (`Link down`) a warning; a firmware command that failed (cmd.c's
+  `mlx5_cmd_out_err:838:(pid N): ACCESS_REG(0x805) op_mod(0x1) failed, status internal
+  error(0x1), ...`, printed for a register read by `ethtool -m`, `mlxlink` or a counter read)
+  is the command's answer, not the device's health: nothing;
 - the OOM killer (mm/oom_kill.c: `Out of memory: Killed process 12584 (python3) total-vm:...kB,
   anon-rss:...kB, ...`, `Memory cgroup out of memory: Killed process ...`; before 5.0 `...: Kill
   process N (name) score S or sacrifice child` then `Killed process N (name) total-vm:...`;
   since 4.19 `oom-kill:constraint=...,task_memcg=/...,task=name,pid=N,uid=0`, whose task_memcg
-  is the event's `cgroup`): kind oom, one key (code, pid) for the lines of one kill.
+  is the event's `cgroup`): kind oom, one event per kill, from the `Killed process` line. The
+  summary before it names the task the killer chose; 4.19 to 5.2 may then sacrifice a child
+  of it instead (`Kill process N (...) score S or sacrifice child`, then `Killed process M`):
+  the kill is M's, the summary's cgroup goes with it only when it names M. A summary is held
+  for its kill line (the kernel writes both in one call; a summary alone killed nobody).
 
 KernelLog follows the log from the moment it is opened: /dev/kmsg (from its end), else
 `journalctl -k -f`, or a file followed like `tail -F` (a container that sees the host's log
@@ -71,13 +88,17 @@ AGE_MAX_S = 600.0     # the most uncertain an age is said to be
 DRIFT = 1e-4          # printk clock against CLOCK_MONOTONIC, s/s, allowed after calibration
 MARK = "torchfleet: printk clock mark %d"
 
-_KMSG_PREFIX = re.compile(r"^[0-9]{1,3},[0-9]{1,20},([0-9]{1,20}),[^;]{0,16};")
 _DMESG_RAW = re.compile(r"^\s*(?:<[0-9]{1,3}>)?\[\s*([0-9]{1,12}\.[0-9]{1,9})\]\s?")
 _BDF = r"[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?"
 _PID = re.compile(r"\bpid=([0-9]{1,10})\b")
 _AER_RECEIVED = re.compile(r"AER: (?:Multiple )?(Corrected|Correctable|Uncorrected \((?:Non-)?"
                            r"Fatal\)|Uncorrectable \((?:Non-)?Fatal\)) error (?:message )?"
-                           r"received(?::| from) ?(?:id=[0-9a-fA-F]+)?(" + _BDF + r")?")
+                           r"received(?::| from) ?(?:id=([0-9a-fA-F]{4})\b)?(" + _BDF + r")?")
+# aer.c's detail lines of a block: "AER:   device [15b3:1021] error status/mask=...",
+# "AER:    [13] NonFatalErr            (First)", before 4.19 without "AER: " and with 4.x's
+# names ("   [14] Corrected Internal Error (First)", "   [13] Advisory Non-Fatal").
+_AER_DETAIL = re.compile(r"^\s*(?:AER:\s*)?(?:\[\s?[0-9]{1,2}\] |device \[[0-9a-fA-F]{4}:"
+                         r"[0-9a-fA-F]{4}\] error status)")
 _AER_SEVERITY = re.compile(r"PCIe Bus Error: severity=(Corrected|Correctable|Uncorrected "
                            r"\((?:Non-)?Fatal\)|Uncorrectable \((?:Non-)?Fatal\))")
 _DEVICE = re.compile(r"(?:^|\s)([a-z0-9_]+) (" + _BDF + r")(?: [^:\s]+)?: ")
@@ -86,6 +107,10 @@ _AMD_RAS = re.compile(r"([0-9]+) (uncorrectable|correctable) hardware errors det
 _MLX5_FATAL = re.compile(r"health compromised|internal error|unrecoverable|Cable unplugged|"
                          r"PCI (?:error|slot)|device is in error state|fatal", re.I)
 _MLX5_LINK = re.compile(r"Link down|Link DOWN")
+# cmd.c: a firmware command's failed answer (mlx5_cmd_out_err, before 5.x mlx5_cmd_check).
+_MLX5_CMD = re.compile(r"^\s*mlx5_cmd_(?:out_err|check):[0-9]{1,6}:")
+_SXID = re.compile(r"(nvidia-nvswitch[0-9]{1,3}): SXid \(PCI:(" + _BDF + r")\): ([0-9]{1,6}), "
+                   r"(Fatal|Non-fatal), (.{0,200})")
 _OOM = re.compile(r"(?:(Memory cgroup out of memory|Out of memory[^:]{0,40}): |(?:^|\s))"
                   r"Killed process ([0-9]{1,10}),? (?:UID [0-9]+, )?\(([^)]{0,64})\)"
                   r"(?:.*?anon-rss:([0-9]+)kB)?")
@@ -107,9 +132,10 @@ def _maybe(text):
 
 
 def split(line):
-    """(seconds since boot or None, the message): the kmsg record's or dmesg's stamp taken off;
-    any other prefix (a wall time, a host name) stays, the parsers search past it."""
-    kmsg = _KMSG_PREFIX.match(line)
+    """(seconds since boot or None, the message): the kmsg record's prefix (xid.KMSG_PREFIX,
+    with any caller= field) or dmesg's stamp taken off; any other prefix (a wall time, a host
+    name) stays, the parsers search past it."""
+    kmsg = xid.KMSG_PREFIX.match(line)
     if kmsg:
         return int(kmsg.group(1)) / 1e6, line[kmsg.end():]
     raw = _DMESG_RAW.match(line)
@@ -131,7 +157,8 @@ def parse(line, memo=None):
     if not _maybe(msg):
         return None
     memo = memo if isinstance(memo, dict) else {}
-    event = _xid(msg) or _oom(msg, memo) or _aer(msg) or _amd(msg) or _mlx5(msg)
+    event = (_xid(msg) or _sxid(msg) or _oom(msg, memo) or _aer(msg) or _amd(msg)
+             or _mlx5(msg))
     if event is None:
         return None
     return dict({"code": None, "pci_bus": None, "pid": None}, **event,
@@ -150,6 +177,20 @@ def _xid(msg):
             "what": "Xid %d, %s" % (code, meaning)}
 
 
+def _sxid(msg):
+    match = _SXID.search(msg)
+    if not match:  # also its "Severity 1 Engine instance ..." and "Data {...}" lines
+        return None
+    switch, bus, fatal = match.group(1), match.group(2).lower(), match.group(4) == "Fatal"
+    # pci_bus None: the switch is none of the run's devices and every GPU's fabric; a device
+    # would make the host watch call it another device's and no GPU is the one at fault.
+    return {"kind": "nvswitch", "code": int(match.group(3)), "fatal": fatal,
+            "what": "NVSwitch %s (PCI %s) SXid %s, %s: %s" % (
+                switch, bus, match.group(3), match.group(4).lower(),
+                "the host's NVLink fabric, every GPU of it" if fatal
+                else match.group(5).strip()[:60])}
+
+
 def _oom_event(memcg, pid, rss=None, cgroup=None):
     size = "" if rss is None else ", anon-rss %.1f GiB" % (rss / (1 << 20)) if rss >= 1 << 20 \
         else ", anon-rss %.0f MiB" % (rss / 1024)
@@ -159,19 +200,18 @@ def _oom_event(memcg, pid, rss=None, cgroup=None):
 
 
 def _oom(msg, memo):
-    if "oom-kill:" in msg:  # 4.19+: the summary before the kill, its cgroup and victim
+    if "oom-kill:" in msg:  # 4.19+: the summary before the kill: the task chosen, its cgroup
         constraint = _OOM_KILL.search(msg)
-        pid = _OOM_PID.search(msg)
         if not constraint:
             return None
         memo["oom"] = constraint.group(1) == "CONSTRAINT_MEMCG"
-        if not pid:
-            return None  # cut short: the "Killed process" line says whom
-        memcg = _OOM_MEMCG.search(msg)
-        return _oom_event(memo["oom"], int(pid.group(1)),
-                          cgroup=memcg.group(1)[:300] if memcg else None)
+        pid, memcg = _OOM_PID.search(msg), _OOM_MEMCG.search(msg)
+        # Held for the kill line: 4.19-5.2 may kill a child of the task named here instead.
+        memo["summary"] = (int(pid.group(1)) if pid else None,
+                           memcg.group(1)[:300] if memcg else None)
+        return None
     chosen = _OOM_CHOSEN.search(msg)
-    if chosen:  # before 5.0; not the kill yet (a child may be sacrificed instead)
+    if chosen:  # before 5.3; not the kill yet (a child may be sacrificed instead)
         memo["oom"] = chosen.group(1).startswith("Memory cgroup")
         return None
     match = _OOM.search(msg)
@@ -179,8 +219,12 @@ def _oom(msg, memo):
         return None
     memcg = match.group(1).startswith("Memory cgroup") if match.group(1) else memo.get(
         "oom", False)
-    return _oom_event(memcg, int(match.group(2)),
-                      int(match.group(4)) if match.group(4) else None)
+    pid = int(match.group(2))
+    summary = memo.pop("summary", None)
+    # The summary's task_memcg is this victim's only when it names this victim (a sacrificed
+    # child's own cgroup is not printed).
+    cgroup = summary[1] if summary and summary[0] == pid else None
+    return _oom_event(memcg, pid, int(match.group(4)) if match.group(4) else None, cgroup)
 
 
 def _aer(msg):
@@ -197,9 +241,16 @@ def _aer(msg):
     if not severity:
         return None
     level = severity.group(1)
-    device = (received.group(2) if received and received.group(2) else None)
+    named = _DEVICE.search(msg)
+    device = received.group(3) if received and received.group(3) else None
+    rid = int(received.group(2), 16) if received and received.group(2) else 0
+    if device is None and rid:
+        # Up to 4.18 the source is a requester ID: bus, device.function, in the port's domain
+        # (an NVMe drive under the GPU's root port is the drive, not the port). id=0000 is a
+        # source the port did not record ("Multiple ... id=0000"): the port is named.
+        device = "%s:%02x:%02x.%d" % (named.group(2)[:4] if named else "0000", rid >> 8,
+                                      (rid & 0xff) >> 3, rid & 7)
     if device is None:
-        named = _DEVICE.search(msg)
         device = named.group(2) if named else None
     # 6.x names them Correctable / Uncorrectable; one code whichever kernel wrote it.
     level = level.replace("Uncorrectable", "Uncorrected").replace("Correctable", "Corrected")
@@ -233,6 +284,8 @@ def _mlx5(msg):
     named = _DEVICE.search(msg)
     bus = gpuwatch.bus_id(named.group(2)) if named else None
     text = msg[named.end():] if named else msg
+    if "AER:" in text or _AER_DETAIL.match(text) or _MLX5_CMD.match(text):
+        return None  # an AER block's detail (its severity line is judged), a command's answer
     if _MLX5_FATAL.search(text):
         return {"kind": "mlx5", "code": "cable" if "Cable unplugged" in text else "health",
                 "pci_bus": bus, "fatal": True,

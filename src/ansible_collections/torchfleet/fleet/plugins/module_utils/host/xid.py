@@ -1,20 +1,25 @@
 """NVIDIA Xid events in a kernel log, and what each code means for a training run.
 
 Each code's class is NVIDIA's Xid catalog's resolution for the running application
-(docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, "Resolution Bucket (Immediate
-Action)"; leptonai/gpud's catalog_generated.go mirrors it):
+(xid_catalog.py: the catalog as data, its source and what each bucket needs):
 
 - "drain" (fatal: the run ends and the host is drained): the GPU must be reset or the node
   rebooted before it runs work right again (RESET_GPU, RESTART_BM, RESTART_VM, and the DBE and
   NVLink workflows that begin with a reset); also 94, a memory error the GPU contained by
   ending the application that touched it, with a row remap pending until a reset (as Azure's,
-  Meta's and AWS's health checks drain on it); and the codes the catalog marks unused on A100
-  and later that these three fleets' lists drain on (older GPUs').
+  Meta's and AWS's health checks drain on it); the codes the catalog marks unused on A100
+  and later that these three fleets' lists drain on (older GPUs'); and 167 and 169, for which
+  the catalog gives no bucket yet (torchfleet's reading: a fatal PCIe timeout like 158's, a
+  micro-controller halt like 62's, both RESET_GPU).
+- NVLink5's 144-150 (WORKFLOW_NVLINK5_ERR) by their own line: `<unit>  Fatal   XC0 i0 Link 01
+  (...)` drains (the decode sheet's Fatal and Link Fatal rows reset the GPU), `Nonfatal` is a
+  warning (an Xid 154 follows where a reset is needed, and is judged itself).
 - "application" (a warning): the application is ended for its own fault or restarts
   (RESTART_APP with CHECK_APP/CUDA, or the Xid 13/31/45 workflows): the GPU runs the next
   program; the rank's own exit is the run's failure.
 - "warning": running work goes on (IGNORE): a row remap pending until the next reset (63), a
   high single-bit ECC rate (92) ...
+- a code of the catalog not in the tables below takes its bucket's class (BUCKETS);
 - any other code is "unknown", a warning, unless its line says the GPU must be reset or the
   node rebooted, in those words ("GPU Reset Required", "reboot required", "must be reset";
   e.g. Xid 154's "GPU recovery action changed ... to 0x1 (GPU Reset Required)"); a "reset"
@@ -29,6 +34,8 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import xid_catalog
 
 # code: (meaning, NVIDIA's immediate action) -- docs/checks.md's Xid table is made of these.
 DRAIN = {
@@ -57,7 +64,16 @@ DRAIN = {
     143: ("GPU initialization error", "RESET_GPU"),
     151: ("key rotation error", "RESTART_VM"),
     155: ("NVLink SW defined error", "RESET_GPU"),
+    156: ("resource retirement event (a reset applies it)", "RESET_GPU"),
     158: ("GPU fatal timeout", "RESET_GPU"),
+    167: ("PCIe fatal timeout", "no bucket in the catalog; torchfleet: as 158, RESET_GPU"),
+    169: ("SEC2 micro-controller halt", "no bucket in the catalog; torchfleet: as 62, RESET_GPU"),
+}
+# NVLink5 (WORKFLOW_NVLINK5_ERR): fatal or not by the severity its own line gives.
+NVLINK5 = {
+    144: "NVLink5 SAW error", 145: "NVLink5 RLW error", 146: "NVLink5 TLW error",
+    147: "NVLink5 TREX error", 148: "NVLink5 NVLPW_CTRL error", 149: "NVLink5 NETIR error",
+    150: "NVLink5 MSE error",
 }
 APPLICATION = {
     8: ("GPU stopped processing (the channel's idle timeout)", "RESTART_APP"),
@@ -83,6 +99,12 @@ WARNING = {
 }
 SOURCES = ("NVIDIA Xid catalog (resolution buckets); azurehpc-health-checks, Meta GCM, AWS EKS "
            "node monitoring agent for the codes unused on A100 and later")
+# A catalog code none of the tables above names: its immediate action's class.
+BUCKETS = {"RESET_GPU": "drain", "RESTART_BM": "drain", "RESTART_VM": "drain",
+           "WORKFLOW_XID_48": "drain", "WORKFLOW_NVLINK_ERR": "drain",
+           "RESTART_APP": "application", "WORKFLOW_XID_13": "application",
+           "WORKFLOW_XID_31": "application", "WORKFLOW_XID_45": "application",
+           "IGNORE": "warning"}
 MAX_LOG = 16 << 20  # the kernel ring buffer is at most a few MiB
 
 _XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})[^)]*\): "
@@ -90,7 +112,11 @@ _XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2
 _RAW = re.compile(r"^\[\s*([0-9]+\.[0-9]+)\]")
 _CTIME = re.compile(r"^\[(\w{3} \w{3} +[0-9]+ [0-9][0-9]:[0-9][0-9]:[0-9][0-9] [0-9]{4})\]")
 _ISO = re.compile(r"([0-9]{4}-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9])[,.]?([0-9]*)([+-][0-9][0-9]:?[0-9][0-9])?")
-_KMSG = re.compile(r"^[0-9]{1,20},[0-9]{1,20},([0-9]{1,20}),[^;]*;")
+# A /dev/kmsg record's prefix (Documentation/ABI/testing/dev-kmsg): facility*8+level, sequence
+# number, microseconds since boot, flags, then optional comma-separated fields (6.x's
+# CONFIG_PRINTK_CALLER adds caller=T1234567 or C3), up to the ';'. kmsg.py strips it too.
+KMSG_PREFIX = re.compile(r"^[0-9]{1,10},[0-9]{1,20},([0-9]{1,20}),[^,;]{0,8}"
+                         r"(?:,[^,;]{0,64}){0,8};")
 
 
 def _stamp(line):
@@ -98,7 +124,7 @@ def _stamp(line):
     raw = _RAW.match(line)
     if raw:
         return "boot", float(raw.group(1))
-    kmsg = _KMSG.match(line)
+    kmsg = KMSG_PREFIX.match(line)
     if kmsg:
         return "boot", int(kmsg.group(1)) / 1e6
     ctime = _CTIME.match(line)
@@ -124,6 +150,7 @@ _RESET = re.compile(r"\b(?:reset|reboot)\s+(?:is\s+)?(?:required|needed)\b"
                     r"|\brequires?\s+(?:an?\s+)?(?:gpu\s+|node\s+|system\s+)?(?:reset|reboot)\b"
                     r"|\bmust\s+be\s+(?:reset|rebooted)\b|\bdrain\s+and\s+reset\b", re.I)
 _ACTIVATE = re.compile(r"to activate", re.I)
+_NVLINK5_SEVERITY = re.compile(r"^\s*[A-Z0-9_/]{1,40}\s+(Fatal|Nonfatal)\b")
 _ACTION = re.compile(r"recovery action changed (?:from 0x[0-9a-f]+ \([^)]*\) )?to (0x[0-9a-f]+)"
                      r"(?: \(([^)]{0,40})\))?", re.I)
 
@@ -135,6 +162,12 @@ def classify(code, message=""):
         if code in table:
             return kind, table[code][0]
     message = str(message or "")[:300]
+    if code in NVLINK5:  # "NETIR_LINK_EVT  Fatal   XC0 i0 Link 01 (0x021425c6 ...)"
+        severity = _NVLINK5_SEVERITY.match(message)
+        if severity and severity.group(1) == "Fatal":
+            return "drain", "%s, fatal (NVIDIA's decode: reset the GPU)" % NVLINK5[code]
+        return "warning", "%s, %s" % (NVLINK5[code], "non-fatal (a reset only where an Xid 154 "
+                                      "asks it)" if severity else "its line gives no severity")
     if code == 154:  # "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
         action = _ACTION.search(message)
         # NVML's recovery actions: 0 none, 3 drain P2P (gpuwatch.RECOVERY_FATAL's reading:
@@ -143,6 +176,9 @@ def classify(code, message=""):
             return "drain", "GPU recovery action changed to %s" % (
                 action.group(2) or action.group(1))
         return "warning", "GPU recovery action changed"
+    entry = xid_catalog.CATALOG.get(code)
+    if entry and entry[2] in BUCKETS:
+        return BUCKETS[entry[2]], "%s (NVIDIA: %s)" % (entry[1], entry[2])
     if _RESET.search(message) and not _ACTIVATE.search(message):
         return "drain", "not in torchfleet's list; its line says the GPU must be reset"
     return "unknown", "not in torchfleet's list"

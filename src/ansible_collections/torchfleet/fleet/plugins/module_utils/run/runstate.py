@@ -148,7 +148,7 @@ DETAIL_MAX = 1000
 # A host's hardware events (hwwatch.py): what the record keeps of them.
 EVENT_SOURCES = ("kmsg", "nvml", "sysfs")
 EVENT_KINDS = ("xid", "aer", "amdgpu", "mlx5", "oom", "ecc", "remap", "clocks", "recovery",
-               "link", "nvml")
+               "link", "nvml", "nvswitch")
 # Warnings: taken per message, kept per host and per run; more are counted (dropped()). Fatal
 # events are never held back by warnings: every one in a message is taken (the channel's
 # MAX_LINE bounds how many), judged, and kept up to FATAL_PER_HOST distinct ones a host (its
