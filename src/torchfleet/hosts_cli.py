@@ -7,13 +7,13 @@ import os
 from typing import Any
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
-from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import goodput, ledger
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import goodput, ledger, ledger_store
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.table import render
 
 
 def sqlite_path(fleet_db: str, runs_root: str) -> str | None:
     """The file of a SQLite ledger (None for a PostgreSQL URL)."""
-    return ledger._url(fleet_db, runs_root)[1]
+    return ledger_store._url(fleet_db, runs_root)[1]
 
 
 def open_fleet(fleet_db: str | None, runs_root: str, create: bool) -> Any:

@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger, ledger_store
 from lab import pg
 from tests.conftest import ROOT
 
@@ -100,7 +100,7 @@ def test_a_newer_schema_warns_once_and_writes_nothing(fleet_db, tmp_path):
     first.close()
     import sqlalchemy as sa
 
-    url, _path = ledger._url(fleet_db, str(tmp_path))
+    url, _path = ledger_store._url(fleet_db, str(tmp_path))
     engine = sa.create_engine(url)
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE ledger_meta SET value='2' WHERE key='schema_version'"))

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
-from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger, ledger_store
 
 T0 = 1_800_000_000.0
 H = 3600.0
@@ -228,13 +228,13 @@ def test_the_schema_is_versioned_and_wal(fleet, tmp_path):
     fleet.hosts()
     db = sqlite3.connect(tmp_path / "fleet.db")
     assert db.execute("SELECT value FROM ledger_meta").fetchall() == [
-        (str(ledger.SCHEMA_VERSION),)]
+        (str(ledger_store.SCHEMA_VERSION),)]
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     db.close()
 
 
 def test_every_version_has_its_step_and_a_reopened_ledger_keeps_its_rows(fleet, tmp_path):
-    assert sorted(ledger.MIGRATIONS) == list(range(1, ledger.SCHEMA_VERSION + 1))
+    assert sorted(ledger_store.MIGRATIONS) == list(range(1, ledger_store.SCHEMA_VERSION + 1))
     fleet.record_run(train("r1", "node3"), now=T0)
     fleet.close()
     again = ledger.Fleet("fleet.db", str(tmp_path))
@@ -243,7 +243,7 @@ def test_every_version_has_its_step_and_a_reopened_ledger_keeps_its_rows(fleet, 
 
 
 def test_without_sqlalchemy_one_warning(monkeypatch, tmp_path):
-    monkeypatch.setattr(ledger, "HAS_SQLALCHEMY", False)
+    monkeypatch.setattr(ledger_store, "HAS_SQLALCHEMY", False)
     f = ledger.Fleet("fleet.db", str(tmp_path))
     assert f.record_run(train("r1", "node3")) == [] and f.hosts() == []
     assert len(f.warnings) == 1 and "pip install 'sqlalchemy>=2'" in f.warnings[0]
@@ -264,7 +264,7 @@ def test_the_injected_clock(monkeypatch):
 
 
 def test_a_url_never_shows_its_password():
-    assert ledger.describe("postgresql://fleet:s3cret@db:5432/fleet") == \
+    assert ledger_store.describe("postgresql://fleet:s3cret@db:5432/fleet") == \
         "postgresql://fleet:***@db:5432/fleet"
 
 

@@ -2,42 +2,31 @@
 (issue 60; docs/ledger.md). A decaying score per host orders the spares and quarantines the
 lemons; `torchfleet hosts` shows and edits it; a Prometheus textfile exports it.
 
-One schema for SQLite (the default: fleet.db in the runs root, WAL mode and a busy timeout, so
-several controllers on one machine write at once) and PostgreSQL (fleet_db=postgresql://...,
-controllers on several login nodes), through SQLAlchemy Core. The controller's side only.
+This module is the ledger's policy: what a report says of each host (and what is the shared
+cause's, no host's), the score, the decision to quarantine. How it is kept (engines, schema,
+migrations, transactions) is reports/ledger_store.py's.
 
-Fail open: no method raises. A ledger that is missing its driver, locked past its timeout,
-corrupt or of a newer schema turns the Fleet off after one sentence in `warnings` (the
-fleet.ledger check's message: the ledger, what failed, the fix); the run never pays for it.
-Reports come from other hosts' bytes: every field is checked before it is used.
+Fail open: no method raises (ledger_store.Store): a ledger that cannot be used turns the Fleet
+off after one sentence in `warnings`; the run never pays for it. Reports come from other hosts'
+bytes: every field is checked before it is used.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-import re
 import tempfile
 import time
 from collections import Counter
 
-try:
-    import sqlalchemy as sa
-    from sqlalchemy.dialects import postgresql as sa_postgresql
-    from sqlalchemy.dialects import sqlite as sa_sqlite
-    from sqlalchemy.pool import SingletonThreadPool
-    HAS_SQLALCHEMY = True
-    IMPORT_ERROR = ""
-except ImportError as exc:  # a controller without it: a warning, never a failure
-    sa = sa_postgresql = sa_sqlite = SingletonThreadPool = None
-    HAS_SQLALCHEMY = False
-    IMPORT_ERROR = str(exc)
-
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger_store
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.goodput import finite
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.ledger_store import (
+    INCIDENTS, TEXT_MAX, _bulk, _count, _set_host, _text, _took_part, host_states, incident_rows,
+    kinds_since, newest_incidents, runs_since)
 
 CHECK_ID = "fleet.ledger"
-SCHEMA_VERSION = 1
 NOW_ENV = "TORCHFLEET_LEDGER_NOW"
 
 # What an incident says about its host (docs/ledger.md "The score"). A host's score adds, for
@@ -88,8 +77,6 @@ REASON_CHECK = {"lost": "host.lost", "hung": "run.hang", "hardware": "run.hardwa
 RUN_WIDE = ("hung", "timeout", "controller_lost", "stopped_by_user")
 HISTORY_S = 7 * 86400.0  # the history line's window
 DECAYED_OUT = 20         # half-lives past which an incident no longer counts (2**-20)
-HOST_MAX, TEXT_MAX = 255, 500
-IN_MAX = 64              # more hosts than this: read them all, not an IN list of each
 
 
 def now():
@@ -100,16 +87,6 @@ def now():
     except ValueError:
         at = None
     return at if at is not None and math.isfinite(at) else time.time()
-
-
-def _text(value, limit=HOST_MAX):
-    """A report's string, bounded and storable by both engines (no NUL, no lone surrogate)."""
-    if not isinstance(value, str):
-        return ""
-    if len(value) <= limit and value.isascii() and "\x00" not in value:
-        return value  # the common case, 512 times a run
-    value = value[:4 * limit].replace("\x00", "")
-    return value.encode("utf-8", "backslashreplace").decode("utf-8")[:limit]
 
 
 def _list(value):
@@ -265,76 +242,7 @@ def preflight_incidents(report):
     return out, hosts
 
 
-# ---- The schema ----
-
-if HAS_SQLALCHEMY:
-    METADATA = sa.MetaData()
-    META = sa.Table(
-        "ledger_meta", METADATA,
-        sa.Column("key", sa.String(64), primary_key=True),
-        sa.Column("value", sa.String(255), nullable=False))
-    # Who took part in which run: one row a run (its hosts a JSON list), and each host's
-    # count in ledger_hosts.runs: a row per host and run would be 512,000 rows to count at
-    # 512 hosts x 1,000 runs (bench ledger).
-    RUNS = sa.Table(
-        "ledger_runs", METADATA,
-        sa.Column("run_id", sa.String(HOST_MAX), primary_key=True),
-        sa.Column("phase", sa.String(16), nullable=False),  # the first one recorded
-        sa.Column("at", sa.Float, nullable=False),
-        sa.Column("hosts", sa.Text, nullable=False),
-        sa.Index("ix_ledger_runs_at", "at"))
-    INCIDENTS = sa.Table(
-        "ledger_incidents", METADATA,
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-        sa.Column("host", sa.String(HOST_MAX), nullable=False),
-        sa.Column("run_id", sa.String(HOST_MAX), nullable=False),
-        sa.Column("phase", sa.String(16), nullable=False),
-        sa.Column("attempt", sa.Integer, nullable=False),
-        sa.Column("kind", sa.String(16), nullable=False),
-        sa.Column("detail", sa.String(120), nullable=False),
-        sa.Column("check_id", sa.String(64), nullable=False),
-        sa.Column("weight", sa.Float, nullable=False),
-        sa.Column("at", sa.Float, nullable=False),
-        sa.Column("info", sa.String(TEXT_MAX), nullable=False),
-        # The finisher and a later attach writing the same run count once.
-        sa.UniqueConstraint("run_id", "phase", "attempt", "host", "kind", "detail",
-                            name="uq_ledger_incident"),
-        sa.Index("ix_ledger_incidents_host_at", "host", "at"),
-        sa.Index("ix_ledger_incidents_at", "at"))
-    HOSTS = sa.Table(  # quarantine and release, per host
-        "ledger_hosts", METADATA,
-        sa.Column("host", sa.String(HOST_MAX), primary_key=True),
-        sa.Column("runs", sa.Integer, nullable=False, default=0),
-        sa.Column("quarantined_until", sa.Float, nullable=True),
-        sa.Column("reason", sa.String(TEXT_MAX), nullable=False, default=""),
-        sa.Column("released_at", sa.Float, nullable=True),  # incidents before it: forgiven
-        sa.Column("updated", sa.Float, nullable=False))
-    # Each version's step from the one before (run in order, in one transaction, under the
-    # ledger's write lock); a later version adds a step here, never edits one.
-    MIGRATIONS = {1: lambda conn: METADATA.create_all(conn, tables=[META, RUNS, INCIDENTS,
-                                                                    HOSTS])}
-
-
-class NewerSchema(Exception):
-    pass
-
-
-def describe(fleet_db):
-    """The ledger as a sentence names it: the path, or the URL without its password."""
-    return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", fleet_db)
-
-
-def _url(fleet_db, runs_root):
-    """(SQLAlchemy URL, path or None) of fleet_db: a postgresql:// URL (psycopg 3 unless a
-    driver is named), else a SQLite path, relative to runs_root when relative."""
-    if re.match(r"^postgres(ql)?(\+\w+)?://", fleet_db):
-        url = re.sub(r"^postgres(ql)?://", "postgresql+psycopg://", fleet_db)
-        return url, None
-    path = os.path.join(runs_root or ".", os.path.expanduser(fleet_db))
-    return "sqlite:///" + os.path.abspath(path), os.path.abspath(path)
-
-
-class Fleet:
+class Fleet(ledger_store.Store):
     """The ledger as the controller uses it. fleet_db: "" (off: every method does nothing and
     returns empty), a SQLite path or a postgresql:// URL. Never raises; `warnings` holds the
     fleet.ledger sentences (one per Fleet: the first failure turns it off)."""
@@ -344,141 +252,10 @@ class Fleet:
                  quarantine_score=defaults.default("quarantine_score"),
                  quarantine_h=defaults.default("quarantine_h"),
                  timeout_s=defaults.LEDGER_TIMEOUT_S, create=True):
-        self.fleet_db = fleet_db if isinstance(fleet_db, str) else ""
-        self.runs_root = runs_root if isinstance(runs_root, str) else ""
         self.half_life_s = max(float(finite(half_life_h) or 168.0), 1e-3) * 3600.0
         self.quarantine_score = float(finite(quarantine_score) or 2.5)
         self.quarantine_s = max(float(finite(quarantine_h) or 0.0), 0.0) * 3600.0
-        self.timeout_s = max(float(finite(timeout_s) or defaults.LEDGER_TIMEOUT_S), 0.001)
-        self.create = create
-        self.warnings = []
-        self.where = _url(self.fleet_db, self.runs_root)[1] or describe(self.fleet_db) \
-            if self.fleet_db else ""
-        self._engine = None
-        self._off = not self.fleet_db
-
-    # ---- fail open ----
-
-    @property
-    def on(self):
-        return not self._off
-
-    def _fail(self, what, fix):
-        if not self.warnings:
-            self.warnings.append("the fleet's ledger %s %s: %s; the run goes on without it"
-                                 % (self.where, what, fix))
-        self._off = True
-        self.close()
-
-    def _failed(self, exc):
-        """The sentence of an exception while using the ledger."""
-        text = " ".join(str(getattr(exc, "orig", None) or exc).split())[:300]
-        low = text.lower()
-        if isinstance(exc, NewerSchema):
-            self._fail("has schema version %s, newer than this torchfleet's (%d)"
-                       % (text, SCHEMA_VERSION), "upgrade torchfleet on this controller, or "
-                       "point fleet_db at another ledger")
-        elif "locked" in low or "busy" in low or "lock timeout" in low or \
-                "canceling statement" in low:
-            self._fail("stayed locked past its %g s timeout (%s)" % (self.timeout_s, text),
-                       "another controller holds it: look for a stuck torchfleet process")
-        elif "not a database" in low or "malformed" in low or "corrupt" in low:
-            self._fail("is corrupt (%s)" % text, "move it aside (mv %s %s.corrupt): a new "
-                       "ledger starts at the next run, without the history" % (
-                           self.where, self.where))
-        elif "unable to open" in low or "permission" in low or "read-only" in low or \
-                "readonly" in low:
-            self._fail("cannot be opened for writing (%s)" % text, "make its directory "
-                       "writable by the controller's user, or set fleet_db to another path")
-        elif "connect" in low or "connection" in low or "could not translate" in low:
-            self._fail("cannot be reached (%s)" % text, "check that the PostgreSQL server "
-                       "runs and fleet_db's host, port, user and database")
-        else:
-            self._fail("failed (%s: %s)" % (type(exc).__name__, text),
-                       "report it with the message; set fleet_db='' to run without a ledger")
-
-    def _ready(self):
-        """The engine, its schema current, or None (off, or this was the failure)."""
-        if self._off:
-            return None
-        if self._engine is not None:
-            return self._engine
-        if not HAS_SQLALCHEMY:
-            self._fail("needs SQLAlchemy 2 in the controller's Python (%s)" % IMPORT_ERROR,
-                       "pip install 'sqlalchemy>=2' (and 'psycopg[binary]' for PostgreSQL), "
-                       "or set fleet_db='' to run without a ledger")
-            return None
-        try:
-            url, path = _url(self.fleet_db, self.runs_root)
-            if path is not None:
-                if not self.create and not os.path.exists(path):
-                    self._fail("does not exist", "it is written at every preflight's and "
-                               "run's end; or give --fleet-db")
-                    return None
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                # One connection kept for the Fleet's life: the last one to close a WAL
-                # database checkpoints it (12 ms a write at 512 hosts).
-                engine = sa.create_engine(url, poolclass=SingletonThreadPool,
-                                          connect_args={"timeout": self.timeout_s,
-                                                        "isolation_level": None,
-                                                        "check_same_thread": False})
-                sa.event.listen(engine, "connect", _sqlite_connect)
-                sa.event.listen(engine, "begin", _sqlite_begin)
-            else:
-                ms = int(self.timeout_s * 1000)
-                engine = sa.create_engine(url, pool_size=1, max_overflow=2, connect_args={
-                    "connect_timeout": max(1, int(self.timeout_s)),
-                    "options": "-c lock_timeout=%d -c statement_timeout=%d" % (ms, 6 * ms)})
-            self._engine = engine
-            self._migrate()
-            return self._engine
-        except Exception as exc:  # fail open: any failure is one warning
-            self._failed(exc)
-            return None
-
-    def _migrate(self):
-        with self._write() as conn:
-            if conn.dialect.name == "postgresql":  # one controller migrates at a time
-                conn.execute(sa.text("SELECT pg_advisory_xact_lock(6060)"))
-            version = 0
-            if sa.inspect(conn).has_table(META.name):
-                found = conn.execute(sa.select(META.c.value).where(
-                    META.c.key == "schema_version")).scalar()
-                version = int(found) if found and str(found).isdigit() else 0
-            if version > SCHEMA_VERSION:
-                raise NewerSchema(str(version))
-            for step in range(version + 1, SCHEMA_VERSION + 1):
-                MIGRATIONS[step](conn)
-            if version < SCHEMA_VERSION:
-                conn.execute(META.delete().where(META.c.key == "schema_version"))
-                conn.execute(META.insert().values(key="schema_version",
-                                                  value=str(SCHEMA_VERSION)))
-
-    def _write(self):
-        """A transaction that takes the write lock first (SQLite: BEGIN IMMEDIATE, so a writer
-        waits for another's commit within the busy timeout instead of failing at its first
-        write)."""
-        return _Tx(self._engine, True)
-
-    def _read(self):
-        return _Tx(self._engine, False)
-
-    def close(self):
-        if self._engine is not None:
-            try:
-                self._engine.dispose()
-            except Exception:
-                pass
-            self._engine = None
-
-    def _guard(self, call, empty):
-        if self._ready() is None:
-            return empty
-        try:
-            return call()
-        except Exception as exc:
-            self._failed(exc)
-            return empty
+        super().__init__(fleet_db, runs_root, timeout_s=timeout_s, create=create)
 
     # ---- writes ----
 
@@ -526,7 +303,7 @@ class Fleet:
                     touched = {r["host"] for r in rows if r["weight"] > 0}
             out = []
             for host in sorted(touched):
-                state = self._states(conn, [host]).get(host) or {}
+                state = host_states(conn, [host]).get(host) or {}
                 if (state.get("quarantined_until") or 0.0) > at:
                     continue
                 score, history = self._score(conn, [host], at, state_of={host: state})[host]
@@ -566,27 +343,12 @@ class Fleet:
 
     # ---- reads ----
 
-    def _states(self, conn, hosts=None):
-        q = sa.select(HOSTS)
-        if hosts is not None and len(hosts) <= IN_MAX:
-            q = q.where(HOSTS.c.host.in_(hosts))
-        return {r.host: r._asdict() for r in conn.execute(q)}
-
     def _score(self, conn, hosts, at, state_of=None, window_s=HISTORY_S):
         """{host: (score, history line)} of these hosts (None: every host with an incident)."""
         horizon = at - DECAYED_OUT * self.half_life_s
-        q = sa.select(INCIDENTS.c.host, INCIDENTS.c.run_id, INCIDENTS.c.phase,
-                      INCIDENTS.c.attempt, INCIDENTS.c.kind, INCIDENTS.c.detail,
-                      INCIDENTS.c.weight, INCIDENTS.c.at).where(
-            INCIDENTS.c.at >= min(horizon, at - window_s))
-        if hosts is not None and len(hosts) <= IN_MAX:
-            q = q.where(INCIDENTS.c.host.in_(hosts))
-        state_of = state_of if state_of is not None else self._states(conn, hosts)
+        state_of = state_of if state_of is not None else host_states(conn, hosts)
         groups, labels = {}, {}
-        wanted = None if hosts is None else set(hosts)
-        for r in conn.execute(q):
-            if wanted is not None and r.host not in wanted:
-                continue
+        for r in incident_rows(conn, hosts, min(horizon, at - window_s)):
             released = (state_of.get(r.host) or {}).get("released_at")
             if released is not None and r.at <= released:
                 continue
@@ -614,7 +376,7 @@ class Fleet:
 
         def read():
             with self._read() as conn:
-                states = self._states(conn, hosts)
+                states = host_states(conn, hosts)
                 scores = self._score(conn, hosts, at, state_of=states)
             out = {}
             for h in hosts:
@@ -636,31 +398,15 @@ class Fleet:
 
         def read():
             with self._read() as conn:
-                states = self._states(conn)
+                states = host_states(conn)
                 if start is None:
                     runs = {h: s["runs"] for h, s in states.items()}
                 else:
-                    runs = Counter()
-                    for (listed,) in conn.execute(sa.select(RUNS.c.hosts).where(
-                            RUNS.c.at >= start)):
-                        runs.update(_hosts_of(listed))
-                q = sa.select(INCIDENTS.c.host, INCIDENTS.c.kind, sa.func.count(),
-                              sa.func.max(INCIDENTS.c.at)).group_by(
-                    INCIDENTS.c.host, INCIDENTS.c.kind)
-                if start is not None:
-                    q = q.where(INCIDENTS.c.at >= start)
-                kinds, newest = {}, {}
-                for host, kind, n, last in conn.execute(q):
-                    kinds.setdefault(host, {})[kind] = n
-                    newest[host] = max(newest.get(host, last), last)
+                    runs = runs_since(conn, start)
+                kinds, newest = kinds_since(conn, start)
                 last = {}
-                if newest:  # each host's newest rows, found by the (host, at) index
-                    top = sa.select(INCIDENTS.c.host, sa.func.max(INCIDENTS.c.at).label("m")) \
-                        .group_by(INCIDENTS.c.host).subquery()
-                    q = sa.select(INCIDENTS.c.host, INCIDENTS.c.run_id, INCIDENTS.c.check_id,
-                                  INCIDENTS.c.at, INCIDENTS.c.weight).join(top, sa.and_(
-                                      INCIDENTS.c.host == top.c.host, INCIDENTS.c.at == top.c.m))
-                    for r in conn.execute(q):
+                if newest:
+                    for r in newest_incidents(conn):
                         if r.at == newest.get(r.host) and (
                                 r.host not in last or r.weight > last[r.host][1]):
                             last[r.host] = ({"run_id": r.run_id, "check": r.check_id,
@@ -699,116 +445,6 @@ class Fleet:
                                      " make its directory writable by the controller's user, "
                                      "or set ledger_textfile to another path" % (path, exc))
             return False
-
-
-class _Tx:
-    """A connection with its transaction: committed at the end, rolled back on an exception."""
-
-    def __init__(self, engine, write):
-        self.engine, self.write = engine, write
-
-    def __enter__(self):
-        self.conn = self.engine.connect()
-        if self.write:
-            self.conn = self.conn.execution_options(ledger_write=True)
-        self.tx = self.conn.begin()
-        return self.conn
-
-    def __exit__(self, kind, exc, tb):
-        try:
-            if kind is None:
-                self.tx.commit()
-            else:
-                self.tx.rollback()
-        finally:
-            self.conn.close()
-        return False
-
-
-def _sqlite_connect(dbapi_conn, _record):
-    cur = dbapi_conn.cursor()
-    try:
-        # WAL: readers never wait for the writer; the mode is kept in the file.
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")  # durable at each WAL checkpoint
-    finally:
-        cur.close()
-
-
-def _sqlite_begin(conn):
-    conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("ledger_write")
-                         else "BEGIN")
-
-
-def _insert_ignore(conn, table):
-    dialect = sa_postgresql if conn.dialect.name == "postgresql" else sa_sqlite
-    return dialect.insert(table).on_conflict_do_nothing()
-
-
-def _bulk(conn, table, rows):
-    """Insert-or-ignore many rows through the driver's executemany (psycopg pipelines it):
-    SQLAlchemy's own parameter processing took longer than SQLite's writes at 512 rows, and
-    compiling one statement of 512 VALUES longer still."""
-    if not rows:
-        return
-    keys = list(rows[0])
-    compiled = _insert_ignore(conn, table).compile(dialect=conn.dialect, column_keys=keys)
-    if compiled.positional:
-        params = [tuple(r[k] for k in compiled.positiontup) for r in rows]
-    else:
-        params = [{k: r[k] for k in keys} for r in rows]
-    conn.exec_driver_sql(str(compiled), params)
-
-
-def _hosts_of(text):
-    try:
-        listed = json.loads(text)
-    except ValueError:
-        return []
-    return [h for h in listed if isinstance(h, str)] if isinstance(listed, list) else []
-
-
-def _took_part(conn, run_id, phase, hosts, at):
-    """The run's row and its hosts' counts; a run recorded again (the finisher and an attach,
-    the train after its preflight) counts only the hosts it had not named."""
-    # (RETURNING, not rowcount: psycopg's is -1 for an INSERT ... ON CONFLICT DO NOTHING.)
-    inserted = conn.execute(_insert_ignore(conn, RUNS).values(
-        run_id=run_id, phase=phase, at=at, hosts=json.dumps(hosts)).returning(
-        RUNS.c.run_id)).first()
-    if inserted is None:
-        q = sa.select(RUNS.c.hosts).where(RUNS.c.run_id == run_id)
-        if conn.dialect.name == "postgresql":
-            q = q.with_for_update()
-        known = set(_hosts_of(conn.execute(q).scalar() or "[]"))
-        new = [h for h in hosts if h not in known]
-        if not new:
-            return
-        conn.execute(RUNS.update().where(RUNS.c.run_id == run_id).values(
-            hosts=json.dumps(sorted(known) + new)))
-        hosts = new
-    if conn.dialect.name == "postgresql":  # one statement, not a pipeline of 512
-        named = sa.func.unnest(sa.bindparam("hosts", type_=sa_postgresql.ARRAY(sa.String))) \
-            .column_valued("h")
-        conn.execute(sa_postgresql.insert(HOSTS).from_select(
-            ["host", "runs", "reason", "updated"],
-            sa.select(named, sa.literal(0), sa.literal(""), sa.literal(at, sa.Float)))
-            .on_conflict_do_nothing(), {"hosts": hosts})
-    else:
-        _bulk(conn, HOSTS, [{"host": h, "runs": 0, "reason": "", "updated": at} for h in hosts])
-    conn.execute(HOSTS.update().where(HOSTS.c.host.in_(sa.bindparam("hosts", expanding=True)))
-                 .values(runs=HOSTS.c.runs + 1), {"hosts": hosts})
-
-
-def _count(conn, run_id, phase):
-    return conn.execute(sa.select(sa.func.count()).select_from(INCIDENTS).where(
-        INCIDENTS.c.run_id == run_id, INCIDENTS.c.phase == phase)).scalar()
-
-
-def _set_host(conn, host, at, **values):
-    values["updated"] = at
-    conn.execute(_insert_ignore(conn, HOSTS).values(host=host, runs=0, reason="", updated=at))
-    conn.execute(HOSTS.update().where(HOSTS.c.host == host).values(**values))
-
 
 def _clock(at):
     at = finite(at)
