@@ -103,12 +103,14 @@ def test_a_newer_schema_warns_once_and_writes_nothing(fleet_db, tmp_path):
     url, _path = ledger_store._url(fleet_db, str(tmp_path))
     engine = sa.create_engine(url)
     with engine.begin() as conn:
-        conn.execute(sa.text("UPDATE ledger_meta SET value='2' WHERE key='schema_version'"))
+        conn.execute(sa.text("UPDATE ledger_meta SET value=:v WHERE key='schema_version'"),
+                     {"v": str(ledger_store.SCHEMA_VERSION + 1)})
     fleet = ledger.Fleet(fleet_db, str(tmp_path))
     assert fleet.record_run({"run_id": "r1", "hosts": [{"host": "node1", "outcome": "lost"}]},
                             now=T0) == []
     assert fleet.hosts() == [] and fleet.health(["node1"])["node1"]["score"] == 0.0
-    assert len(fleet.warnings) == 1 and "schema version 2, newer than" in fleet.warnings[0]
+    assert len(fleet.warnings) == 1 and "schema version %d, newer than" % (
+        ledger_store.SCHEMA_VERSION + 1) in fleet.warnings[0]
     with engine.begin() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM ledger_runs")).scalar() == 0
     engine.dispose()

@@ -12,6 +12,7 @@ bytes: every field is checked before it is used.
 """
 from __future__ import annotations
 
+import calendar
 import json
 import math
 import os
@@ -23,16 +24,18 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger_store
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.goodput import finite
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.ledger_store import (
-    INCIDENTS, TEXT_MAX, _bulk, _count, _set_host, _text, _took_part, host_states, incident_rows,
-    kinds_since, newest_incidents, runs_since)
+    INCIDENTS, TEXT_MAX, _bulk, _count, _set_host, _text, _took_part, add_events, events_since,
+    host_states, incident_rows, kinds_since, newest_incidents, runs_since)
 
 CHECK_ID = "fleet.ledger"
 NOW_ENV = "TORCHFLEET_LEDGER_NOW"
 
 # What an incident says about its host (docs/ledger.md "The score"). A host's score adds, for
-# each run it took part in, the weight of that run's heaviest incident (one failure seen as
-# culprit, lost and drained is one failure; a script failing the same way in every attempt of
-# one run is one strike, not one a restart), halved every half_life_h.
+# each attempt of each run it took part in, the weight of that attempt's heaviest incident (one
+# failure seen as culprit, lost and drained is one failure; a host lost in ten attempts is ten),
+# each halved every half_life_h from when it happened. A rank's own exit (or OOM kill) in
+# several attempts of one run is one strike: the same script failing the same way each time
+# with restart_on=any says the script, not the host.
 WEIGHTS = {
     "culprit": 1.0,     # the first failure's host (not a consequence, not run-wide)
     "hardware": 1.5,    # a fatal hardware event (Xid 79, an uncorrectable AER, a GPU reset)
@@ -41,7 +44,7 @@ WEIGHTS = {
     "hang": 1.0,        # the rank a hang's collective waited for
     "straggler": 0.5,   # the others waited for it
     "restart": 0.5,     # left behind by a restart
-    "check": 0.5,       # a failed health check of its own (HOST_HEALTH), an error
+    "check": 0.5,       # a failed check of its own (fewer than most hosts'), an error
     "warning": 0.0,     # a health warning, a hardware warning: its history, never its score
 }
 # A culprit whose failure is not its alone (other hosts failed on their own too: the script,
@@ -57,15 +60,24 @@ KIND_CHECK = {"hardware": "run.hardware", "drained": "run.hardware", "lost": "ho
 # quarantine), not again for being left out.
 NOT_INCIDENTS = ("host.quarantined", "host.skipped", CHECK_ID, "run.exit", "host.lost",
                  "run.hang", "run.hardware", "run.straggler", "run.restart", "run.oom")
-# Which failed checks are recorded against their host. Its health always (its GPUs, fabric
-# links, disk, clock, speed, reachability); what another job or process holds (gpu.busy,
-# port.in_use) and the controller's input never; any other (script.missing, code.sync,
-# data.missing, env.nccl, version.*, nccl.transport, ...) only where it singles hosts out:
-# failed by fewer than half the hosts checked. Failed everywhere it is the user's input, code
-# or environment: six runs with a typo must not quarantine the fleet.
-HOST_HEALTH_PREFIXES = ("gpu.", "cpu.")
-HOST_HEALTH = ("host.unreachable", "host.disk", "host.clock", "node.slow", "link.slow",
-               "nic.missing", "rdma.down", "rdma.rate")
+# Which failed checks are recorded against their host: one rule for every check, by design,
+# not by its name. A failure most hosts of one check share (at least half of the hosts checked,
+# and at least 2) is the shared cause's, the input, the controller, the network between: it is
+# recorded once, as a fleet event naming the cause, and is no strike against any host (six
+# preflights with a wrong nproc_per_node failing gpu.count everywhere quarantine nobody). A
+# failure fewer share singles its hosts out. The same holds for a run's own failures (a
+# script failing on most hosts, a fatal hardware event on most hosts, a hang's missing ranks).
+SHARED_MIN = 2
+SHARED_CAUSE = "a shared cause (the input, the controller, the network between)"
+# Hosts lost at one moment: LOST_TOGETHER or more hosts of one run lost within lost_after_s of
+# each other (a top-of-rack switch, a PDU, the master's NIC) are one shared event, whatever
+# their share; a host lost alone, or beside one other, still counts.
+LOST_TOGETHER = 3
+LOST_AFTER_S = float(defaults.default("lost_after_s"))
+LOST_CAUSE = "a shared cause (a switch, a PDU, the master's NIC, the network between)"
+SHARED_HOSTS_MAX = 64   # a fleet event names this many of its hosts (it counts them all)
+# What another job or process holds (gpu.busy, port.in_use) and the controller's input never
+# say anything of a host, however few hosts fail them.
 NEVER_THE_HOSTS = ("gpu.busy", "port.in_use", "run_id.used", "world.size")
 NEVER_PREFIXES = ("input.",)
 # A worker's failure of these is the master's when most workers failed one (reports/spares.py).
@@ -74,8 +86,11 @@ MASTER_BOUND = ("port.blocked", "port.ephemeral", "nic.route")
 # summary.check_of says it; any other reason of a host is run.exit).
 REASON_CHECK = {"lost": "host.lost", "hung": "run.hang", "hardware": "run.hardware",
                 "oom": "run.oom", "straggler": "run.straggler"}
+# A culprit's failures of these are its script's own doing (its exit, its memory).
+SCRIPT_CHECKS = ("run.exit", "run.oom")
 RUN_WIDE = ("hung", "timeout", "controller_lost", "stopped_by_user")
 HISTORY_S = 7 * 86400.0  # the history line's window
+EVENTS_MAX = 100         # fleet events a listing shows
 DECAYED_OUT = 20         # half-lives past which an incident no longer counts (2**-20)
 
 
@@ -116,18 +131,53 @@ def hw_label(kind, code):
 
 # ---- What a report says about each host ----
 
-def _incident(out, host, attempt, kind, detail="", check="", weight=None, info=""):
+class Found:
+    """What one report says: `incidents` {key: incident} against single hosts, `hosts` that
+    took part, and `shared`: the fleet events, failures most hosts shared (each a dict of
+    attempt, check, hosts, what, at), recorded once and against no host."""
+
+    def __init__(self):
+        self.incidents, self.hosts, self.shared = {}, [], []
+        self.moments = {}   # {attempt: when its failure happened (epoch s) or None}
+        self.checked = {}   # {attempt: the hosts it had}
+
+
+def shared(failed_by, checked):
+    """Whether a failure of `failed_by` of the `checked` hosts is the shared cause's: most of
+    them, at least half and at least 2 (1 of 2 still singles a host out)."""
+    return failed_by >= SHARED_MIN and failed_by * 2 >= checked
+
+
+def _epoch(value):
+    """A report's time: epoch seconds, or train.json's ISO 8601 UTC; None when neither."""
+    if isinstance(value, str) and len(value) == 20:
+        try:
+            return float(calendar.timegm(time.strptime(value, "%Y-%m-%dT%H:%M:%SZ")))
+        except ValueError:
+            return None
+    return finite(value) if not isinstance(value, bool) else None
+
+
+def _incident(found, host, attempt, kind, detail="", check="", weight=None, info="", at=None):
     host = _text(host)
     if not host or host == "controller":
         return
     detail = _text(detail, 120)
-    out[(host, attempt, kind, detail)] = {
+    key = (host, attempt, kind, detail)
+    at = _epoch(at)
+    if at is None:
+        at = found.moments.get(attempt)
+    before = found.incidents.get(key)
+    if before is not None and before["at"] is not None and (at is None or before["at"] <= at):
+        at = before["at"]  # the same incident seen twice: its first time
+    found.incidents[key] = {
         "host": host, "attempt": attempt, "kind": kind, "detail": detail,
         "check_id": _text(check or KIND_CHECK.get(kind) or detail, 64),
-        "weight": WEIGHTS[kind] if weight is None else weight, "info": _text(info, TEXT_MAX)}
+        "weight": WEIGHTS[kind] if weight is None else weight, "info": _text(info, TEXT_MAX),
+        "at": at}
 
 
-def _failure_incidents(out, failure, attempt, outcomes):
+def _failure_incidents(found, failure, attempt, outcomes):
     """The first failure's culprit (an attempt's record failure, or train.json's first_failure:
     both carry host, reason (or failure), consequence, collective)."""
     failure = _dict(failure)
@@ -136,110 +186,183 @@ def _failure_incidents(out, failure, attempt, outcomes):
     if reason == "hung":  # a run-wide failure: the ranks its collective waited for are named
         # (missing: never joined; a mismatch, ranks calling different collectives at one
         # point, is the program's, not a host's)
-        found = _dict(failure.get("collective"))
-        for m in _list(found.get("missing")):
-            _incident(out, _dict(m).get("host"), attempt, "hang", info="collective #%s"
-                      % _int(_dict(found).get("seq"), -1))
+        col = _dict(failure.get("collective"))
+        for m in _list(col.get("missing")):
+            _incident(found, _dict(m).get("host"), attempt, "hang", info="collective #%s"
+                      % _int(col.get("seq"), -1))
         return
     host = _text(failure.get("host"))
     if not host or reason in RUN_WIDE or failure.get("consequence") is True:
         return
+    own_exit = reason in ("failed", "")
+    failed = sorted(h for h, o in outcomes.items() if o == "failed")
+    if (own_exit or reason == "not_started") and shared(len(failed), len(outcomes)):
+        # Most hosts' ranks failed on their own (not_started: never reached the master): the
+        # script, its input or the master; which host was first is chance.
+        _shared_event(found, attempt, "run.exit", failed, len(outcomes))
+        return
     # (not_started beside other failed hosts: the master or the network, not this host)
     # (rank 0 runs what no other rank does, logging, evaluation, saving: its own exit, alone,
     # says least of its host)
-    own_exit = reason in ("failed", "")
-    others_failed = any(o == "failed" and h != host for h, o in outcomes.items())
-    shared = reason == "oom" or (own_exit and _int(failure.get("rank"), -1) == 0) \
+    others_failed = any(h != host for h in failed)
+    less = reason == "oom" or (own_exit and _int(failure.get("rank"), -1) == 0) \
         or ((own_exit or reason == "not_started") and others_failed)
-    _incident(out, host, attempt, "culprit", REASON_CHECK.get(reason, "run.exit"),
-              weight=SHARED_CULPRIT if shared else None,
+    _incident(found, host, attempt, "culprit", REASON_CHECK.get(reason, "run.exit"),
+              weight=SHARED_CULPRIT if less else None,
               info=failure.get("reason") if isinstance(failure.get("reason"), str) else "")
 
 
+def _shared_event(found, attempt, check, hosts, checked, what=None):
+    if any(e["attempt"] == attempt and e["check"] == check for e in found.shared):
+        return  # (an attempt's failure and train.json's first_failure: one failure)
+    hosts = sorted(set(hosts))
+    found.shared.append({
+        "attempt": attempt, "check": check, "hosts": hosts[:SHARED_HOSTS_MAX],
+        "what": _text(what or "%s failed on %d of %d hosts: %s" % (
+            check, len(hosts), checked, SHARED_CAUSE), TEXT_MAX),
+        "at": found.moments.get(attempt)})
+
+
+def _moments(report, attempts, last):
+    """{attempt: when its failure happened}: goodput's failures (train.json's timeline, on
+    the controller's clock; None where an attempt has none)."""
+    known = {}
+    for f in _list(_dict(report.get("goodput")).get("failures")):
+        n, at = _dict(f).get("attempt"), _epoch(_dict(f).get("at"))
+        if isinstance(n, int) and not isinstance(n, bool) and at is not None:
+            known.setdefault(n, at)
+    return {n: known.get(n) for n in {_int(a.get("attempt")) for a in attempts} | {last}}
+
+
 def run_incidents(report):
-    """{key: incident} of a train.json / collective.json dict, and the hosts that took part."""
-    out = {}
+    """Found of a train.json / collective.json dict."""
+    found = Found()
     rows = [_dict(h) for h in _list(report.get("hosts"))]
     hosts = [_text(h.get("host")) for h in rows]
     attempts = [_dict(a) for a in _list(report.get("attempts"))]
     last = _int(attempts[-1].get("attempt")) if attempts else 0
+    found.moments = _moments(report, attempts, last)
     for a in attempts:
         n = _int(a.get("attempt"))
-        hosts += [_text(h) for h in _list(a.get("hosts"))]
+        had = [_text(h) for h in _list(a.get("hosts"))]
+        hosts += had
+        found.checked.setdefault(n, set()).update(h for h in had if h)
         outcomes = {_text(h): _text(o, 32) for h, o in _dict(a.get("outcomes")).items()}
-        _failure_incidents(out, a.get("failure"), n, outcomes)
+        _failure_incidents(found, a.get("failure"), n, outcomes)
         for h, o in outcomes.items():
             if o == "lost":
-                _incident(out, h, n, "lost")
+                _incident(found, h, n, "lost")
         for d in _list(a.get("drain")):
-            _incident(out, _dict(d).get("host"), n, "drained", _dict(d).get("reason"),
+            _incident(found, _dict(d).get("host"), n, "drained", _dict(d).get("reason"),
                       info=_dict(d).get("evidence"))
         for r in _list(a.get("replaced")):
             r = _dict(r)
-            _incident(out, r.get("host"), n, "restart", info=r.get("reason"))
+            # (reported under what left it behind: a host lost with others, no strike either)
+            _incident(found, r.get("host"), n, "restart", check=r.get("reason"),
+                      info=r.get("reason"))
     outcomes = {_text(h.get("host")): _text(h.get("outcome"), 32) for h in rows}
-    _failure_incidents(out, report.get("first_failure"), last, outcomes)
+    _failure_incidents(found, report.get("first_failure"), last, outcomes)
     for h, o in outcomes.items():
         if o == "lost":
-            _incident(out, h, last, "lost")
+            _incident(found, h, last, "lost")
+    first_fatal = {}
     for e in _list(report.get("hardware")):
         e = _dict(e)
         kind = _text(e.get("kind"), 32)
         fatal = e.get("fatal") is True and kind != "oom"
-        _incident(out, e.get("host"), last, "hardware", hw_label(kind, e.get("code")),
+        _incident(found, e.get("host"), last, "hardware", hw_label(kind, e.get("code")),
                   weight=None if fatal else WEIGHTS["warning"],
-                  info=e.get("line") or e.get("what"))
+                  info=e.get("line") or e.get("what"), at=e.get("at"))
+        at = _epoch(e.get("at"))
+        if fatal and at is not None:
+            host = _text(e.get("host"))
+            first_fatal[host] = min(first_fatal.get(host, at), at)
     for d in _list(report.get("drain")):
         d = _dict(d)
-        _incident(out, d.get("host"), last, "drained", d.get("reason"), info=d.get("evidence"))
+        _incident(found, d.get("host"), last, "drained", d.get("reason"), info=d.get("evidence"),
+                  at=first_fatal.get(_text(d.get("host"))))
     for s in _list(report.get("stragglers")):
-        _incident(out, _dict(s).get("host"), last, "straggler")
-    _check_incidents(out, report, last, hosts)
-    return out, hosts
+        _incident(found, _dict(s).get("host"), last, "straggler", at=_dict(s).get("last_seen"))
+    _check_incidents(found, report, last, hosts)
+    found.hosts = hosts
+    found.checked.setdefault(last, set()).update(h for h in (
+        _text(h.get("host")) for h in rows) if h)
+    _singled_out(found, hosts)
+    return found
 
 
-def _check_incidents(out, report, attempt, hosts, master_bound_ok=True):
-    checks = [_dict(c) for c in _list(report.get("checks"))]
-    failing = {}
-    for c in checks:
-        if c.get("ok") is False:
-            failing.setdefault(_text(c.get("id"), 64), set()).add(_text(c.get("host")))
-    checked = max(len({h for h in hosts if h}), 1)
-    for c in checks:
+def _check_incidents(found, report, attempt, hosts, master_bound_ok=True):
+    for c in (_dict(c) for c in _list(report.get("checks"))):
         cid = _text(c.get("id"), 64)
         if c.get("ok") is not False or not cid or cid in NOT_INCIDENTS \
-                or not says_of_host(cid, len(failing.get(cid, ())), checked):
+                or cid in NEVER_THE_HOSTS or cid.startswith(NEVER_PREFIXES):
             continue
         if not master_bound_ok and cid in MASTER_BOUND:
             continue
         error = c.get("severity") == "error"
-        _incident(out, c.get("host"), attempt, "check" if error else "warning", cid,
+        _incident(found, c.get("host"), attempt, "check" if error else "warning", cid,
                   info=c.get("detail"))
 
 
-def says_of_host(cid, failed_by, checked):
-    """Whether check `cid`, failed by `failed_by` of the `checked` hosts, says something of the
-    hosts that failed it (HOST_HEALTH above)."""
-    if cid in NEVER_THE_HOSTS or cid.startswith(NEVER_PREFIXES):
-        return False
-    if cid in HOST_HEALTH or cid.startswith(HOST_HEALTH_PREFIXES):
-        return True
-    return failed_by * 2 < checked
+def _lost_moments(found):
+    """{attempt: the first attempt of its moment}: attempts whose losses happened within
+    lost_after_s of each other (each attempt's hosts are lost at its failure's moment: the
+    first loss ends it); an attempt of unknown time is a moment of its own."""
+    dated = sorted((at, n) for n, at in found.moments.items() if at is not None)
+    out = {n: n for n, at in found.moments.items() if at is None}
+    first, before = None, None
+    for at, n in dated:
+        if before is None or at - before > LOST_AFTER_S:
+            first = n
+        out[n], before = first, at
+    return out
+
+
+def _singled_out(found, hosts):
+    """Drops what most hosts of one check (each attempt's), or of one moment, shared: a
+    failure of the shared cause's, recorded once in found.shared, no strike against any host."""
+    everyone = {h for h in hosts if h}
+    moment = _lost_moments(found)
+    groups = {}
+    for key, i in found.incidents.items():
+        check = i["check_id"]
+        # One moment's losses together (across attempts, when they were that close).
+        when = moment.get(i["attempt"], i["attempt"]) if check == "host.lost" else i["attempt"]
+        groups.setdefault((when, check, i["weight"] > 0), []).append(key)
+    for (when, check, weighs), keys in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1])):
+        if not weighs:
+            continue  # warnings: a host's history, never its score, whoever shares them
+        named = {found.incidents[k]["host"] for k in keys}
+        attempts = {found.incidents[k]["attempt"] for k in keys}
+        checked = set().union(*(found.checked.get(n) or everyone for n in attempts))
+        if check == "host.lost" and len(named) >= LOST_TOGETHER:
+            _shared_event(found, when, check, named, len(checked), what=(
+                "host.lost: %d hosts lost within lost_after_s (%g s) of each other: %s"
+                % (len(named), LOST_AFTER_S, LOST_CAUSE)))
+        elif shared(len(named), len(checked)):
+            _shared_event(found, when, check, named, len(checked))
+        else:
+            continue
+        for k in keys:
+            del found.incidents[k]
 
 
 def preflight_incidents(report):
-    """{key: incident} of a preflight.json dict, and the hosts it checked. When most workers
-    failed a check bound to the master's ports, none of them is blamed for it."""
-    out = {}
+    """Found of a preflight.json dict. When most workers failed a check bound to the master's
+    ports, none of them is blamed for it."""
+    found = Found()
     rows = [_dict(h) for h in _list(report.get("hosts"))]
     hosts = [_text(h.get("host")) for h in rows]
     hosts += [_text(h) for h in _list(_dict(report.get("spares")).get("candidates"))]
     workers = [h for h in hosts[1:] if h]
     bound = {_text(_dict(c).get("host")) for c in _list(report.get("checks"))
              if _dict(c).get("ok") is False and _dict(c).get("id") in MASTER_BOUND}
-    _check_incidents(out, report, 0, hosts, master_bound_ok=len(bound & set(workers)) * 2
+    found.moments = {0: None}
+    _check_incidents(found, report, 0, hosts, master_bound_ok=len(bound & set(workers)) * 2
                      <= len(set(workers)))
-    return out, hosts
+    found.hosts = hosts
+    _singled_out(found, hosts)
+    return found
 
 
 class Fleet(ledger_store.Store):
@@ -255,6 +378,7 @@ class Fleet(ledger_store.Store):
         self.half_life_s = max(float(finite(half_life_h) or 168.0), 1e-3) * 3600.0
         self.quarantine_score = float(finite(quarantine_score) or 2.5)
         self.quarantine_s = max(float(finite(quarantine_h) or 0.0), 0.0) * 3600.0
+        self.shared = []  # the last report's fleet events (failures most hosts shared)
         super().__init__(fleet_db, runs_root, timeout_s=timeout_s, create=create)
 
     # ---- writes ----
@@ -270,14 +394,14 @@ class Fleet(ledger_store.Store):
         return self._record(report, "preflight", now)
 
     def _record(self, report, which, at):
+        self.shared = []
         if self._off or not isinstance(report, dict):
             return []
         try:
             run_id = _text(report.get("run_id"))
             phase = "preflight" if which == "preflight" else (
                 _text(report.get("kind"), 16) or "train")
-            found, hosts = run_incidents(report) if which == "run" \
-                else preflight_incidents(report)
+            found = run_incidents(report) if which == "run" else preflight_incidents(report)
         except Exception as exc:  # a report no check foresaw: its record is still written
             self._fail("could not read the report (%s: %s)" % (type(exc).__name__, exc),
                        "report it with the run's %s.json" % which)
@@ -285,14 +409,21 @@ class Fleet(ledger_store.Store):
         if not run_id:
             return []
         at = _clock(at)
-        return self._guard(lambda: self._write_record(run_id, phase, found, hosts, at), [])
+        return self._guard(lambda: self._write_record(run_id, phase, found, at), [])
 
-    def _write_record(self, run_id, phase, found, hosts, at):
-        hosts = [h for h in dict.fromkeys(hosts) if h and h != "controller"]
-        rows = [dict(i, run_id=run_id, phase=phase, at=at) for i in found.values()]
+    def _write_record(self, run_id, phase, found, at):
+        hosts = [h for h in dict.fromkeys(found.hosts) if h and h != "controller"]
+        # Each incident dated when it happened (its event's, its attempt's failure's time),
+        # never after the report: a clock ahead is the report's time.
+        rows = [dict(i, run_id=run_id, phase=phase,
+                     at=at if i["at"] is None else min(i["at"], at))
+                for i in found.incidents.values()]
+        self.shared = [dict(e, at=at if e["at"] is None else min(e["at"], at))
+                       for e in found.shared]
         with self._write() as conn:
             if hosts:
                 _took_part(conn, run_id, phase, hosts, at)
+            add_events(conn, run_id, phase, self.shared)
             touched = set()
             if rows:
                 before = _count(conn, run_id, phase)
@@ -353,7 +484,9 @@ class Fleet(ledger_store.Store):
             if released is not None and r.at <= released:
                 continue
             if r.at >= horizon:
-                key = (r.host, r.run_id)
+                # Each attempt's heaviest; a rank's own exit once a run (the WEIGHTS' comment).
+                key = (r.host, r.run_id,
+                       None if r.kind == "culprit" and r.detail in SCRIPT_CHECKS else r.attempt)
                 weight = r.weight * 0.5 ** (max(at - r.at, 0.0) / self.half_life_s)
                 groups[key] = max(groups.get(key, 0.0), weight)
             if r.at >= at - window_s and r.weight > WEIGHTS["warning"]:
@@ -426,6 +559,21 @@ class Fleet(ledger_store.Store):
                             "last_incident": (last.get(host) or (None,))[0]})
             out.sort(key=lambda h: (-h["score"], h["host"]))
             return out
+        return self._guard(read, [])
+
+    def events(self, since_s=None, now=None, limit=EVENTS_MAX):
+        """The fleet events, failures most hosts shared (no host's strike), newest first:
+        [{"run_id", "phase", "attempt", "check", "hosts", "what", "at" (ISO 8601)}]."""
+        at = _clock(now)
+        since = finite(since_s)
+        start = at - since if since is not None and since > 0 else None
+
+        def read():
+            with self._read() as conn:
+                found = events_since(conn, start, limit)
+            return [{"run_id": e["run_id"], "phase": e["phase"], "attempt": e["attempt"],
+                     "check": e["check_id"], "hosts": e["hosts"], "what": e["what"],
+                     "at": iso(e["at"])} for e in found]
         return self._guard(read, [])
 
     def textfile(self, path, now=None):

@@ -32,7 +32,7 @@ except ImportError as exc:  # a controller without it: a warning, never a failur
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.goodput import finite
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 HOST_MAX, TEXT_MAX = 255, 500
 IN_MAX = 64              # more hosts than this: read them all, not an IN list of each
 
@@ -92,10 +92,25 @@ if HAS_SQLALCHEMY:
         sa.Column("reason", sa.String(TEXT_MAX), nullable=False, default=""),
         sa.Column("released_at", sa.Float, nullable=True),  # incidents before it: forgiven
         sa.Column("updated", sa.Float, nullable=False))
+    # A failure most hosts shared (docs/ledger.md "Shared causes"): the shared cause's, once,
+    # never a host's incident (schema version 2).
+    EVENTS = sa.Table(
+        "ledger_events", METADATA,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("run_id", sa.String(HOST_MAX), nullable=False),
+        sa.Column("phase", sa.String(16), nullable=False),
+        sa.Column("attempt", sa.Integer, nullable=False),
+        sa.Column("check_id", sa.String(64), nullable=False),
+        sa.Column("hosts", sa.Text, nullable=False),  # a JSON list
+        sa.Column("what", sa.String(TEXT_MAX), nullable=False),
+        sa.Column("at", sa.Float, nullable=False),
+        sa.UniqueConstraint("run_id", "phase", "attempt", "check_id", name="uq_ledger_event"),
+        sa.Index("ix_ledger_events_at", "at"))
     # Each version's step from the one before (run in order, in one transaction, under the
     # ledger's write lock); a later version adds a step here, never edits one.
     MIGRATIONS = {1: lambda conn: METADATA.create_all(conn, tables=[META, RUNS, INCIDENTS,
-                                                                    HOSTS])}
+                                                                    HOSTS]),
+                  2: lambda conn: METADATA.create_all(conn, tables=[EVENTS])}
 
 
 class NewerSchema(Exception):
@@ -418,3 +433,20 @@ def newest_incidents(conn):
                                   INCIDENTS.c.at, INCIDENTS.c.weight).join(top, sa.and_(
                                       INCIDENTS.c.host == top.c.host,
                                       INCIDENTS.c.at == top.c.m))).all()
+
+
+def add_events(conn, run_id, phase, events):
+    """The fleet events of a report ({"attempt", "check", "hosts", "what", "at"}), once each
+    however often the report is written."""
+    _bulk(conn, EVENTS, [{"run_id": run_id, "phase": phase, "attempt": e["attempt"],
+                          "check_id": e["check"], "hosts": json.dumps(e["hosts"]),
+                          "what": e["what"], "at": e["at"]} for e in events])
+
+
+def events_since(conn, start, limit):
+    """The newest `limit` fleet events dated `start` or later (None: ever), newest first."""
+    q = sa.select(EVENTS).order_by(EVENTS.c.at.desc(), EVENTS.c.id.desc()).limit(limit)
+    if start is not None:
+        q = q.where(EVENTS.c.at >= start)
+    return [dict(r._asdict(), hosts=_hosts_of(r.hosts)) for r in conn.execute(q)]
+
