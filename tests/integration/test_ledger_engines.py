@@ -1,7 +1,7 @@
 """The fleet's ledger on both engines: SQLite and a real PostgreSQL server the tests start
 (lab/pg.py). Two controllers (processes) writing at once into a fresh ledger (both
-creating its schema) lose no row; a corrupt SQLite file and a newer schema cost one warning
-and the controller goes on."""
+creating its schema) lose no row; two adding to one host at once quarantine it once; a corrupt
+SQLite file and a newer schema cost one warning and the controller goes on."""
 from __future__ import annotations
 
 import json
@@ -18,6 +18,7 @@ import pytest
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger, ledger_store
 from lab import pg
 from tests.conftest import ROOT
+from tests.unit.test_ledger import racing_controllers
 
 T0 = 1_800_000_000.0
 HOSTS = ["node%02d" % i for i in range(16)]
@@ -91,6 +92,18 @@ def test_two_controllers_writing_at_once_into_a_fresh_ledger_lose_no_row(fleet_d
     caused = Counter(HOSTS[i % len(HOSTS)] for i in range(RUNS))
     assert {h: v["incidents"] for h, v in listed.items()} == {
         h: {"culprit": 2 * caused[h], "lost": 2 * caused[h]} for h in HOSTS}
+    fleet.close()
+
+
+def test_two_controllers_adding_to_one_host_at_once_quarantine_it_once(fleet_db, tmp_path):
+    """Issue 65 item 4: a host at 1.0 and two controllers each adding 1.0 at once (each one's
+    incident written before either reads the score; PostgreSQL's READ COMMITTED): one of them
+    sees 3.0 and quarantines it."""
+    out = racing_controllers(fleet_db, str(tmp_path), wait_s=2.0)
+    assert sorted(len(v) for v in out.values()) == [0, 1], out
+    fleet = ledger.Fleet(fleet_db, str(tmp_path))
+    held = fleet.health(["node3"], now=T0 + 60)["node3"]
+    assert held["quarantined_until"] is not None and held["score"] == pytest.approx(3.0, abs=0.01)
     fleet.close()
 
 

@@ -535,3 +535,60 @@ def test_an_incident_is_dated_when_it_happened_not_at_the_runs_end(fleet):
     assert everything["score"] == pytest.approx(
         0.5 ** (72 / half_life_h) + 0.5 ** (600 / 3600 / half_life_h), abs=1e-3)
 
+
+def racing_controllers(fleet_db, root, names=("a", "b"), wait_s=1.0):
+    """Two controllers (threads, a Fleet each) recording at once a run whose culprit is node3,
+    at 1.0 already: each has read node3's score before either commits, unless the ledger makes
+    one wait for the other (the hook, after the read of the scores, waits at most wait_s for
+    the other's). Returns {name: what its record_run quarantined}."""
+    import threading
+
+    import sqlalchemy as sa
+
+    seed = ledger.Fleet(fleet_db, root)
+    seed.record_run(train("r0", "node3", reason="failed"), now=T0)
+    for name in names:  # the train's preflight, recorded first as in every run
+        seed.record_preflight({"run_id": "race-" + name, "hosts": [{"host": h} for h in HOSTS]},
+                              now=T0)
+    seed.close()
+    scored = threading.Barrier(len(names))
+
+    def hook(_conn, _cursor, statement, *_args):
+        # (the read of the incidents a score adds up: both engines, old and new code)
+        if statement.lstrip().startswith("SELECT ledger_incidents.host, ledger_incidents.run_id"):
+            try:
+                scored.wait(wait_s)
+            except threading.BrokenBarrierError:
+                pass  # the other one waits for this one's commit: as it should
+
+    out = {}
+
+    def controller(name):
+        fleet = ledger.Fleet(fleet_db, root)
+        out[name] = fleet.record_run(train("race-" + name, "node3", reason="failed"),
+                                     now=T0 + 60)
+        out[name + " warnings"] = fleet.warnings
+        fleet.close()
+
+    sa.event.listen(sa.engine.Engine, "after_cursor_execute", hook)
+    try:
+        threads = [threading.Thread(target=controller, args=(n,)) for n in names]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        sa.event.remove(sa.engine.Engine, "after_cursor_execute", hook)
+    assert [out.pop(n + " warnings", None) for n in names] == [[] for _ in names], out
+    return out
+
+
+def test_two_controllers_adding_to_one_host_at_once_quarantine_it_once(tmp_path):
+    """Issue 65 item 4 on SQLite (PostgreSQL: tests/integration/test_ledger_engines.py): 1.0,
+    plus 1.0 from each of two controllers at once, is 3.0 and passes quarantine_score; the
+    second to decide sees the first's incident."""
+    out = racing_controllers("fleet.db", str(tmp_path))
+    assert sorted(len(v) for v in out.values()) == [0, 1], out
+    fleet = ledger.Fleet("fleet.db", str(tmp_path))
+    held = fleet.health(["node3"], now=T0 + 60)["node3"]
+    assert held["quarantined_until"] is not None and held["score"] == pytest.approx(3.0, abs=0.01)

@@ -25,7 +25,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import le
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.goodput import finite
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.ledger_store import (
     INCIDENTS, TEXT_MAX, _bulk, _count, _set_host, _text, _took_part, add_events, events_since,
-    host_states, incident_rows, kinds_since, newest_incidents, runs_since)
+    host_states, incident_rows, kinds_since, lock_decisions, newest_incidents, runs_since)
 
 CHECK_ID = "fleet.ledger"
 NOW_ENV = "TORCHFLEET_LEDGER_NOW"
@@ -421,6 +421,8 @@ class Fleet(ledger_store.Store):
         self.shared = [dict(e, at=at if e["at"] is None else min(e["at"], at))
                        for e in found.shared]
         with self._write() as conn:
+            if any(r["weight"] > 0 for r in rows):  # it may quarantine: one decision at a time
+                lock_decisions(conn)
             if hosts:
                 _took_part(conn, run_id, phase, hosts, at)
             add_events(conn, run_id, phase, self.shared)
@@ -454,6 +456,7 @@ class Fleet(ledger_store.Store):
 
         def write():
             with self._write() as conn:
+                lock_decisions(conn)
                 _set_host(conn, host, at, quarantined_until=at + hours * 3600.0,
                           reason=_text(reason, TEXT_MAX) or "quarantined by hand")
             return True
@@ -467,6 +470,7 @@ class Fleet(ledger_store.Store):
 
         def write():
             with self._write() as conn:
+                lock_decisions(conn)
                 _set_host(conn, host, at, quarantined_until=None, reason="released",
                           released_at=at)
             return True

@@ -450,3 +450,18 @@ def events_since(conn, start, limit):
         q = q.where(EVENTS.c.at >= start)
     return [dict(r._asdict(), hosts=_hosts_of(r.hosts)) for r in conn.execute(q)]
 
+
+# The key of PostgreSQL's advisory lock that makes the decision to quarantine one controller's at
+# a time (6060: the migration's).
+DECISION_LOCK = 6061
+
+
+def lock_decisions(conn):
+    """Holds the ledger's decision lock until the transaction ends, so that a score read after
+    it counts every other controller's committed incidents: two controllers each adding 1.0 to
+    a host at 1.0 see 2.0 and 3.0, not 2.0 both. SQLite's BEGIN IMMEDIATE (_Tx) holds its
+    write lock for the whole transaction already; PostgreSQL's READ COMMITTED does not, so it
+    takes an advisory lock, first in the transaction (before any row lock: a controller that
+    holds one never waits for this one's holder)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": DECISION_LOCK})
