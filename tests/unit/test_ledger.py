@@ -250,6 +250,31 @@ def test_every_version_has_its_step_and_a_reopened_ledger_keeps_its_rows(fleet, 
     assert again.warnings == []
 
 
+def test_a_version_1_ledger_gains_the_fleet_events_and_keeps_its_rows(fleet, tmp_path):
+    fleet.record_run(train("r1", "node3"), now=T0)
+    fleet.close()
+    db = sqlite3.connect(tmp_path / "fleet.db")  # as torchfleet before issue 65 left it
+    db.execute("DROP TABLE ledger_events")
+    db.execute("UPDATE ledger_meta SET value='1' WHERE key='schema_version'")
+    db.commit()
+    db.close()
+    again = ledger.Fleet("fleet.db", str(tmp_path))
+    assert again.record_preflight(gpu_count_preflight("p1"), now=T0) == []
+    assert [e["check"] for e in again.events(now=T0)] == ["gpu.count"]
+    assert {h["host"]: h["score"] for h in again.hosts(now=T0)}["node3"] == 1.0
+    assert again.warnings == []
+
+
+def test_the_fleet_events_are_said_under_the_hosts(fleet):
+    from torchfleet import hosts_cli
+
+    fleet.record_preflight(gpu_count_preflight("p1"), now=T0)
+    text = hosts_cli.hosts_text(fleet.hosts(now=T0), "fleet.db", None, fleet.events(now=T0))
+    assert text.endswith("fleet events (a shared cause, no strike against any host):\n"
+                         "%s p1: gpu.count failed on 8 of 8 hosts: a shared cause (the input, "
+                         "the controller, the network between)" % ledger.iso(T0))
+
+
 def test_without_sqlalchemy_one_warning(monkeypatch, tmp_path):
     monkeypatch.setattr(ledger_store, "HAS_SQLALCHEMY", False)
     f = ledger.Fleet("fleet.db", str(tmp_path))
