@@ -13,6 +13,7 @@ bytes: every field is checked before it is used.
 from __future__ import annotations
 
 import calendar
+import dataclasses
 import json
 import math
 import os
@@ -131,15 +132,17 @@ def hw_label(kind, code):
 
 # ---- What a report says about each host ----
 
+@dataclasses.dataclass
 class Found:
     """What one report says: `incidents` {key: incident} against single hosts, `hosts` that
     took part, and `shared`: the fleet events, failures most hosts shared (each a dict of
     attempt, check, hosts, what, at), recorded once and against no host."""
-
-    def __init__(self):
-        self.incidents, self.hosts, self.shared = {}, [], []
-        self.moments = {}   # {attempt: when its failure happened (epoch s) or None}
-        self.checked = {}   # {attempt: the hosts it had}
+    incidents: dict = dataclasses.field(default_factory=dict)
+    hosts: list = dataclasses.field(default_factory=list)
+    shared: list = dataclasses.field(default_factory=list)
+    # {attempt: when its failure happened (epoch s) or None}
+    moments: dict = dataclasses.field(default_factory=dict)
+    checked: dict = dataclasses.field(default_factory=dict)  # {attempt: the hosts it had}
 
 
 def shared(failed_by, checked):
