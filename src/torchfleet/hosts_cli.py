@@ -7,13 +7,13 @@ import os
 from typing import Any
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
-from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import goodput, ledger
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import goodput, ledger, ledger_store
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.table import render
 
 
 def sqlite_path(fleet_db: str, runs_root: str) -> str | None:
     """The file of a SQLite ledger (None for a PostgreSQL URL)."""
-    return ledger._url(fleet_db, runs_root)[1]
+    return ledger_store._url(fleet_db, runs_root)[1]
 
 
 def open_fleet(fleet_db: str | None, runs_root: str, create: bool) -> Any:
@@ -32,11 +32,13 @@ def missing(fleet_db: str | None, runs_root: str) -> str:
         "--fleet-db, --runs-root)" % path
 
 
-def hosts_text(listed: list[dict[str, Any]], where: str, since_s: float | None) -> str:
-    """The table people read, worst first."""
+def hosts_text(listed: list[dict[str, Any]], where: str, since_s: float | None,
+               events: list[dict[str, Any]] | None = None) -> str:
+    """The table people read, worst first; then the fleet events given (Fleet.events())."""
     since = " in the last %s" % goodput.duration(since_s) if since_s else ""
     if not listed:
-        return "no host in the fleet's ledger %s%s" % (where, since)
+        return "\n".join(["no host in the fleet's ledger %s%s" % (where, since)]
+                         + ([events_text(events)] if events else []))
     rows = []
     for h in listed:
         last = h["last_incident"] or {}
@@ -50,7 +52,15 @@ def hosts_text(listed: list[dict[str, Any]], where: str, since_s: float | None) 
         render(["HOST", "RUNS", "INCIDENTS", "SCORE", "QUARANTINED UNTIL", "LAST INCIDENT"],
                rows)]
     lines += ["%s: %s" % (h["host"], h["reason"]) for h in quarantined if h["reason"]]
+    if events:
+        lines.append(events_text(events))
     return "\n".join(lines)
+
+
+def events_text(events: list[dict[str, Any]]) -> str:
+    """The failures most hosts shared, newest first: no strike against any host."""
+    return "\n".join(["fleet events (a shared cause, no strike against any host):"] + [
+        "%s %s: %s" % (e["at"], e["run_id"], e["what"]) for e in events])
 
 
 def as_json(listed: list[dict[str, Any]]) -> str:

@@ -1,7 +1,7 @@
 """The fleet's ledger on both engines: SQLite and a real PostgreSQL server the tests start
 (lab/pg.py). Two controllers (processes) writing at once into a fresh ledger (both
-creating its schema) lose no row; a corrupt SQLite file and a newer schema cost one warning
-and the controller goes on."""
+creating its schema) lose no row; two adding to one host at once quarantine it once; a corrupt
+SQLite file and a newer schema cost one warning and the controller goes on."""
 from __future__ import annotations
 
 import json
@@ -15,9 +15,10 @@ from collections import Counter
 
 import pytest
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger, ledger_store
 from lab import pg
 from tests.conftest import ROOT
+from tests.unit.test_ledger import racing_controllers
 
 T0 = 1_800_000_000.0
 HOSTS = ["node%02d" % i for i in range(16)]
@@ -94,21 +95,35 @@ def test_two_controllers_writing_at_once_into_a_fresh_ledger_lose_no_row(fleet_d
     fleet.close()
 
 
+def test_two_controllers_adding_to_one_host_at_once_quarantine_it_once(fleet_db, tmp_path):
+    """Issue 65 item 4: a host at 1.0 and two controllers each adding 1.0 at once (each one's
+    incident written before either reads the score; PostgreSQL's READ COMMITTED): one of them
+    sees 3.0 and quarantines it."""
+    out = racing_controllers(fleet_db, str(tmp_path), wait_s=2.0)
+    assert sorted(len(v) for v in out.values()) == [0, 1], out
+    fleet = ledger.Fleet(fleet_db, str(tmp_path))
+    held = fleet.health(["node3"], now=T0 + 60)["node3"]
+    assert held["quarantined_until"] is not None and held["score"] == pytest.approx(3.0, abs=0.01)
+    fleet.close()
+
+
 def test_a_newer_schema_warns_once_and_writes_nothing(fleet_db, tmp_path):
     first = ledger.Fleet(fleet_db, str(tmp_path))
     assert first.hosts() == [] and first.warnings == []
     first.close()
     import sqlalchemy as sa
 
-    url, _path = ledger._url(fleet_db, str(tmp_path))
+    url, _path = ledger_store._url(fleet_db, str(tmp_path))
     engine = sa.create_engine(url)
     with engine.begin() as conn:
-        conn.execute(sa.text("UPDATE ledger_meta SET value='2' WHERE key='schema_version'"))
+        conn.execute(sa.text("UPDATE ledger_meta SET value=:v WHERE key='schema_version'"),
+                     {"v": str(ledger_store.SCHEMA_VERSION + 1)})
     fleet = ledger.Fleet(fleet_db, str(tmp_path))
     assert fleet.record_run({"run_id": "r1", "hosts": [{"host": "node1", "outcome": "lost"}]},
                             now=T0) == []
     assert fleet.hosts() == [] and fleet.health(["node1"])["node1"]["score"] == 0.0
-    assert len(fleet.warnings) == 1 and "schema version 2, newer than" in fleet.warnings[0]
+    assert len(fleet.warnings) == 1 and "schema version %d, newer than" % (
+        ledger_store.SCHEMA_VERSION + 1) in fleet.warnings[0]
     with engine.begin() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM ledger_runs")).scalar() == 0
     engine.dispose()

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
-from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger, ledger_store
 from tests.conftest import examples
 
 T0 = 1_800_000_000.0
@@ -122,13 +122,21 @@ def test_a_fatal_hardware_event_weighs_more_than_a_warning(fleet):
     assert h["node1"]["history"] == ""  # warnings alone make no history line
 
 
-def test_a_failure_every_host_shared_blames_the_first_one_little(fleet):
-    """A script that fails on every host (the first to die is chance): a quarter each."""
+def test_a_failure_every_host_shared_is_no_strike_one_fewer_than_half_shared_a_quarter(fleet):
+    """A script that fails on every host (the first to die is chance): the shared cause's,
+    recorded once; failed beside one other of five (fewer than half): a quarter."""
     report = train("r1", "node0", reason="failed")
     for row in report["hosts"]:
         row["outcome"] = "failed"
     fleet.record_run(report, now=T0)
-    assert fleet.health(["node0"], now=T0)["node0"]["score"] == ledger.SHARED_CULPRIT
+    assert fleet.health(["node0"], now=T0)["node0"]["score"] == 0.0
+    assert [e["what"] for e in fleet.events(now=T0)] == [
+        "run.exit failed on 5 of 5 hosts: a shared cause (the input, the controller, the "
+        "network between)"]
+    report = train("r2", "node1", reason="failed")
+    report["hosts"][2]["outcome"] = "failed"
+    fleet.record_run(report, now=T0)
+    assert fleet.health(["node1"], now=T0)["node1"]["score"] == ledger.SHARED_CULPRIT
 
 
 def test_every_attempt_of_a_restarted_run_is_recorded(fleet):
@@ -229,13 +237,13 @@ def test_the_schema_is_versioned_and_wal(fleet, tmp_path):
     fleet.hosts()
     db = sqlite3.connect(tmp_path / "fleet.db")
     assert db.execute("SELECT value FROM ledger_meta").fetchall() == [
-        (str(ledger.SCHEMA_VERSION),)]
+        (str(ledger_store.SCHEMA_VERSION),)]
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     db.close()
 
 
 def test_every_version_has_its_step_and_a_reopened_ledger_keeps_its_rows(fleet, tmp_path):
-    assert sorted(ledger.MIGRATIONS) == list(range(1, ledger.SCHEMA_VERSION + 1))
+    assert sorted(ledger_store.MIGRATIONS) == list(range(1, ledger_store.SCHEMA_VERSION + 1))
     fleet.record_run(train("r1", "node3"), now=T0)
     fleet.close()
     again = ledger.Fleet("fleet.db", str(tmp_path))
@@ -243,8 +251,33 @@ def test_every_version_has_its_step_and_a_reopened_ledger_keeps_its_rows(fleet, 
     assert again.warnings == []
 
 
+def test_a_version_1_ledger_gains_the_fleet_events_and_keeps_its_rows(fleet, tmp_path):
+    fleet.record_run(train("r1", "node3"), now=T0)
+    fleet.close()
+    db = sqlite3.connect(tmp_path / "fleet.db")  # as torchfleet before issue 65 left it
+    db.execute("DROP TABLE ledger_events")
+    db.execute("UPDATE ledger_meta SET value='1' WHERE key='schema_version'")
+    db.commit()
+    db.close()
+    again = ledger.Fleet("fleet.db", str(tmp_path))
+    assert again.record_preflight(gpu_count_preflight("p1"), now=T0) == []
+    assert [e["check"] for e in again.events(now=T0)] == ["gpu.count"]
+    assert {h["host"]: h["score"] for h in again.hosts(now=T0)}["node3"] == 1.0
+    assert again.warnings == []
+
+
+def test_the_fleet_events_are_said_under_the_hosts(fleet):
+    from torchfleet import hosts_cli
+
+    fleet.record_preflight(gpu_count_preflight("p1"), now=T0)
+    text = hosts_cli.hosts_text(fleet.hosts(now=T0), "fleet.db", None, fleet.events(now=T0))
+    assert text.endswith("fleet events (a shared cause, no strike against any host):\n"
+                         "%s p1: gpu.count failed on 8 of 8 hosts: a shared cause (the input, "
+                         "the controller, the network between)" % ledger.iso(T0))
+
+
 def test_without_sqlalchemy_one_warning(monkeypatch, tmp_path):
-    monkeypatch.setattr(ledger, "HAS_SQLALCHEMY", False)
+    monkeypatch.setattr(ledger_store, "HAS_SQLALCHEMY", False)
     f = ledger.Fleet("fleet.db", str(tmp_path))
     assert f.record_run(train("r1", "node3")) == [] and f.hosts() == []
     assert len(f.warnings) == 1 and "pip install 'sqlalchemy>=2'" in f.warnings[0]
@@ -265,7 +298,7 @@ def test_the_injected_clock(monkeypatch):
 
 
 def test_a_url_never_shows_its_password():
-    assert ledger.describe("postgresql://fleet:s3cret@db:5432/fleet") == \
+    assert ledger_store.describe("postgresql://fleet:s3cret@db:5432/fleet") == \
         "postgresql://fleet:***@db:5432/fleet"
 
 
@@ -275,7 +308,7 @@ TEXT = st.text(st.characters(exclude_categories=()), max_size=300)
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | TEXT,
                     lambda inner: st.lists(inner, max_size=4)
                     | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
-FIELDS = ("run_id", "kind", "hosts", "first_failure", "attempts", "hardware", "drain",
+FIELDS = ("run_id", "kind", "hosts", "first_failure", "attempts", "hardware", "drain", "goodput",
           "stragglers", "checks", "spares")
 REPORT = st.fixed_dictionaries({}, optional={k: JSON for k in FIELDS}) | JSON
 HOSTILE_ROWS = st.fixed_dictionaries({"run_id": TEXT, "hosts": st.lists(
@@ -283,7 +316,13 @@ HOSTILE_ROWS = st.fixed_dictionaries({"run_id": TEXT, "hosts": st.lists(
     max_size=3), "first_failure": st.fixed_dictionaries(
         {"host": TEXT, "failure": TEXT, "consequence": JSON}),
     "hardware": st.lists(st.fixed_dictionaries({"host": TEXT, "kind": TEXT,
-                                                "code": JSON, "fatal": JSON}), max_size=2)})
+                                                "code": JSON, "fatal": JSON, "at": JSON}),
+                         max_size=2),
+    # The times an incident is dated by: goodput's failures, a straggler's last_seen.
+    "goodput": st.fixed_dictionaries({"failures": st.lists(st.fixed_dictionaries(
+        {"attempt": JSON, "at": JSON}), max_size=3)}),
+    "stragglers": st.lists(st.fixed_dictionaries({"host": TEXT, "last_seen": st.sampled_from(
+        ["2027-01-15T08:00:00Z", "9999-99-99T99:99:99Z", "\x00" * 20]) | TEXT}), max_size=2)})
 
 
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -371,6 +410,51 @@ def test_what_the_user_caused_quarantines_no_host(fleet):
                for v in fleet.health(HOSTS, now=T0 + 3600).values())
 
 
+EIGHT = ["gpu%d" % i for i in range(8)]
+
+
+def gpu_count_preflight(run_id, failing=EIGHT, hosts=EIGHT):
+    """A wrong nproc_per_node: gpu.count fails on the hosts given (preflight's own words)."""
+    return {"run_id": run_id, "kind": "preflight", "ok": False,
+            "hosts": [{"host": h} for h in hosts],
+            "checks": [{"id": "gpu.count", "host": h, "ok": h not in failing,
+                        "severity": "error" if h in failing else "info",
+                        "detail": "4 GPUs visible, nproc_per_node=8" if h in failing else ""}
+                       for h in hosts]}
+
+
+def test_a_health_check_every_host_fails_is_the_shared_causes_not_a_strike_each(fleet):
+    """Issue 65 item 1: six preflights failing gpu.count on 8 of 8 hosts quarantined all 8
+    (a host health check counted whatever share of hosts failed it)."""
+    for i in range(6):
+        assert fleet.record_preflight(gpu_count_preflight("p%d" % i), now=T0 + i * 600) == []
+    assert all(v["score"] == 0.0 and v["quarantined_until"] is None and v["history"] == ""
+               for v in fleet.health(EIGHT, now=T0 + 3600).values())
+    events = fleet.events(now=T0 + 3600)
+    assert len(events) == 6  # once each, not once a host
+    assert events[0]["what"] == ("gpu.count failed on 8 of 8 hosts: a shared cause (the input, "
+                                 "the controller, the network between)")
+    assert events[0]["hosts"] == EIGHT and events[0]["check"] == "gpu.count"
+    assert all(h["incidents"] == {} for h in fleet.hosts(now=T0 + 3600))
+
+
+def test_a_health_check_fewer_than_half_fail_singles_them_out(fleet):
+    # 3 of 8: each its own; six times over quarantines those three and no other.
+    for i in range(6):
+        fleet.record_preflight(gpu_count_preflight("p%d" % i, failing=EIGHT[:3]),
+                               now=T0 + i * 600)
+    held = {h for h, v in fleet.health(EIGHT, now=T0 + 3600).items() if v["quarantined_until"]}
+    assert held == set(EIGHT[:3]) and fleet.events(now=T0 + 3600) == []
+
+
+@pytest.mark.parametrize(("failed_by", "checked", "shared"), [
+    (1, 1, False), (1, 2, False), (2, 2, True), (2, 4, True), (2, 5, False), (3, 8, False),
+    (4, 8, True), (8, 8, True)])
+def test_most_is_at_least_half_of_the_hosts_checked_and_at_least_two(failed_by, checked,
+                                                                     shared):
+    assert ledger.shared(failed_by, checked) is shared
+
+
 def test_a_script_failing_in_every_attempt_of_one_run_is_one_strike(fleet):
     # restart_on=any, three attempts on the same hosts, rank 1 failing each time.
     attempts = [{"attempt": n, "hosts": HOSTS, "outcomes": {h: "failed" if h == "node1"
@@ -400,3 +484,137 @@ def test_rank_0_failing_alone_again_and_again_does_not_quarantine_the_master(fle
         assert fleet.record_run(report, now=T0 + i * 600) == []
     assert fleet.health(["node0"], now=T0 + 3600)["node0"]["score"] == pytest.approx(
         3 * ledger.SHARED_CULPRIT, rel=0.01)  # (decayed by an hour)
+
+
+def lost_run(run_id, lost, hosts):
+    """train.json of a run whose hosts `lost` stopped answering at once (a switch)."""
+    return {"run_id": run_id, "kind": "train", "ok": False,
+            "hosts": [{"host": h, "outcome": "lost" if h in lost else "stopped"} for h in hosts],
+            "first_failure": {"host": lost[0], "reason": "lost", "consequence": False,
+                              "at_s": 300.0},
+            "checks": [{"id": "host.lost", "host": h, "ok": False, "severity": "error"}
+                       for h in lost]}
+
+
+THIRTY_TWO = ["node%02d" % i for i in range(32)]
+
+
+def test_hosts_lost_at_one_moment_are_one_shared_event_no_strike_each(fleet):
+    """Issue 65 item 2: 12 of 32 hosts lost together, 3 times in 3 hours (a top-of-rack
+    switch) quarantined them all."""
+    lost = THIRTY_TWO[4:16]
+    for i in range(3):
+        assert fleet.record_run(lost_run("r%d" % i, lost, THIRTY_TWO), now=T0 + i * H) == []
+    health = fleet.health(THIRTY_TWO, now=T0 + 3 * H)
+    assert all(v["score"] == 0.0 and v["quarantined_until"] is None for v in health.values())
+    events = fleet.events(now=T0 + 3 * H)
+    assert len(events) == 3 and events[0]["hosts"] == sorted(lost)
+    assert events[0]["what"] == (
+        "host.lost: 12 hosts lost within lost_after_s (30 s) of each other: a shared cause "
+        "(a switch, a PDU, the master's NIC, the network between)")
+
+
+def test_a_host_lost_alone_or_beside_one_other_still_counts(fleet):
+    fleet.record_run(lost_run("r1", ["node03"], THIRTY_TWO), now=T0)
+    fleet.record_run(lost_run("r2", ["node05", "node06"], THIRTY_TWO), now=T0)
+    health = fleet.health(["node03", "node05", "node06"], now=T0)
+    assert {h: v["score"] for h, v in health.items()} == {"node03": 1.0, "node05": 1.0,
+                                                          "node06": 1.0}
+    assert fleet.events(now=T0) == []
+
+
+def restarted_run(run_id, failures_at, lost="node3", hardware=()):
+    """train.json of a run with max_restarts whose host `lost` was lost in every attempt
+    (no spare took its place), each attempt's failure dated by goodput's timeline."""
+    attempts = [{"attempt": n, "hosts": HOSTS, "outcomes": {
+        h: "lost" if h == lost else "stopped" for h in HOSTS},
+        "failure": {"host": lost, "reason": "lost", "consequence": False, "at_s": 600.0},
+        "drain": [], "replaced": []} for n in range(len(failures_at))]
+    report = train(run_id, lost, hosts=HOSTS, attempts=attempts, hardware=hardware)
+    report["goodput"] = {"started": failures_at[0] - 900.0, "failures": [
+        {"attempt": n, "check": "host.lost", "host": lost, "at": at, "cost_s": 60.0}
+        for n, at in enumerate(failures_at)]}
+    return report
+
+
+def test_a_host_lost_in_each_attempt_of_one_run_counts_each_time(fleet):
+    """Issue 65 item 3: lost in 10 attempts of one run plus an Xid 79 scored 1.5 (each run's
+    heaviest incident only): never quarantined."""
+    ends = [T0 + n * 1800.0 for n in range(10)]
+    xid = {"host": "node3", "kind": "xid", "code": 79, "fatal": True, "at": ends[-1] - 60,
+           "line": "NVRM: Xid (PCI:0000:19:00): 79, pid=2743, GPU has fallen off the bus."}
+    out = fleet.record_run(restarted_run("r1", ends, hardware=[xid]), now=ends[-1] + 300)
+    assert [q["host"] for q in out] == ["node3"]
+    assert fleet.health(["node3"], now=ends[-1] + 300)["node3"]["score"] > 9
+
+
+def test_an_incident_is_dated_when_it_happened_not_at_the_runs_end(fleet):
+    """A three-day run: its first attempt's loss decays from its own time, and --since
+    counts it where it happened."""
+    end = T0 + 72 * H
+    fleet.record_run(restarted_run("r1", [T0, end - 600.0], lost="node3"), now=end)
+    listed = {h["host"]: h for h in fleet.hosts(since_s=24 * H, now=end)}
+    assert listed["node3"]["incidents"] == {"culprit": 1, "lost": 1}  # the last attempt's
+    everything = {h["host"]: h for h in fleet.hosts(now=end)}["node3"]
+    assert everything["incidents"] == {"culprit": 2, "lost": 2}
+    half_life_h = defaults.default("ledger_half_life_h")
+    assert everything["score"] == pytest.approx(
+        0.5 ** (72 / half_life_h) + 0.5 ** (600 / 3600 / half_life_h), abs=1e-3)
+
+
+def racing_controllers(fleet_db, root, names=("a", "b"), wait_s=1.0):
+    """Two controllers (threads, a Fleet each) recording at once a run whose culprit is node3,
+    at 1.0 already: each has read node3's score before either commits, unless the ledger makes
+    one wait for the other (the hook, after the read of the scores, waits at most wait_s for
+    the other's). Returns {name: what its record_run quarantined}."""
+    import threading
+
+    import sqlalchemy as sa
+
+    seed = ledger.Fleet(fleet_db, root)
+    seed.record_run(train("r0", "node3", reason="failed"), now=T0)
+    for name in names:  # the train's preflight, recorded first as in every run
+        seed.record_preflight({"run_id": "race-" + name, "hosts": [{"host": h} for h in HOSTS]},
+                              now=T0)
+    seed.close()
+    scored = threading.Barrier(len(names))
+
+    def hook(_conn, _cursor, statement, *_args):
+        # (the read of the incidents a score adds up: both engines, old and new code)
+        if statement.lstrip().startswith("SELECT ledger_incidents.host, ledger_incidents.run_id"):
+            try:
+                scored.wait(wait_s)
+            except threading.BrokenBarrierError:
+                pass  # the other one waits for this one's commit: as it should
+
+    out = {}
+
+    def controller(name):
+        fleet = ledger.Fleet(fleet_db, root)
+        out[name] = fleet.record_run(train("race-" + name, "node3", reason="failed"),
+                                     now=T0 + 60)
+        out[name + " warnings"] = fleet.warnings
+        fleet.close()
+
+    sa.event.listen(sa.engine.Engine, "after_cursor_execute", hook)
+    try:
+        threads = [threading.Thread(target=controller, args=(n,)) for n in names]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        sa.event.remove(sa.engine.Engine, "after_cursor_execute", hook)
+    assert [out.pop(n + " warnings", None) for n in names] == [[] for _ in names], out
+    return out
+
+
+def test_two_controllers_adding_to_one_host_at_once_quarantine_it_once(tmp_path):
+    """Issue 65 item 4 on SQLite (PostgreSQL: tests/integration/test_ledger_engines.py): 1.0,
+    plus 1.0 from each of two controllers at once, is 3.0 and passes quarantine_score; the
+    second to decide sees the first's incident."""
+    out = racing_controllers("fleet.db", str(tmp_path))
+    assert sorted(len(v) for v in out.values()) == [0, 1], out
+    fleet = ledger.Fleet("fleet.db", str(tmp_path))
+    held = fleet.health(["node3"], now=T0 + 60)["node3"]
+    assert held["quarantined_until"] is not None and held["score"] == pytest.approx(3.0, abs=0.01)
