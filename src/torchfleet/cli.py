@@ -381,8 +381,9 @@ def hosts_command(args: argparse.Namespace) -> int:
         else:
             listed = fleet.hosts(since_s=since_s)
             done = not fleet.warnings
+            # The table, then the failures most hosts shared (no host's strike: docs/ledger.md).
             said = hosts_cli.as_json(listed) if args.json else hosts_cli.hosts_text(
-                listed, fleet.where, since_s)
+                listed, fleet.where, since_s, fleet.events(since_s=since_s))
     finally:
         fleet.close()
     if fleet.warnings or not done:

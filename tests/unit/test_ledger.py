@@ -357,6 +357,11 @@ def test_the_cli_lists_releases_and_quarantines(tmp_path, capsys, monkeypatch):
     assert cli.main(["hosts", "--runs-root", root]) == 0
     out = capsys.readouterr().out
     assert "node3: score 3.00 >= quarantine_score 2.5" in out and "1 quarantined" in out
+    fleet = ledger.Fleet("fleet.db", root)
+    fleet.record_preflight(gpu_count_preflight("p1"))  # 8 of 8 hosts: the shared cause's
+    fleet.close()
+    assert cli.main(["hosts", "--runs-root", root]) == 0
+    assert "p1: gpu.count failed on 8 of 8 hosts: a shared cause" in capsys.readouterr().out
     assert cli.main(["hosts", "release", "node3", "--runs-root", root]) == 0
     assert cli.main(["hosts", "quarantine", "node1", "--hours", "2", "--runs-root", root]) == 0
     capsys.readouterr()
