@@ -236,7 +236,8 @@ REGISTRY = (
     Unit(('run.hardware',), RUN,
          "a fatal hardware event on one of the run's devices during the run (an Xid NVIDIA's "
          'catalog resolves with a reset, an uncorrected fatal PCIe AER error or a failed '
-         'recovery, an mlx5 health error, an AMD GPU reset, climbing uncorrected ECC, NVML '
+         'recovery, an mlx5 health error, a fatal NVSwitch SXid (the host\'s, no GPU\'s), an '
+         'AMD GPU reset, climbing uncorrected ECC, NVML '
          "asking for a reset, an RDMA port of the run's HCAs that went down and stayed down, "
          'NVML unanswered for 30 s): the cause, named first; warnings (clocks held down, a '
          'link that flapped or slowed, a recovered non-fatal AER error, other Xids, the same '
