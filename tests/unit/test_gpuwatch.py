@@ -236,6 +236,25 @@ def test_eight_gpus_each_names_its_own_rank_of_eight(watches, case):
             rank.wait()
 
 
+@pytest.mark.parametrize("call", ["nvmlDeviceGetPciInfo", "nvmlDeviceGetHandleByIndex"])
+def test_a_gpu_nvml_cannot_name_keeps_its_index_slot(watches, call):
+    """Issue 65, item 10: GPU 3 of 8 whose address (or handle) NVML cannot read keeps its slot
+    as unknown; a7e0410 listed 7 GPUs without a handle (and the host watch dropped the
+    unknown address), so CUDA_VISIBLE_DEVICES=4 named the GPU at index 5."""
+    nv = binding([Gpu(bus) for bus in H100X8_BUSES])
+    answer = getattr(nv, call)
+
+    def fails_on_gpu_3(arg):
+        if getattr(arg, "index", arg) == 3:
+            raise nv.NVMLError_Unknown()
+        return answer(arg)
+    setattr(nv, call, fails_on_gpu_3)
+    watch = watches(pynvml=nv, every_s=0.02, wait_s=0.02)
+    sampled(watch, 2)
+    buses = [bus.lower()[4:] for bus in H100X8_BUSES]
+    assert watch.buses() == buses[:3] + [None] + buses[4:]
+
+
 def test_processes_are_unknown_not_empty_when_nvml_cannot_list_them(watches):
     nv = binding([Gpu()])
     for suffix in ("", "_v2", "_v3"):

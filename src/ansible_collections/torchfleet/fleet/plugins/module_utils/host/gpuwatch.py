@@ -390,7 +390,10 @@ class GpuWatch:
             for event in changes(self.last, sample):
                 self._put(event, ended_m, ended_m - self.last_m)
         self.last, self.last_m = sample, began_m
-        self.gpus = [sample[i]["pci_bus"] for i in sorted(sample)]
+        # By index, a GPU whose address is unknown (None) keeping its slot: CUDA_VISIBLE_DEVICES
+        # counts it.
+        self.gpus = [(sample.get(i) or {}).get("pci_bus") for i in range(
+            min(MAX_GPUS, max(sample) + 1))] if sample else []
         if apps is not None:
             self.apps = apps
 
@@ -534,6 +537,9 @@ class GpuWatch:
             if h is None:
                 continue
             bus = self.pci[i]
+            if h is None:   # its slot kept: the GPUs after it keep their indices
+                out[i] = {"pci_bus": bus}
+                continue
             self.errors, self.unsupported = {}, {}
             kw = {"gpu": i, "bus": bus}
             ecc = self._call("nvmlDeviceGetTotalEccErrors", h,

@@ -225,9 +225,11 @@ class Scope:
         return out
 
     def update(self, buses=None):
-        """The run's devices again when the GPUs known changed (buses: GpuWatch.buses())."""
-        if buses:
-            gpus = [b for b in (gpuwatch.bus_id(x) for x in buses) if b]
+        """The run's devices again when the GPUs known changed (buses: GpuWatch.buses(), in
+        index order; a GPU whose address NVML could not read is None there and keeps its slot,
+        so that CUDA_VISIBLE_DEVICES' indices still name the GPUs after it)."""
+        if buses and any(gpuwatch.bus_id(x) for x in buses):
+            gpus = [gpuwatch.bus_id(x) for x in list(buses)[:gpuwatch.MAX_GPUS]]
         else:
             if self._sysfs_gpus is None:
                 self._sysfs_gpus = gpus_in_sysfs(self.sysfs) if self.pci else []
@@ -237,7 +239,7 @@ class Scope:
         self._from, self.gpus = gpus, gpus
         self.run_gpus = visible(gpus, self.env.get("CUDA_VISIBLE_DEVICES"))
         hcas = {name.split("/")[0] for name in self.hca_ports()}
-        own = set(self.run_gpus) | self._nics() | {
+        own = {b for b in self.run_gpus if b} | self._nics() | {
             d for d in (device_of(os.path.join(self.rdma_root, h, "device")) for h in hcas
                         if os.path.exists(os.path.join(self.rdma_root, h, "device"))) if d}
         self.devices = {b for d in own for b in pci_chain(self.sysfs, d)}
@@ -248,7 +250,8 @@ class Scope:
         bus = event.get("pci_bus")
         if event.get("kind") == "oom" or bus is None:
             return None
-        if (event.get("kind") in GPU_KINDS and not self.gpus) or (not self.pci and not self.devices):
+        if (event.get("kind") in GPU_KINDS and not any(self.gpus)) or (
+                not self.pci and not self.devices):
             return None
         return bus in self.devices
 
@@ -502,7 +505,7 @@ class HostWatch:
     def _add(self, event, now_m, ranks):
         event["pci_bus"] = gpuwatch.bus_id(event.get("pci_bus")) or None
         bus = event["pci_bus"]
-        if event.get("gpu") is None and bus in self.scope.gpus:
+        if event.get("gpu") is None and bus is not None and bus in self.scope.gpus:
             event["gpu"] = self.scope.gpus.index(bus)
         if event["kind"] == "oom":
             key = ("oom", event.get("pid"))
@@ -590,7 +593,8 @@ class HostWatch:
                 event["what"] = event["what"][:-len(note)]
             return
         rank = ranks.get(event.get("pid")) or self.tree.get(event.get("pid"))
-        if rank is None and event.get("pci_bus") in self.scope.gpus:
+        if rank is None and event.get("pci_bus") is not None \
+                and event["pci_bus"] in self.scope.gpus:
             event["rank"] = self._gpu_rank(event["pci_bus"], ranks)
         else:
             event["rank"] = rank[1] if rank else None
