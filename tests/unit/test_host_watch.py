@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -234,6 +235,57 @@ def test_a_gpu_the_run_does_not_see_and_the_ports_it_does_not_use(tmp_path):
     down = [e for e in sent(w, 20.0, looks=12) if e["kind"] == "link"]
     assert [(e["code"], e["pci_bus"], e["fatal"]) for e in down] == [
         ("mlx5_1/1 down", "0000:2b:00.0", True)]
+
+
+def test_a_gpu_whose_address_nvml_cannot_read_keeps_its_index(tmp_path):
+    """Issue 65, item 10: NVML could not read GPU 3's address; on a7e0410 the list shortened,
+    CUDA_VISIBLE_DEVICES=4,5,6,7 named GPUs 5, 6, 7, and the Xid 79 on GPU 4 was "not a
+    device of the run"."""
+    w, log = watch(tmp_path, env={"CUDA_VISIBLE_DEVICES": "4,5,6,7",
+                                  "NCCL_SOCKET_IFNAME": "eth0"},
+                   gpu=Gpus(buses=GPUS[:3] + [None] + GPUS[4:]))
+    write(log, XID79 % GPUS[4][:-2], XID79 % GPUS[0][:-2])
+    assert {(e["gpu"], e["pci_bus"], e["fatal"]) for e in sent(w, 10.0)} == {
+        (4, GPUS[4], True), (0, GPUS[0], False)}
+    assert w.scope.gpus[3] is None and len(w.scope.gpus) == 8
+
+
+# -- issue 65, item 8: an HCA whose firmware hangs is named; the loop goes on -----------------------
+
+def test_an_hca_whose_counter_read_hangs_is_named_and_never_blocks_the_loop(tmp_path):
+    """On mlx5 a counter read is a firmware command (60 s timeout): a7e0410 read the ports on
+    the agent's loop, so hung HCA firmware stopped the heartbeats and the host was called lost.
+    A FIFO in the port's place blocks the read as the stuck command does."""
+    w, log = watch(tmp_path, env={"NCCL_IB_HCA": "mlx5_1", "NCCL_SOCKET_IFNAME": "eth0"},
+                   gpu=Gpus(buses=GPUS))
+    counter = tmp_path / "sys" / "class" / "infiniband" / "mlx5_1" / "ports" / "1" / \
+        "counters" / "link_downed"
+    counter.unlink()
+    os.mkfifo(counter)
+    looked = threading.Event()
+    loop = threading.Thread(target=lambda: (w.look(time.monotonic(), {}), looked.set()),
+                            daemon=True)
+    began = time.monotonic()
+    loop.start()
+    try:
+        assert looked.wait(10.0), "the agent's loop is blocked on the HCA's counter"
+        assert time.monotonic() - began < 2.0
+        write(log, XID79 % GPUS[2][:-2])  # the loop goes on: the kernel log is still read
+        late = time.monotonic() + ibwatch.DEADLINE_S + 0.1
+        out = sent(w, late)
+        (stall,) = [e for e in out if e["kind"] == "link"]
+        assert (stall["code"], stall["pci_bus"], stall["fatal"]) == (
+            "mlx5_1/1 timeout", "0000:2b:00.0", False)
+        assert stall["line"].startswith("RDMA port mlx5_1/1: reading counters/link_downed did "
+                                        "not answer in 2 s")
+        assert stall["age_s"] >= ibwatch.DEADLINE_S
+        assert [(e["code"], e["gpu"]) for e in out if e["kind"] == "xid"] == [(79, 2)]
+        assert [e for e in sent(w, late + 1.0) if e["kind"] == "link"] == []  # said once
+    finally:  # the firmware answers
+        fd = os.open(counter, os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, b"0\n")
+        os.close(fd)
+        w.close()
 
 
 # -- item 7: the OOM killer's victim -------------------------------------------------------------

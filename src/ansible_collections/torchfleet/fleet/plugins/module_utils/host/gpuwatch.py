@@ -15,11 +15,13 @@ changes() turns two samples into events (pure: the tests feed it recorded sample
 Everything that asks the driver runs in threads of its own, never on the agent's loop (on
 the master the judge runs there too): a GPU whose firmware stops answering (Xid 119's case)
 blocks each NVML call for seconds. One thread samples, another waits on the Xid event set, so
-a GPU whose calls hang leaves the other GPUs' Xids read. A call unanswered past NVML_DEADLINE_S is itself an event
-(kind "nvml", code "timeout"): a warning, fatal once an NVML call on a GPU it names lasts
-NVML_FATAL_S (a stalled nvidia-smi stays a warning: another tool may hold the driver). Every exception of
-the binding is survived per call, and a call the binding lacks (pynvml 11.x has the clocks
-"throttle" reasons, not the "event" ones) is asked by the name it has.
+a GPU whose calls hang leaves the other GPUs' Xids read. Each call is watched from the loop
+(watched.py, as ibwatch's reads of the RDMA ports are): one unanswered past NVML_DEADLINE_S is
+itself an event (kind "nvml", code "timeout"): a warning, fatal once an NVML call on a GPU it
+names lasts NVML_FATAL_S (a stalled nvidia-smi stays a warning: another tool may hold the
+driver). Every exception of the binding is survived per call, and a call the binding lacks
+(pynvml 11.x has the clocks "throttle" reasons, not the "event" ones) is asked by the name it
+has.
 
 Each event carries age_s (since it was read) and age_err_s (how much earlier it may have
 happened): an Xid from the event set, the time since the last wait that found the set empty
@@ -39,7 +41,7 @@ import re
 import threading
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.host import xid
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import watched, xid
 
 NVML_EVERY_S = 5.0
 SMI_EVERY_S = 15.0
@@ -231,9 +233,8 @@ class GpuWatch:
         self.stopping = threading.Event()
         self.pending = {}          # (kind, code, gpu) -> event not yet taken
         # Per thread ("sample": the samples, nvidia-smi's too; "xid": NVML's event set): the
-        # call in flight, (call, gpu, pci_bus, started_m, its own wait_s), and the last answer.
-        self.busy = {"sample": None, "xid": None}
-        self.answered = dict.fromkeys(self.busy, time.monotonic())
+        # call in flight (call, gpu, pci_bus, started_m, its own wait_s), and the last answer.
+        self.calls = watched.Calls(("sample", "xid"))
         self.stuck = None          # (call, gpu, pci_bus, started_m): nvidia-smi timed out
         self.t = threading.local()   # the thread's slot, errors and unsupported calls
         self.stall_sent = 0        # 1: its warning sent, 2: its fatal too
@@ -314,10 +315,9 @@ class GpuWatch:
         no one GPU, waits as long behind another tool that holds the driver: DCGM, another
         nvidia-smi; it stays a warning); dated from the unanswered call's start back to the
         last answer."""
-        late = [(busy[:4], self.answered[slot]) for slot, busy in list(self.busy.items())
-                if busy is not None and now_m - busy[3] > busy[4] + NVML_DEADLINE_S]
+        late = self.calls.late(now_m, NVML_DEADLINE_S)
         if self.stuck is not None:
-            late.append((self.stuck, self.answered["sample"]))
+            late.append((self.stuck, self.calls.answered["sample"]))
         if not late:
             self.stall_sent = 0
             return []
@@ -327,7 +327,6 @@ class GpuWatch:
         # A GPU's stuck call first (the fault to name), else the oldest.
         (call, gpu, bus, started_m), answered_m = min(late, key=lambda x: (
             not fatal_of(x[0][0], x[0][1], x[0][3]), x[0][3]))
-        lasted = now_m - started_m
         fatal = fatal_of(call, gpu, started_m)
         if self.stall_sent >= (2 if fatal else 1):
             return []
@@ -338,8 +337,8 @@ class GpuWatch:
             "" if gpu is None else ", GPU %d" % gpu)
             + (": the GPU's firmware or driver is stuck" if fatal else ""))
         event = _event("nvml", "timeout", gpu, {"pci_bus": bus}, what, fatal)
-        event.update(age_s=round(max(0.0, lasted), 3), count=1, age_err_s=round(
-            min(600.0, max(0.0, started_m - min(answered_m, started_m))), 3))
+        age_s, age_err_s = watched.stall_ages(now_m, started_m, answered_m)
+        event.update(age_s=age_s, age_err_s=age_err_s, count=1)
         return [event]
 
     def close(self):
@@ -406,17 +405,14 @@ class GpuWatch:
         if call is None:
             self.errors[name] = "not in this pynvml"
             return None
-        slot = getattr(self.t, "slot", "sample")
-        self.busy[slot] = (name, gpu, bus, time.monotonic(), wait_s)
         try:
-            return call(*args)
+            return self.calls.run(getattr(self.t, "slot", "sample"), call, *args, call=name,
+                                  device=gpu, bus=bus, wait_s=wait_s)
         except Exception as exc:
             if not isinstance(exc, quiet):
                 self.errors.setdefault(name, _why(exc))
                 self.unsupported[name] = getattr(exc, "value", None) == NVML_ERROR_NOT_SUPPORTED
             return None
-        finally:
-            self.busy[slot], self.answered[slot] = None, time.monotonic()
 
     def _first(self, names, *args, **kw):
         """The first of names the binding has and answers (remembered for the next calls)."""
@@ -575,17 +571,17 @@ class GpuWatch:
 
     def _smi(self, argv):
         """One bounded nvidia-smi call; a timed-out one stays `stuck` until one answers."""
-        started_m = time.monotonic()
-        self.busy["sample"] = ("nvidia-smi", None, None, started_m, SMI_TIMEOUT_S)
+        started_m = self.calls.begin("sample", "nvidia-smi", wait_s=SMI_TIMEOUT_S)
         try:
             out, why = self.command(argv, timeout_s=SMI_TIMEOUT_S)
         except Exception as exc:   # the command runner's own fault
             out, why = None, _why(exc)
-        self.busy["sample"] = None
-        if why is not None and "did not answer" in str(why):
+        timed_out = why is not None and "did not answer" in str(why)
+        self.calls.end("sample", answered=not timed_out)
+        if timed_out:
             self.stuck = self.stuck or ("nvidia-smi", None, None, started_m)
         else:
-            self.stuck, self.answered["sample"] = None, time.monotonic()
+            self.stuck = None
         return out, why
 
     def _smi_loop(self):

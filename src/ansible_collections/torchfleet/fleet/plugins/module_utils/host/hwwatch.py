@@ -630,6 +630,7 @@ class HostWatch:
 
     def close(self):
         self.log.close()
+        self.ib.close()
         getattr(self.gpu, "close", lambda: None)()
 
 
