@@ -192,7 +192,7 @@ def test_a_watch_sends_only_its_runs_oom_victims_once_each_and_within_bounds(tmp
 def test_nvidia_smi_health_query_and_nvml_samples_of_a_healthy_h200_say_nothing():
     smi = gpuwatch.parse_smi((FIXTURES / "h200-1gpu" / "query-health.csv").read_text())
     assert smi == {0: {"pci_bus": None, "ecc_uncorrected": 0, "remap_pending": False,
-                       "reasons": 1}}
+                       "remap_failed": False, "reasons": 1}}
     # NVML every 0.5 s under a matmul: reason 4 (SW power cap) all the time is no warning.
     load = json.loads((FIXTURES / "h200-1gpu" / "nvml-load.json").read_text())["samples"]
     samples = [{0: {"pci_bus": "0000:00:06.0", "ecc_uncorrected": 0, "remap_pending": False,

@@ -1,13 +1,17 @@
 """The NVIDIA GPUs of a host during a run: NVML through nvidia-ml-py where the agent's
 interpreter has it, else `nvidia-smi --query-gpu` at a bounded rate.
 
-What is read per GPU (a sample): volatile uncorrected ECC errors, remapped rows pending, the
-clock event reasons, the GPU recovery action field (NVML) and the processes running compute
-work on it; and NVML's Xid events, waited on all the time in slices of EVENT_WAIT_S.
+What is read per GPU (a sample): volatile uncorrected ECC errors, remapped rows pending and
+whether a remapping failed, the clock event reasons, the GPU recovery action field (NVML) and
+the processes running compute work on it; and NVML's Xid events, waited on all the time in
+slices of EVENT_WAIT_S.
 changes() turns two samples into events (pure: the tests feed it recorded samples):
 
-- fatal: uncorrected ECC errors that climbed, a recovery action that asks for a reset or a
-  reboot, an Xid that xid.py drains on;
+- fatal: uncorrected ECC errors that climbed, a row remapping that failed (NVML's
+  failureOccurred, "set if a row remapping ever failed", nvidia-smi's remapped_rows.failure:
+  the GPU could not replace a bad row; NVIDIA's GPU memory error management has the GPU reset
+  and judged for RMA), a recovery action that asks for a reset or a reboot, an Xid that
+  xid.py drains on;
 - warning: remapped rows that became pending, clocks held down for a reason other than those
   gpu.throttle accepts (idle, the SW power cap: the H200 under a matmul reads reason 4 all the
   time), any other Xid.
@@ -72,7 +76,7 @@ RECOVERY_FATAL = (1, 2, 4)
 # `nvidia-smi --help-query-gpu`: drivers before R535 know the clock reasons only as
 # clocks_throttle_reasons, and one unknown field fails the whole query.
 SMI_WANT = (("index",), ("pci.bus_id",), ("ecc.errors.uncorrected.volatile.total",),
-            ("remapped_rows.pending",),
+            ("remapped_rows.pending",), ("remapped_rows.failure",),
             ("clocks_event_reasons.active", "clocks_throttle_reasons.active"))
 SMI_APPS = ["nvidia-smi", "--query-compute-apps=gpu_bus_id,pid", "--format=csv"]
 REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
@@ -134,12 +138,13 @@ def parse_smi(text):
         index = _int(row["index"])
         if index is None:
             continue
-        pending = row.get("remapped_rows.pending")
+        pending, failure = row.get("remapped_rows.pending"), row.get("remapped_rows.failure")
         reasons = next((row[f] for f in REASON_FIELDS if f in row), "")
         out[index] = {
             "pci_bus": bus_id(row.get("pci.bus_id")),
             "ecc_uncorrected": _int(row.get("ecc.errors.uncorrected.volatile.total", "")),
             "remap_pending": pending == "Yes" if pending in ("Yes", "No") else None,
+            "remap_failed": failure == "Yes" if failure in ("Yes", "No") else None,
             "reasons": _int(reasons, 16) if reasons.startswith("0x") else None}
     return out
 
@@ -195,9 +200,14 @@ def changes(before, after):
         if ecc is not None and ecc_was is not None and ecc > ecc_was:
             events.append(_event("ecc", ecc, gpu, now, "uncorrected ECC errors %d -> %d"
                                  % (ecc_was, ecc), True))
-        if now.get("remap_pending") and not was.get("remap_pending"):
-            events.append(_event("remap", "pending", gpu, now, "remapped rows pending (a reset "
-                                 "applies them)", False))
+        if now.get("remap_failed") and not was.get("remap_failed"):
+            # Sticky (it says a remapping ever failed): said once, when first seen.
+            events.append(_event("remap", "failed", gpu, now, "row remapping failed (a row "
+                                 "with an uncorrectable error could not be replaced): reset "
+                                 "the GPU, and have it judged for RMA", True))
+        elif now.get("remap_pending") and not was.get("remap_pending"):
+            events.append(_event("remap", "pending", gpu, now, "remapped rows pending (a GPU "
+                                 "reset applies them)", False))
         reasons = now.get("reasons")
         bad = (reasons or 0) & ~REASONS_OK
         if bad and bad != (was.get("reasons") or 0) & ~REASONS_OK:
@@ -530,8 +540,6 @@ class GpuWatch:
         out, apps = {}, {}
         recovery_id = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
         for i, h in enumerate(self.handles):
-            if h is None:
-                continue
             bus = self.pci[i]
             if h is None:   # its slot kept: the GPUs after it keep their indices
                 out[i] = {"pci_bus": bus}
@@ -541,7 +549,9 @@ class GpuWatch:
             ecc = self._call("nvmlDeviceGetTotalEccErrors", h,
                              getattr(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
                              getattr(nv, "NVML_VOLATILE_ECC", 0), **kw)
+            # (corrRows, uncRows, isPending, failureOccurred)
             rows = self._call("nvmlDeviceGetRemappedRows", h, **kw)
+            rows = rows if isinstance(rows, (tuple, list)) and len(rows) > 3 else None
             reasons = self._first(REASONS_CALLS, h, **kw)
             field = (self._call("nvmlDeviceGetFieldValues", h, [recovery_id], **kw)
                      if recovery_id is not None else None)
@@ -549,8 +559,8 @@ class GpuWatch:
             out[i] = {
                 "pci_bus": bus,
                 "ecc_uncorrected": ecc if isinstance(ecc, int) else None,
-                "remap_pending": bool(rows[2]) if isinstance(rows, (tuple, list))
-                and len(rows) > 2 else None,
+                "remap_pending": bool(rows[2]) if rows else None,
+                "remap_failed": bool(rows[3]) if rows else None,
                 "reasons": reasons if isinstance(reasons, int) else None,
                 "recovery": _field(field)}
             if procs is not None and bus:
