@@ -407,6 +407,37 @@ def test_the_oom_kill_summary_waits_for_its_killed_process_line(tmp_path):
                                     % os.getpid())
 
 
+def test_another_programs_thousands_of_oom_kills_are_counted_not_kept_one_each(tmp_path):
+    """Issue 65, item 11: a crash-looping container's 2,000 OOM kills were 2,000 faults on
+    a7e0410, kept for the run, the first 64 taking every warning's place. Now: the first
+    OOM_OTHERS each an event, the rest one event with their count."""
+    w, log = watch(tmp_path, gpu=Gpus(buses=GPUS))
+    memcg = "/kubepods.slice/kubepods-burstable.slice/cri-containerd-3fc28fa1.scope"
+    # 1,990 kills as 4.19+ writes them (the summary, then its Killed process line) and 10 as
+    # older kernels do (the Killed process line alone).
+    write(log, *[line for pid in range(40000, 41990)
+                 for line in (oom_kill(pid, memcg), killed(pid))])
+    write(log, *[killed(pid, memcg=False) for pid in range(42000, 42010)])
+    out, t = [], 10.0
+    while t < 40.0 or w.queue:
+        out += sent(w, t)
+        t += 1.0
+    ooms = [e for e in out if e["kind"] == "oom"]
+    assert not any(e["fatal"] for e in ooms)
+    alone = [e["pid"] for e in ooms if e["code"] != "others"]
+    assert alone == [40000, 40001, 40002]
+    counted = [e for e in ooms if e["code"] == "others"]
+    assert counted and max(e["count"] for e in counted) == 2000 - hwwatch.OOM_OTHERS
+    assert counted[-1]["pid"] is None and "(pt_data_worker)" in counted[-1]["line"]
+    assert len(w.faults) <= hwwatch.OOM_OTHERS + 1 and w.status()["dropped"] == 0
+    # A later Killed process line of a kill already counted is not another kill; the run's
+    # warnings are still there for what comes next.
+    write(log, killed(41989), "pcieport 0000:15:01.0: AER: Corrected error received: "
+          "0000:15:01.0")
+    later = sent(w, t + hwwatch.RESEND_S, looks=3)
+    assert [e["kind"] for e in later] == ["aer"]
+
+
 def test_a_cgroup_path_seen_from_inside_a_cgroup_namespace():
     assert hwwatch.same_cgroup("/system.slice/docker-1f2e.scope/train", "/train")
     assert hwwatch.same_cgroup("/docker/1f2e", "/docker/1f2e/")
