@@ -12,6 +12,7 @@ tests/fixtures/kmsg with the device's address changed where a test says so."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -690,23 +691,45 @@ RECORDED = [line for path in sorted((FIXTURES / "kmsg").glob("*.txt"))
             for line in path.read_text().splitlines()]
 
 
+# Devices of the HGX tree a recorded line is moved onto, and whether each is the run's with
+# CUDA_VISIBLE_DEVICES=0,1,2,3, NCCL_IB_HCA=mlx5_0 and NCCL_SOCKET_IFNAME=eth0.
+ONTO = {GPUS[0]: True, GPUS[3]: True, "0000:15:01.0": True,   # GPU 0's root port
+        "0000:19:00.0": True, ETH: True,                       # mlx5_0, eth0
+        GPUS[5]: False, NVME: False, STORAGE_NIC: False, "0000:17:02.0": False}
+_ADDRESS = re.compile(r"\b[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(\.[0-7])?")
+
+
+def moved(line, bus):
+    """A recorded line with every PCI address in it made bus (the Xid line's short form too)."""
+    return _ADDRESS.sub(lambda m: bus if m.group(1) else bus[:-2], line)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.sampled_from(RECORDED), st.integers(1, 40)), max_size=30),
+@given(st.lists(st.tuples(st.sampled_from(RECORDED), st.sampled_from(sorted(ONTO)),
+                          st.integers(1, 40)), max_size=30),
        st.lists(st.integers(0, 255), max_size=120))
 def test_any_mix_of_recorded_lines_sends_every_fatal_one_and_bounds_the_rest(tmp_path, lines,
                                                                              buses):
-    """Whatever the kernel writes (the recorded lines, repeated; corrected AER on many
-    devices): every fatal fault is sent, fatal ones first, at most PER_BEAT a beat; warnings
-    stop at PER_RUN and the rest are counted."""
+    """Whatever the kernel writes (the recorded lines, repeated, on the run's devices and on
+    others; corrected AER on many devices): every fatal fault on a run's device (or on none
+    named) is sent fatal, one on another device never is; fatal ones first, at most PER_BEAT
+    a beat; warnings stop at PER_RUN and the rest are counted. (a7e0410's test had no sysfs:
+    no device could be judged, so the scope was never exercised.)"""
+    sysfs = tmp_path / "sys"
+    if not sysfs.exists():
+        hgx(sysfs)
     base = tmp_path / str(len(list(tmp_path.iterdir())))
     base.mkdir()
     log = base / "kern.log"
-    log.touch()  # no sysfs here: no device can be said not to be the run's
-    w = hwwatch.HostWatch(str(log), str(base / "rdma"), env={}, sysfs=str(base / "sys"),
-                          gpu=Gpus(buses=None))
+    log.touch()
+    w = hwwatch.HostWatch(str(log), str(sysfs / "class" / "infiniband"), env={
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3", "NCCL_IB_HCA": "mlx5_0", "NCCL_SOCKET_IFNAME": "eth0"},
+        gpu=Gpus(buses=GPUS))
     flood = ["pcieport 0000:%02x:00.0: AER: Corrected error received: 0000:%02x:00.0" % (b, b)
              for b in buses]
-    write(log, *[line for line, n in lines for _ in range(n)] + flood)
+    written = [moved(line, bus) for line, bus, _n in lines]
+    write(log, *[line for line, (_l, _b, n) in zip(written, lines, strict=True)
+                 for _ in range(n)] + flood)
     out, t = [], 10.0
     while True:
         w.look(t, {})
@@ -716,12 +739,17 @@ def test_any_mix_of_recorded_lines_sends_every_fatal_one_and_bounds_the_rest(tmp
         if not got and not w.queue and t > 60.0:
             break
         t += 1.0
-    fatal = {(e["kind"], e["code"], e["pci_bus"]) for e in (kmsg.parse(x) for x in RECORDED)
-             if e and e["fatal"] and e["kind"] != "oom"}
     sent_fatal = {(e["kind"], e["code"], e["pci_bus"]) for e in out if e["fatal"]}
-    wanted = {(e["kind"], e["code"], e["pci_bus"]) for e in (
-        kmsg.parse(x) for x, _n in lines) if e} & fatal
-    assert wanted <= sent_fatal
+    parsed = [e for e in (kmsg.parse(x) for x in written) if e and e["fatal"]
+              and e["kind"] != "oom"]
+    ours = {(e["kind"], e["code"], e["pci_bus"]) for e in parsed
+            if e["pci_bus"] is None or ONTO[e["pci_bus"]]}
+    others = {(e["kind"], e["code"], e["pci_bus"]) for e in parsed
+              if e["pci_bus"] is not None and not ONTO[e["pci_bus"]]}
+    assert ours <= sent_fatal
+    assert not others & sent_fatal
+    assert all(e["what"].endswith(": not a device of the run") for e in out
+               if (e["kind"], e["code"], e["pci_bus"]) in others)
     warnings = [e for e in out if not e["fatal"]]
     keys = {(e["kind"], e["code"], e["pci_bus"], e["pid"]) for e in warnings}
     assert len(keys) <= hwwatch.PER_RUN
