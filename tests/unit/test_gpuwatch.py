@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.host import gpuwatch
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import gpuwatch, xid
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.command import Failed
 from tests.conftest import FIXTURES, examples
 
@@ -236,6 +236,25 @@ def test_eight_gpus_each_names_its_own_rank_of_eight(watches, case):
             rank.wait()
 
 
+@pytest.mark.parametrize("call", ["nvmlDeviceGetPciInfo", "nvmlDeviceGetHandleByIndex"])
+def test_a_gpu_nvml_cannot_name_keeps_its_index_slot(watches, call):
+    """Issue 65, item 10: GPU 3 of 8 whose address (or handle) NVML cannot read keeps its slot
+    as unknown; a7e0410 listed 7 GPUs without a handle (and the host watch dropped the
+    unknown address), so CUDA_VISIBLE_DEVICES=4 named the GPU at index 5."""
+    nv = binding([Gpu(bus) for bus in H100X8_BUSES])
+    answer = getattr(nv, call)
+
+    def fails_on_gpu_3(arg):
+        if getattr(arg, "index", arg) == 3:
+            raise nv.NVMLError_Unknown()
+        return answer(arg)
+    setattr(nv, call, fails_on_gpu_3)
+    watch = watches(pynvml=nv, every_s=0.02, wait_s=0.02)
+    sampled(watch, 2)
+    buses = [bus.lower()[4:] for bus in H100X8_BUSES]
+    assert watch.buses() == buses[:3] + [None] + buses[4:]
+
+
 def test_processes_are_unknown_not_empty_when_nvml_cannot_list_them(watches):
     nv = binding([Gpu()])
     for suffix in ("", "_v2", "_v3"):
@@ -295,6 +314,33 @@ def test_a_sampled_change_is_uncertain_by_the_sampling_interval(watches, every_s
     for event in events:
         assert every_s <= event["age_err_s"] < every_s + 15.0
         assert event["age_s"] >= 0.0 and event["source"] == "nvml"
+
+
+# -- issue 65, item 14: a row remapping that failed ---------------------------------------------
+
+def test_a_failed_row_remapping_is_fatal_naming_the_gpu_and_a_pending_one_a_warning(watches):
+    """nvmlDeviceGetRemappedRows answers (corrRows, uncRows, isPending, failureOccurred);
+    a7e0410 read isPending only: a GPU that could not remap a row went unsaid."""
+    gpus = [Gpu(bus) for bus in H100X8_BUSES]
+    watch = watches(pynvml=binding(gpus), every_s=0.02, wait_s=0.02)
+    sampled(watch)
+    gpus[2].rows = (0, 1, 1, 0)   # a row marked for remapping: a reset applies it
+    (pending,) = collect(watch, lambda e: e["kind"] == "remap")
+    assert (pending["code"], pending["fatal"], pending["gpu"]) == ("pending", False, 2)
+    gpus[6].rows = (0, 512, 0, 1)  # its bank's spare rows used up: the remapping failed
+    (failed,) = collect(watch, lambda e: e["kind"] == "remap")
+    assert (failed["code"], failed["fatal"], failed["gpu"], failed["pci_bus"]) == (
+        "failed", True, 6, H100X8_BUSES[6].lower()[4:])
+    assert failed["line"].startswith("GPU 6 (%s): row remapping failed" % failed["pci_bus"])
+    sampled(watch, 3)
+    assert [e for e in watch.look(time.monotonic()) if e["kind"] == "remap"] == []  # once
+    # nvidia-smi's remapped_rows.failure (the field query-health.csv asked the H200's driver).
+    csv = (H200 / "query-health.csv").read_text()
+    before = gpuwatch.parse_smi(csv)
+    after = gpuwatch.parse_smi(csv.replace(", No, No, 16", ", No, Yes, 16"))
+    assert (before[0]["remap_failed"], after[0]["remap_failed"]) == (False, True)
+    assert [(e["kind"], e["code"], e["fatal"]) for e in gpuwatch.changes(before, after)] == [
+        ("remap", "failed", True)]
 
 
 # -- item 4: NVML never blocks the loop; a stuck driver is an event -----------------------------
@@ -427,6 +473,9 @@ HELP_R535 = HELP_HEAD + '''
 "remapped_rows.pending"
 Indicates whether or not remapped rows are pending.
 
+"remapped_rows.failure"
+Indicates whether or not a row remapping has failed.
+
 "clocks_event_reasons.active" or "clocks_throttle_reasons.active"
 Bitmask of active clock event reasons. See nvml.h for more details.
 '''
@@ -488,6 +537,7 @@ def test_nvidia_smi_is_asked_for_the_fields_its_driver_lists(watches, help_text,
     assert all(reasons in q and q.startswith("--query-gpu=index,pci.bus_id,") for q in query)
     assert sample == {0: {"pci_bus": "0000:00:06.0", "ecc_uncorrected": 0,
                           "remap_pending": None if help_text is HELP_R418 else False,
+                          "remap_failed": False if help_text is HELP_R535 else None,
                           "reasons": 1}}
     assert [a[1] for a in smi.argv].count("--help-query-gpu") == 1
     assert watch.how == "nvidia-smi" and watch.error() is None
@@ -538,7 +588,7 @@ def test_a_stalled_nvidia_smi_stays_a_warning_however_long(watches):
 def test_parsers_on_recorded_and_stated_outputs():
     assert gpuwatch.smi_fields(gpuwatch.parse_help(HELP_R535)) == (
         "index,pci.bus_id,ecc.errors.uncorrected.volatile.total,remapped_rows.pending,"
-        "clocks_event_reasons.active")
+        "remapped_rows.failure,clocks_event_reasons.active")
     assert gpuwatch.smi_fields(set()) is None
     assert gpuwatch.parse_apps("gpu_bus_id, pid\n") == {}
     assert gpuwatch.parse_apps("No running processes found\n") is None
@@ -557,20 +607,34 @@ def test_parsers_never_raise(text):
     assert apps is None or all(isinstance(p, int) for pids in apps.values() for p in pids)
 
 
+# Xid codes of each class of NVIDIA's catalog (xid.py): 79, 48, 119 drain; 13, 43 are the
+# program's; 63, 92 warn; 999 is no code the catalog has.
+XIDS = st.lists(st.sampled_from([79, 48, 119, 13, 43, 63, 92, 999]), max_size=3)
 SAMPLES = st.dictionaries(st.integers(0, 7), st.fixed_dictionaries({
     "pci_bus": st.sampled_from([None, "0000:00:06.0"]),
     "ecc_uncorrected": st.one_of(st.none(), st.integers(0, 10)),
     "remap_pending": st.one_of(st.none(), st.booleans()),
+    "remap_failed": st.one_of(st.none(), st.booleans()),
     "reasons": st.one_of(st.none(), st.integers(0, 0x1FF)),
-    "recovery": st.one_of(st.none(), st.integers(0, 5))}), max_size=8)
+    "recovery": st.one_of(st.none(), st.integers(0, 5)),
+    "xids": XIDS}), max_size=8)
 
 
-@settings(max_examples=examples(60), deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(SAMPLES, SAMPLES)
-def test_changes_is_pure_and_fatal_only_for_ecc_recovery_and_xid(before, after):
+def test_changes_is_pure_and_fatal_only_for_ecc_remap_failure_recovery_and_xid(before, after):
+    """Issue 65: the samples carry Xids (a7e0410's had none, so the Xid rule was never
+    reached here) and remap failures."""
     frozen = json.dumps([before, after], sort_keys=True)
     events = gpuwatch.changes(before, after)
     assert json.dumps([before, after], sort_keys=True) == frozen
     assert events == gpuwatch.changes(before, after)
-    assert all(e["kind"] in ("ecc", "recovery") for e in events if e["fatal"])
-    assert gpuwatch.changes(after, after) == []
+    assert all(e["kind"] in ("ecc", "recovery") or (e["kind"], e["code"]) == ("remap", "failed")
+               or e["kind"] == "xid" and xid.classify(e["code"])[0] == "drain"
+               for e in events if e["fatal"])
+    # Each Xid a sample carries is one event on its GPU, fatal where the catalog drains.
+    assert sorted((e["gpu"], e["code"], e["fatal"]) for e in events if e["kind"] == "xid") == \
+        sorted((gpu, code, xid.classify(code)[0] == "drain") for gpu, now in after.items()
+               for code in now["xids"])
+    # The sampled values say nothing twice; the Xids are events each time they are read.
+    assert [e for e in gpuwatch.changes(after, after) if e["kind"] != "xid"] == []

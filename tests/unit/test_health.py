@@ -414,6 +414,28 @@ def test_the_cli_reads_a_saved_bundle_and_exits_non_zero_on_a_failure(tmp_path):
     assert set(data["checks"][0]) >= {"id", "host", "ok", "severity", "detail", "hint"}
 
 
+def test_a_kernel_log_saved_alone_with_an_xid_79_is_judged_not_ok(tmp_path):
+    """Issue 65, item 16: dmesg.txt and uptime.txt, no nvidia-smi output: a7e0410 said "ok":
+    true with no check at all. An Xid line is itself proof of an NVIDIA GPU."""
+    # A raw dmesg line in the kernel's own form (xid79-aer.gpu-burn.txt's message), 57 s
+    # before /proc/uptime.
+    (tmp_path / "dmesg.txt").write_text(
+        "[ 1843.308145] NVRM: Xid (PCI:0000:b3:00): 79, pid=1, GPU has fallen off the bus.\n")
+    (tmp_path / "uptime.txt").write_text("1900.31 3021.55\n")
+    out = cli("--from", str(tmp_path), "--json")
+    assert out.returncode == 1, out.stdout + out.stderr
+    data = json.loads(out.stdout)
+    assert data["ok"] is False
+    (xid79,) = [c for c in data["checks"] if c["id"] == "gpu.xid"]
+    assert (xid79["ok"], xid79["severity"]) == (False, ERROR)
+    assert xid79["detail"].startswith("Xid 79 on PCI 0000:b3:00, 1 time(s) in the last 2 h")
+    # An Xid older than the window, and a log without one (a host without GPUs), say nothing.
+    (tmp_path / "uptime.txt").write_text("9400.31 3021.55\n")
+    assert health_cli.health_view(str(tmp_path))["checks"] == []
+    (tmp_path / "dmesg.txt").write_text("[    0.000000] Linux version 6.8.0-51-generic\n")
+    assert health_cli.health_view(str(tmp_path))["ok"] is True
+
+
 def test_the_cli_on_a_clean_bundle_and_on_bad_input(tmp_path):
     bundle(tmp_path, nvidia_smi_q_txt="nvidia-smi-q.titanv.txt")
     out = cli("--from", str(tmp_path))

@@ -12,10 +12,12 @@ tests/fixtures/kmsg with the device's address changed where a test says so."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -236,6 +238,57 @@ def test_a_gpu_the_run_does_not_see_and_the_ports_it_does_not_use(tmp_path):
         ("mlx5_1/1 down", "0000:2b:00.0", True)]
 
 
+def test_a_gpu_whose_address_nvml_cannot_read_keeps_its_index(tmp_path):
+    """Issue 65, item 10: NVML could not read GPU 3's address; on a7e0410 the list shortened,
+    CUDA_VISIBLE_DEVICES=4,5,6,7 named GPUs 5, 6, 7, and the Xid 79 on GPU 4 was "not a
+    device of the run"."""
+    w, log = watch(tmp_path, env={"CUDA_VISIBLE_DEVICES": "4,5,6,7",
+                                  "NCCL_SOCKET_IFNAME": "eth0"},
+                   gpu=Gpus(buses=GPUS[:3] + [None] + GPUS[4:]))
+    write(log, XID79 % GPUS[4][:-2], XID79 % GPUS[0][:-2])
+    assert {(e["gpu"], e["pci_bus"], e["fatal"]) for e in sent(w, 10.0)} == {
+        (4, GPUS[4], True), (0, GPUS[0], False)}
+    assert w.scope.gpus[3] is None and len(w.scope.gpus) == 8
+
+
+# -- issue 65, item 8: an HCA whose firmware hangs is named; the loop goes on -----------------------
+
+def test_an_hca_whose_counter_read_hangs_is_named_and_never_blocks_the_loop(tmp_path):
+    """On mlx5 a counter read is a firmware command (60 s timeout): a7e0410 read the ports on
+    the agent's loop, so hung HCA firmware stopped the heartbeats and the host was called lost.
+    A FIFO in the port's place blocks the read as the stuck command does."""
+    w, log = watch(tmp_path, env={"NCCL_IB_HCA": "mlx5_1", "NCCL_SOCKET_IFNAME": "eth0"},
+                   gpu=Gpus(buses=GPUS))
+    counter = tmp_path / "sys" / "class" / "infiniband" / "mlx5_1" / "ports" / "1" / \
+        "counters" / "link_downed"
+    counter.unlink()
+    os.mkfifo(counter)
+    looked = threading.Event()
+    loop = threading.Thread(target=lambda: (w.look(time.monotonic(), {}), looked.set()),
+                            daemon=True)
+    began = time.monotonic()
+    loop.start()
+    try:
+        assert looked.wait(10.0), "the agent's loop is blocked on the HCA's counter"
+        assert time.monotonic() - began < 2.0
+        write(log, XID79 % GPUS[2][:-2])  # the loop goes on: the kernel log is still read
+        late = time.monotonic() + ibwatch.DEADLINE_S + 0.1
+        out = sent(w, late)
+        (stall,) = [e for e in out if e["kind"] == "link"]
+        assert (stall["code"], stall["pci_bus"], stall["fatal"]) == (
+            "mlx5_1/1 timeout", "0000:2b:00.0", False)
+        assert stall["line"].startswith("RDMA port mlx5_1/1: reading counters/link_downed did "
+                                        "not answer in 2 s")
+        assert stall["age_s"] >= ibwatch.DEADLINE_S
+        assert [(e["code"], e["gpu"]) for e in out if e["kind"] == "xid"] == [(79, 2)]
+        assert [e for e in sent(w, late + 1.0) if e["kind"] == "link"] == []  # said once
+    finally:  # the firmware answers
+        fd = os.open(counter, os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, b"0\n")
+        os.close(fd)
+        w.close()
+
+
 # -- item 7: the OOM killer's victim -------------------------------------------------------------
 
 RANK = """import subprocess, sys, time
@@ -353,6 +406,37 @@ def test_the_oom_kill_summary_waits_for_its_killed_process_line(tmp_path):
     assert (event["rank"], event["fatal"], event["count"]) == (4, True, 1)
     assert event["line"].startswith("Memory cgroup out of memory: Killed process %d (pt_data"
                                     % os.getpid())
+
+
+def test_another_programs_thousands_of_oom_kills_are_counted_not_kept_one_each(tmp_path):
+    """Issue 65, item 11: a crash-looping container's 2,000 OOM kills were 2,000 faults on
+    a7e0410, kept for the run, the first 64 taking every warning's place. Now: the first
+    OOM_OTHERS each an event, the rest one event with their count."""
+    w, log = watch(tmp_path, gpu=Gpus(buses=GPUS))
+    memcg = "/kubepods.slice/kubepods-burstable.slice/cri-containerd-3fc28fa1.scope"
+    # 1,990 kills as 4.19+ writes them (the summary, then its Killed process line) and 10 as
+    # older kernels do (the Killed process line alone).
+    write(log, *[line for pid in range(40000, 41990)
+                 for line in (oom_kill(pid, memcg), killed(pid))])
+    write(log, *[killed(pid, memcg=False) for pid in range(42000, 42010)])
+    out, t = [], 10.0
+    while t < 40.0 or w.queue:
+        out += sent(w, t)
+        t += 1.0
+    ooms = [e for e in out if e["kind"] == "oom"]
+    assert not any(e["fatal"] for e in ooms)
+    alone = [e["pid"] for e in ooms if e["code"] != "others"]
+    assert alone == [40000, 40001, 40002]
+    counted = [e for e in ooms if e["code"] == "others"]
+    assert counted and max(e["count"] for e in counted) == 2000 - hwwatch.OOM_OTHERS
+    assert counted[-1]["pid"] is None and "(pt_data_worker)" in counted[-1]["line"]
+    assert len(w.faults) <= hwwatch.OOM_OTHERS + 1 and w.status()["dropped"] == 0
+    # A later Killed process line of a kill already counted is not another kill; the run's
+    # warnings are still there for what comes next.
+    write(log, killed(41989), "pcieport 0000:15:01.0: AER: Corrected error received: "
+          "0000:15:01.0")
+    later = sent(w, t + hwwatch.RESEND_S, looks=3)
+    assert [e["kind"] for e in later] == ["aer"]
 
 
 def test_a_cgroup_path_seen_from_inside_a_cgroup_namespace():
@@ -607,23 +691,45 @@ RECORDED = [line for path in sorted((FIXTURES / "kmsg").glob("*.txt"))
             for line in path.read_text().splitlines()]
 
 
+# Devices of the HGX tree a recorded line is moved onto, and whether each is the run's with
+# CUDA_VISIBLE_DEVICES=0,1,2,3, NCCL_IB_HCA=mlx5_0 and NCCL_SOCKET_IFNAME=eth0.
+ONTO = {GPUS[0]: True, GPUS[3]: True, "0000:15:01.0": True,   # GPU 0's root port
+        "0000:19:00.0": True, ETH: True,                       # mlx5_0, eth0
+        GPUS[5]: False, NVME: False, STORAGE_NIC: False, "0000:17:02.0": False}
+_ADDRESS = re.compile(r"\b[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(\.[0-7])?")
+
+
+def moved(line, bus):
+    """A recorded line with every PCI address in it made bus (the Xid line's short form too)."""
+    return _ADDRESS.sub(lambda m: bus if m.group(1) else bus[:-2], line)
+
+
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.sampled_from(RECORDED), st.integers(1, 40)), max_size=30),
+@given(st.lists(st.tuples(st.sampled_from(RECORDED), st.sampled_from(sorted(ONTO)),
+                          st.integers(1, 40)), max_size=30),
        st.lists(st.integers(0, 255), max_size=120))
 def test_any_mix_of_recorded_lines_sends_every_fatal_one_and_bounds_the_rest(tmp_path, lines,
                                                                              buses):
-    """Whatever the kernel writes (the recorded lines, repeated; corrected AER on many
-    devices): every fatal fault is sent, fatal ones first, at most PER_BEAT a beat; warnings
-    stop at PER_RUN and the rest are counted."""
+    """Whatever the kernel writes (the recorded lines, repeated, on the run's devices and on
+    others; corrected AER on many devices): every fatal fault on a run's device (or on none
+    named) is sent fatal, one on another device never is; fatal ones first, at most PER_BEAT
+    a beat; warnings stop at PER_RUN and the rest are counted. (a7e0410's test had no sysfs:
+    no device could be judged, so the scope was never exercised.)"""
+    sysfs = tmp_path / "sys"
+    if not sysfs.exists():
+        hgx(sysfs)
     base = tmp_path / str(len(list(tmp_path.iterdir())))
     base.mkdir()
     log = base / "kern.log"
-    log.touch()  # no sysfs here: no device can be said not to be the run's
-    w = hwwatch.HostWatch(str(log), str(base / "rdma"), env={}, sysfs=str(base / "sys"),
-                          gpu=Gpus(buses=None))
+    log.touch()
+    w = hwwatch.HostWatch(str(log), str(sysfs / "class" / "infiniband"), env={
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3", "NCCL_IB_HCA": "mlx5_0", "NCCL_SOCKET_IFNAME": "eth0"},
+        gpu=Gpus(buses=GPUS))
     flood = ["pcieport 0000:%02x:00.0: AER: Corrected error received: 0000:%02x:00.0" % (b, b)
              for b in buses]
-    write(log, *[line for line, n in lines for _ in range(n)] + flood)
+    written = [moved(line, bus) for line, bus, _n in lines]
+    write(log, *[line for line, (_l, _b, n) in zip(written, lines, strict=True)
+                 for _ in range(n)] + flood)
     out, t = [], 10.0
     while True:
         w.look(t, {})
@@ -633,12 +739,17 @@ def test_any_mix_of_recorded_lines_sends_every_fatal_one_and_bounds_the_rest(tmp
         if not got and not w.queue and t > 60.0:
             break
         t += 1.0
-    fatal = {(e["kind"], e["code"], e["pci_bus"]) for e in (kmsg.parse(x) for x in RECORDED)
-             if e and e["fatal"] and e["kind"] != "oom"}
     sent_fatal = {(e["kind"], e["code"], e["pci_bus"]) for e in out if e["fatal"]}
-    wanted = {(e["kind"], e["code"], e["pci_bus"]) for e in (
-        kmsg.parse(x) for x, _n in lines) if e} & fatal
-    assert wanted <= sent_fatal
+    parsed = [e for e in (kmsg.parse(x) for x in written) if e and e["fatal"]
+              and e["kind"] != "oom"]
+    ours = {(e["kind"], e["code"], e["pci_bus"]) for e in parsed
+            if e["pci_bus"] is None or ONTO[e["pci_bus"]]}
+    others = {(e["kind"], e["code"], e["pci_bus"]) for e in parsed
+              if e["pci_bus"] is not None and not ONTO[e["pci_bus"]]}
+    assert ours <= sent_fatal
+    assert not others & sent_fatal
+    assert all(e["what"].endswith(": not a device of the run") for e in out
+               if (e["kind"], e["code"], e["pci_bus"]) in others)
     warnings = [e for e in out if not e["fatal"]]
     keys = {(e["kind"], e["code"], e["pci_bus"], e["pid"]) for e in warnings}
     assert len(keys) <= hwwatch.PER_RUN

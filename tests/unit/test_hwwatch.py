@@ -100,12 +100,37 @@ def test_amd_gpu_resets_and_ras_errors_in_the_drivers_own_words():
     assert (ue["fatal"], ce["fatal"]) == (True, False)
 
 
+# The forms the recorded logs carry a message in (tests/fixtures/kmsg, ../health): a /dev/kmsg
+# record, dmesg's raw and -T stamps, a <level>, --time-format iso with --decode, syslog's.
+PREFIXES = ["", "6,3973,227996636,-;", "[ 1843.308145] ", "<6>[    2.608284] ",
+            "[Sun Feb 23 16:24:18 2025] ", "kern  :warn  : 2025-01-21T04:41:44,283302+00:00 ",
+            "Sep 22 09:59:09 pve kernel: "]
+MESSAGES = sorted({kmsg.split(line)[1] for path in sorted(KMSG_DIR.glob("*.txt"))
+                   for line in path.read_text().splitlines()})
+TAIL = st.one_of(st.text(max_size=300), st.binary(max_size=300).map(
+    lambda b: b.decode("utf-8", "replace")))
+
+
 @settings(max_examples=examples(300), deadline=None)
-@given(st.one_of(st.text(max_size=2000), st.binary(max_size=2000).map(
-    lambda b: b.decode("utf-8", "replace"))))
+@given(st.one_of(
+    st.text(max_size=2000),
+    # A recorded message in any of the forms, cut anywhere and ended by anything: the
+    # parsers' own words reach them (a7e0410's random text never did).
+    st.builds(lambda prefix, message, cut, tail: prefix + message[:cut] + tail,
+              st.sampled_from(PREFIXES), st.sampled_from(MESSAGES), st.integers(0, 400), TAIL)))
 def test_any_line_parses_to_nothing_or_a_bounded_event(line):
     event = kmsg.parse(line)
-    assert event is None or (len(event["line"]) <= 300 and isinstance(event["fatal"], bool))
+    assert event is None or (len(event["line"]) <= 300 and isinstance(event["fatal"], bool)
+                             and event["kind"] in runstate.EVENT_KINDS)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(st.sampled_from(PREFIXES), st.integers(0, 999999),
+       TAIL.map(lambda t: t.replace("\n", " ")))  # (a log's line: split at its newlines)
+def test_an_xid_line_in_any_form_and_with_any_end_is_its_code(prefix, code, tail):
+    event = kmsg.parse("%sNVRM: Xid (PCI:0000:5d:00): %d, %s" % (prefix, code, tail))
+    assert (event["kind"], event["code"], event["pci_bus"]) == ("xid", code, "0000:5d:00.0")
+    assert len(event["line"]) <= 300 and isinstance(event["fatal"], bool)
 
 
 # -- following the log --------------------------------------------------------------------------
@@ -193,7 +218,7 @@ def test_a_watch_sends_only_its_runs_oom_victims_once_each_and_within_bounds(tmp
 def test_nvidia_smi_health_query_and_nvml_samples_of_a_healthy_h200_say_nothing():
     smi = gpuwatch.parse_smi((FIXTURES / "h200-1gpu" / "query-health.csv").read_text())
     assert smi == {0: {"pci_bus": None, "ecc_uncorrected": 0, "remap_pending": False,
-                       "reasons": 1}}
+                       "remap_failed": False, "reasons": 1}}
     # NVML every 0.5 s under a matmul: reason 4 (SW power cap) all the time is no warning.
     load = json.loads((FIXTURES / "h200-1gpu" / "nvml-load.json").read_text())["samples"]
     samples = [{0: {"pci_bus": "0000:00:06.0", "ecc_uncorrected": 0, "remap_pending": False,

@@ -1,13 +1,17 @@
 """The NVIDIA GPUs of a host during a run: NVML through nvidia-ml-py where the agent's
 interpreter has it, else `nvidia-smi --query-gpu` at a bounded rate.
 
-What is read per GPU (a sample): volatile uncorrected ECC errors, remapped rows pending, the
-clock event reasons, the GPU recovery action field (NVML) and the processes running compute
-work on it; and NVML's Xid events, waited on all the time in slices of EVENT_WAIT_S.
+What is read per GPU (a sample): volatile uncorrected ECC errors, remapped rows pending and
+whether a remapping failed, the clock event reasons, the GPU recovery action field (NVML) and
+the processes running compute work on it; and NVML's Xid events, waited on all the time in
+slices of EVENT_WAIT_S.
 changes() turns two samples into events (pure: the tests feed it recorded samples):
 
-- fatal: uncorrected ECC errors that climbed, a recovery action that asks for a reset or a
-  reboot, an Xid that xid.py drains on;
+- fatal: uncorrected ECC errors that climbed, a row remapping that failed (NVML's
+  failureOccurred, "set if a row remapping ever failed", nvidia-smi's remapped_rows.failure:
+  the GPU could not replace a bad row; NVIDIA's GPU memory error management has the GPU reset
+  and judged for RMA), a recovery action that asks for a reset or a reboot, an Xid that
+  xid.py drains on;
 - warning: remapped rows that became pending, clocks held down for a reason other than those
   gpu.throttle accepts (idle, the SW power cap: the H200 under a matmul reads reason 4 all the
   time), any other Xid.
@@ -15,11 +19,13 @@ changes() turns two samples into events (pure: the tests feed it recorded sample
 Everything that asks the driver runs in threads of its own, never on the agent's loop (on
 the master the judge runs there too): a GPU whose firmware stops answering (Xid 119's case)
 blocks each NVML call for seconds. One thread samples, another waits on the Xid event set, so
-a GPU whose calls hang leaves the other GPUs' Xids read. A call unanswered past NVML_DEADLINE_S is itself an event
-(kind "nvml", code "timeout"): a warning, fatal once an NVML call on a GPU it names lasts
-NVML_FATAL_S (a stalled nvidia-smi stays a warning: another tool may hold the driver). Every exception of
-the binding is survived per call, and a call the binding lacks (pynvml 11.x has the clocks
-"throttle" reasons, not the "event" ones) is asked by the name it has.
+a GPU whose calls hang leaves the other GPUs' Xids read. Each call is watched from the loop
+(watched.py, as ibwatch's reads of the RDMA ports are): one unanswered past NVML_DEADLINE_S is
+itself an event (kind "nvml", code "timeout"): a warning, fatal once an NVML call on a GPU it
+names lasts NVML_FATAL_S (a stalled nvidia-smi stays a warning: another tool may hold the
+driver). Every exception of the binding is survived per call, and a call the binding lacks
+(pynvml 11.x has the clocks "throttle" reasons, not the "event" ones) is asked by the name it
+has.
 
 Each event carries age_s (since it was read) and age_err_s (how much earlier it may have
 happened): an Xid from the event set, the time since the last wait that found the set empty
@@ -39,7 +45,7 @@ import re
 import threading
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.host import xid
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import watched, xid
 
 NVML_EVERY_S = 5.0
 SMI_EVERY_S = 15.0
@@ -70,7 +76,7 @@ RECOVERY_FATAL = (1, 2, 4)
 # `nvidia-smi --help-query-gpu`: drivers before R535 know the clock reasons only as
 # clocks_throttle_reasons, and one unknown field fails the whole query.
 SMI_WANT = (("index",), ("pci.bus_id",), ("ecc.errors.uncorrected.volatile.total",),
-            ("remapped_rows.pending",),
+            ("remapped_rows.pending",), ("remapped_rows.failure",),
             ("clocks_event_reasons.active", "clocks_throttle_reasons.active"))
 SMI_APPS = ["nvidia-smi", "--query-compute-apps=gpu_bus_id,pid", "--format=csv"]
 REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
@@ -132,12 +138,13 @@ def parse_smi(text):
         index = _int(row["index"])
         if index is None:
             continue
-        pending = row.get("remapped_rows.pending")
+        pending, failure = row.get("remapped_rows.pending"), row.get("remapped_rows.failure")
         reasons = next((row[f] for f in REASON_FIELDS if f in row), "")
         out[index] = {
             "pci_bus": bus_id(row.get("pci.bus_id")),
             "ecc_uncorrected": _int(row.get("ecc.errors.uncorrected.volatile.total", "")),
             "remap_pending": pending == "Yes" if pending in ("Yes", "No") else None,
+            "remap_failed": failure == "Yes" if failure in ("Yes", "No") else None,
             "reasons": _int(reasons, 16) if reasons.startswith("0x") else None}
     return out
 
@@ -193,9 +200,14 @@ def changes(before, after):
         if ecc is not None and ecc_was is not None and ecc > ecc_was:
             events.append(_event("ecc", ecc, gpu, now, "uncorrected ECC errors %d -> %d"
                                  % (ecc_was, ecc), True))
-        if now.get("remap_pending") and not was.get("remap_pending"):
-            events.append(_event("remap", "pending", gpu, now, "remapped rows pending (a reset "
-                                 "applies them)", False))
+        if now.get("remap_failed") and not was.get("remap_failed"):
+            # Sticky (it says a remapping ever failed): said once, when first seen.
+            events.append(_event("remap", "failed", gpu, now, "row remapping failed (a row "
+                                 "with an uncorrectable error could not be replaced): reset "
+                                 "the GPU, and have it judged for RMA", True))
+        elif now.get("remap_pending") and not was.get("remap_pending"):
+            events.append(_event("remap", "pending", gpu, now, "remapped rows pending (a GPU "
+                                 "reset applies them)", False))
         reasons = now.get("reasons")
         bad = (reasons or 0) & ~REASONS_OK
         if bad and bad != (was.get("reasons") or 0) & ~REASONS_OK:
@@ -231,9 +243,8 @@ class GpuWatch:
         self.stopping = threading.Event()
         self.pending = {}          # (kind, code, gpu) -> event not yet taken
         # Per thread ("sample": the samples, nvidia-smi's too; "xid": NVML's event set): the
-        # call in flight, (call, gpu, pci_bus, started_m, its own wait_s), and the last answer.
-        self.busy = {"sample": None, "xid": None}
-        self.answered = dict.fromkeys(self.busy, time.monotonic())
+        # call in flight (call, gpu, pci_bus, started_m, its own wait_s), and the last answer.
+        self.calls = watched.Calls(("sample", "xid"))
         self.stuck = None          # (call, gpu, pci_bus, started_m): nvidia-smi timed out
         self.t = threading.local()   # the thread's slot, errors and unsupported calls
         self.stall_sent = 0        # 1: its warning sent, 2: its fatal too
@@ -314,10 +325,9 @@ class GpuWatch:
         no one GPU, waits as long behind another tool that holds the driver: DCGM, another
         nvidia-smi; it stays a warning); dated from the unanswered call's start back to the
         last answer."""
-        late = [(busy[:4], self.answered[slot]) for slot, busy in list(self.busy.items())
-                if busy is not None and now_m - busy[3] > busy[4] + NVML_DEADLINE_S]
+        late = self.calls.late(now_m, NVML_DEADLINE_S)
         if self.stuck is not None:
-            late.append((self.stuck, self.answered["sample"]))
+            late.append((self.stuck, self.calls.answered["sample"]))
         if not late:
             self.stall_sent = 0
             return []
@@ -327,7 +337,6 @@ class GpuWatch:
         # A GPU's stuck call first (the fault to name), else the oldest.
         (call, gpu, bus, started_m), answered_m = min(late, key=lambda x: (
             not fatal_of(x[0][0], x[0][1], x[0][3]), x[0][3]))
-        lasted = now_m - started_m
         fatal = fatal_of(call, gpu, started_m)
         if self.stall_sent >= (2 if fatal else 1):
             return []
@@ -338,8 +347,8 @@ class GpuWatch:
             "" if gpu is None else ", GPU %d" % gpu)
             + (": the GPU's firmware or driver is stuck" if fatal else ""))
         event = _event("nvml", "timeout", gpu, {"pci_bus": bus}, what, fatal)
-        event.update(age_s=round(max(0.0, lasted), 3), count=1, age_err_s=round(
-            min(600.0, max(0.0, started_m - min(answered_m, started_m))), 3))
+        age_s, age_err_s = watched.stall_ages(now_m, started_m, answered_m)
+        event.update(age_s=age_s, age_err_s=age_err_s, count=1)
         return [event]
 
     def close(self):
@@ -390,7 +399,10 @@ class GpuWatch:
             for event in changes(self.last, sample):
                 self._put(event, ended_m, ended_m - self.last_m)
         self.last, self.last_m = sample, began_m
-        self.gpus = [sample[i]["pci_bus"] for i in sorted(sample)]
+        # By index, a GPU whose address is unknown (None) keeping its slot: CUDA_VISIBLE_DEVICES
+        # counts it.
+        self.gpus = [(sample.get(i) or {}).get("pci_bus") for i in range(
+            min(MAX_GPUS, max(sample) + 1))] if sample else []
         if apps is not None:
             self.apps = apps
 
@@ -403,17 +415,14 @@ class GpuWatch:
         if call is None:
             self.errors[name] = "not in this pynvml"
             return None
-        slot = getattr(self.t, "slot", "sample")
-        self.busy[slot] = (name, gpu, bus, time.monotonic(), wait_s)
         try:
-            return call(*args)
+            return self.calls.run(getattr(self.t, "slot", "sample"), call, *args, call=name,
+                                  device=gpu, bus=bus, wait_s=wait_s)
         except Exception as exc:
             if not isinstance(exc, quiet):
                 self.errors.setdefault(name, _why(exc))
                 self.unsupported[name] = getattr(exc, "value", None) == NVML_ERROR_NOT_SUPPORTED
             return None
-        finally:
-            self.busy[slot], self.answered[slot] = None, time.monotonic()
 
     def _first(self, names, *args, **kw):
         """The first of names the binding has and answers (remembered for the next calls)."""
@@ -531,15 +540,18 @@ class GpuWatch:
         out, apps = {}, {}
         recovery_id = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
         for i, h in enumerate(self.handles):
-            if h is None:
-                continue
             bus = self.pci[i]
+            if h is None:   # its slot kept: the GPUs after it keep their indices
+                out[i] = {"pci_bus": bus}
+                continue
             self.errors, self.unsupported = {}, {}
             kw = {"gpu": i, "bus": bus}
             ecc = self._call("nvmlDeviceGetTotalEccErrors", h,
                              getattr(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
                              getattr(nv, "NVML_VOLATILE_ECC", 0), **kw)
+            # (corrRows, uncRows, isPending, failureOccurred)
             rows = self._call("nvmlDeviceGetRemappedRows", h, **kw)
+            rows = rows if isinstance(rows, (tuple, list)) and len(rows) > 3 else None
             reasons = self._first(REASONS_CALLS, h, **kw)
             field = (self._call("nvmlDeviceGetFieldValues", h, [recovery_id], **kw)
                      if recovery_id is not None else None)
@@ -547,8 +559,8 @@ class GpuWatch:
             out[i] = {
                 "pci_bus": bus,
                 "ecc_uncorrected": ecc if isinstance(ecc, int) else None,
-                "remap_pending": bool(rows[2]) if isinstance(rows, (tuple, list))
-                and len(rows) > 2 else None,
+                "remap_pending": bool(rows[2]) if rows else None,
+                "remap_failed": bool(rows[3]) if rows else None,
                 "reasons": reasons if isinstance(reasons, int) else None,
                 "recovery": _field(field)}
             if procs is not None and bus:
@@ -569,17 +581,17 @@ class GpuWatch:
 
     def _smi(self, argv):
         """One bounded nvidia-smi call; a timed-out one stays `stuck` until one answers."""
-        started_m = time.monotonic()
-        self.busy["sample"] = ("nvidia-smi", None, None, started_m, SMI_TIMEOUT_S)
+        started_m = self.calls.begin("sample", "nvidia-smi", wait_s=SMI_TIMEOUT_S)
         try:
             out, why = self.command(argv, timeout_s=SMI_TIMEOUT_S)
         except Exception as exc:   # the command runner's own fault
             out, why = None, _why(exc)
-        self.busy["sample"] = None
-        if why is not None and "did not answer" in str(why):
+        timed_out = why is not None and "did not answer" in str(why)
+        self.calls.end("sample", answered=not timed_out)
+        if timed_out:
             self.stuck = self.stuck or ("nvidia-smi", None, None, started_m)
         else:
-            self.stuck, self.answered["sample"] = None, time.monotonic()
+            self.stuck = None
         return out, why
 
     def _smi_loop(self):

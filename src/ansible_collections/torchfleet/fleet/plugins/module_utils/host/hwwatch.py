@@ -15,7 +15,9 @@ kernel log: kmsg.py; NVIDIA GPUs: gpuwatch.py; RDMA ports: ibwatch.py), composed
   rank's own cgroup (a container with its own PID namespace), the cgroup holding nothing but
   this agent's own processes (lab hosts share one kernel and may share one cgroup). A kill
   line whose task_memcg is in none of the ranks' cgroups is not the run's, whatever its PID.
-  Another program's OOM kill is a warning.
+  Another program's OOM kill is a warning: the first OOM_OTHERS each their own, every later
+  one counted in one event (the newest's line), so a crash-looping container's thousands of
+  kills take neither the run's warnings nor the watch's memory.
 - GPU -> rank: NVML's compute processes per GPU (gpuwatch); without NVML, each rank's
   CUDA_VISIBLE_DEVICES and LOCAL_RANK (every rank holds every visible /dev/nvidiaN: no tie).
 - One event per fault: the same fault again is a count (sent again with the new count, at most
@@ -49,6 +51,9 @@ WALK_MAX = 256      # /proc children files read per walk of their tree
 TREE_EVERY_S = 2.0  # how often it is walked
 OOM_WAIT_S = 2.0    # an oom-kill: summary waits this long for its "Killed process" line
 OOM_SAME_S = 60.0   # one kill's lines are this close; later, the same PID is another kill
+OOM_OTHERS = 3      # other programs' OOM kills sent one by one; the later ones: one event, counted
+OTHERS = ("oom", "others")  # the fault that counts them
+OTHERS_WHAT = "killed by the kernel's OOM killer: more processes not of the run (the newest's line)"
 AGE_MAX_S = 600.0   # the most uncertain an event's time is said to be
 ERROR_MAX = 400     # characters of the watch's own error kept
 SYSFS = "/sys"
@@ -225,9 +230,11 @@ class Scope:
         return out
 
     def update(self, buses=None):
-        """The run's devices again when the GPUs known changed (buses: GpuWatch.buses())."""
-        if buses:
-            gpus = [b for b in (gpuwatch.bus_id(x) for x in buses) if b]
+        """The run's devices again when the GPUs known changed (buses: GpuWatch.buses(), in
+        index order; a GPU whose address NVML could not read is None there and keeps its slot,
+        so that CUDA_VISIBLE_DEVICES' indices still name the GPUs after it)."""
+        if buses and any(gpuwatch.bus_id(x) for x in buses):
+            gpus = [gpuwatch.bus_id(x) for x in list(buses)[:gpuwatch.MAX_GPUS]]
         else:
             if self._sysfs_gpus is None:
                 self._sysfs_gpus = gpus_in_sysfs(self.sysfs) if self.pci else []
@@ -237,7 +244,7 @@ class Scope:
         self._from, self.gpus = gpus, gpus
         self.run_gpus = visible(gpus, self.env.get("CUDA_VISIBLE_DEVICES"))
         hcas = {name.split("/")[0] for name in self.hca_ports()}
-        own = set(self.run_gpus) | self._nics() | {
+        own = {b for b in self.run_gpus if b} | self._nics() | {
             d for d in (device_of(os.path.join(self.rdma_root, h, "device")) for h in hcas
                         if os.path.exists(os.path.join(self.rdma_root, h, "device"))) if d}
         self.devices = {b for d in own for b in pci_chain(self.sysfs, d)}
@@ -248,7 +255,8 @@ class Scope:
         bus = event.get("pci_bus")
         if event.get("kind") == "oom" or bus is None:
             return None
-        if (event.get("kind") in GPU_KINDS and not self.gpus) or (not self.pci and not self.devices):
+        if (event.get("kind") in GPU_KINDS and not any(self.gpus)) or (
+                not self.pci and not self.devices):
             return None
         return bus in self.devices
 
@@ -284,6 +292,8 @@ class HostWatch:
         self.gone, self.walk_m = set(), 0.0  # ranks seen dead; when the tree is walked next
         self.gpu_pids = {}  # GPU -> the PIDs NVML last saw computing on it
         self.warned = self.dropped = 0
+        self.others = 0     # other programs' OOM kills sent as events of their own
+        self.folded = {}    # ("oom", PID) of a kill counted in OTHERS -> when read (OOM_SAME_S)
         self.error, self.errors = None, 0  # the watch's own first fault, and how many
 
     def status(self):
@@ -502,10 +512,14 @@ class HostWatch:
     def _add(self, event, now_m, ranks):
         event["pci_bus"] = gpuwatch.bus_id(event.get("pci_bus")) or None
         bus = event["pci_bus"]
-        if event.get("gpu") is None and bus in self.scope.gpus:
+        if event.get("gpu") is None and bus is not None and bus in self.scope.gpus:
             event["gpu"] = self.scope.gpus.index(bus)
         if event["kind"] == "oom":
             key = ("oom", event.get("pid"))
+            folded_m = self.folded.pop(key, None)
+            if folded_m is not None and now_m - folded_m <= OOM_SAME_S:
+                self.folded[key] = folded_m  # a later line of a kill already counted
+                return
         elif event["kind"] == "xid":  # the kernel's line has the PID, NVML's has none
             key = ("xid", event.get("code"), bus or ("gpu", event.get("gpu")))
         else:
@@ -590,7 +604,8 @@ class HostWatch:
                 event["what"] = event["what"][:-len(note)]
             return
         rank = ranks.get(event.get("pid")) or self.tree.get(event.get("pid"))
-        if rank is None and event.get("pci_bus") in self.scope.gpus:
+        if rank is None and event.get("pci_bus") is not None \
+                and event["pci_bus"] in self.scope.gpus:
             event["rank"] = self._gpu_rank(event["pci_bus"], ranks)
         else:
             event["rank"] = rank[1] if rank else None
@@ -598,9 +613,44 @@ class HostWatch:
             event["fatal"] = False
             event["what"] = "%s: not a device of the run" % event["what"]
 
+    def _fold_others(self, now_m):
+        """Other programs' OOM kills, each judged whole (its oom-kill: summary waited for):
+        the first OOM_OTHERS keep an event of their own; each later one is counted in OTHERS,
+        which carries the newest's line, and forgotten (its PID kept OOM_SAME_S, for a line of
+        the same kill read late)."""
+        queue = []
+        for key in self.queue:
+            fault = self.faults[key]
+            event = fault["event"]
+            if key == OTHERS or event["kind"] != "oom" or event.get("fatal") or fault["sent"] \
+                    or fault.get("alone") or "oom-kill:" in event.get("line", "") \
+                    and now_m < fault["read_m"] + OOM_WAIT_S:
+                queue.append(key)
+                continue
+            if self.others < OOM_OTHERS:
+                self.others += 1
+                fault["alone"] = True
+                queue.append(key)
+                continue
+            del self.faults[key]
+            self.folded[key] = fault["read_m"]
+            while len(self.folded) > TREE_MAX:
+                del self.folded[next(iter(self.folded))]
+            others = self.faults.get(OTHERS)
+            newest = dict(event, code="others", pid=None, rank=None, what=OTHERS_WHAT)
+            if others is None:
+                others = self.faults[OTHERS] = {"event": newest, "count": 0, "sent": 0,
+                                                "next_m": 0.0, "seen": {}}
+            others["event"], others["read_m"] = newest, fault["read_m"]
+            others["count"] += 1
+            if others["sent"] != DROPPED:
+                queue.append(OTHERS)
+        self.queue = list(dict.fromkeys(queue))  # (OTHERS once)
+
     def take(self, now_m):
         """At most PER_BEAT events for this beat, fatal ones first, their ages grown by how
         long they waited; a fault seen again goes again with its count."""
+        self._fold_others(now_m)
         out, later = [], []
         for key in sorted(self.queue, key=lambda k: not self.faults[k]["event"].get("fatal")):
             fault = self.faults[key]
@@ -626,6 +676,7 @@ class HostWatch:
 
     def close(self):
         self.log.close()
+        self.ib.close()
         getattr(self.gpu, "close", lambda: None)()
 
 

@@ -53,7 +53,9 @@ def gpu_checks(host, f, limits):
         return records
     gpus = f.get("gpus") or []
     if not gpus:
-        return records
+        # No GPU tool's output (a kernel log saved alone): an Xid line is itself proof of an
+        # NVIDIA GPU, judged by its PCI address as with nvidia-smi's output.
+        return records + (xid_checks(host, f, gpus) if f.get("xids") else [])
     records.append(check("gpu.smi", host, True, "%s answered for %d GPU(s)" % (
         "nvidia-smi" if f.get("vendor") == "nvidia" else "amd-smi", len(gpus))))
     ecc_max = limits["health_ecc_corrected_max"]
