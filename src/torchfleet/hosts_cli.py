@@ -20,7 +20,9 @@ def open_fleet(fleet_db: str | None, runs_root: str, create: bool) -> Any:
     return ledger.Fleet(fleet_db or defaults.FLEET_DB, runs_root,
                         half_life_h=defaults.default("ledger_half_life_h"),
                         quarantine_score=defaults.default("quarantine_score"),
-                        quarantine_h=defaults.default("quarantine_h"), create=create)
+                        quarantine_h=defaults.default("quarantine_h"),
+                        quarantine_max_fraction=defaults.default("quarantine_max_fraction"),
+                        create=create)
 
 
 def missing(fleet_db: str | None, runs_root: str) -> str:

@@ -699,8 +699,14 @@ ONTO = {GPUS[0]: True, GPUS[3]: True, "0000:15:01.0": True,   # GPU 0's root por
 _ADDRESS = re.compile(r"\b[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(\.[0-7])?")
 
 
+_REQUESTER = re.compile(r"\bid=[0-9a-fA-F]{4}\b")
+
+
 def moved(line, bus):
-    """A recorded line with every PCI address in it made bus (the Xid line's short form too)."""
+    """A recorded line with every PCI address in it made bus (the Xid line's short form too),
+    and a 4.x AER's requester id (id=BBDF, kmsg.py) the same device's."""
+    b, dev, fn = int(bus[5:7], 16), int(bus[8:10], 16), int(bus[11], 16)
+    line = _REQUESTER.sub("id=%02x%02x" % (b, dev << 3 | fn), line)
     return _ADDRESS.sub(lambda m: bus if m.group(1) else bus[:-2], line)
 
 

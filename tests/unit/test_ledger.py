@@ -443,13 +443,57 @@ def test_a_health_check_every_host_fails_is_the_shared_causes_not_a_strike_each(
     assert all(h["incidents"] == {} for h in fleet.hosts(now=T0 + 3600))
 
 
-def test_a_health_check_fewer_than_half_fail_singles_them_out(fleet):
-    # 3 of 8: each its own; six times over quarantines those three and no other.
+def test_a_health_check_fewer_than_half_fail_singles_them_out(tmp_path):
+    # 3 of 8: each its own; six times over quarantines those three and no other (the circuit
+    # breaker off: its own tests below).
+    fleet = ledger.Fleet("fleet.db", str(tmp_path), quarantine_max_fraction=1.0)
     for i in range(6):
         fleet.record_preflight(gpu_count_preflight("p%d" % i, failing=EIGHT[:3]),
                                now=T0 + i * 600)
     held = {h for h, v in fleet.health(EIGHT, now=T0 + 3600).items() if v["quarantined_until"]}
     assert held == set(EIGHT[:3]) and fleet.events(now=T0 + 3600) == []
+    fleet.close()
+
+
+@pytest.mark.parametrize(("group", "fraction", "limit"), [
+    (8, 0.1, 1), (10, 0.1, 1), (20, 0.1, 2), (512, 0.1, 51), (8, 0.5, 4), (8, 1.0, 8),
+    (8, 0.0, 1), (0, 0.1, 1)])
+def test_the_breaker_allows_its_fraction_of_the_group_and_at_least_one(group, fraction, limit):
+    assert ledger.breaker_limit(group, fraction) == limit
+
+
+def test_past_its_fraction_the_breaker_quarantines_none_and_says_so_once(fleet):
+    """Issue 65, the circuit breaker: 3 of 8 hosts singled out at once (fewer than half: no
+    shared cause by the evidence rule) are past quarantine_max_fraction 0.1 of 8: none is
+    quarantined, a fleet event names them; one host alone still is."""
+    for i in range(6):
+        assert fleet.record_preflight(gpu_count_preflight("p%d" % i, failing=EIGHT[:3]),
+                                      now=T0 + i * 600) == []
+    assert fleet.breaker.startswith("fleet-wide cause suspected: 3 hosts (gpu0, gpu1, gpu2) of "
+                                    "8 would be quarantined, past quarantine_max_fraction 0.1")
+    assert not any(v["quarantined_until"] for v in fleet.health(EIGHT, now=T0 + 3600).values())
+    events = fleet.events(now=T0 + 3600)
+    assert {e["check"] for e in events} == {ledger.BREAKER_CHECK}
+    assert all(e["hosts"] == EIGHT[:3] for e in events)
+    for i in range(6):
+        fleet.record_preflight(gpu_count_preflight("q%d" % i, failing=EIGHT[7:]),
+                               now=T0 + 4000 + i * 600)
+    held = {h for h, v in fleet.health(EIGHT, now=T0 + 8000).items() if v["quarantined_until"]}
+    assert held == {EIGHT[7]} and fleet.breaker == ""
+
+
+def test_the_breaker_counts_the_quarantines_the_ledger_holds_not_those_by_hand(fleet):
+    # gpu7 quarantined by the ledger already: one more of 8 is past the breaker's 1; a host
+    # quarantined by hand counts for nothing.
+    for i in range(6):
+        fleet.record_preflight(gpu_count_preflight("p%d" % i, failing=EIGHT[7:]), now=T0 + i)
+    assert fleet.quarantine(EIGHT[6], 5, "bad fan", now=T0 + 10)
+    for i in range(6):
+        fleet.record_preflight(gpu_count_preflight("q%d" % i, failing=EIGHT[:1]),
+                               now=T0 + 100 + i)
+    held = {h for h, v in fleet.health(EIGHT, now=T0 + 200).items() if v["quarantined_until"]}
+    assert held == {EIGHT[7], EIGHT[6]}
+    assert "1 host (gpu0) of 8 would be quarantined beside 1 already" in fleet.breaker
 
 
 @pytest.mark.parametrize(("failed_by", "checked", "shared"), [

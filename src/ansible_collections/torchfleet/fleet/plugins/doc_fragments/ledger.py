@@ -24,6 +24,11 @@ options:
     description: How long a quarantine lasts.
     type: float
     default: 24.0
+  quarantine_max_fraction:
+    description: The circuit breaker; at most this share of a group's hosts (at least one) is
+      quarantined within quarantine_h, past it none is (fleet.breaker).
+    type: float
+    default: 0.1
   ledger_textfile:
     description: A Prometheus node-exporter textfile the ledger writes after recording (relative to the runs
       root when relative); none when empty.

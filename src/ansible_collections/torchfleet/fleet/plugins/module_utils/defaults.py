@@ -218,6 +218,11 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
     (("quarantine_h", "float", 24.0), dict(description=(
         "How long a quarantine lasts, unless released first (torchfleet hosts release "
         "HOST)."))),
+    (("quarantine_max_fraction", "float", 0.1), dict(description=(
+        "The circuit breaker: torchfleet quarantines (and, with slurm_drain, drains) on its "
+        "own at most this share of a group's hosts within quarantine_h (at least one); past "
+        "it, none of them, and the report says fleet-wide cause suspected (fleet.breaker). 1 "
+        "turns it off."))),
     (("quarantine", "str", "warn"), dict(choices=("warn", "strict"), description=(
         "A quarantined host is left out like an unhealthy one while spares allow; when none "
         "do, warn runs with it and says so (host.quarantined), strict refuses."))),

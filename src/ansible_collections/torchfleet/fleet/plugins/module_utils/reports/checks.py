@@ -115,6 +115,13 @@ REGISTRY = (
          'an error with `quarantine=strict`',
          'mend the host, then `torchfleet hosts release <host>`; add spares; '
          '`quarantine=warn` uses it anyway'),
+    Unit(('fleet.breaker',), PREFLIGHT,
+         "the circuit breaker: more of the group's hosts than `quarantine_max_fraction` "
+         '(at least one) would be quarantined within `quarantine_h`, or drained by one run: '
+         'none of them is, and the verdict says fleet-wide cause suspected with the hosts (a '
+         'fleet event in the ledger); a warning',
+         'look for what the hosts share (a switch, a rack\'s power, the input, a driver '
+         'roll-out); a host that is itself at fault: `torchfleet hosts quarantine HOST --hours N`'),
     Unit(('fleet.ledger',), PREFLIGHT,
          "the fleet's ledger (`fleet_db`) cannot be read or written at preflight's or the "
          "run's end: missing, locked past its timeout, corrupt, of a newer schema, or "

@@ -77,6 +77,10 @@ LOST_TOGETHER = 3
 LOST_AFTER_S = float(defaults.default("lost_after_s"))
 LOST_CAUSE = "a shared cause (a switch, a PDU, the master's NIC, the network between)"
 SHARED_HOSTS_MAX = 64   # a fleet event names this many of its hosts (it counts them all)
+# The circuit breaker (docs/ledger.md): torchfleet quarantines or drains on its own at most
+# quarantine_max_fraction of a group's hosts within quarantine_h; past it, none of them.
+BREAKER_CHECK = "fleet.breaker"
+AUTO_REASON = "score "  # how the ledger's own quarantines begin (by hand: the user's reason)
 # What another job or process holds (gpu.busy, port.in_use) and the controller's input never
 # say anything of a host, however few hosts fail them.
 NEVER_THE_HOSTS = ("gpu.busy", "port.in_use", "run_id.used", "world.size")
@@ -149,6 +153,25 @@ def shared(failed_by, checked):
     """Whether a failure of `failed_by` of the `checked` hosts is the shared cause's: most of
     them, at least half and at least 2 (1 of 2 still singles a host out)."""
     return failed_by >= SHARED_MIN and failed_by * 2 >= checked
+
+
+def breaker_limit(group_size, fraction):
+    """How many of a group's `group_size` hosts torchfleet may quarantine or drain on its own
+    (within quarantine_h): quarantine_max_fraction of them, rounded down, at least one; a
+    fraction of 1 or more never trips."""
+    fraction = finite(fraction)
+    fraction = defaults.default("quarantine_max_fraction") if fraction is None else fraction
+    return max(1, int(math.floor(max(int(group_size), 0) * max(fraction, 0.0) + 1e-9)))
+
+
+def breaker_words(hosts, group_size, fraction, verb, held=0):
+    """The circuit breaker's one sentence: what it kept from being done, and why."""
+    return ("fleet-wide cause suspected: %d host%s (%s) of %d would be %s%s, past "
+            "quarantine_max_fraction %g: none is; look for what they share (a switch, a "
+            "rack's power, the input, a driver roll-out)" % (
+                len(hosts), "" if len(hosts) == 1 else "s",
+                ", ".join(sorted(hosts)[:8]) + (", ..." if len(hosts) > 8 else ""),
+                group_size, verb, " beside %d already" % held if held else "", fraction))
 
 
 def _epoch(value):
@@ -377,11 +400,16 @@ class Fleet(ledger_store.Store):
                  half_life_h=defaults.default("ledger_half_life_h"),
                  quarantine_score=defaults.default("quarantine_score"),
                  quarantine_h=defaults.default("quarantine_h"),
+                 quarantine_max_fraction=defaults.default("quarantine_max_fraction"),
                  timeout_s=defaults.LEDGER_TIMEOUT_S, create=True):
         self.half_life_s = max(float(finite(half_life_h) or 168.0), 1e-3) * 3600.0
         self.quarantine_score = float(finite(quarantine_score) or 2.5)
         self.quarantine_s = max(float(finite(quarantine_h) or 0.0), 0.0) * 3600.0
+        fraction = finite(quarantine_max_fraction)
+        self.max_fraction = defaults.default("quarantine_max_fraction") if fraction is None \
+            else max(fraction, 0.0)
         self.shared = []  # the last report's fleet events (failures most hosts shared)
+        self.breaker = ""  # the last report's circuit breaker sentence, when it tripped
         super().__init__(fleet_db, runs_root, timeout_s=timeout_s, create=create)
 
     # ---- writes ----
@@ -397,7 +425,7 @@ class Fleet(ledger_store.Store):
         return self._record(report, "preflight", now)
 
     def _record(self, report, which, at):
-        self.shared = []
+        self.shared, self.breaker = [], ""
         if self._off or not isinstance(report, dict):
             return []
         try:
@@ -444,12 +472,36 @@ class Fleet(ledger_store.Store):
                     continue
                 score, history = self._score(conn, [host], at, state_of={host: state})[host]
                 if score >= self.quarantine_score and self.quarantine_s > 0:
-                    reason = "score %.2f >= quarantine_score %g: %s" % (
-                        score, self.quarantine_score, history)
-                    until = at + self.quarantine_s
-                    _set_host(conn, host, at, quarantined_until=until, reason=reason[:TEXT_MAX])
-                    out.append({"host": host, "until": until, "reason": reason})
+                    reason = "%s%.2f >= quarantine_score %g: %s" % (
+                        AUTO_REASON, score, self.quarantine_score, history)
+                    out.append({"host": host, "until": at + self.quarantine_s,
+                                "reason": reason})
+            if out and self._trips(conn, hosts, out, run_id, phase, at):
+                return []
+            for q in out:
+                _set_host(conn, q["host"], at, quarantined_until=q["until"],
+                          reason=q["reason"][:TEXT_MAX])
             return out
+
+    def _trips(self, conn, group, newly, run_id, phase, at):
+        """The circuit breaker, inside the decision's transaction: the report's hosts held in
+        the ledger's own quarantine now, with those it would add, past breaker_limit of the
+        group: none is quarantined, and one fleet event says so."""
+        held = {h for h, st in host_states(conn, group).items()
+                if (st.get("quarantined_until") or 0.0) > at
+                and str(st.get("reason") or "").startswith(AUTO_REASON)}
+        would = held | {q["host"] for q in newly}
+        if len(would) <= breaker_limit(len(group), self.max_fraction):
+            return False
+        self.breaker = breaker_words([q["host"] for q in newly], len(group),
+                                     self.max_fraction, "quarantined",
+                                     len(held - {q["host"] for q in newly}))
+        event = {"attempt": -1, "check": BREAKER_CHECK,  # (the report's, no attempt's)
+                 "hosts": sorted(q["host"] for q in newly)[:SHARED_HOSTS_MAX],
+                 "what": _text(self.breaker, TEXT_MAX), "at": at}
+        add_events(conn, run_id, phase, [event])
+        self.shared.append(event)
+        return True
 
     def quarantine(self, host, hours, reason="", now=None):
         """Quarantines host for hours (from now); True when written."""

@@ -24,6 +24,8 @@ SPEC = dict(
     ledger_half_life_h=dict(type="float", default=defaults.default("ledger_half_life_h")),
     quarantine_score=dict(type="float", default=defaults.default("quarantine_score")),
     quarantine_h=dict(type="float", default=defaults.default("quarantine_h")),
+    quarantine_max_fraction=dict(type="float",
+                                 default=defaults.default("quarantine_max_fraction")),
     ledger_textfile=dict(type="str", default=defaults.default("ledger_textfile")),
     # A restart's re-check reads the ledger (its spares healthiest first, a quarantined one left
     # out) from the run's runs root, and writes nothing: the run's end records the attempt.
@@ -32,7 +34,7 @@ SPEC = dict(
 )
 # Checks that are the ledger's own words, not the host's: recording them would feed a
 # quarantine from itself.
-OWN = ("host.quarantined", "fleet.ledger")
+OWN = ("host.quarantined", "fleet.ledger", ledger.BREAKER_CHECK)
 
 
 def root_of(run_dir):
@@ -47,7 +49,8 @@ def open_fleet(params, run_dir):
                         params.get("ledger_root") or root_of(run_dir),
                         half_life_h=params["ledger_half_life_h"],
                         quarantine_score=params["quarantine_score"],
-                        quarantine_h=params["quarantine_h"])
+                        quarantine_h=params["quarantine_h"],
+                        quarantine_max_fraction=params["quarantine_max_fraction"])
 
 
 iso = ledger.iso
@@ -85,10 +88,17 @@ def quarantine_checks(used, left_out, health, now, strict=False):
 
 def ledger_checks(fleet, said=()):
     """fleet.ledger: the ledger's warnings, unless preflight `said` one already (a run is
-    warned once)."""
-    return [] if said else [
+    warned once); fleet.breaker: the quarantines the circuit breaker kept from being done."""
+    return ([] if said else [
         check("fleet.ledger", CONTROLLER, False, w, "as it says; fleet_db='' runs without the "
-              "ledger", WARNING) for w in fleet.warnings]
+              "ledger", WARNING) for w in fleet.warnings]) + breaker_checks(fleet.breaker)
+
+
+def breaker_checks(sentence):
+    """fleet.breaker, a warning, when the circuit breaker tripped (its sentence)."""
+    return [check(ledger.BREAKER_CHECK, CONTROLLER, False, sentence,
+                  "find the cause the hosts share; a host that is itself at fault: torchfleet "
+                  "hosts quarantine HOST --hours N", WARNING)] if sentence else []
 
 
 def history_lines(health, hosts, now):

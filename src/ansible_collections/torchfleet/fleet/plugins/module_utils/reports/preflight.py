@@ -656,6 +656,8 @@ def decide(params):
     checks = checks + memory.ledger_checks(fleet)
     bad = failed(checks)
     sentence = verdict("preflight", checks)
+    if fleet.breaker:  # what the circuit breaker kept the ledger from doing, in the verdict
+        sentence += "; " + fleet.breaker
     table = summary_table(checks, nodes)
     if params["network"] != "none" and resolved.get("network"):  # what the preset will be
         table += "\n\nnetwork=%s%s: %s" % (

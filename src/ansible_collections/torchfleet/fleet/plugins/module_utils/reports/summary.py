@@ -17,7 +17,7 @@ import time
 
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import kmsg, nccl_log
-from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import fabric, goodput, isolate, memory
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import fabric, goodput, isolate, ledger, memory
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import flight, straggle
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.stacks import FAULTHANDLER_FRAME
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import ERROR, WARNING, check, failed
@@ -706,10 +706,24 @@ def decide(params):
         else []
     memory.textfile(fleet, params, params["run_dir"])
     fleet.close()
-    said = memory.ledger_checks(fleet, params["ledger_said"])
+    # Slurm drains (roles/results' drain.yml): the hosts with a fatal hardware cause and those
+    # quarantined now (with the ledger's reason), unless more than the circuit breaker allows.
+    drained = {d["host"] for d in hardware["drain"]}
+    drain, tripped = drain_breaker(hardware["drain"] + [
+        {"host": q["host"], "reason": "host.quarantined", "evidence": "%s (until %s)" % (
+            q["reason"], memory.iso(q["until"]))} for q in newly if q["host"] not in drained],
+        [h["host"] for h in rows_out], params["quarantine_max_fraction"])
+    # train.json's `drain` keeps the hardware's (a quarantine is its own entry); the module's,
+    # which drain.yml reads, every drain.
+    report["drain"] = [d for d in drain if d["reason"] != "host.quarantined"]
+    extra["drain"] = drain
+    said = memory.ledger_checks(fleet, params["ledger_said"]) + memory.breaker_checks(tripped)
     if said:
         checks.extend(said)
         sentence = verdict(kind, checks, failure, extra.get("attempts", [])) + blind_note(slow)
+        # The breaker is said in the verdict too: what torchfleet kept itself from doing.
+        sentence += "".join("; %s" % c["detail"] for c in said
+                            if c["id"] == ledger.BREAKER_CHECK)
         report.update(checks=checks, verdict=sentence)
     if newly:
         report["quarantined"] = extra["quarantined"] = newly
@@ -743,13 +757,17 @@ def decide(params):
     if newly:
         text += "\n" + memory.newly_text(newly)
     if said:
-        text += "\n" + "\n".join("fleet.ledger: %s" % c["detail"] for c in said)
+        text += "\n" + "\n".join("%s: %s" % (c["id"], c["detail"]) for c in said)
     out = dict(ok=not bad, checks=checks, failures=bad, first_failure=failure, report=path,
                verdict=sentence, table=text, hosts=rows_out, ranks=rank_rows, **extra)
-    # Slurm drains (roles/results' drain.yml) of the hosts quarantined now, with the ledger's
-    # reason, beside those of a fatal hardware cause.
-    drained = {d["host"] for d in out["drain"]}
-    out["drain"] = out["drain"] + [
-        {"host": q["host"], "reason": "host.quarantined", "evidence": "%s (until %s)" % (
-            q["reason"], memory.iso(q["until"]))} for q in newly if q["host"] not in drained]
     return out
+
+
+def drain_breaker(drain, hosts, fraction):
+    """The circuit breaker on the run's drains: more hosts than breaker_limit of the run's
+    `hosts` (a shared cause: a rack's power, a driver roll-out) are drained none of them.
+    Returns (the drains to do, the breaker's sentence or "")."""
+    named = sorted({d["host"] for d in drain})
+    if len(named) <= ledger.breaker_limit(len(hosts), fraction):
+        return drain, ""
+    return [], ledger.breaker_words(named, len(hosts), fraction, "drained")
