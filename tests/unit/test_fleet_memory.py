@@ -273,3 +273,39 @@ def test_a_quarantined_master_hands_over_and_the_second_decision_names_it(tmp_pa
     held = [c for c in second["checks"] if c["id"] == "host.quarantined"]
     assert [(c["host"], c["severity"]) for c in held] == [("n0", "warning")]
     assert "n0: no incident; quarantined until" in second["table"]
+
+
+def test_fatal_hardware_on_more_hosts_than_the_breaker_allows_drains_none_of_them(tmp_path,
+                                                                                 capsys):
+    """Issue 65, the circuit breaker on drains: an Xid 79 on 2 of 4 hosts within one run (a
+    rack's power, a driver roll-out) is past quarantine_max_fraction 0.1 of 4 (one host):
+    neither is drained, fleet.breaker says so in the checks, the verdict and the table; on one
+    host alone it is drained as before."""
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import RunState
+    from ansible_collections.torchfleet.fleet.plugins.modules import run_summary
+    from tests.unit.modules import run_module
+    from tests.unit.test_hw_judge import beat, xid79
+
+    def run(name, fatal_on):
+        hosts = ["n0", "n1", "n2", "n3"]
+        state = RunState(name, hosts, 1, now=100.0, hang_timeout_s=600)
+        for h in hosts:
+            beat(state, h, 101.0, [])
+        for h in fatal_on:
+            beat(state, h, 102.0, [xid79()])
+        return run_module(run_summary, {
+            "kind": "train", "run_id": name, "hosts": hosts, "state": state.record(),
+            "world_size": 4, "settings": {"nproc_per_node": 1}, "expect_results": False,
+            "run_dir": str(tmp_path / "runs" / name), "fleet_db": ""}, capsys)
+
+    one = run("r1", ["n2"])
+    assert [d["host"] for d in one["drain"]] == ["n2"]
+    assert not [c for c in one["checks"] if c["id"] == "fleet.breaker"]
+    two = run("r2", ["n1", "n3"])
+    assert two["drain"] == []
+    (said,) = [c for c in two["checks"] if c["id"] == "fleet.breaker"]
+    assert said["severity"] == "warning" and said["detail"].startswith(
+        "fleet-wide cause suspected: 2 hosts (n1, n3) of 4 would be drained")
+    assert said["detail"] in two["verdict"] and "fleet.breaker: " in two["table"]
+    report = json.loads((tmp_path / "runs" / "r2" / "train.json").read_text())
+    assert report["drain"] == [] and said["detail"] in report["verdict"]
