@@ -138,6 +138,17 @@ def test_a_quarantined_host_is_left_out_with_a_warning_and_its_history(tmp_path,
     assert report["fleet"]["n1"]["quarantined_until"] == "2030-03-18T16:46:40Z"  # 24 h from its start
 
 
+def test_observe_leaves_out_no_quarantined_host_and_its_check_still_says_it(tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.setenv("TORCHFLEET_LEDGER_NOW", repr(NOW))
+    fleet_of(tmp_path).quarantine("n1", 24, "culprit of 3 failures", now=NOW - 3600)
+    result = preflight_decide(dict(preflight_params(tmp_path), actions="observe"))
+    assert result["ok"], result["table"]
+    assert [n["host"] for n in result["nodes"]] == ["n0", "n1", "n2", "n3"]
+    held = [c for c in result["checks"] if c["id"] == "host.quarantined"]
+    assert [(c["host"], c["severity"]) for c in held] == [("n1", "warning")]
+
+
 def test_a_restarts_recheck_reads_the_ledger_of_the_runs_root_and_writes_nothing(tmp_path,
                                                                                 monkeypatch):
     # attempt.yml's re-check decides in runs/r1/attempt_1 with the run's runs root as

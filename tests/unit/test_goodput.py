@@ -457,7 +457,7 @@ def test_the_cli_on_an_empty_runs_root(tmp_path, capsys):
 
 
 def test_the_users_own_stop_costs_work_but_is_no_failure_of_the_mean_time_between_them():
-    # The check id the summary names a stop by (summary.check_of, checks.py's registry).
+    # The check id the summary names a stop by (runstate.check_of, checks.py's registry).
     g = goodput(timeline(
         attempt(0, 0, 1, 2, 1000, 1002, {"check": "run.exit", "host": "a"}),
         attempt(1, 1010, 1011, 1012, 3000, 3002, {"check": "run.stopped_by_user", "host": ""})))

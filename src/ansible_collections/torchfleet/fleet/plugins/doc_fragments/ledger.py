@@ -24,6 +24,12 @@ options:
     description: How long a quarantine lasts.
     type: float
     default: 24.0
+  actions:
+    description: C(observe) records and scores and quarantines (drains, leaves out) no host;
+      C(enforce) acts.
+    type: str
+    choices: [enforce, observe]
+    default: enforce
   quarantine_max_fraction:
     description: The circuit breaker; at most this share of a group's hosts (at least one) is
       quarantined within quarantine_h, past it none is (fleet.breaker).

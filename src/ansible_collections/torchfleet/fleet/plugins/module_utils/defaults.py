@@ -110,6 +110,12 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
         "warn names a straggler in status, progress and the report; restart also ends the "
         "attempt (run.straggler) and starts the run again without its host (max_restarts, "
         "spares)."))),
+    (("actions", "str", "enforce"), dict(choices=("enforce", "observe"), description=(
+        "What torchfleet does on its own: enforce stops a run for a fatal hardware event, an "
+        "OOM kill, a hang or a straggler, drains (slurm_drain), quarantines and restarts; "
+        "observe judges and records the same (train.json's actions, done false: would have) "
+        "and does none of it. A rank's own death still ends the run, as torchrun's "
+        "fail-fast does."))),
     (("job_timeout_s", "int", 86400), dict(description="The longest a run may take.")),
     (("lease_s", "int", 120), dict(description=(
         "The controller's lease: a run the controller has not looked at for this long "

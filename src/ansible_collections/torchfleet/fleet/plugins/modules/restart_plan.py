@@ -63,6 +63,12 @@ options:
     type: list
     elements: str
     default: []
+  actions:
+    description: C(observe) decides no re-check and no restart, and says what it would have
+      done (RV(would)); C(enforce) restarts as asked.
+    type: str
+    choices: [enforce, observe]
+    default: enforce
   plan:
     description: This module's first answer; with it the module decides the restart.
     type: dict
@@ -117,6 +123,11 @@ exclude:
   returned: without plan
   type: list
   elements: str
+would:
+  description: With O(actions=observe), true where a re-check for a restart would have been
+    made (RV(why) says it).
+  returned: with actions=observe, when a restart would have been considered
+  type: bool
 left_out:
   description: The hosts this attempt left out, each with why (host.lost, host.not_started,
     host.unreachable).

@@ -108,6 +108,10 @@ options:
         description: Each host's NIC (NCCL_SOCKET_IFNAME), named in the fix of node.slow.
         type: dict
         default: {}
+  slurm_drain:
+    description: Whether the results role drains in Slurm (the audit lists its drains).
+    type: bool
+    default: false
   ledger_said:
     description: The C(fleet.ledger) warnings preflight gave (its report's details); when there is one, the run's
       end does not warn about the ledger again.
@@ -169,7 +173,17 @@ drain:
     check id) and evidence (the event's line); and each host the fleet's ledger quarantined on
     recording this run (reason C(host.quarantined), the ledger's reason as evidence), which
     train.json keeps as RV(quarantined) instead. The results role drains them in Slurm with
-    slurm_drain.
+    slurm_drain, unless the circuit breaker (C(fleet.breaker)) or O(actions=observe) keeps
+    it from doing so (then empty).
+  returned: always
+  type: list
+  elements: dict
+actions:
+  description: The audit of what torchfleet did on its own, or would have, in the JSON report
+    too; each C(action) (stop, drain, quarantine, exclude, restart), C(host) (none for the
+    whole run), C(check), C(at) (ISO 8601 UTC), C(why) (the evidence) and C(done) (false for
+    what O(actions=observe) or the circuit breaker kept from being done). A drain is listed
+    with O(slurm_drain) only, done when asked of Slurm.
   returned: always
   type: list
   elements: dict

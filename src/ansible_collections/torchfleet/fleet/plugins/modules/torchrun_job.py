@@ -212,6 +212,14 @@ options:
     type: str
     choices: [warn, restart]
     default: warn
+  actions:
+    description: C(enforce) stops the run for a fatal hardware event, an OOM kill, a hang or a
+      straggler (C(straggler_action=restart)); C(observe) judges and records each (the
+      record's C(actions), done false) and stops nothing. A rank's own death ends the run
+      either way.
+    type: str
+    choices: [enforce, observe]
+    default: enforce
   rdma_sysfs:
     description: Where the host's RDMA devices are listed (sysfs layout); each port's state
       and link counters are watched during the run.
@@ -335,6 +343,8 @@ ARGUMENT_SPEC = dict(
     straggler_action=dict(type="str", default=defaults.default("straggler_action"),
                           choices=["warn", "restart"]),
     checkpoint_dir=dict(type="str", default=defaults.default("checkpoint_dir")),
+    actions=dict(type="str", default=defaults.default("actions"),
+                 choices=["enforce", "observe"]),
 )
 
 

@@ -88,7 +88,7 @@ NEVER_PREFIXES = ("input.",)
 # A worker's failure of these is the master's when most workers failed one (reports/spares.py).
 MASTER_BOUND = ("port.blocked", "port.ephemeral", "nic.route")
 # The first failure's reason (runstate.py) and the check it is reported under (as
-# summary.check_of says it; any other reason of a host is run.exit).
+# runstate.check_of says it; any other reason of a host is run.exit).
 REASON_CHECK = {"lost": "host.lost", "hung": "run.hang", "hardware": "run.hardware",
                 "oom": "run.oom", "straggler": "run.straggler"}
 # A culprit's failures of these are its script's own doing (its exit, its memory).
@@ -401,7 +401,7 @@ class Fleet(ledger_store.Store):
                  quarantine_score=defaults.default("quarantine_score"),
                  quarantine_h=defaults.default("quarantine_h"),
                  quarantine_max_fraction=defaults.default("quarantine_max_fraction"),
-                 timeout_s=defaults.LEDGER_TIMEOUT_S, create=True):
+                 timeout_s=defaults.LEDGER_TIMEOUT_S, create=True, observe=False):
         self.half_life_s = max(float(finite(half_life_h) or 168.0), 1e-3) * 3600.0
         self.quarantine_score = float(finite(quarantine_score) or 2.5)
         self.quarantine_s = max(float(finite(quarantine_h) or 0.0), 0.0) * 3600.0
@@ -410,6 +410,9 @@ class Fleet(ledger_store.Store):
             else max(fraction, 0.0)
         self.shared = []  # the last report's fleet events (failures most hosts shared)
         self.breaker = ""  # the last report's circuit breaker sentence, when it tripped
+        # actions=observe: incidents recorded and scored, no quarantine made; `would` holds
+        # the last report's quarantines not made (by observe or the breaker).
+        self.observe, self.would = bool(observe), []
         super().__init__(fleet_db, runs_root, timeout_s=timeout_s, create=create)
 
     # ---- writes ----
@@ -425,7 +428,7 @@ class Fleet(ledger_store.Store):
         return self._record(report, "preflight", now)
 
     def _record(self, report, which, at):
-        self.shared, self.breaker = [], ""
+        self.shared, self.breaker, self.would = [], "", []
         if self._off or not isinstance(report, dict):
             return []
         try:
@@ -476,7 +479,8 @@ class Fleet(ledger_store.Store):
                         AUTO_REASON, score, self.quarantine_score, history)
                     out.append({"host": host, "until": at + self.quarantine_s,
                                 "reason": reason})
-            if out and self._trips(conn, hosts, out, run_id, phase, at):
+            if out and (self.observe or self._trips(conn, hosts, out, run_id, phase, at)):
+                self.would = out
                 return []
             for q in out:
                 _set_host(conn, q["host"], at, quarantined_until=q["until"],

@@ -26,6 +26,9 @@ SPEC = dict(
     quarantine_h=dict(type="float", default=defaults.default("quarantine_h")),
     quarantine_max_fraction=dict(type="float",
                                  default=defaults.default("quarantine_max_fraction")),
+    # observe: the ledger records and scores, and quarantines (drains, leaves out) nobody.
+    actions=dict(type="str", default=defaults.default("actions"),
+                 choices=["enforce", "observe"]),
     ledger_textfile=dict(type="str", default=defaults.default("ledger_textfile")),
     # A restart's re-check reads the ledger (its spares healthiest first, a quarantined one left
     # out) from the run's runs root, and writes nothing: the run's end records the attempt.
@@ -50,7 +53,8 @@ def open_fleet(params, run_dir):
                         half_life_h=params["ledger_half_life_h"],
                         quarantine_score=params["quarantine_score"],
                         quarantine_h=params["quarantine_h"],
-                        quarantine_max_fraction=params["quarantine_max_fraction"])
+                        quarantine_max_fraction=params["quarantine_max_fraction"],
+                        observe=params.get("actions") == "observe")
 
 
 iso = ledger.iso

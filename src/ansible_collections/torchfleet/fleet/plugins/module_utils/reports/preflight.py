@@ -621,9 +621,11 @@ def decide(params):
     choice = None
     used = hosts
     if params["spares"] > 0 and hosts:
+        # actions=observe leaves out no host for its quarantine (its check still says it).
         chosen, skipped, retest = spares.choose(
             hosts, nnodes, checks, params["master"],
-            {h: v.get("score") or 0.0 for h, v in health.items()}, held)
+            {h: v.get("score") or 0.0 for h, v in health.items()},
+            {} if params["actions"] == "observe" else held)
         choice = {"candidates": hosts, "chosen": chosen, "skipped": skipped}
         used = chosen
         if len(chosen) < nnodes:

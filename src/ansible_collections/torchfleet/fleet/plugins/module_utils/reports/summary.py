@@ -26,8 +26,8 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import
     STACK_DUMP, TORCHRUN_LOG, failed_ranks, read_json, tail)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import (
     CONTROLLER_LOST, HANG, HARDWARE, HW_REASONS, LOST, STATE_FILE, STOPPED_BY_USER, STRAGGLER,
-    SUCCEEDED, TIMEOUT, UNKNOWN, collective_words, drains, dropped, evidence, failure_text,
-    host_rows, more_warnings, oom_victim)
+    SUCCEEDED, TIMEOUT, UNKNOWN, action, check_of, checked_actions, collective_words, drains,
+    dropped, evidence, failure_text, host_rows, more_warnings, oom_victim)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.table import render, spread, spread_of
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
@@ -62,6 +62,8 @@ ARGUMENT_SPEC = dict(
         floor_gbs=dict(type="float", default=0.0),
         nics=dict(type="dict", default={}),
     )),
+    # Whether roles/results' drain.yml drains in Slurm (the audit's drains are done or not).
+    slurm_drain=dict(type="bool", default=defaults.default("slurm_drain")),
     # The fleet's ledger (reports/memory.py), and what preflight said of it already.
     ledger_said=dict(type="list", elements="str", default=[]),
     **memory.SPEC
@@ -472,23 +474,24 @@ def attempts_of(attempts, restarts):
             "drain": hardware_checks(record, a["hosts"])["drain"],
             "restart": decision.get("why", "") if decision.get("restart") else "",
             "not_restarted": "" if decision.get("restart") else decision.get("why", ""),
-            "replaced": decision.get("replaced", [])})
+            "replaced": decision.get("replaced", []),
+            "actions": checked_actions(record.get("actions")) + restart_actions(
+                decision, record)})
     return out
 
 
-def check_of(failure):
-    """The check id a failure of the judge's is reported under (decide(): run.exit, host.lost,
-    run.hang, run.hardware, run.oom, run.straggler, run.<reason> of a run-wide one)."""
-    reason = failure.get("reason")
-    if reason == LOST:
-        return "host.lost"
-    if reason == HANG:
-        return "run.hang"
-    if reason in HW_REASONS or reason == STRAGGLER:
-        return "run." + reason
-    if failure.get("host") is None and reason in RUN_WIDE:
-        return "run." + reason
-    return "run.exit"
+def restart_actions(decision, record):
+    """The audit's entries of a restart decision (restart.py's): the restart, done, or one
+    actions=observe kept from being done; each host it replaced, excluded."""
+    at = _time(record.get("updated")) or time.time()
+    why = decision.get("why") or ""
+    if decision.get("would"):
+        return [action("restart", None, "run.restart", at, why, False)]
+    if not decision.get("restart"):
+        return []
+    return [action("restart", None, "run.restart", at, why, True)] + [
+        action("exclude", r.get("host") if isinstance(r, dict) else str(r), "run.restart", at,
+               why, True) for r in _list(decision.get("replaced"))]
 
 
 # A record's time: a finite number, else none (the record comes from another host: a
@@ -707,12 +710,32 @@ def decide(params):
     memory.textfile(fleet, params, params["run_dir"])
     fleet.close()
     # Slurm drains (roles/results' drain.yml): the hosts with a fatal hardware cause and those
-    # quarantined now (with the ledger's reason), unless more than the circuit breaker allows.
+    # quarantined now (with the ledger's reason), unless more than the circuit breaker allows
+    # or actions=observe.
     drained = {d["host"] for d in hardware["drain"]}
-    drain, tripped = drain_breaker(hardware["drain"] + [
+    asked = hardware["drain"] + [
         {"host": q["host"], "reason": "host.quarantined", "evidence": "%s (until %s)" % (
-            q["reason"], memory.iso(q["until"]))} for q in newly if q["host"] not in drained],
-        [h["host"] for h in rows_out], params["quarantine_max_fraction"])
+            q["reason"], memory.iso(q["until"]))} for q in newly if q["host"] not in drained]
+    drain, tripped = drain_breaker(asked, [h["host"] for h in rows_out],
+                                   params["quarantine_max_fraction"])
+    observe = params["actions"] == "observe"
+    if observe:
+        drain = []
+    at = time.time()
+    # The audit (docs/trust.md): what torchfleet did on its own, or would have (done false).
+    audit = [a for att in extra.get("attempts", []) for a in att["actions"]] \
+        if params["attempts"] else checked_actions(record.get("actions"))
+    audit += [action("quarantine", q["host"], "host.quarantined", at, q["reason"], True)
+              for q in newly]
+    audit += [action("quarantine", q["host"], "host.quarantined", at, q["reason"], False)
+              for q in fleet.would]
+    if params["slurm_drain"]:
+        audit += [action("drain", d["host"], d["reason"], at, d["evidence"], d in drain)
+                  for d in asked]
+    report["actions"] = extra["actions"] = audit
+    if observe and any(not a["done"] for a in audit):
+        sentence += "; " + would_words(audit)
+        report["verdict"] = sentence
     # train.json's `drain` keeps the hardware's (a quarantine is its own entry); the module's,
     # which drain.yml reads, every drain.
     report["drain"] = [d for d in drain if d["reason"] != "host.quarantined"]
@@ -761,6 +784,18 @@ def decide(params):
     out = dict(ok=not bad, checks=checks, failures=bad, first_failure=failure, report=path,
                verdict=sentence, table=text, hosts=rows_out, ranks=rank_rows, **extra)
     return out
+
+
+def would_words(audit, most=6):
+    """actions=observe in the verdict: what torchfleet would have done on its own."""
+    would = [a for a in audit if not a["done"]]
+    done = {"stop": "stopped", "drain": "drained", "quarantine": "quarantined",
+            "exclude": "excluded", "restart": "restarted", "release": "released",
+            "undrain": "undrained"}
+    said = ["%s %s (%s)" % (done[a["action"]], a["host"] or "the run", a["check"])
+            for a in would[:most]]
+    return "actions=observe: would have %s%s" % (", ".join(said), ", and %d more" % (
+        len(would) - most) if len(would) > most else "")
 
 
 def drain_breaker(drain, hosts, fraction):

@@ -883,7 +883,7 @@ def start(p, command):
                 straggler_window_s=p["straggler_window_s"],
                 straggler_threshold=p["straggler_threshold"],
                 straggler_action=p["straggler_action"], recording=p["flight_recorder"] > 0,
-                checkpoint_dir=p.get("checkpoint_dir") or "")
+                checkpoint_dir=p.get("checkpoint_dir") or "", actions=p.get("actions"))
             try:
                 server = bind_control(p["master_addr"], p["control_port"], secret,
                                       p["host_addrs"], p["hosts"] or [p["host"]])

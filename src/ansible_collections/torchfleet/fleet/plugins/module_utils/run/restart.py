@@ -91,7 +91,7 @@ def _probe_only(record, failure, left_out, hosts, remaining, probed):
 
 
 def after_attempt(record, attempt, max_restarts, restart_on, candidates, hosts, excluded=(),
-                  unreachable=(), probed=()):
+                  unreachable=(), probed=(), observe=False):
     """After attempt `attempt` (0 first) ended with `record`: re-check for a restart or not.
 
     candidates: preflight's candidates in inventory order; hosts: the attempt's (as many as the
@@ -144,6 +144,12 @@ def after_attempt(record, attempt, max_restarts, restart_on, candidates, hosts, 
         out["why"] = ("not restarted: %d candidate(s) remain without %s and the run needs %d "
                       "(add spares: -e spares=K)"
                       % (len(remaining), ", ".join(exclude), len(hosts)))
+        return out
+    if observe:  # actions=observe: what a restart would have been, said; nothing restarts
+        out["why"] = ("not restarted: actions=observe (would have re-checked %d candidate(s) "
+                      "for a restart%s)" % (len(remaining), " without %s" % ", ".join(exclude)
+                                            if exclude else ""))
+        out["would"] = True
         return out
     probe = _probe_only(record, failure, left_out, hosts, remaining, probed)
     out.update(recheck=True, hosts=remaining, probe=remaining if probe is None else probe)
@@ -214,6 +220,7 @@ ARGUMENT_SPEC = dict(
     gathered=dict(type="dict", default={}),
     hosts=dict(type="list", elements="str", default=[]),
     probed=dict(type="list", elements="str", default=[]),
+    actions=dict(type="str", default=defaults.default("actions"), choices=["enforce", "observe"]),
     plan=dict(type="dict"),
     recheck=dict(type="dict"),
 )
@@ -231,4 +238,4 @@ def decide(params):
     return after_attempt(record, params["attempt"], params["max_restarts"],
                          params["restart_on"], params["candidates"], params["hosts"],
                          params["excluded"], [h for h in params["hosts"] if h in unreachable],
-                         params["probed"])
+                         params["probed"], observe=params["actions"] == "observe")

@@ -113,6 +113,12 @@ HARDWARE = "hardware"        # a fatal hardware event on a host (run.hardware)
 OOM = "oom"                  # the kernel's OOM killer ended a rank (run.oom)
 STRAGGLER = "straggler"      # a host stayed a straggler (run.straggler, straggler_action=restart)
 HW_REASONS = (HARDWARE, OOM)
+# What torchfleet itself stops a run for (not a rank's own death, a lost host, the controller
+# or the user): with actions=observe it is judged and recorded as an action not done
+# ("would have stopped"), and the run goes on.
+OWN_STOPS = (HARDWARE, OOM, HANG, STRAGGLER)
+OBSERVE = "observe"
+ACTIONS = ("stop", "drain", "quarantine", "exclude", "restart", "release", "undrain")
 RUN_WIDE = (HANG, TIMEOUT, CONTROLLER_LOST, STOPPED_BY_USER)  # failures of the run, not a host's
 
 # host state
@@ -396,6 +402,35 @@ def _clock(at):
     return time.strftime("%H:%M:%S", time.localtime(at))
 
 
+ACTIONS_MAX = 1024  # a record's audit read back: at most this many entries
+
+
+def checked_actions(value):
+    """A record's `actions` as read back from the master's file (another host's bytes): the
+    well-formed entries, each field bounded, at most ACTIONS_MAX; never raises."""
+    out = []
+    for a in value if isinstance(value, list) else []:
+        if len(out) >= ACTIONS_MAX:
+            break
+        if not isinstance(a, dict) or a.get("action") not in ACTIONS \
+                or not isinstance(a.get("done"), bool):
+            continue
+        host = a.get("host")
+        out.append({"action": a["action"],
+                    "host": _text(host, LINE_MAX) if isinstance(host, str) else None,
+                    "check": _text(a.get("check"), 64), "at": _text(a.get("at"), 32),
+                    "why": _text(a.get("why"), DETAIL_MAX), "done": a["done"]})
+    return out
+
+
+def action(what, host, check, at, why, done):
+    """One entry of the audit of what torchfleet did, or would have, on its own (train.json's
+    `actions`, the ledger's): at in epoch seconds, written ISO 8601 UTC."""
+    return {"action": what, "host": host, "check": check,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)),
+            "why": _text(why, DETAIL_MAX), "done": bool(done)}
+
+
 def hardware_words(failure):
     """A hardware or OOM cause in words: the host, the device, the event and when (on the
     master's clock), the rank that died of it where one did, and what follows from it."""
@@ -527,6 +562,21 @@ def _judged(f):
             -1 if f["node_rank"] is None else f["node_rank"])
 
 
+def check_of(failure):
+    """The check id a failure of the judge's is reported under (decide(): run.exit, host.lost,
+    run.hang, run.hardware, run.oom, run.straggler, run.<reason> of a run-wide one)."""
+    reason = failure.get("reason")
+    if reason == LOST:
+        return "host.lost"
+    if reason == HANG:
+        return "run.hang"
+    if reason in HW_REASONS or reason == STRAGGLER:
+        return "run." + reason
+    if failure.get("host") is None and reason in RUN_WIDE:
+        return "run." + reason
+    return "run.exit"
+
+
 class RunState:
     def __init__(self, run_id, hosts, nproc_per_node, *, now=None,
                  join_timeout_s=defaults.JOIN_BASE_S,
@@ -536,7 +586,7 @@ class RunState:
                  straggler_window_s=defaults.default("straggler_window_s"),
                  straggler_threshold=defaults.default("straggler_threshold"),
                  straggler_action=defaults.default("straggler_action"), recording=True,
-                 checkpoint_dir=""):
+                 checkpoint_dir="", actions=defaults.default("actions")):
         self.run_id, self.nproc = run_id, int(nproc_per_node)
         self.started = time.time() if now is None else now
         self.updated = self.started
@@ -564,6 +614,11 @@ class RunState:
         self.straggle = straggle.Judge({h: tuple(r["ranks"]) for h, r in self.hosts.items()},
                                        straggler_window_s, straggler_threshold, recording)
         self.straggler_action = straggler_action
+        # actions=observe: the run's own stops judged, recorded, not done (OWN_STOPS); each
+        # (host, reason) once, its failure kept to explain a later one of the run's own.
+        self.observe = actions == OBSERVE
+        self.actions = []    # the audit: what torchfleet stopped the run for, or would have
+        self.observed = {}   # (host, reason) -> the failure observed, not done
         # Goodput's timeline: each rank's first collective (rank -> when, this clock), the
         # moment every rank had one; the moments some rank's completed collectives advanced
         # (sorted, one per ADVANCE_GAP_S, the newest ADVANCES_KEPT); the checkpoints seen.
@@ -922,8 +977,10 @@ class RunState:
                 else:
                     detail = ("no rank's collective advanced for %.0f s (hang_timeout_s) while "
                               "ranks wait in one" % (now - self.last_advance()))
-                return self.fail(None, HANG, now, detail, collective=found)
-        if elapsed > self.job_timeout_s:
+                hung = self.fail(None, HANG, now, detail, collective=found)
+                if hung is not None or not self.observe:
+                    return hung
+        if elapsed > self.job_timeout_s:  # (an observed hang still ends at its bound)
             return self.fail(None, TIMEOUT, now, "still running after job_timeout_s=%.0f"
                              % self.job_timeout_s)
         return self.stragglers(now)
@@ -973,6 +1030,17 @@ class RunState:
                  "waited": waited, "event": event}
         if stalled:
             entry["stalled"] = True
+        own = reason in OWN_STOPS and self.failure is None  # torchfleet's own decision
+        if own and self.observe:
+            if (host, reason) not in self.observed:
+                self.observed[(host, reason)] = entry
+                self.actions.append(self._stop_action(entry, now, done=False))
+            return None
+        if self.failure is None:
+            # A hardware cause observed (not acted on) before the run's own failure explains
+            # it as it would have (its rank died of it); a hang or a straggler it saw earlier
+            # may have passed, and is only the record's action.
+            self.failures.extend(e for (_h, r), e in self.observed.items() if r in HW_REASONS)
         if reason in HW_REASONS and self.failure is not None \
                 and entry["at_s"] - slack(entry) > self.failure["at_s"]:
             entry["late"] = True  # after the first failure (a hang's too): kept, not its cause
@@ -985,7 +1053,17 @@ class RunState:
         if self.failure["collective"] is None:  # where the ranks were when it was judged
             self.failure["collective"] = self.finding(now, self.failure["rank"])
         self.phase, self.updated = self.failure["reason"], now
+        if own and first_of_run:
+            self.actions.append(self._stop_action(entry, now, done=True))
         return entry if first_of_run else None
+
+    def _stop_action(self, entry, now, done):
+        """The audit's entry of a stop of the run's own (OWN_STOPS): its evidence is the
+        judge's detail, with the kernel's or NVML's line of a hardware cause."""
+        why = entry["detail"]
+        if entry.get("event") and entry["event"].get("line"):
+            why = "%s (%s)" % (why, entry["event"]["line"])
+        return action("stop", entry["host"], check_of(entry), now, why, done)
 
     def _culprit(self, found, waited, now):
         """A rank died waiting in a collective that another rank never joined: that rank (the
@@ -1044,6 +1122,7 @@ class RunState:
                 "stragglers": stragglers, "straggle": watch,
                 "checkpoints": [c if c["stall"] is not None else self._judged_stall(c)
                                 for c in self.checkpoints],
+                "actions": list(self.actions),
                 "checkpoint_watch": {"dir": self.checkpoint_watch["dir"],
                                      "warnings": list(self.checkpoint_watch["warnings"]),
                                      "blind": self.checkpoint_watch["blind"]},
