@@ -77,6 +77,8 @@ def test_observe_restarts_nothing_and_says_what_it_would_have_done():
     assert out["recheck"] is False and out["would"] is True
     assert out["why"] == ("not restarted: actions=observe (would have re-checked 2 "
                           "candidate(s) for a restart without n1)")
+    final = restart.after_recheck(out, {}, ["n0", "n1"], "host")  # attempt.yml's second call
+    assert (final["restart"], final["would"], final["why"]) == (False, True, out["why"])
 
 
 def test_observe_quarantines_nobody_and_keeps_what_it_would_have(tmp_path):
@@ -150,3 +152,21 @@ def test_a_records_actions_from_another_host_are_checked_never_raise(value):
         assert a["action"] in runstate.ACTIONS and isinstance(a["done"], bool)
         assert all(isinstance(a[k], str) for k in ("check", "at", "why"))
         json.dumps(a)
+
+
+def test_a_restart_is_audited_with_each_host_it_replaced_and_an_observed_one_as_not_done():
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import summary
+
+    record = {"updated": 1_900_000_000.0}
+    done = summary.restart_actions({"restart": True, "why": "n2 host.lost, replaced by n4",
+                                    "replaced": [{"host": "n2", "by": "n4",
+                                                  "reason": "host.lost"}]}, record)
+    assert [(a["action"], a["host"], a["why"], a["done"]) for a in done] == [
+        ("restart", None, "n2 host.lost, replaced by n4", True),
+        ("exclude", "n2", "host.lost, replaced by n4", True)]
+    assert done[0]["at"] == "2030-03-17T17:46:40Z"
+    would = summary.restart_actions({"restart": False, "would": True, "why": "not restarted: "
+                                     "actions=observe (would have ...)"}, record)
+    assert [(a["action"], a["done"]) for a in would] == [("restart", False)]
+    assert summary.restart_actions({"restart": False, "why": "max_restarts=1 used"},
+                                   record) == []

@@ -126,7 +126,8 @@ exclude:
 would:
   description: With O(actions=observe), true where a re-check for a restart would have been
     made (RV(why) says it).
-  returned: with actions=observe, when a restart would have been considered
+  returned: without plan when O(actions=observe) kept a restart from being considered; with
+    plan when there was no re-check
   type: bool
 left_out:
   description: The hosts this attempt left out, each with why (host.lost, host.not_started,

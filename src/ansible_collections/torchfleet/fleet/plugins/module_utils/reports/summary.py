@@ -490,8 +490,9 @@ def restart_actions(decision, record):
     if not decision.get("restart"):
         return []
     return [action("restart", None, "run.restart", at, why, True)] + [
-        action("exclude", r.get("host") if isinstance(r, dict) else str(r), "run.restart", at,
-               why, True) for r in _list(decision.get("replaced"))]
+        action("exclude", r.get("host"), "run.restart", at, "%s, replaced by %s" % (
+            r.get("reason"), r.get("by")), True)
+        for r in _list(decision.get("replaced")) if isinstance(r, dict)]
 
 
 # A record's time: a finite number, else none (the record comes from another host: a

@@ -178,8 +178,8 @@ def after_recheck(plan, recheck, hosts, restart_on):
     restart on the hosts it chose, or not, and why. hosts: the attempt's hosts in rank order."""
     cause = plan.get("cause") or {}
     no = {"restart": False, "hosts": [], "replaced": [], "why": ""}
-    if not plan.get("recheck"):
-        return dict(no, why=plan.get("why", ""))
+    if not plan.get("recheck"):  # (observe's would-be restart carried to the audit)
+        return dict(no, why=plan.get("why", ""), would=bool(plan.get("would")))
     skipped = (recheck.get("choice") or {}).get("skipped") or {}
     if recheck.get("retest"):
         first = plan["hosts"][0] if plan["hosts"] else "?"
