@@ -42,10 +42,12 @@ processes_of = run_processes
 
 
 def wait_until(predicate, timeout_s, interval_s=0.5):
+    """The predicate's first true answer within timeout_s, else its last (false) one."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
-        if predicate():
-            return True
+        got = predicate()
+        if got:
+            return got
         time.sleep(interval_s)
     return predicate()
 
