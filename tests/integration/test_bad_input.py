@@ -117,11 +117,14 @@ def test_every_bad_value_of_a_run_is_a_check_of_its_own_naming_it(tmp_path, name
     assert_no_host_touched(run)
 
 
-def test_nproc_per_node_larger_than_the_gpus(tmp_path):
-    run = playbook("train.yml", tmp_path, "-e", "backend=nccl", "-e", "nproc_per_node=4")
+def test_too_few_gpus_and_a_script_missing_on_the_hosts_start_nothing(tmp_path):
+    """What only the hosts can tell, both in one run: each host's probe reports every check."""
+    run = playbook("train.yml", tmp_path, "-e", "backend=nccl", "-e", "nproc_per_node=4",
+                   "-e", "script=%s" % (tmp_path / "nope.py"))
     assert run.rc != 0
-    assert ("gpu.count", "node0") in run.failing()
-    assert "Start torchrun" not in run.out
+    assert run.failing() == [("gpu.count", "node0"), ("gpu.count", "node1"),
+                             ("script.missing", "node0"), ("script.missing", "node1")]
+    assert "Start torchrun" not in run.out and not (tmp_path / "run" / "train.json").exists()
 
 
 def test_data_paths_not_a_list(tmp_path):
@@ -130,13 +133,6 @@ def test_data_paths_not_a_list(tmp_path):
     run = playbook("preflight.yml", tmp_path, "-e", json.dumps({"data_paths": {"a": 1}}))
     assert run.rc != 0 and "data_paths" in run.out and "list" in run.out
     assert_no_host_touched(run)
-
-
-def test_a_script_missing_on_the_hosts_starts_nothing(tmp_path):
-    run = playbook("train.yml", tmp_path, "-e", "script=%s" % (tmp_path / "nope.py"))
-    assert run.rc != 0
-    assert run.failing() == [("script.missing", "node0"), ("script.missing", "node1")]
-    assert "Start torchrun" not in run.out and not (tmp_path / "run" / "train.json").exists()
 
 
 @pytest.mark.parametrize("inventory_text", ["", "all:\n  children:\n    workers:\n      hosts:\n"
