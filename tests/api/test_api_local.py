@@ -1,11 +1,12 @@
 """torchfleet's Python API against the embedded default inventory, through real ansible-runner
 runs of the bundled playbooks (two nodes on this machine, gloo over loopback).
 
-A rank's exit status, cancel and detach run steps_notorch.py: the real torchrun starts it through
-the real agents, but it imports no torch (tests/fixtures/README.md), since only the control
-plane is under test. Ctrl-C keeps real torch ranks (rank 0 in a gloo barrier), and so does the
-collective; the other behaviours keep theirs in test_launch_local (a rank's exit: the cascade)
-and tests/lab (detach and attach: test_detach_lab's first test)."""
+A rank's exit status, Ctrl-C, cancel and detach run steps_notorch.py: the real torchrun starts it
+through the real agents, but it imports no torch (tests/fixtures/README.md), since only the
+control plane is under test. The collective keeps real torch ranks; the other behaviours keep
+theirs in test_launch_local (a rank's exit: the cascade; a stop from outside, as Ctrl-C's is:
+test_stop_during_a_run_..., ranks in a gloo all_reduce) and tests/lab (detach and attach:
+test_detach_lab's first test)."""
 from __future__ import annotations
 
 import json
@@ -187,7 +188,7 @@ TRAIN_THEN_REPORT = """
 import json, signal, sys, torchfleet
 signal.signal(signal.SIGINT, signal.default_int_handler)
 r = torchfleet.train(runs_root=sys.argv[1], run_id=sys.argv[2], master_port=int(sys.argv[3]),
-                     script=sys.argv[4])
+                     script=sys.argv[4], script_args=sys.argv[5:])
 print(json.dumps({"cancelled": r.cancelled, "ok": r.ok}))
 """
 
@@ -201,8 +202,9 @@ def test_ctrl_c_during_train_stops_torchrun_on_every_host_then_returns(runs_root
 
     run_id = "ctrl-c-%d" % os.getpid()
     progress = runs_root / run_id / "progress.jsonl"
+    # Ranks that step until stopped (a file never made).
     proc = subprocess.Popen([sys.executable, "-c", TRAIN_THEN_REPORT, str(runs_root), run_id,
-                             str(free_port()), str(FIXTURES / "scripts" / "hang_rank1.py")],
+                             str(free_port()), NOTORCH, "/nonexistent/torchfleet-never"],
                             stdout=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120

@@ -4,8 +4,9 @@ Where only the control plane is under test (a kill, the controller's lease, a ra
 rerun), the ranks run steps_notorch.py: the real torchrun starts it through the real agents, but
 it imports no torch (tests/fixtures/README.md). Real torch ranks stay where torch is the
 subject (the built-in workload, collectives, a cascade of broken connections, a hang's stacks
-and Flight Recorder) and in one test of each control-plane behaviour: a stop
-(test_stop_during_a_run_..., ranks in a gloo all_reduce), a rank's exit and fail-fast (the
+and Flight Recorder) and in one test of each control-plane behaviour: a stop from outside
+(test_stop_during_a_run_..., ranks in a gloo all_reduce; also Ctrl-C's, whose test in
+tests/api/test_api_local.py runs steps_notorch.py), a rank's exit and fail-fast (the
 cascade), a rerun in fork batches and its rank order (the rerun's second run, the built-in
 workload); a kill and the lease keep theirs in tests/lab (test_reliability_lab's killed agent,
 test_detach_lab's first test)."""

@@ -24,7 +24,7 @@ LABS = {  # module: (tag, nodes, with the non-root login)
     "test_isolate_lab": (5, 4, False),
     "test_reliability_lab": (6, 4, False),
     "test_detach_lab": (7, 4, False),
-    "test_hang_lab": (8, 4, False),
+    "test_hang_lab": (8, 3, False),  # (the OOM case: 2 nodes and a spare)
     "test_launch_lab": (9, 4, False),
     "test_guard_lab": (10, 4, False),
     "test_user_lab": (11, 4, True),

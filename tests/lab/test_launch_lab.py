@@ -1,6 +1,11 @@
 """train.yml across lab nodes over real SSH, torchrun over real TCP between distinct
 addresses, each node binding its own eth0. (collective.yml across two lab nodes is molecule's
-lab scenario, tests/scenarios.)"""
+lab scenario, tests/scenarios.)
+
+The built-in workload trains with real torch; a torchrun killed on one node runs
+steps_notorch.py (tests/fixtures/README.md): the kill, its report and fail-fast are the control
+plane's. A kill with torch ranks, whose peers lose their gloo connections, is
+test_reliability_lab's killed agent."""
 from __future__ import annotations
 
 import json
@@ -14,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.lab.conftest import runs_root
-from tests.conftest import run_processes, until_stopped
+from tests.conftest import FIXTURES, run_processes, until_stopped
 from tests.integration.playbook import BIN, ROOT, Run, playbook
 from lab import netns as labmod
 from torchfleet import ansible_cli
@@ -56,7 +61,7 @@ def test_torchrun_killed_on_one_node_stops_the_others(healthy_lab, tmp_path):
     started = time.time()
     proc = subprocess.Popen(
         [*ansible_cli.command("ansible-playbook"), "train.yml", "-i", str(healthy_lab.inventory),
-         "-e", "nnodes=2", *until_stopped(),
+         "-e", "nnodes=2", *until_stopped(FIXTURES / "scripts" / "steps_notorch.py"),
          "-e", "run_dir=%s" % (tmp_path / "run")],
         cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (BIN, os.environ["PATH"])),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

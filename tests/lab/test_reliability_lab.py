@@ -2,7 +2,7 @@
 torchrun holding the port. Each ends with no process of the run left on any node.
 
 Where only the control plane is under test (a cut, a kill, a freeze, the lease, Ctrl-C, a
-flood), the ranks run steps_notorch.py: the real torchrun starts it through the real agents, but
+flood, a start that fails), the ranks run steps_notorch.py: the real torchrun starts it through the real agents, but
 it imports no torch (tests/fixtures/README.md). Real torch ranks stay where their collectives
 are the subject: a cut host whose peers' collectives time out, a killed agent whose peers lose
 their gloo connections (a kill, with torch), a rank's own exit while its peers die of the broken
@@ -42,10 +42,12 @@ processes_of = run_processes
 
 
 def wait_until(predicate, timeout_s, interval_s=0.5):
+    """The predicate's first true answer within timeout_s, else its last (false) one."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
-        if predicate():
-            return True
+        got = predicate()
+        if got:
+            return got
         time.sleep(interval_s)
     return predicate()
 
@@ -378,7 +380,9 @@ def test_a_host_whose_start_task_fails_is_the_first_failure_with_ansibles_reason
         "/proc/torchfleet-no-async-dir"
     broken = tmp_path / "inventory.yml"
     broken.write_text(yaml.safe_dump(inventory))
-    run = playbook("train.yml", tmp_path, "-e", "nnodes=3", inventory=broken)
+    # (The others' ranks never start: their torchrun waits for node2's in the rendezvous.)
+    run = playbook("train.yml", tmp_path, "-e", "nnodes=3", *until_stopped(NOTORCH),
+                   inventory=broken)
     assert run.rc != 0
     report = run.report("train.json")
     failure = report["first_failure"]
