@@ -341,6 +341,10 @@ def test_a_failed_row_remapping_is_fatal_naming_the_gpu_and_a_pending_one_a_warn
     assert (before[0]["remap_failed"], after[0]["remap_failed"]) == (False, True)
     assert [(e["kind"], e["code"], e["fatal"]) for e in gpuwatch.changes(before, after)] == [
         ("remap", "failed", True)]
+    # The flag is sticky: set long ago, then one unread sample (None), then read again is no
+    # new fault (the review's repro: it killed the run and drained the host).
+    unread = {0: dict(after[0], remap_failed=None, remap_pending=None)}
+    assert gpuwatch.changes(after, unread) == [] and gpuwatch.changes(unread, after) == []
 
 
 # -- item 4: NVML never blocks the loop; a stuck driver is an event -----------------------------

@@ -200,12 +200,15 @@ def changes(before, after):
         if ecc is not None and ecc_was is not None and ecc > ecc_was:
             events.append(_event("ecc", ecc, gpu, now, "uncorrected ECC errors %d -> %d"
                                  % (ecc_was, ecc), True))
-        if now.get("remap_failed") and not was.get("remap_failed"):
-            # Sticky (it says a remapping ever failed): said once, when first seen.
+        if now.get("remap_failed") and was.get("remap_failed") is False:
+            # Sticky (it says a remapping ever failed): said once, when it turned, from a
+            # sample that read it false (an unread one, None, says nothing: the flag set long
+            # ago and read again after a failed read is no new fault; preflight's gpu.remap
+            # judges a flag already set).
             events.append(_event("remap", "failed", gpu, now, "row remapping failed (a row "
                                  "with an uncorrectable error could not be replaced): reset "
                                  "the GPU, and have it judged for RMA", True))
-        elif now.get("remap_pending") and not was.get("remap_pending"):
+        elif now.get("remap_pending") and was.get("remap_pending") is False:
             events.append(_event("remap", "pending", gpu, now, "remapped rows pending (a GPU "
                                  "reset applies them)", False))
         reasons = now.get("reasons")
