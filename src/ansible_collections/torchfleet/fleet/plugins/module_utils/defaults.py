@@ -105,7 +105,7 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
     (("straggler_threshold", "float", 0.05), dict(description=(
         "A rank or host is a straggler when the others wait for it, on average over the "
         "sampled collectives and beyond chance, at least this fraction of the interval between "
-        "collectives (median)."))),
+        "its group's collectives (their mean spacing)."))),
     (("straggler_action", "str", "warn"), dict(choices=("warn", "restart"), description=(
         "warn names a straggler in status, progress and the report; restart also ends the "
         "attempt (run.straggler) and starts the run again without its host (max_restarts, "

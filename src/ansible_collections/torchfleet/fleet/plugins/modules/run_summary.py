@@ -207,7 +207,7 @@ hardware_dropped:
 stragglers:
   description: Each rank or host the others waited for, as the master named it during the
     run, host, ranks, late_ms_mean (the others' mean wait for it at a sampled collective, what
-    named it), interval_ms (the interval its mean lateness is a share of, the median interval
+    named it), interval_ms (the interval its mean lateness is a share of, the mean interval
     between the collectives of its own process groups), share_last (the fraction
     of sampled collectives it was late at beyond the clocks' uncertainties), late_ms_median
     (the others' median wait for it), first_seen and last_seen (ISO 8601 UTC).

@@ -202,7 +202,7 @@ options:
     default: 30
   straggler_threshold:
     description: A rank last to arrive at half the sampled collectives or more is a
-      straggler when the others wait for it at least this fraction of the median interval
+      straggler when the others wait for it at least this fraction of the mean interval
       between collectives.
     type: float
     default: 0.05

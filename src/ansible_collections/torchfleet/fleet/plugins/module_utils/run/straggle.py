@@ -37,7 +37,7 @@ the same error at every collective), is above zero at odds below ALPHA were it n
 the others (a z test of the paired latenesses, the bound shared among every rank and host
 judged; with two hosts either is the later half the time, and the mean is what the run
 loses), and the mean lateness is at least straggler_threshold of the interval between
-collectives: each lateness a share of its own group's median interval (a tensor-parallel group
+collectives: each lateness a share of its own group's interval (its mean spacing) (a tensor-parallel group
 at a collective a millisecond and a data-parallel group at one in 50 ms each weigh it against
 their own rate; one interval for all made 0.3 ms at each data-parallel collective "30 % of the
 run's time"). The mean, not the median or a share of times late: a host whose CPU is capped
@@ -407,7 +407,7 @@ def window(keys, size, host_of):
     """What a window's complete collectives say (the newest of each group, JUDGE_ARRIVALS
     arrivals at most: a busy group does not crowd out the others): per rank and per host, its
     lateness against the others (their median) at each, and beyond the uncertainties, with
-    the interval of that collective's own group (the median interval between its collectives,
+    the interval of that collective's own group (the mean spacing of its collectives over the window,
     each rank's on its own clock): a tensor-parallel group at a collective a millisecond and
     a data-parallel one at one in 50 ms each weigh a lateness against their own rate (one
     interval for all, the busiest group's, made 0.3 ms at each data-parallel collective
@@ -611,7 +611,7 @@ ENTRY = ("host", "ranks", "share_last", "late_ms_median", "late_ms_mean", "inter
 def _entry(host, ranks, t):
     """A straggler's record entry. interval_ms: the interval its mean lateness is a share of,
     that share being the mean of each lateness over its own group's interval (one group's:
-    that group's median interval; a rank late in a tensor-parallel group and in a
+    that group's mean interval; a rank late in a tensor-parallel group and in a
     data-parallel one weighs each by its own), so that late_ms_mean / interval_ms is what
     words() says it costs."""
     waits = [x[0] for x in t]
