@@ -455,11 +455,13 @@ def test_a_health_check_fewer_than_half_fail_singles_them_out(tmp_path):
     fleet.close()
 
 
-@pytest.mark.parametrize(("group", "fraction", "limit"), [
-    (8, 0.1, 1), (10, 0.1, 1), (20, 0.1, 2), (512, 0.1, 51), (8, 0.5, 4), (8, 1.0, 8),
-    (8, 0.0, 1), (0, 0.1, 1)])
-def test_the_breaker_allows_its_fraction_of_the_group_and_at_least_one(group, fraction, limit):
+@pytest.mark.parametrize(("group", "fraction", "limit", "drains"), [
+    (8, 0.1, 1, 1), (10, 0.1, 1, 1), (20, 0.1, 2, 2), (512, 0.1, 51, 51), (8, 0.5, 4, 4),
+    (8, 1.0, 8, 8), (8, 0.0, 1, 1), (2, 0.1, 1, 1), (1, 0.1, 0, 1), (0, 0.1, 0, 1)])
+def test_the_breaker_allows_its_fraction_of_the_group_at_least_one_never_the_whole(
+        group, fraction, limit, drains):
     assert ledger.breaker_limit(group, fraction) == limit
+    assert ledger.breaker_limit(group, fraction, whole=True) == drains
 
 
 def test_past_its_fraction_the_breaker_quarantines_none_and_says_so_once(fleet):
@@ -493,7 +495,9 @@ def test_the_breaker_counts_the_quarantines_the_ledger_holds_not_those_by_hand(f
                                now=T0 + 100 + i)
     held = {h for h, v in fleet.health(EIGHT, now=T0 + 200).items() if v["quarantined_until"]}
     assert held == {EIGHT[7], EIGHT[6]}
-    assert "1 host (gpu0) of 8 would be quarantined beside 1 already" in fleet.breaker
+    assert [e["what"][:68] for e in fleet.events(now=T0 + 200)
+            if e["check"] == ledger.BREAKER_CHECK] == [
+        "fleet-wide cause suspected: 1 host (gpu0) of 8 would be quarantined beside 1 already"[:68]]
 
 
 @pytest.mark.parametrize(("failed_by", "checked", "shared"), [
@@ -667,3 +671,49 @@ def test_two_controllers_adding_to_one_host_at_once_quarantine_it_once(tmp_path)
     fleet = ledger.Fleet("fleet.db", str(tmp_path))
     held = fleet.health(["node3"], now=T0 + 60)["node3"]
     assert held["quarantined_until"] is not None and held["score"] == pytest.approx(3.0, abs=0.01)
+
+
+def test_the_breaker_counts_the_whole_pool_not_only_the_reports_hosts(fleet):
+    """The review's repro: 8-host runs drawn from a 16-host pool, each run's first host with
+    an Xid 79 in two runs. A host quarantined is left out of the next run, so counting only
+    the report's hosts never tripped (6 of 16 quarantined in 6 h). The pool is the hosts the
+    ledger saw in quarantine_h: one quarantine (16 x 0.1), then the breaker holds."""
+    pool = ["n%02d" % i for i in range(16)]
+    fleet.record_run(train("seen", hosts=pool), now=T0 - 60)  # the pool, all seen once
+    held = []
+    for k in range(4):
+        group = [h for h in pool if h not in held][:8]
+        xid = [{"host": group[0], "kind": "xid", "code": 79, "fatal": True, "line": "Xid 79"}]
+        for j in range(2):
+            held += [q["host"] for q in fleet.record_run(
+                train("r%d-%d" % (k, j), group[0], reason="hardware", hardware=xid,
+                      hosts=group), now=T0 + k * H + j * 60)]
+    assert held == ["n00"]
+    assert "would be quarantined beside 1 already" in fleet.breaker and "of 16" in fleet.breaker
+
+
+def test_a_tripped_breaker_leaves_no_strike_for_the_next_small_incident_to_finish(fleet):
+    """The review's repro: 5 of 16 hosts failing gpu.driver in six preflights (a driver
+    roll-out) tripped the breaker but kept their strikes (2.99 each): one straggler note later
+    quarantined one. Past the breaker the report's incidents of those hosts weigh nothing."""
+    hosts = ["g%02d" % i for i in range(16)]
+    for i in range(6):
+        assert fleet.record_preflight({"run_id": "p%d" % i, "hosts": [{"host": h} for h in hosts],
+                                       "checks": [{"id": "gpu.driver", "host": h, "ok": False,
+                                                   "severity": "error"} for h in hosts[:5]]},
+                                      now=T0 + i * 600) == []
+    assert fleet.breaker
+    assert all(v["score"] == 0.0 for v in fleet.health(hosts[:5], now=T0 + 3700).values())
+    out = fleet.record_run(train("r1", hosts=["g00"] + hosts[8:15],
+                                 stragglers=[{"host": "g00"}]), now=T0 + 3800)
+    assert out == []
+
+
+def test_a_fleet_of_one_host_is_never_quarantined_on_its_own(fleet):
+    """The review's repro: six one-host preflights with a wrong nproc_per_node (gpu.count)
+    quarantined `solo`: with one host nothing tells its fault from a shared cause."""
+    for i in range(6):
+        assert fleet.record_preflight(gpu_count_preflight("p%d" % i, hosts=["solo"],
+                                                          failing=["solo"]),
+                                      now=T0 + i * 600) == []
+    assert not fleet.health(["solo"], now=T0 + 3700)["solo"]["quarantined_until"]

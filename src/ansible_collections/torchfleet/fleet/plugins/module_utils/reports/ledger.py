@@ -155,13 +155,20 @@ def shared(failed_by, checked):
     return failed_by >= SHARED_MIN and failed_by * 2 >= checked
 
 
-def breaker_limit(group_size, fraction):
+def breaker_limit(group_size, fraction, whole=False):
     """How many of a group's `group_size` hosts torchfleet may quarantine or drain on its own
     (within quarantine_h): quarantine_max_fraction of them, rounded down, at least one; a
-    fraction of 1 or more never trips."""
+    fraction of 1 or more, all (the breaker off). A quarantine never takes the whole group (a
+    fleet of one host is never quarantined on its own: nothing tells its fault from a shared
+    cause); a drain may (`whole`: one run's hosts are not the fleet, and a host whose GPU
+    fell off the bus is drained alone)."""
     fraction = finite(fraction)
     fraction = defaults.default("quarantine_max_fraction") if fraction is None else fraction
-    return max(1, int(math.floor(max(int(group_size), 0) * max(fraction, 0.0) + 1e-9)))
+    size = max(int(group_size), 0)
+    if fraction >= 1:
+        return size
+    limit = max(1, int(math.floor(size * max(fraction, 0.0) + 1e-9)))
+    return limit if whole else min(limit, max(size - 1, 0))
 
 
 def breaker_words(hosts, group_size, fraction, verb, held=0):
@@ -479,7 +486,8 @@ class Fleet(ledger_store.Store):
                         AUTO_REASON, score, self.quarantine_score, history)
                     out.append({"host": host, "until": at + self.quarantine_s,
                                 "reason": reason})
-            if out and (self.observe or self._trips(conn, hosts, out, run_id, phase, at)):
+            # The breaker is judged in observe too: the audit says what it would have held.
+            if out and (self._trips(conn, hosts, out, run_id, phase, at, rows) or self.observe):
                 self.would = out
                 return []
             for q in out:
@@ -487,17 +495,28 @@ class Fleet(ledger_store.Store):
                           reason=q["reason"][:TEXT_MAX])
             return out
 
-    def _trips(self, conn, group, newly, run_id, phase, at):
-        """The circuit breaker, inside the decision's transaction: the report's hosts held in
-        the ledger's own quarantine now, with those it would add, past breaker_limit of the
-        group: none is quarantined, and one fleet event says so."""
-        held = {h for h, st in host_states(conn, group).items()
+    def _trips(self, conn, group, newly, run_id, phase, at, rows):
+        """The circuit breaker, inside the decision's transaction: every host held in the
+        ledger's own quarantine now (not only this report's: the hosts a quarantine left out
+        of the next run still count), with those it would add, past breaker_limit of the
+        group, the hosts the ledger saw in the last quarantine_h with this report's. Past it
+        none is quarantined; those hosts' incidents of this report's checks in the last
+        HISTORY_S weigh nothing from now on (the shared cause's, as under the evidence rule: a
+        driver roll-out's strikes would otherwise wait for any small incident to finish the
+        quarantine), and one fleet event says so."""
+        held = {h for h, st in host_states(conn).items()
                 if (st.get("quarantined_until") or 0.0) > at
                 and str(st.get("reason") or "").startswith(AUTO_REASON)}
+        seen = set(group) | set(runs_since(conn, at - max(self.quarantine_s, 3600.0)))
         would = held | {q["host"] for q in newly}
-        if len(would) <= breaker_limit(len(group), self.max_fraction):
+        if len(would) <= breaker_limit(len(seen), self.max_fraction):
             return False
-        self.breaker = breaker_words([q["host"] for q in newly], len(group),
+        named = [q["host"] for q in newly]
+        checks = sorted({r["check_id"] for r in rows if r["host"] in named and r["weight"] > 0})
+        conn.execute(INCIDENTS.update().where(
+            INCIDENTS.c.host.in_(named), INCIDENTS.c.check_id.in_(checks),
+            INCIDENTS.c.at >= at - HISTORY_S).values(weight=0.0))
+        self.breaker = breaker_words([q["host"] for q in newly], len(seen),
                                      self.max_fraction, "quarantined",
                                      len(held - {q["host"] for q in newly}))
         event = {"attempt": -1, "check": BREAKER_CHECK,  # (the report's, no attempt's)

@@ -810,6 +810,6 @@ def drain_breaker(drain, hosts, fraction):
     `hosts` (a shared cause: a rack's power, a driver roll-out) are drained none of them.
     Returns (the drains to do, the breaker's sentence or "")."""
     named = sorted({d["host"] for d in drain})
-    if len(named) <= ledger.breaker_limit(len(hosts), fraction):
+    if len(named) <= ledger.breaker_limit(len(hosts), fraction, whole=True):
         return drain, ""
     return [], ledger.breaker_words(named, len(hosts), fraction, "drained")
