@@ -687,3 +687,15 @@ def test_any_text_after_the_shapes_these_parsers_read_never_raises(lines, code):
         kind, meaning = xid.classify(code, rest)
         assert kind in ("drain", "application", "warning", "unknown") and meaning
     assert isinstance(xid.parse_xids("\n".join(s + r for s, r in lines)), list)
+
+
+@pytest.mark.parametrize("severity, fatal", [(2, True), (3, True), (4, False), (5, False)])
+def test_an_mlx5_health_issue_is_judged_by_the_severity_the_firmware_gave_it(severity, fatal):
+    """health.c's print_health_info (5.16+) names the syndrome and the firmware's severity as a
+    log level: "firmware internal error, severity(4) WARNING" is a warning, not the HCA's
+    death (the review's repro: "internal error" alone made it fatal and drained the host)."""
+    level = {2: "CRITICAL", 3: "ERROR", 4: "WARNING", 5: "NOTICE"}[severity]
+    line = ("mlx5_core 0000:19:00.0: print_health_info:431:(pid 0): Health issue observed, "
+            "firmware internal error, severity(%d) %s:" % (severity, level))
+    event = kmsg.parse(line)
+    assert (event["kind"], event["fatal"], event["pci_bus"]) == ("mlx5", fatal, "0000:19:00.0")

@@ -107,6 +107,10 @@ _AMD_RAS = re.compile(r"([0-9]+) (uncorrectable|correctable) hardware errors det
 _MLX5_FATAL = re.compile(r"health compromised|internal error|unrecoverable|Cable unplugged|"
                          r"PCI (?:error|slot)|device is in error state|fatal", re.I)
 _MLX5_LINK = re.compile(r"Link down|Link DOWN")
+# health.c's print_health_info (5.16+): "Health issue observed, <syndrome>, severity(N) <LEVEL>:"
+# with the firmware's severity as a kernel log level; a syndrome of WARNING (4) or milder is
+# the firmware telling, not the HCA failing (its name may still say "internal error").
+_MLX5_SEVERITY = re.compile(r"Health issue observed, .{0,80}?severity\(([0-9])\)")
 # cmd.c: a firmware command's failed answer (mlx5_cmd_out_err, before 5.x mlx5_cmd_check).
 _MLX5_CMD = re.compile(r"^\s*mlx5_cmd_(?:out_err|check):[0-9]{1,6}:")
 _SXID = re.compile(r"(nvidia-nvswitch[0-9]{1,3}): SXid \(PCI:(" + _BDF + r")\): ([0-9]{1,6}), "
@@ -286,6 +290,10 @@ def _mlx5(msg):
     text = msg[named.end():] if named else msg
     if "AER:" in text or _AER_DETAIL.match(text) or _MLX5_CMD.match(text):
         return None  # an AER block's detail (its severity line is judged), a command's answer
+    mild = _MLX5_SEVERITY.search(text)
+    if mild and int(mild.group(1)) >= 4:
+        return {"kind": "mlx5", "code": "health", "pci_bus": bus, "fatal": False,
+                "what": "mlx5 NIC: %s" % text.strip()[:120]}
     if _MLX5_FATAL.search(text):
         return {"kind": "mlx5", "code": "cable" if "Cable unplugged" in text else "health",
                 "pci_bus": bus, "fatal": True,
