@@ -138,15 +138,23 @@ def test_a_quarantined_host_is_left_out_with_a_warning_and_its_history(tmp_path,
     assert report["fleet"]["n1"]["quarantined_until"] == "2030-03-18T16:46:40Z"  # 24 h from its start
 
 
-def test_observe_leaves_out_no_quarantined_host_and_its_check_still_says_it(tmp_path,
-                                                                           monkeypatch):
+def test_observe_leaves_out_no_host_the_ledger_quarantined_but_honours_one_by_hand(
+        tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHFLEET_LEDGER_NOW", repr(NOW))
-    fleet_of(tmp_path).quarantine("n1", 24, "culprit of 3 failures", now=NOW - 3600)
-    result = preflight_decide(dict(preflight_params(tmp_path), actions="observe"))
-    assert result["ok"], result["table"]
-    assert [n["host"] for n in result["nodes"]] == ["n0", "n1", "n2", "n3"]
-    held = [c for c in result["checks"] if c["id"] == "host.quarantined"]
-    assert [(c["host"], c["severity"]) for c in held] == [("n1", "warning")]
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger
+    fleet = fleet_of(tmp_path)
+    fleet.quarantine("n1", 24, ledger.AUTO_REASON + "2.99 >= quarantine_score 2.5: lost x3",
+                     now=NOW - 3600)
+    fleet.quarantine("n2", 24, "bad fan, replaced Tuesday", now=NOW - 3600)
+    fleet.close()
+    for strict in ("warn", "strict"):
+        result = preflight_decide(dict(preflight_params(tmp_path), actions="observe",
+                                       quarantine=strict))
+        assert result["ok"], result["table"]  # strict refuses nothing torchfleet decided
+        assert [n["host"] for n in result["nodes"]] == ["n0", "n1", "n3", "n4"]
+        held = [c for c in result["checks"] if c["id"] == "host.quarantined"]
+        assert sorted((c["host"], c["severity"]) for c in held) == [
+            ("n1", "warning"), ("n2", "warning")]
 
 
 def test_a_restarts_recheck_reads_the_ledger_of_the_runs_root_and_writes_nothing(tmp_path,

@@ -170,3 +170,14 @@ def test_a_restart_is_audited_with_each_host_it_replaced_and_an_observed_one_as_
     assert [(a["action"], a["done"]) for a in would] == [("restart", False)]
     assert summary.restart_actions({"restart": False, "why": "max_restarts=1 used"},
                                    record) == []
+
+
+def test_a_lost_host_is_an_audited_stop_in_either_mode():
+    for actions in ("enforce", "observe"):
+        s = state(actions=actions)
+        all_beat(s, 1001)
+        for h in ("node0", "node2"):
+            s.beat(h, 1040, alive=2, idle_s=0.0, last_line="step", pid=1)
+        assert s.tick(1040)["reason"] == runstate.LOST
+        assert [(a["action"], a["host"], a["check"], a["done"]) for a in s.record()["actions"]] \
+            == [("stop", "node1", "host.lost", True)]

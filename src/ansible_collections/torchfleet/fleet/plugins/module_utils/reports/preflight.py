@@ -610,6 +610,7 @@ def decide(params):
                                     + hosts))
     health = memory.health(fleet, candidates, now) if hosts else {}
     held = memory.quarantined(health, now)
+    observe = params["actions"] == "observe"
 
     def judge(chosen, master=None):
         return evaluate(chosen, nnodes, params["inventory_size"], params["probes"],
@@ -621,11 +622,13 @@ def decide(params):
     choice = None
     used = hosts
     if params["spares"] > 0 and hosts:
-        # actions=observe leaves out no host for its quarantine (its check still says it).
+        # actions=observe leaves out no host for a quarantine of the ledger's own (its check
+        # still says it); one made by hand is the user's, and honoured.
         chosen, skipped, retest = spares.choose(
             hosts, nnodes, checks, params["master"],
             {h: v.get("score") or 0.0 for h, v in health.items()},
-            {} if params["actions"] == "observe" else held)
+            {h: v for h, v in held.items() if not str(v.get("reason") or "").startswith(
+                ledger.AUTO_REASON)} if observe else held)
         choice = {"candidates": hosts, "chosen": chosen, "skipped": skipped}
         used = chosen
         if len(chosen) < nnodes:
@@ -644,7 +647,7 @@ def decide(params):
             checks, nodes, resolved = judge(chosen)
             checks = checks + others
     checks = checks + params["skipped"] + memory.quarantine_checks(
-        used, [], health, now, params["quarantine"] == "strict")
+        used, [], health, now, params["quarantine"] == "strict" and not observe)
     choice = choice or params["choice"]
     newly = []
     if params["run_dir"] and params["ledger_record"]:

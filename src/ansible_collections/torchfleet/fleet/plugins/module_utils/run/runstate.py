@@ -1053,7 +1053,10 @@ class RunState:
         if self.failure["collective"] is None:  # where the ranks were when it was judged
             self.failure["collective"] = self.finding(now, self.failure["rank"])
         self.phase, self.updated = self.failure["reason"], now
-        if own and first_of_run:
+        if first_of_run and (own or reason == LOST):
+            # A host lost (heartbeats stopped) is torchfleet's inference too: audited, and done
+            # in observe as well (its ranks are gone or frozen; its peers would wait in their
+            # collective until NCCL's own timeout, half an hour later).
             self.actions.append(self._stop_action(entry, now, done=True))
         return entry if first_of_run else None
 
