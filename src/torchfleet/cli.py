@@ -103,8 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("hosts", help="the fleet's ledger per host: runs, incidents by kind, "
                        "score, quarantine and the last incident; release HOST ends a "
                        "quarantine, quarantine HOST --hours N starts one")
-    p.add_argument("action", nargs="?", choices=("release", "quarantine"),
-                   help="release HOST or quarantine HOST --hours N (default: list the hosts)")
+    p.add_argument("action", nargs="?", metavar="HOST|release|quarantine",
+                   help="HOST: its incidents and what torchfleet did to it (the audit); "
+                   "release HOST or quarantine HOST --hours N (default: list the hosts)")
     p.add_argument("host", nargs="?", help="the host to release or quarantine")
     p.add_argument("--hours", type=float, help="how long a quarantine by hand lasts")
     p.add_argument("--reason", default="", help="why (the quarantine's reason)")
@@ -352,10 +353,16 @@ def goodput_command(args: argparse.Namespace) -> int:
 def hosts_command(args: argparse.Namespace) -> int:
     """torchfleet hosts [release HOST | quarantine HOST --hours N]: a ledger that cannot be
     used is an error here (it is what was asked for), never in a run."""
+    if args.action not in (None, "release", "quarantine"):  # torchfleet hosts HOST
+        args.action, args.host, shown = ("show" if args.host is None else "bad"), \
+            args.action, args.host
     where = "torchfleet hosts" + (" " + args.action if args.action else "")
     try:
+        if args.action == "bad":
+            raise ValueError("give HOST alone, release HOST or quarantine HOST --hours N "
+                             "(not %s)" % shown)
         since_s = parse_since(args.since) if args.since is not None else None
-        if args.action and not args.host:
+        if args.action in ("release", "quarantine") and not args.host:
             raise ValueError("%s takes the host's name" % args.action)
         if args.action == "quarantine" and not (args.hours and args.hours > 0):
             raise ValueError("quarantine takes --hours N (N > 0)")
@@ -365,10 +372,11 @@ def hosts_command(args: argparse.Namespace) -> int:
         print("%s: %s" % (where, exc), file=sys.stderr)
         return ERROR
     root = str(api._runs_root(args.runs_root))
-    if not args.action and hosts_cli.missing(args.fleet_db, root):
+    if args.action in (None, "show") and hosts_cli.missing(args.fleet_db, root):
         print(hosts_cli.as_json([]) if args.json else hosts_cli.missing(args.fleet_db, root))
         return OK
-    fleet = hosts_cli.open_fleet(args.fleet_db, root, create=bool(args.action))
+    fleet = hosts_cli.open_fleet(args.fleet_db, root,
+                                 create=args.action in ("release", "quarantine"))
     try:
         if args.action == "release":
             done = fleet.release(args.host)
@@ -378,6 +386,13 @@ def hosts_command(args: argparse.Namespace) -> int:
                                     "(torchfleet hosts quarantine)")
             until = fleet.health([args.host])[args.host]["quarantined_until"]
             said = "%s quarantined until %s" % (args.host, hosts_cli.ledger.iso(until))
+        elif args.action == "show":
+            row = next((h for h in fleet.hosts(since_s=since_s) if h["host"] == args.host),
+                       None)
+            history = fleet.history(args.host, since_s=since_s)
+            done = not fleet.warnings
+            said = json.dumps(dict(history, host=args.host, row=row), indent=2) if args.json \
+                else hosts_cli.host_text(args.host, row, history)
         else:
             listed = fleet.hosts(since_s=since_s)
             done = not fleet.warnings

@@ -59,6 +59,28 @@ def hosts_text(listed: list[dict[str, Any]], where: str, since_s: float | None,
     return "\n".join(lines)
 
 
+def host_text(host: str, row: dict[str, Any] | None, history: dict[str, Any]) -> str:
+    """`torchfleet hosts HOST`: the host's line of the table, its incidents and what
+    torchfleet did to it on its own, or would have (the audit), newest first."""
+    if row is None and not history["incidents"] and not history["actions"]:
+        return "%s: nothing in the fleet's ledger" % host
+    lines = ["%s: score %.2f, %s" % (host, (row or {}).get("score") or 0.0, (
+        "quarantined until %s (%s)" % (row["quarantined_until"], row["reason"])
+        if row and row["quarantined_until"] else "not quarantined"))]
+    if row and row.get("history"):
+        lines.append(row["history"])
+    lines.append("incidents:" if history["incidents"] else "incidents: none")
+    lines += ["  %s %s attempt %d: %s %s (weighs %g)" % (
+        i["at"], i["run_id"], i["attempt"], i["kind"], i["detail"], i["weight"])
+        for i in history["incidents"]]
+    lines.append("actions (what torchfleet did on its own; not done: observe or the breaker):"
+                 if history["actions"] else "actions: none")
+    lines += ["  %s %s: %s %s (%s): %s" % (
+        a["at"], a["run_id"], a["action"], "done" if a["done"] else "not done", a["check"],
+        a["why"]) for a in history["actions"]]
+    return "\n".join(lines)
+
+
 def events_text(events: list[dict[str, Any]]) -> str:
     """The failures most hosts shared, newest first: no strike against any host."""
     return "\n".join(["fleet events (a shared cause, no strike against any host):"] + [

@@ -185,4 +185,11 @@ def test_a_hostile_report_is_stored_safely_on_both_engines(fleet_db, tmp_path):
     assert host["host"].startswith("node\\ud800xxx") and len(host["host"]) <= 255
     assert host["incidents"]["culprit"] == 1 and host["incidents"]["lost"] == 1
     assert fleet.health([host["host"]], now=T0)[host["host"]]["score"] > 0
+    # The audit (schema version 3), from the same hostile bytes: a kernel line is a host's.
+    assert fleet.record_actions("r1", "train", [
+        {"action": "stop", "host": odd, "check": "run.hardware\x00", "at": "garbage",
+         "why": "NVRM: Xid \x00\ud800" + "y" * 900, "done": True}, "not a dict"], now=T0)
+    (act,) = fleet.history(host["host"], now=T0)["actions"]
+    assert act["done"] is True and len(act["why"]) <= 500 and "\x00" not in act["why"]
+    assert fleet.warnings == []
     fleet.close()

@@ -256,6 +256,7 @@ def test_a_version_1_ledger_gains_the_fleet_events_and_keeps_its_rows(fleet, tmp
     fleet.close()
     db = sqlite3.connect(tmp_path / "fleet.db")  # as torchfleet before issue 65 left it
     db.execute("DROP TABLE ledger_events")
+    db.execute("DROP TABLE ledger_actions")
     db.execute("UPDATE ledger_meta SET value='1' WHERE key='schema_version'")
     db.commit()
     db.close()
@@ -263,6 +264,14 @@ def test_a_version_1_ledger_gains_the_fleet_events_and_keeps_its_rows(fleet, tmp
     assert again.record_preflight(gpu_count_preflight("p1"), now=T0) == []
     assert [e["check"] for e in again.events(now=T0)] == ["gpu.count"]
     assert {h["host"]: h["score"] for h in again.hosts(now=T0)}["node3"] == 1.0
+    # version 3's audit table too: an action recorded twice (the finisher, an attach) is one
+    audit = [{"action": "stop", "host": "node3", "check": "run.hardware",
+              "at": ledger.iso(T0), "why": "Xid 79", "done": True}]
+    assert again.record_actions("r1", "train", audit, now=T0)
+    assert again.record_actions("r1", "train", audit, now=T0)
+    assert again.history("node3", now=T0)["actions"] == [
+        {"run_id": "r1", "action": "stop", "check": "run.hardware", "why": "Xid 79",
+         "done": True, "at": ledger.iso(T0)}]
     assert again.warnings == []
 
 

@@ -4,6 +4,7 @@ each would-be action is listed with done false. A rank's own death still ends th
 from __future__ import annotations
 
 import json
+import time
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -100,15 +101,16 @@ def test_the_audit_and_the_verdict_of_an_observed_run(tmp_path, capsys):
     from tests.unit.modules import run_module
 
     hosts = ["n0", "n1", "n2", "n3"]
-    s = runstate.RunState("obs", hosts, 1, now=100.0, hang_timeout_s=600, actions="observe")
+    t0 = time.time() - 60  # (the ledger's history reads the last 20 half-lives)
+    s = runstate.RunState("obs", hosts, 1, now=t0, hang_timeout_s=600, actions="observe")
     for h in hosts:
-        beat(s, h, 101.0, [])
-    beat(s, "n2", 102.0, [xid79()])
-    s.exited("n2", 110.0, 1, root_cause={"rank": 2, "exitcode": 1})
+        beat(s, h, t0 + 1, [])
+    beat(s, "n2", t0 + 2, [xid79()])
+    s.exited("n2", t0 + 10, 1, root_cause={"rank": 2, "exitcode": 1})
     end = run_module(run_summary, {
         "kind": "train", "run_id": "obs", "hosts": hosts, "state": s.record(),
         "world_size": 4, "settings": {"nproc_per_node": 1}, "expect_results": False,
-        "run_dir": str(tmp_path / "runs" / "obs"), "fleet_db": "", "slurm_drain": True,
+        "run_dir": str(tmp_path / "runs" / "obs"), "fleet_db": "fleet.db", "slurm_drain": True,
         "actions": "observe"}, capsys)
     assert end["drain"] == []
     assert [(a["action"], a["host"], a["check"], a["done"]) for a in end["actions"]] == [
@@ -117,6 +119,17 @@ def test_the_audit_and_the_verdict_of_an_observed_run(tmp_path, capsys):
         in end["verdict"]
     report = json.loads((tmp_path / "runs" / "obs" / "train.json").read_text())
     assert report["actions"] == end["actions"] and report["verdict"] == end["verdict"]
+    # The same audit in the ledger, and `torchfleet hosts n2` prints it.
+    from torchfleet import cli
+    fleet = ledger.Fleet("fleet.db", str(tmp_path / "runs"))
+    assert sorted((a["action"], a["check"], a["done"]) for a in fleet.history("n2")["actions"]) \
+        == [("drain", "run.hardware", False), ("stop", "run.hardware", False)]
+    fleet.close()
+    assert cli.main(["hosts", "n2", "--runs-root", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "obs: stop not done (run.hardware): " in out and "Xid 79" in out
+    assert "obs: drain not done (run.hardware)" in out
+    assert cli.main(["hosts", "n2", "extra", "--runs-root", str(tmp_path / "runs")]) == 2
 
 
 def test_an_enforced_run_audits_its_stop_and_drain_as_done(tmp_path, capsys):

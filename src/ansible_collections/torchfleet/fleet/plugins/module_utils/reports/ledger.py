@@ -25,8 +25,9 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger_store
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.goodput import finite
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.ledger_store import (
-    INCIDENTS, TEXT_MAX, _bulk, _count, _set_host, _text, _took_part, add_events, events_since,
-    host_states, incident_rows, kinds_since, lock_decisions, newest_incidents, runs_since)
+    INCIDENTS, TEXT_MAX, _bulk, _count, _set_host, _text, _took_part, actions_of, add_actions,
+    add_events, events_since, host_states, incident_rows, kinds_since, lock_decisions,
+    newest_incidents, runs_since)
 
 CHECK_ID = "fleet.ledger"
 NOW_ENV = "TORCHFLEET_LEDGER_NOW"
@@ -525,6 +526,46 @@ class Fleet(ledger_store.Store):
         add_events(conn, run_id, phase, [event])
         self.shared.append(event)
         return True
+
+    def record_actions(self, run_id, phase, actions, now=None):
+        """The report's audit (train.json's `actions`, already checked: runstate's
+        checked_actions and action()), each dated by its own `at` (ISO 8601; the report's time
+        where it has none). True when written."""
+        run_id, at = _text(run_id), _clock(now)
+        # (Stored as given, bounded, NUL and surrogates made safe: a kernel line is a host's.)
+        rows = [{"action": _text(a.get("action"), 16), "host": _text(a.get("host")) or "",
+                 "check": _text(a.get("check"), 64), "why": _text(a.get("why"), TEXT_MAX),
+                 "done": a.get("done") is True, "at": _epoch(a.get("at")) or at}
+                for a in actions if isinstance(a, dict)]
+        if not run_id or not rows:
+            return False
+
+        def write():
+            with self._write() as conn:
+                add_actions(conn, run_id, _text(phase, 16) or "train", rows)
+            return True
+        return self._guard(write, False)
+
+    def history(self, host, since_s=None, now=None, limit=EVENTS_MAX):
+        """One host's history, newest first: {"incidents": [{"run_id", "phase", "attempt",
+        "kind", "detail", "weight", "at"}], "actions": [{"run_id", "action", "check", "why",
+        "done", "at"}]} (at: ISO 8601), since since_s ago (None: the score's window)."""
+        host, at = _text(host), _clock(now)
+        since = finite(since_s)
+        start = at - since if since is not None and since > 0 else \
+            at - DECAYED_OUT * self.half_life_s
+
+        def read():
+            with self._read() as conn:
+                found = sorted(incident_rows(conn, [host], start), key=lambda r: -r.at)[:limit]
+                acts = actions_of(conn, host, start, limit)
+            return {"incidents": [{"run_id": r.run_id, "phase": r.phase, "attempt": r.attempt,
+                                   "kind": r.kind, "detail": r.detail, "weight": r.weight,
+                                   "at": iso(r.at)} for r in found],
+                    "actions": [{"run_id": a["run_id"], "action": a["action"],
+                                 "check": a["check_id"], "why": a["why"],
+                                 "done": bool(a["done"]), "at": iso(a["at"])} for a in acts]}
+        return self._guard(read, {"incidents": [], "actions": []})
 
     def quarantine(self, host, hours, reason="", now=None):
         """Quarantines host for hours (from now); True when written."""

@@ -32,7 +32,7 @@ except ImportError as exc:  # a controller without it: a warning, never a failur
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.goodput import finite
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 HOST_MAX, TEXT_MAX = 255, 500
 IN_MAX = 64              # more hosts than this: read them all, not an IN list of each
 
@@ -106,11 +106,29 @@ if HAS_SQLALCHEMY:
         sa.Column("at", sa.Float, nullable=False),
         sa.UniqueConstraint("run_id", "phase", "attempt", "check_id", name="uq_ledger_event"),
         sa.Index("ix_ledger_events_at", "at"))
+    # What torchfleet did on its own, or would have (train.json's `actions`: docs/running.md),
+    # per host ("" for the whole run), once each however often the report is written (schema
+    # version 3).
+    ACTIONS = sa.Table(
+        "ledger_actions", METADATA,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("run_id", sa.String(HOST_MAX), nullable=False),
+        sa.Column("phase", sa.String(16), nullable=False),
+        sa.Column("host", sa.String(HOST_MAX), nullable=False),
+        sa.Column("action", sa.String(16), nullable=False),
+        sa.Column("check_id", sa.String(64), nullable=False),
+        sa.Column("at", sa.Float, nullable=False),
+        sa.Column("why", sa.String(TEXT_MAX), nullable=False),
+        sa.Column("done", sa.Boolean, nullable=False),
+        sa.UniqueConstraint("run_id", "phase", "host", "action", "check_id",
+                            name="uq_ledger_action"),
+        sa.Index("ix_ledger_actions_host_at", "host", "at"))
     # Each version's step from the one before (run in order, in one transaction, under the
     # ledger's write lock); a later version adds a step here, never edits one.
     MIGRATIONS = {1: lambda conn: METADATA.create_all(conn, tables=[META, RUNS, INCIDENTS,
                                                                     HOSTS]),
-                  2: lambda conn: METADATA.create_all(conn, tables=[EVENTS])}
+                  2: lambda conn: METADATA.create_all(conn, tables=[EVENTS]),
+                  3: lambda conn: METADATA.create_all(conn, tables=[ACTIONS])}
 
 
 class NewerSchema(Exception):
@@ -465,3 +483,21 @@ def lock_decisions(conn):
     holds one never waits for this one's holder)."""
     if conn.dialect.name == "postgresql":
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": DECISION_LOCK})
+
+
+def add_actions(conn, run_id, phase, actions):
+    """The audit's entries of a report ({"action", "host", "check", "at" (epoch s), "why",
+    "done"}), once each however often the report is written."""
+    _bulk(conn, ACTIONS, [{"run_id": run_id, "phase": phase, "host": a["host"] or "",
+                           "action": a["action"], "check_id": a["check"], "at": a["at"],
+                           "why": a["why"], "done": bool(a["done"])} for a in actions])
+
+
+def actions_of(conn, host, start, limit):
+    """The newest `limit` actions of `host` (and the whole run's, host "", of its runs) dated
+    `start` or later (None: ever), newest first."""
+    q = sa.select(ACTIONS).where(ACTIONS.c.host == host).order_by(
+        ACTIONS.c.at.desc(), ACTIONS.c.id.desc()).limit(limit)
+    if start is not None:
+        q = q.where(ACTIONS.c.at >= start)
+    return [r._asdict() for r in conn.execute(q)]

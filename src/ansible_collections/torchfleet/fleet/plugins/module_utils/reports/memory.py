@@ -149,6 +149,16 @@ def record(fleet, kind, report, now=None):
         return []
 
 
+def record_actions(fleet, kind, run_id, actions, now=None):
+    """The report's audit written into the ledger (`torchfleet hosts HOST` reads it); what
+    cannot be is one more warning, as record()."""
+    try:
+        fleet.record_actions(run_id, kind, actions, now=now)
+    except Exception as e:  # pylint: disable=broad-except  # fail open, as record()
+        fleet.warnings.append("the fleet's ledger could not record the %s's actions: %s: %s"
+                              % (kind, type(e).__name__, e))
+
+
 def health(fleet, hosts, now=None):
     """fleet.health(hosts), or none (a warning) when it fails unforeseen."""
     try:

@@ -712,10 +712,9 @@ def decide(params):
     # The fleet's memory of the run, written before its report (whose warning it may be):
     # the hosts it quarantines now are drained with the ledger's reason where asked.
     fleet = memory.open_fleet(params, params["run_dir"])
-    newly = memory.record(fleet, kind, report) if params["run_dir"] and params["ledger_record"] \
-        else []
+    recording = params["run_dir"] and params["ledger_record"]
+    newly = memory.record(fleet, kind, report) if recording else []
     memory.textfile(fleet, params, params["run_dir"])
-    fleet.close()
     # Slurm drains (roles/results' drain.yml): the hosts with a fatal hardware cause and those
     # quarantined now (with the ledger's reason), unless more than the circuit breaker allows
     # or actions=observe.
@@ -729,7 +728,8 @@ def decide(params):
     if observe:
         drain = []
     at = time.time()
-    # The audit (docs/trust.md): what torchfleet did on its own, or would have (done false).
+    # The audit (docs/running.md): what torchfleet did on its own, or would have (done false),
+    # in train.json and in the ledger (torchfleet hosts HOST).
     audit = [a for att in extra.get("attempts", []) for a in att["actions"]] \
         if params["attempts"] else checked_actions(record.get("actions"))
     audit += [action("quarantine", q["host"], "host.quarantined", at, q["reason"], True)
@@ -739,10 +739,10 @@ def decide(params):
     if params["slurm_drain"]:
         audit += [action("drain", d["host"], d["reason"], at, d["evidence"], d in drain)
                   for d in asked]
+    if recording:
+        memory.record_actions(fleet, kind, params["run_id"], audit)
+    fleet.close()
     report["actions"] = extra["actions"] = audit
-    if observe and any(not a["done"] for a in audit):
-        sentence += "; " + would_words(audit)
-        report["verdict"] = sentence
     # train.json's `drain` keeps the hardware's (a quarantine is its own entry); the module's,
     # which drain.yml reads, every drain.
     report["drain"] = [d for d in drain if d["reason"] != "host.quarantined"]
@@ -754,7 +754,9 @@ def decide(params):
         # The breaker is said in the verdict too: what torchfleet kept itself from doing.
         sentence += "".join("; %s" % c["detail"] for c in said
                             if c["id"] == ledger.BREAKER_CHECK)
-        report.update(checks=checks, verdict=sentence)
+    if observe and any(not a["done"] for a in audit):
+        sentence += "; " + would_words(audit)
+    report.update(checks=checks, verdict=sentence)
     if newly:
         report["quarantined"] = extra["quarantined"] = newly
     path = ""
