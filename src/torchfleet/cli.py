@@ -381,6 +381,10 @@ def hosts_command(args: argparse.Namespace) -> int:
         if args.action == "release":
             done = fleet.release(args.host)
             said = "%s released: its incidents so far no longer count" % args.host
+            if done:  # and its Slurm node resumed where torchfleet drained it, and only there
+                resumed, ok = hosts_cli.undrain(args.host)
+                said += "; " + resumed if resumed else ""
+                fleet.record_actions(*hosts_cli.release_audit(args.host, resumed, ok))
         elif args.action == "quarantine":
             done = fleet.quarantine(args.host, args.hours, args.reason or "quarantined by hand "
                                     "(torchfleet hosts quarantine)")

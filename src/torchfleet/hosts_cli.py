@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import time
 from typing import Any
 
+from ansible_collections.torchfleet.fleet.plugins.inventory import slurm
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import goodput, ledger, ledger_store
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.table import render
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import action
 
 
 def sqlite_path(fleet_db: str, runs_root: str) -> str | None:
@@ -57,6 +62,51 @@ def hosts_text(listed: list[dict[str, Any]], where: str, since_s: float | None,
     if events:
         lines.append(events_text(events))
     return "\n".join(lines)
+
+
+SCONTROL_TIMEOUT_S = 30  # slurmctld answers in well under a second when it answers at all
+
+
+def undrain(host: str) -> tuple[str, bool | None]:
+    """After `torchfleet hosts release HOST`: resume HOST's Slurm node when torchfleet drained
+    it (drain.yml's reason begins "torchfleet "), and only such a node: one an administrator
+    drained stays drained. Returns (what was done or why not, True resumed / False refused /
+    None nothing to do): no scontrol, no such node, or a node not drained."""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return "", None
+    try:
+        shown = subprocess.run([scontrol, "-o", "show", "node", host], capture_output=True,
+                               text=True, timeout=SCONTROL_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return "", None
+    node = slurm.fields(shown.stdout) if shown.returncode == 0 else {}
+    if "DRAIN" not in node.get("State", ""):
+        return "", None
+    if not node.get("Reason", "").startswith("torchfleet"):
+        return ("%s stays drained in Slurm: its drain is not torchfleet's (Reason=%s...); "
+                "resume it there once mended" % (host, node.get("Reason", "")), None)
+    argv = [scontrol, "update", "nodename=%s" % host, "state=resume"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True,
+                              timeout=SCONTROL_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        err = done.stderr.strip() if done.returncode != 0 else ""
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        err = str(exc)
+    if not err:
+        return "%s resumed in Slurm (torchfleet had drained it)" % host, True
+    return ("%s stays drained in Slurm: %s; as a Slurm administrator: %s"
+            % (host, err[:200], " ".join(["scontrol"] + argv[1:])), False)
+
+
+def release_audit(host: str, resumed: str, ok: bool | None) -> tuple[str, str, list[dict]]:
+    """(run_id, phase, actions) of a release by hand for the ledger's audit: the release, and
+    the resume of its Slurm node where one was asked (done or refused)."""
+    now = time.time()
+    out = [action("release", host, "host.quarantined", now, "torchfleet hosts release", True)]
+    if ok is not None:
+        out.append(action("undrain", host, "run.hardware", now, resumed, ok))
+    return "release-%s-%d" % (host, int(now)), "hosts", out
 
 
 def host_text(host: str, row: dict[str, Any] | None, history: dict[str, Any]) -> str:

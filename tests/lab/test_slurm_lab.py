@@ -250,9 +250,25 @@ def test_a_gpu_fallen_off_the_bus_is_the_cause_its_host_is_replaced_and_drained(
         assert "Reason=torchfleet %s: run.hardware: NVRM: Xid (PCI:0000:02:00): 79" % run_id \
             in shown, shown
         assert run_processes(run_id) == []
+        # `torchfleet hosts release` resumes a node torchfleet drained, and only such a node
+        # (issue 65): node1 drained by an administrator stays drained.
+        slurm.run("scontrol", "update", "nodename=node1", "state=drain", "reason=maintenance")
+        said = {}
+        for host in ("node2", "node1"):
+            done = subprocess.run([os.path.join(BIN, "torchfleet"), "hosts", "release", host,
+                                   "--runs-root", str(tmp_path)], env=env, text=True,
+                                  capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+            assert done.returncode == 0, done.stderr
+            said[host] = done.stdout
+        assert "node2 resumed in Slurm (torchfleet had drained it)" in said["node2"]
+        assert "node1 stays drained in Slurm: its drain is not torchfleet's" in said["node1"]
+        state = {h: slurm_inventory.fields(slurm.run("scontrol", "-o", "show", "node", h)
+                                           .stdout)["State"] for h in ("node1", "node2")}
+        assert "DRAIN" not in state["node2"] and "DRAIN" in state["node1"], state
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        slurm.run("scontrol", "update", "nodename=node2", "state=resume")
+        for host in ("node1", "node2"):  # (one not drained answers an error: no matter)
+            slurm.run("scontrol", "update", "nodename=%s" % host, "state=resume", check=False)
         slurm.run("scancel", job)
