@@ -201,17 +201,17 @@ CATALOG = {
     164: ('PSHC_LOW_LIFETIME', 'Power Smoothing HW Circuitry low lifetime reached', ''),
     165: ('PSHC_ZERO_LIFETIME', 'Power Smoothing HW Circuitry lifetime exhausted', ''),
     166: ('NVLINK_SECURE_CRYPTO_ERR',
-         'CC traffic seen prior to link properly being configured for encrypted traffic', ''),
+          'CC traffic seen prior to link properly being configured for encrypted traffic', ''),
     167: ('PCIE_FATAL_TIMEOUT', 'PCIE_FATAL_TIMEOUT', ''),
     168: ('REDUCED_GPU_MEMORY_CAPACITY', 'Errors found in WPR (write protected region)', ''),
     169: ('SEC2_HALT_ERROR', 'Internal micro-controller halt', ''),
     170: ('NVLINK_SECURE_OTHER', 'Interrupt seen in CC mode', ''),
     171: ('UNCORRECTABLE_DRAM_ERROR',
-         'Additional to Xid 48 providing more details on particulars of fault to differentiate DRAM/SRAM',
-         ''),
+          'Additional to Xid 48 providing more details on particulars of fault to differentiate DRAM/SRAM',
+          ''),
     172: ('UNCORRECTABLE_SRAM_ERROR',
-         'Additional to Xid 48 providing more details on particulars of fault to differentiate DRAM/SRAM',
-         ''),
+          'Additional to Xid 48 providing more details on particulars of fault to differentiate DRAM/SRAM',
+          ''),
 }
 
 SOURCE = "docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html (read 2025-10-29)"

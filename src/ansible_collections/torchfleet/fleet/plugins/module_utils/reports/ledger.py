@@ -717,6 +717,7 @@ class Fleet(ledger_store.Store):
                                      "or set ledger_textfile to another path" % (path, exc))
             return False
 
+
 def _clock(at):
     at = finite(at)
     return now() if at is None else at
