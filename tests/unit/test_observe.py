@@ -194,3 +194,12 @@ def test_a_lost_host_is_an_audited_stop_in_either_mode():
         assert s.tick(1040)["reason"] == runstate.LOST
         assert [(a["action"], a["host"], a["check"], a["done"]) for a in s.record()["actions"]] \
             == [("stop", "node1", "host.lost", True)]
+
+
+def test_an_observed_hardware_event_long_before_a_ranks_death_is_not_its_cause():
+    """An Xid the run went on past for an hour does not explain a script's failure after it
+    (torch's NCCL watchdog would have ended a rank the fault hung within 10 minutes)."""
+    s = observed(HOSTS)
+    beat(s, "node1", 1002.0, [xid79(rank=9)])
+    assert s.exited("node1", 1002.0 + 3600, 1, root_cause={"rank": 9, "exitcode": 1})
+    assert s.failure["reason"] == runstate.FAILED and s.failures[0]["reason"] == runstate.FAILED

@@ -282,6 +282,10 @@ CLOSED_LOST_S = 3.0     # an agent's connection closed without its exit, not bac
 # A rank's death this soon before its host's hardware event is its consequence, beyond the
 # event's own dating uncertainty (its age_err_s: runstate.slack).
 HW_SLACK_S = 2.0
+# actions=observe: a hardware cause observed (the run went on) explains the run's own failure
+# at most this long after it: torch's NCCL watchdog (10 min by default) ends a rank the fault
+# left hung in the driver; a failure later than that is not the event's.
+OBSERVED_CAUSE_S = 600.0
 PYSPY_TIMEOUT_S = 60.0  # one py-spy dump of a rank's stack (a host's ranks are dumped at once)
 FR_DUMP_S = 5.0         # after the stacks, each rank's Flight Recorder dump may take this long
 DUMP_S = PYSPY_TIMEOUT_S + FR_DUMP_S + 10.0  # the master waits this long for a hang's stacks

@@ -27,6 +27,9 @@ collective.json), the Python API, the CLI and the HTML report read that copy:
     {"run_id", "phase", "started", "updated", "final", "nnodes", "nproc_per_node",
      "failure": null | FAILURE, "failures": [FAILURE, ...], "channel": {"refused": {...}},
      "events": [EVENT, ...], "stragglers": [STRAGGLER, ...],
+     "actions": [ACTION, ...] (what the judge stopped the run for, or with actions=observe
+                 would have: {"action": "stop", "host", "check", "at" (ISO 8601), "why",
+                 "done"}),
      "straggle": {"watched", "signal": "durations" | "calls" | "", "collectives", "window_s",
                   "untimed": [host whose NCCL collectives are not timed, ...],
                   "blind": why hosts were not compared at the last judgement, or ""},
@@ -1037,10 +1040,13 @@ class RunState:
                 self.actions.append(self._stop_action(entry, now, done=False))
             return None
         if self.failure is None:
-            # A hardware cause observed (not acted on) before the run's own failure explains
-            # it as it would have (its rank died of it); a hang or a straggler it saw earlier
-            # may have passed, and is only the record's action.
-            self.failures.extend(e for (_h, r), e in self.observed.items() if r in HW_REASONS)
+            # A hardware cause observed (not acted on) shortly before the run's own failure
+            # explains it as it would have (its rank died of it, or hung in the driver until
+            # NCCL's watchdog ended it); a hang or a straggler it saw earlier may have passed,
+            # and is only the record's action.
+            self.failures.extend(
+                e for (_h, r), e in self.observed.items() if r in HW_REASONS
+                and entry["at_s"] - e["at_s"] <= defaults.OBSERVED_CAUSE_S + slack(e))
         if reason in HW_REASONS and self.failure is not None \
                 and entry["at_s"] - slack(entry) > self.failure["at_s"]:
             entry["late"] = True  # after the first failure (a hang's too): kept, not its cause
