@@ -726,3 +726,13 @@ def test_a_fleet_of_one_host_is_never_quarantined_on_its_own(fleet):
                                                           failing=["solo"]),
                                       now=T0 + i * 600) == []
     assert not fleet.health(["solo"], now=T0 + 3700)["solo"]["quarantined_until"]
+
+
+def test_hosts_lost_together_are_judged_by_the_runs_own_lost_after_s(fleet):
+    """The review: the grouping took the default lost_after_s, not the run's (train.json's
+    settings carry it)."""
+    report = dict(lost_run("r1", THIRTY_TWO[:3], THIRTY_TWO),
+                  settings={"lost_after_s": 90.0, "nproc_per_node": 8})
+    assert fleet.record_run(report, now=T0) == []
+    (event,) = fleet.events(now=T0)
+    assert "3 hosts lost within lost_after_s (90 s) of each other" in event["what"]

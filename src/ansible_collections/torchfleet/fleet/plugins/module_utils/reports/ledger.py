@@ -148,6 +148,8 @@ class Found:
     # {attempt: when its failure happened (epoch s) or None}
     moments: dict = dataclasses.field(default_factory=dict)
     checked: dict = dataclasses.field(default_factory=dict)  # {attempt: the hosts it had}
+    # The run's own lost_after_s (train.json's settings), the default where it says none.
+    lost_after_s: float = LOST_AFTER_S
 
 
 def shared(failed_by, checked):
@@ -271,6 +273,9 @@ def _moments(report, attempts, last):
 def run_incidents(report):
     """Found of a train.json / collective.json dict."""
     found = Found()
+    said = finite(_dict(report.get("settings")).get("lost_after_s"))
+    if said is not None and said > 0:
+        found.lost_after_s = said
     rows = [_dict(h) for h in _list(report.get("hosts"))]
     hosts = [_text(h.get("host")) for h in rows]
     attempts = [_dict(a) for a in _list(report.get("attempts"))]
@@ -346,7 +351,7 @@ def _lost_moments(found):
     out = {n: n for n, at in found.moments.items() if at is None}
     first, before = None, None
     for at, n in dated:
-        if before is None or at - before > LOST_AFTER_S:
+        if before is None or at - before > found.lost_after_s:
             first = n
         out[n], before = first, at
     return out
@@ -372,7 +377,7 @@ def _singled_out(found, hosts):
         if check == "host.lost" and len(named) >= LOST_TOGETHER:
             _shared_event(found, when, check, named, len(checked), what=(
                 "host.lost: %d hosts lost within lost_after_s (%g s) of each other: %s"
-                % (len(named), LOST_AFTER_S, LOST_CAUSE)))
+                % (len(named), found.lost_after_s, LOST_CAUSE)))
         elif shared(len(named), len(checked)):
             _shared_event(found, when, check, named, len(checked))
         else:
