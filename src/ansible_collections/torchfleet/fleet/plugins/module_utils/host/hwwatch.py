@@ -49,7 +49,6 @@ KEYS_MAX = 4096     # faults remembered; past it a new warning is counted as dro
 TREE_MAX = 1024     # the ranks' descendants remembered (PID -> rank)
 WALK_MAX = 256      # /proc children files read per walk of their tree
 TREE_EVERY_S = 2.0  # how often it is walked
-OOM_WAIT_S = 2.0    # an oom-kill: summary waits this long for its "Killed process" line
 OOM_SAME_S = 60.0   # one kill's lines are this close; later, the same PID is another kill
 OOM_OTHERS = 3      # other programs' OOM kills sent one by one; the later ones: one event, counted
 OTHERS = ("oom", "others")  # the fault that counts them
@@ -614,8 +613,8 @@ class HostWatch:
             event["what"] = "%s: not a device of the run" % event["what"]
 
     def _fold_others(self, now_m):
-        """Other programs' OOM kills, each judged whole (its oom-kill: summary waited for):
-        the first OOM_OTHERS keep an event of their own; each later one is counted in OTHERS,
+        """Other programs' OOM kills (kmsg.parse makes one event of a kill, its 4.19+ oom-kill:
+        summary held for the "Killed process" line): the first OOM_OTHERS keep an event of their own; each later one is counted in OTHERS,
         which carries the newest's line, and forgotten (its PID kept OOM_SAME_S, for a line of
         the same kill read late)."""
         queue = []
@@ -623,8 +622,7 @@ class HostWatch:
             fault = self.faults[key]
             event = fault["event"]
             if key == OTHERS or event["kind"] != "oom" or event.get("fatal") or fault["sent"] \
-                    or fault.get("alone") or "oom-kill:" in event.get("line", "") \
-                    and now_m < fault["read_m"] + OOM_WAIT_S:
+                    or fault.get("alone"):
                 queue.append(key)
                 continue
             if self.others < OOM_OTHERS:
@@ -655,8 +653,7 @@ class HostWatch:
         for key in sorted(self.queue, key=lambda k: not self.faults[k]["event"].get("fatal")):
             fault = self.faults[key]
             event = fault["event"]
-            if len(out) >= PER_BEAT or fault["sent"] and now_m < fault["next_m"] or \
-                    "oom-kill:" in event.get("line", "") and now_m < fault["read_m"] + OOM_WAIT_S:
+            if len(out) >= PER_BEAT or fault["sent"] and now_m < fault["next_m"]:
                 later.append(key)
                 continue
             if not fault["sent"] and not event.get("fatal"):
