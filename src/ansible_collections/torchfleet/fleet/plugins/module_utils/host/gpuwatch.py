@@ -103,21 +103,23 @@ def _int(text, base=10):
         return None
 
 
-_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-_BUS_NO_FN = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}$")
+# A PCI domain is 4 hex digits in sysfs and the kernel's lines, 8 in NVML's bus ids, and 5
+# behind an Intel VMD (10000:e0:1b.0: the domain the vmd driver adds above 0xffff).
+_BDF = re.compile(r"^([0-9a-f]{4,8}):([0-9a-f]{2}):([0-9a-f]{2})(?:\.([0-7]))?$")
 
 
 def bus_id(text):
-    """A PCI address as sysfs and the kernel write it (0000:5d:00.0) from NVML's and
-    nvidia-smi's (00000000:5D:00.0, str or bytes) or an Xid line's (0000:5d:00); None for
-    anything else."""
+    """A PCI address as sysfs and the kernel write it (0000:5d:00.0, a VMD's 10000:e0:1b.0) from
+    NVML's and nvidia-smi's (00000000:5D:00.0, str or bytes) or an Xid line's (0000:5d:00);
+    None for anything else."""
     text = (text.decode("ascii", "replace") if isinstance(text, bytes) else str(text or ""))
-    text = text.strip().lower()[:32]
-    if len(text) == 16 and text.startswith("0000"):
-        text = text[4:]
-    if _BUS_NO_FN.match(text):
-        text += ".0"
-    return text if _BDF.match(text) else None
+    match = _BDF.match(text.strip().lower()[:32])
+    if not match:
+        return None
+    # One spelling of a domain whatever its width: its value, in 4 hex digits or as many as it
+    # takes (00000000 -> 0000, 00010000 -> 10000), as sysfs names the device.
+    return "%04x:%s:%s.%s" % (int(match.group(1), 16), match.group(2), match.group(3),
+                              match.group(4) or "0")
 
 
 def _rows(text, first):

@@ -89,7 +89,8 @@ DRIFT = 1e-4          # printk clock against CLOCK_MONOTONIC, s/s, allowed after
 MARK = "torchfleet: printk clock mark %d"
 
 _DMESG_RAW = re.compile(r"^\s*(?:<[0-9]{1,3}>)?\[\s*([0-9]{1,12}\.[0-9]{1,9})\]\s?")
-_BDF = r"[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?"
+# (a domain of 4 hex digits, or 5 behind an Intel VMD: pcieport 10000:e0:1b.0)
+_BDF = r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?"
 _PID = re.compile(r"\bpid=([0-9]{1,10})\b")
 _AER_RECEIVED = re.compile(r"AER: (?:Multiple )?(Corrected|Correctable|Uncorrected \((?:Non-)?"
                            r"Fatal\)|Uncorrectable \((?:Non-)?Fatal\)) error (?:message )?"
@@ -252,8 +253,9 @@ def _aer(msg):
         # Up to 4.18 the source is a requester ID: bus, device.function, in the port's domain
         # (an NVMe drive under the GPU's root port is the drive, not the port). id=0000 is a
         # source the port did not record ("Multiple ... id=0000"): the port is named.
-        device = "%s:%02x:%02x.%d" % (named.group(2)[:4] if named else "0000", rid >> 8,
-                                      (rid & 0xff) >> 3, rid & 7)
+        # (the domain whatever its width: a VMD's root port is 10000:e0:1b.0)
+        device = "%s:%02x:%02x.%d" % (named.group(2).split(":")[0] if named else "0000",
+                                      rid >> 8, (rid & 0xff) >> 3, rid & 7)
     if device is None:
         device = named.group(2) if named else None
     # 6.x names them Correctable / Uncorrectable; one code whichever kernel wrote it.

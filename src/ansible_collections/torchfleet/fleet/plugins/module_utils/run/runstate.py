@@ -180,7 +180,7 @@ ADVANCES_KEPT = 2048
 # ranks' watchers write each second and beats come each second: a shorter one says nothing).
 STALL_GAP_S = 2 * defaults.BEAT_S
 SAME_SAVE_S = defaults.CHECKPOINT_SAME_SAVE_S  # (goodput groups its saves alike)
-_PCI = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_PCI = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")  # (a VMD: 10000:)
 
 
 def _text(value, limit):
