@@ -19,7 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.host import kmsg, xid, xid_catalog
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import gpuwatch, kmsg, xid, xid_catalog
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import runstate
 from tests.conftest import FIXTURES, ROOT, examples
 
 KMSG_DIR = FIXTURES / "kmsg"
@@ -516,6 +517,39 @@ def test_a_4x_aer_names_its_source_by_requester_id_not_the_port():
         events_of(KMSG_DIR / "xid79-aer.gpu-burn.txt"))
 
 
+def test_a_vmd_ports_five_digit_pci_domain_is_kept_for_the_aer_source_and_the_gpus_names():
+    """A root port behind an Intel VMD is in PCI domain 10000 or above (5 hex digits): the
+    4.x `id=` decoding fell back to domain 0000, and the bus ids of NVML (00010000:E1:00.0)
+    and sysfs (10000:e1:00.0) were no device at all."""
+    # Recorded (RHEL 7): the port 10003:00:00.0 names its source id=ae00.
+    assert brief(events_of(KMSG_DIR / "aer-vmd-id.redhat.txt")) == [
+        ("aer", "Corrected", "10003:ae:00.0", None, False)] * 2 + [
+        ("aer", "Corrected", "10003:00:00.0", None, False)]
+    # The review's line: id=e0d8 is bus 0xe0, device 0x1b, function 0, in the port's domain.
+    e = kmsg.parse("pcieport 10000:e0:1b.0: AER: Uncorrected (Fatal) error received: id=e0d8")
+    assert (e["pci_bus"], e["fatal"]) == ("10000:e0:1b.0", True)
+    # One spelling of each address, whatever wrote it.
+    assert [gpuwatch.bus_id(b) for b in ("00010000:E1:00.0", "10000:e1:00.0", "00000000:19:00.0",
+                                         "0000:19:00", "0001:19:00.0", "1:19:00.0")] == [
+        "10000:e1:00.0", "10000:e1:00.0", "0000:19:00.0", "0000:19:00.0", "0001:19:00.0", None]
+
+
+def test_a_fatal_aer_naming_a_gpu_behind_a_vmd_port_is_that_gpus(tmp_path):
+    """Through the host watch: GPU 0 at 10000:e1:00.0 (NVML: 00010000:E1:00.0) under the VMD
+    root port 10000:e0:1b.0; a 4.x AER of the port naming id=e100 is GPU 0's (it was
+    0000:e1:00.0, "not a device of the run")."""
+    from tests.unit.test_host_watch import Gpus, _device, sent, watch, write
+    sysfs = tmp_path / "sys"
+    _device(sysfs, ["10000:e0:1b.0", "10000:e1:00.0"], "0x10de", "0x030200")
+    (sysfs / "class" / "infiniband").mkdir(parents=True)
+    w, log = watch(tmp_path, gpu=Gpus(buses=["00010000:E1:00.0"]))
+    write(log, "pcieport 10000:e0:1b.0: AER: Uncorrected (Fatal) error received: id=e100")
+    (gpu,) = sent(w, 10.0)
+    assert (gpu["pci_bus"], gpu["fatal"], gpu["gpu"]) == ("10000:e1:00.0", True, 0)
+    # The record another host's events pass through keeps the address.
+    assert runstate.checked_events([dict(gpu, source="kmsg")])[0][0]["pci_bus"] == "10000:e1:00.0"
+
+
 def test_an_nvme_drives_fatal_aer_under_gpu_0s_root_port_is_not_the_runs(tmp_path):
     """Issue 65, item 6, through the host watch: the HGX sysfs of test_host_watch, whose NVMe
     drive 0000:1b:00.0 shares root port 0000:15:01.0 with GPU 0 (0000:18:00.0)."""
@@ -580,6 +614,27 @@ def test_nvlink5_xids_are_fatal_by_their_own_line_and_the_xid_154_after_them():
                           "(0x00000082 0x00000004 0x00000000 0x00000000 0x00000000 0x00000000)")
     assert (nonfatal["code"], nonfatal["fatal"]) == (145, False)
     assert xid.classify(149)[0] == "warning"  # NVML's Xid event has no line: its line decides
+
+
+def test_xid_149_netir_link_evt_sub_codes_nvidias_decode_ignores_are_a_warning_not_a_drain():
+    """The decode sheet "XID 144-150 Decode" gives IGNORE, not RESET_GPU, for two of 149's
+    NETIR_LINK_EVT rows though their line says Fatal (sub-codes 38 and 40, bits 25-20 of
+    intrInfo): both drained the host. The data names them, with its source."""
+    assert set(xid_catalog.NVLINK5_IGNORE) == {(149, "NETIR_LINK_EVT", 38),
+                                               (149, "NETIR_LINK_EVT", 40)}
+    assert "XID 144-150 Decode" in xid_catalog.NVLINK5_SOURCE
+    # Recorded (gpud's inputs): sub-code 37 resets the GPU, 38 is ignored, 4 resets.
+    events = events_of(KMSG_DIR / "xid149-subcodes.gpud.txt")
+    assert [(e["code"], e["fatal"]) for e in events] == [(149, True), (149, False), (149, True)]
+    assert "sub-code 38: NVIDIA's decode says IGNORE" in events[1]["what"]
+    # Sub-code 40 (made here from the sheet's row), in either of the sheet's two layouts.
+    for intr in ("0x028001c6", "0x02800011"):
+        kind, meaning = xid.classify(149, "NETIR_LINK_EVT  Fatal   XC0 i0 Link 03 (%s 0x0)" % intr)
+        assert kind == "warning" and "sub-code 40" in meaning, intr
+    # Another unit's bits, or a line without its intrInfo, stay fatal.
+    assert xid.classify(149, "NETIR_LINK_EVT  Fatal   XC0 i0 Link 03 (0x02600000)")[0] == "drain"
+    assert xid.classify(149, "NETIR_LINK_EVT Fatal XC 1 i 2 Link 01 [0x0260000a]")[0] == "drain"
+    assert xid.classify(145, "NETIR_LINK_EVT  Fatal   XC0 i0 Link 03 (0x026001c6)")[0] == "drain"
 
 
 def test_an_nvswitch_fatal_sxid_is_the_hosts_fatal_event_and_a_non_fatal_one_a_warning():
@@ -668,6 +723,7 @@ def test_the_calibration_reads_its_mark_back_with_a_caller_field(tmp_path):
 
 SHAPES = ["6,1,2,-,caller=T", "4,9,10,c,caller=C1,x=y;",
           "pcieport 0000:15:01.0: AER: Uncorrected (Fatal) error received: id=",
+          "pcieport 10000:e0:1b.0: AER: Uncorrected (Fatal) error received: id=",
           "pcieport 0000:15:01.0: AER: Multiple Corrected error message received from ",
           "nvidia-nvswitch3: SXid (PCI:0000:8a:00.0): ", "NVRM: Xid (PCI:0009:01:00): 149, ",
           "oom-kill:constraint=CONSTRAINT_MEMCG,task_memcg=/a,task=x,pid=",

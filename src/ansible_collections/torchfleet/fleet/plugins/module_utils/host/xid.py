@@ -12,8 +12,10 @@ Each code's class is NVIDIA's Xid catalog's resolution for the running applicati
   the catalog gives no bucket yet (torchfleet's reading: a fatal PCIe timeout like 158's, a
   micro-controller halt like 62's, both RESET_GPU).
 - NVLink5's 144-150 (WORKFLOW_NVLINK5_ERR) by their own line: `<unit>  Fatal   XC0 i0 Link 01
-  (...)` drains (the decode sheet's Fatal and Link Fatal rows reset the GPU), `Nonfatal` is a
-  warning (an Xid 154 follows where a reset is needed, and is judged itself).
+  (...)` drains (the decode sheet's Fatal and Link Fatal rows reset the GPU), but for the
+  two rows the sheet marks IGNORE (149's NETIR_LINK_EVT sub-codes 38 and 40, read from the
+  line's intrInfo: xid_catalog.NVLINK5_IGNORE), a warning; `Nonfatal` is a warning (an Xid
+  154 follows where a reset is needed, and is judged itself).
 - "application" (a warning): the application is ended for its own fault or restarts
   (RESTART_APP with CHECK_APP/CUDA, or the Xid 13/31/45 workflows): the GPU runs the next
   program; the rank's own exit is the run's failure.
@@ -107,7 +109,7 @@ BUCKETS = {"RESET_GPU": "drain", "RESTART_BM": "drain", "RESTART_VM": "drain",
            "IGNORE": "warning"}
 MAX_LOG = 16 << 20  # the kernel ring buffer is at most a few MiB
 
-_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})[^)]*\): "
+_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})[^)]*\): "
                   r"([0-9]+),\s*(.*)$")
 _RAW = re.compile(r"^\[\s*([0-9]+\.[0-9]+)\]")
 _CTIME = re.compile(r"^\[(\w{3} \w{3} +[0-9]+ [0-9][0-9]:[0-9][0-9]:[0-9][0-9] [0-9]{4})\]")
@@ -150,9 +152,25 @@ _RESET = re.compile(r"\b(?:reset|reboot)\s+(?:is\s+)?(?:required|needed)\b"
                     r"|\brequires?\s+(?:an?\s+)?(?:gpu\s+|node\s+|system\s+)?(?:reset|reboot)\b"
                     r"|\bmust\s+be\s+(?:reset|rebooted)\b|\bdrain\s+and\s+reset\b", re.I)
 _ACTIVATE = re.compile(r"to activate", re.I)
-_NVLINK5_SEVERITY = re.compile(r"^\s*[A-Z0-9_/]{1,40}\s+(Fatal|Nonfatal)\b")
+_NVLINK5_SEVERITY = re.compile(r"^\s*([A-Z0-9_/]{1,40})\s+(Fatal|Nonfatal)\b"
+                               r"(?:.{0,40}?\(0x([0-9a-fA-F]{1,8})\b)?")
 _ACTION = re.compile(r"recovery action changed (?:from 0x[0-9a-f]+ \([^)]*\) )?to (0x[0-9a-f]+)"
                      r"(?: \(([^)]{0,40})\))?", re.I)
+
+
+def _nvlink5_ignored(code, severity):
+    """The meaning of an NVLink5 line whose decode row NVIDIA marks IGNORE though it says
+    Fatal (xid_catalog.NVLINK5_IGNORE: 149's NETIR_LINK_EVT sub-codes 38 and 40), else None."""
+    if not severity or severity.group(3) is None:
+        return None
+    unit, intr = severity.group(1), int(severity.group(3), 16)
+    sub = (intr >> 20) & 0x3f
+    row = xid_catalog.NVLINK5_IGNORE.get((code, unit, sub))
+    if row is None or not any(intr & mask == bits
+                              for mask, bits in xid_catalog.NVLINK5_UNIT_BITS.get(unit, ())):
+        return None
+    return ("%s, %s sub-code %d: NVIDIA's decode says IGNORE (no reset; investigate: %s)"
+            % (NVLINK5[code], unit, sub, row[1]))
 
 
 def classify(code, message=""):
@@ -164,7 +182,10 @@ def classify(code, message=""):
     message = str(message or "")[:300]
     if code in NVLINK5:  # "NETIR_LINK_EVT  Fatal   XC0 i0 Link 01 (0x021425c6 ...)"
         severity = _NVLINK5_SEVERITY.match(message)
-        if severity and severity.group(1) == "Fatal":
+        ignored = _nvlink5_ignored(code, severity)
+        if ignored:
+            return "warning", ignored
+        if severity and severity.group(2) == "Fatal":
             return "drain", "%s, fatal (NVIDIA's decode: reset the GPU)" % NVLINK5[code]
         return "warning", "%s, %s" % (NVLINK5[code], "non-fatal (a reset only where an Xid 154 "
                                       "asks it)" if severity else "its line gives no severity")

@@ -19,7 +19,8 @@ What each bucket needs (the catalog's sheet "Fault Resolution Buckets"):
 - IGNORE: no action; XID_154: follow the recovery action Xid 154 names.
 - WORKFLOW_NVLINK5_ERR (144-150): decode the line, `<sub component> <Fatal|Nonfatal> XC<n> i<n>
   Link <nn> (<intrInfo> <errorStatus> ...)`, with the sheet "XID 144-150 Decode": its Fatal
-  and Link Fatal rows are RESET_GPU (but two of 149's NETIR_LINK_EVT rows, IGNORE), its
+  and Link Fatal rows are RESET_GPU (but two of 149's NETIR_LINK_EVT rows, IGNORE: the
+  sub-codes NVLINK5_IGNORE holds), its
   Non-fatal rows IGNORE, or XID_154_EVAL (the Xid 154 that follows says; none: RESTART_APP).
 - CHECK_UVM: reset if UVM/vGPU is in use; CHECK_MECHANICALS, UPDATE_SWFW, CONTACT_SUPPORT:
   a person's action ("Unused" codes are V100 and earlier).
@@ -215,6 +216,22 @@ CATALOG = {
 }
 
 SOURCE = "docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html (read 2025-10-29)"
+
+# The sheet "XID 144-150 Decode" rows of an NVLink5 Xid whose line says Fatal and whose
+# immediate action is all the same IGNORE: (code, unit as the line names it, sub-code) ->
+# (the sheet's unit, its investigatory action). The sub-code is bits 25-20 of the line's first
+# word, intrInfo; the unit's own pattern is in its low bits (the sheet's two driver layouts:
+# bits 9-0 0b0111000110, or bits 6-0 0b0010001). Every other decode row of a Fatal or Link
+# Fatal line is RESET_GPU (the rows are 149's NETIR_LINK_EVT/NETIR_LINK_DOWN, lines 268-269 of
+# leptonai/gpud @4a8de33a components/accelerator/nvidia/xid/catalog_generated.go, made from
+# NVIDIA's spreadsheet, docs.nvidia.com/Xid-Catalog.xlsx, "Generated at 2025-10-29T00:35:32Z").
+NVLINK5_IGNORE = {
+    (149, "NETIR_LINK_EVT", 0b100110): ("NETIR_LINK_EVT/NETIR_LINK_DOWN", "INVESTIGATE_SW/USER"),
+    (149, "NETIR_LINK_EVT", 0b101000): ("NETIR_LINK_EVT/NETIR_LINK_DOWN", "INVESTIGATE_HOST"),
+}
+NVLINK5_UNIT_BITS = {"NETIR_LINK_EVT": ((0x3ff, 0b0111000110), (0x7f, 0b0010001))}
+NVLINK5_SOURCE = ("NVIDIA Xid catalog spreadsheet, sheet \"XID 144-150 Decode\" (as leptonai/gpud "
+                  "@4a8de33a catalog_generated.go carries it, 2025-10-29)")
 
 # NVSwitch SXids (`nvidia-nvswitchN: SXid (PCI:<bdf>): <code>, Fatal|Non-fatal, Link <n> ...`):
 # NVIDIA Fabric Manager User Guide, "Runtime NVSwitch and GPU Errors" / "NVSwitch SXid Errors"
