@@ -490,6 +490,20 @@ def _hardware(result: Result) -> str:
         '</table>' % "".join(rows)
 
 
+def _actions(result: Result) -> str:
+    """The audit: what torchfleet did on its own, or would have (done false: actions=observe,
+    the circuit breaker, or a refusal such as Slurm's)."""
+    rows = "".join(
+        '<tr class="%s"><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>'
+        % ("ok" if a.get("done") is True else "warn", escape(str(a.get("action") or "")),
+           escape(str(a.get("host") or "the run")), escape(str(a.get("check") or "")),
+           escape(str(a.get("at") or "")), escape(str(a.get("why") or "")),
+           "done" if a.get("done") is True else "would have")
+        for a in result.actions)
+    return ('<table class="actions"><tr><th>action</th><th>host</th><th>check</th><th>at</th>'
+            '<th>why</th><th>done</th></tr>%s</table>' % rows)
+
+
 def _seconds(iso: Any) -> float | None:
     try:
         return datetime.strptime(str(iso), "%Y-%m-%dT%H:%M:%SZ").replace(
@@ -547,6 +561,8 @@ def render(result: Result) -> str:
         body.append('<h2>First failure</h2>' + _first_failure(result.first_failure))
     if result.drain or result.hardware or result.hardware_dropped:
         body.append("<h2>Hardware during the run</h2>" + _hardware(result))
+    if result.actions:
+        body.append("<h2>Actions</h2>" + _actions(result))
     if result.kind == "train" and _stragglers(result):
         body.append("<h2>Stragglers</h2>" + _stragglers(result))
     if result.goodput:

@@ -320,6 +320,9 @@ class Result:
     # started, ended}).
     stragglers: list[dict[str, Any]] = field(default_factory=list)
     straggle: dict[str, Any] = field(default_factory=dict)
+    # What torchfleet did on its own, or would have ({action, host, check, at, why, done}: the
+    # report's `actions`, docs/outputs.md).
+    actions: list[dict[str, Any]] = field(default_factory=list)
     preflight: Result | None = None
     attempts: list[Attempt] = field(default_factory=list)
     # Of a train run (and of a collective test that could restart): where its wall time went.
@@ -430,6 +433,7 @@ def from_report(kind: str, data: dict, run_dir: Path) -> Result:
         drain=list(data.get("drain") or []), hardware=list(data.get("hardware") or []),
         hardware_dropped=dict(data.get("hardware_dropped") or {}),
         stragglers=list(data.get("stragglers") or []), straggle=dict(data.get("straggle") or {}),
+        actions=[a for a in data.get("actions") or [] if isinstance(a, dict)],
         attempts=[Attempt(attempt=a["attempt"], hosts=list(a.get("hosts", [])),
                           phase=a.get("phase", ""), ok=bool(a.get("ok")),
                           outcomes=dict(a.get("outcomes") or {}),

@@ -94,3 +94,30 @@ def test_stragglers_are_a_timeline_of_when_each_was_named_or_said_not_watched():
     off = Result(kind="train", ok=True, run_id="r1", run_dir=Path("/tmp/r1"),
                  straggle={"watched": False})
     assert "Stragglers were not watched" in render(off)
+
+
+def test_the_actions_are_a_table_with_what_was_done_and_what_would_have_been():
+    """train.json's (and preflight.json's) audit was in no table of the report: each action is
+    a row, "would have" where it was not done (actions=observe, the breaker, a refusal)."""
+    actions = [{"action": "stop", "host": None, "check": "run.hang", "at": "2026-12-07T10:00:00Z",
+                "why": "collective #12 waited 600 s", "done": True},
+               {"action": "drain", "host": "n<2>", "check": "run.hardware",
+                "at": "2026-12-07T10:00:05Z", "why": "Xid 79 <GPU 3>", "done": False}]
+    result = Result(kind="train", ok=False, run_id="r1", run_dir=Path("/tmp/r1"),
+                    actions=actions)
+    page = render(result)
+    table = page[page.index("<h2>Actions</h2>"):]
+    table = table[:table.index("</table>")]
+    assert table.count("<tr class=") == 2
+    assert ('<tr class="ok"><td>stop</td><td>the run</td><td>run.hang</td>'
+            '<td>2026-12-07T10:00:00Z</td><td>collective #12 waited 600 s</td><td>done</td></tr>'
+            in table)
+    assert ('<tr class="warn"><td>drain</td><td>n&lt;2&gt;</td><td>run.hardware</td>'
+            '<td>2026-12-07T10:00:05Z</td><td>Xid 79 &lt;GPU 3&gt;</td><td>would have</td></tr>'
+            in table)
+    assert "<h2>Actions</h2>" not in render(Result(kind="train", ok=True, run_id="r1",
+                                                   run_dir=Path("/tmp/r1")))
+    # Read from the report as written.
+    from torchfleet.results import from_report
+    loaded = from_report("train", {"ok": False, "actions": actions + ["junk"]}, Path("/tmp/r1"))
+    assert loaded.actions == actions
