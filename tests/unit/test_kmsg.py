@@ -643,11 +643,31 @@ def test_an_nvswitch_fatal_sxid_is_the_hosts_fatal_event_and_a_non_fatal_one_a_w
     assert brief(events) == [("xid", 79, "0000:91:00.0", None, True)] + [
         ("nvswitch", 20034, None, None, True)] * 4  # not the Severity / Data lines
     assert events[1]["what"] == ("NVSwitch nvidia-nvswitch1 (PCI 0000:06:00.0) SXid 20034, "
-                                 "fatal: the host's NVLink fabric, every GPU of it")
+                                 "fatal (link 48): " + kmsg.SXID_HOST_WIDE)
     assert events[1]["line"].startswith("nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034")
     (warning,) = events_of(KMSG_DIR / "sxid12028-nonfatal.gpud.txt")
     assert brief([warning]) == [("nvswitch", 12028, None, None, False)]
     assert "egress non-posted PRIV error" in warning["what"]
+
+
+def test_a_fatal_sxid_in_a_run_on_some_of_the_hosts_gpus_is_judged_host_wide_and_says_so(
+        tmp_path):
+    """An SXid names a switch port (Link 44), not a GPU: which GPU it serves is Fabric
+    Manager's topology, and its recovery resets GPUs and switches together. A run on GPUs 4-7
+    of an HGX host is ended by it, and the words say it was judged host-wide, with the link
+    (they said "every GPU of it", as if it had been checked)."""
+    from tests.unit.test_host_watch import GPUS, Gpus, sent, watch, write
+    w, log = watch(tmp_path, env={"NCCL_SOCKET_IFNAME": "eth0",
+                                  "CUDA_VISIBLE_DEVICES": "4,5,6,7"}, gpu=Gpus(buses=GPUS))
+    write(log, "nvidia-nvswitch3: SXid (PCI:0000:8a:00.0): 24007, Fatal, Link 44 sourcetrack "
+               "timeout error (First)")
+    (e,) = sent(w, 10.0)
+    assert (e["kind"], e["fatal"], e["gpu"], e["pci_bus"]) == ("nvswitch", True, None, None)
+    assert e["what"] == ("NVSwitch nvidia-nvswitch3 (PCI 0000:8a:00.0) SXid 24007, fatal (link "
+                         "44): judged host-wide: every GPU's NVLink fabric, a run on some of "
+                         "the host's GPUs too")
+    # Whole through the record another host's events pass (its `what` is bounded to 160).
+    assert runstate.checked_events([dict(e, source="kmsg")])[0][0]["what"] == e["what"]
 
 
 def test_4_19_to_5_2_a_sacrificed_child_is_the_one_kill_not_the_parent_the_summary_names():

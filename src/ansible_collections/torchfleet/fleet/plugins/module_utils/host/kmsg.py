@@ -9,8 +9,9 @@ It knows the lines of (format strings from the kernel and the drivers that print
   drains on the code;
 - NVSwitch SXids (`nvidia-nvswitch3: SXid (PCI:0000:8a:00.0): 24007, Fatal, Link 44 ...`):
   `Fatal` is fatal to the host (the switch's NVLink fabric serves every GPU of it: the event
-  names the switch and no device of the run, so no one GPU or rank is blamed), `Non-fatal` a
-  warning (xid_catalog.SXID);
+  names the switch and its link and no device of the run, so no one GPU or rank is blamed),
+  judged host-wide for a run on some of the host's GPUs too, and its words say so (the link's
+  GPU is Fabric Manager's topology, not in the line); `Non-fatal` a warning (xid_catalog.SXID);
 - PCIe AER (drivers/pci/pcie/aer.c and err.c, 3.x to 6.x: `AER: Uncorrected (Fatal) error
   received: ...`, 6.x's `AER: Uncorrectable (Non-Fatal) error message received from ...`,
   `PCIe Bus Error: severity=...`, `AER: device recovery failed`): an uncorrected fatal error,
@@ -116,6 +117,10 @@ _MLX5_SEVERITY = re.compile(r"Health issue observed, .{0,80}?severity\(([0-9])\)
 _MLX5_CMD = re.compile(r"^\s*mlx5_cmd_(?:out_err|check):[0-9]{1,6}:")
 _SXID = re.compile(r"(nvidia-nvswitch[0-9]{1,3}): SXid \(PCI:(" + _BDF + r")\): ([0-9]{1,6}), "
                    r"(Fatal|Non-fatal), (.{0,200})")
+_SXID_LINK = re.compile(r"\s*Link ([0-9]{1,3})\b")
+# A fatal SXid's words (the verdict's, through the event's `what`).
+SXID_HOST_WIDE = ("judged host-wide: every GPU's NVLink fabric, a run on some of the host's GPUs "
+                  "too")
 _OOM = re.compile(r"(?:(Memory cgroup out of memory|Out of memory[^:]{0,40}): |(?:^|\s))"
                   r"Killed process ([0-9]{1,10}),? (?:UID [0-9]+, )?\(([^)]{0,64})\)"
                   r"(?:.*?anon-rss:([0-9]+)kB)?")
@@ -187,13 +192,18 @@ def _sxid(msg):
     if not match:  # also its "Severity 1 Engine instance ..." and "Data {...}" lines
         return None
     switch, bus, fatal = match.group(1), match.group(2).lower(), match.group(4) == "Fatal"
+    link = _SXID_LINK.match(match.group(5))
     # pci_bus None: the switch is none of the run's devices and every GPU's fabric; a device
     # would make the host watch call it another device's and no GPU is the one at fault.
+    # Host-wide even for a run on some of the host's GPUs (CUDA_VISIBLE_DEVICES), and said so:
+    # the line names a switch port, which GPU that port serves is Fabric Manager's topology
+    # (not in the line, sysfs or NVML's bus ids), and its recovery resets the GPUs and the
+    # switches together (xid_catalog.SXID).
     return {"kind": "nvswitch", "code": int(match.group(3)), "fatal": fatal,
-            "what": "NVSwitch %s (PCI %s) SXid %s, %s: %s" % (
+            "what": "NVSwitch %s (PCI %s) SXid %s, %s%s: %s" % (
                 switch, bus, match.group(3), match.group(4).lower(),
-                "the host's NVLink fabric, every GPU of it" if fatal
-                else match.group(5).strip()[:60])}
+                " (link %s)" % link.group(1) if link else "",
+                SXID_HOST_WIDE if fatal else match.group(5).strip()[:60])}
 
 
 def _oom_event(memcg, pid, rss=None, cgroup=None):
