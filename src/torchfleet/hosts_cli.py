@@ -69,7 +69,7 @@ SCONTROL_TIMEOUT_S = 30  # slurmctld answers in well under a second when it answ
 
 def undrain(host: str) -> tuple[str, bool | None]:
     """After `torchfleet hosts release HOST`: resume HOST's Slurm node when torchfleet drained
-    it (drain.yml's reason begins "torchfleet "), and only such a node: one an administrator
+    it (reports/slurm_drain.py's reason begins "torchfleet "), and only such a node: one an administrator
     drained stays drained. Returns (what was done or why not, True resumed / False refused /
     None nothing to do): no scontrol, no such node, or a node not drained."""
     scontrol = shutil.which("scontrol")

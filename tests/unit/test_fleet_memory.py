@@ -328,3 +328,111 @@ def test_fatal_hardware_on_more_hosts_than_the_breaker_allows_drains_none_of_the
     assert said["detail"] in two["verdict"] and "fleet.breaker: " in two["table"]
     report = json.loads((tmp_path / "runs" / "r2" / "train.json").read_text())
     assert report["drain"] == [] and said["detail"] in report["verdict"]
+
+
+def fake_scontrol(tmp_path, refuse=""):
+    """An scontrol that records its arguments in tmp_path/scontrol.log and refuses a drain of
+    node `refuse` as slurmctld refuses a user who may not (its exit status and words)."""
+    log = tmp_path / "scontrol.log"
+    path = tmp_path / "scontrol"
+    path.write_text('#!/bin/sh\nprintf "%%s\\n" "$*" >> %s\n'
+                    'if [ "$2" = "nodename=%s" ]; then\n'
+                    '  echo "slurm_update error: Invalid user id" >&2; exit 1\nfi\n' % (log, refuse))
+    path.chmod(0o755)
+    return str(path), log
+
+
+def xid79_run(tmp_path, capsys, name, fatal_on, hosts, **more):
+    """run_summary of a run of `hosts` where `fatal_on` had an Xid 79, with slurm_drain."""
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import RunState
+    from ansible_collections.torchfleet.fleet.plugins.modules import run_summary
+    from tests.unit.modules import run_module
+    from tests.unit.test_hw_judge import beat, xid79
+
+    state = RunState(name, hosts, 1, now=100.0, hang_timeout_s=600)
+    for h in hosts:
+        beat(state, h, 101.0, [])
+    beat(state, fatal_on, 102.0, [xid79()])
+    return run_module(run_summary, dict({
+        "kind": "train", "run_id": name, "hosts": hosts, "state": state.record(),
+        "world_size": len(hosts), "settings": {"nproc_per_node": 1}, "expect_results": False,
+        "run_dir": str(tmp_path / "runs" / name), "fleet_db": "fleet.db",
+        "slurm_drain": True}, **more), capsys)
+
+
+def test_a_drain_slurm_refused_is_not_done_and_its_why_says_slurms_words(tmp_path, capsys):
+    """A drain's `done` was "asked of Slurm": one scontrol refused was done all the same. The
+    run's end drains itself, with the node's Slurm name, and keeps Slurm's answer."""
+    scontrol, log = fake_scontrol(tmp_path, refuse="slurm-n2")
+    hosts = ["n0", "n1", "n2", "n3"]
+    end = xid79_run(tmp_path, capsys, "r1", "n2", hosts, slurm_scontrol=scontrol,
+                    slurm_nodes={"n2": "slurm-n2", "n0": ""})
+    (drain,) = [a for a in end["actions"] if a["action"] == "drain"]
+    assert (drain["host"], drain["check"], drain["done"]) == ("n2", "run.hardware", False)
+    assert drain["why"].startswith("NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus.; ")
+    assert ("Slurm did not drain it (scontrol exited 1: slurm_update error: Invalid user id); "
+            "as a Slurm administrator: scontrol update nodename=slurm-n2 state=drain "
+            "'reason=torchfleet r1: run.hardware: ") in drain["why"]
+    assert "n2: Slurm did not drain it" in end["table"]
+    report = json.loads((tmp_path / "runs" / "r1" / "train.json").read_text())
+    assert report["actions"] == end["actions"]
+    assert [(a["action"], a["done"]) for a in fleet_of(tmp_path).history("n2")["actions"]
+            if a["action"] == "drain"] == [("drain", False)]
+    # Slurm drains n1 (its own name: none given) in another run: done.
+    again = xid79_run(tmp_path, capsys, "r2", "n1", hosts, slurm_scontrol=scontrol,
+                      quarantine_max_fraction=1.0)
+    assert [(a["host"], a["done"], a["why"].count("Slurm did not")) for a in again["actions"]
+            if a["action"] == "drain"] == [("n1", True, 0)]
+    assert log.read_text().splitlines()[-1].startswith(
+        "update nodename=n1 state=drain reason=torchfleet r2: run.hardware: NVRM: Xid")
+
+
+def test_the_drain_breaker_counts_the_drains_torchfleet_did_in_earlier_runs(tmp_path, capsys):
+    """The breaker counted one run's drains only: ten runs draining one host of 16 each
+    drained 10 of 16 within quarantine_h. With the ledger's audit, the first is drained and
+    the next ones are held by fleet.breaker (16 hosts x 0.1: one)."""
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import summary
+
+    scontrol, log = fake_scontrol(tmp_path)
+    hosts = ["n%02d" % i for i in range(16)]
+    done = []
+    for i in range(10):
+        end = xid79_run(tmp_path, capsys, "r%d" % i, hosts[i], hosts, slurm_scontrol=scontrol)
+        done += [a["host"] for a in end["actions"] if a["action"] == "drain" and a["done"]]
+        said = [c["detail"] for c in end["checks"] if c["id"] == "fleet.breaker"]
+        assert bool(said) is (i > 0), (i, said)
+    assert done == ["n00"] and len(log.read_text().splitlines()) == 1
+    assert said[0].startswith("fleet-wide cause suspected: 1 host (n09) of 16 would be drained "
+                              "beside 1 already, past quarantine_max_fraction 0.1")
+    # The breaker itself: this run's drains with the earlier ones, of the group.
+    ask = [{"host": "n01", "reason": "run.hardware", "evidence": "Xid 79"}]
+    assert summary.drain_breaker(ask, hosts, 0.1) == (ask, "")
+    assert summary.drain_breaker(ask, hosts, 0.1, held={"n00"})[0] == []
+    assert summary.drain_breaker(ask, hosts, 0.2, held={"n00"}) == (ask, "")
+
+
+def test_preflight_json_has_the_audit_of_the_hosts_it_left_out_as_train_json_has(
+        tmp_path, monkeypatch):
+    """preflight.json had no `actions`, though preflight leaves out quarantined hosts (and
+    actions=observe would have): the same list as train.json's, by the same function."""
+    monkeypatch.setenv("TORCHFLEET_LEDGER_NOW", repr(NOW))
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger
+    fleet = fleet_of(tmp_path)
+    fleet.quarantine("n1", 24, ledger.AUTO_REASON + "2.99 >= quarantine_score 2.5: lost x3",
+                     now=NOW - 3600)
+    fleet.close()
+    result = preflight_decide(preflight_params(tmp_path))
+    assert [(a["action"], a["host"], a["check"], a["done"]) for a in result["actions"]] == [
+        ("exclude", "n1", "host.quarantined", True)]
+    assert "quarantined by the fleet's ledger until" in result["actions"][0]["why"]
+    assert result["actions"][0]["at"] == "2030-03-17T17:46:40Z"
+    report = json.loads((tmp_path / "runs" / "r1" / "preflight.json").read_text())
+    assert report["actions"] == result["actions"]
+    assert [(a["action"], a["done"]) for a in fleet_of(tmp_path).history(
+        "n1", now=NOW)["actions"]] == [("exclude", True)]
+    observed = preflight_decide(dict(preflight_params(tmp_path, name="r2"), actions="observe"))
+    assert [(a["action"], a["host"], a["done"]) for a in observed["actions"]] == [
+        ("exclude", "n1", False)]
+    nobody = preflight_decide(preflight_params(tmp_path, name="r3", hosts=SIX[2:], spares=0))
+    assert nobody["actions"] == [] and json.loads(
+        (tmp_path / "runs" / "r3" / "preflight.json").read_text())["actions"] == []

@@ -135,6 +135,9 @@ def test_the_audit_and_the_verdict_of_an_observed_run(tmp_path, capsys):
 def test_an_enforced_run_audits_its_stop_and_drain_as_done(tmp_path, capsys):
     from ansible_collections.torchfleet.fleet.plugins.modules import run_summary
     from tests.unit.modules import run_module
+    from tests.unit.test_fleet_memory import fake_scontrol
+
+    scontrol, _log = fake_scontrol(tmp_path)  # (a drain is done where Slurm drained the node)
 
     hosts = ["n0", "n1", "n2", "n3"]
     s = runstate.RunState("enf", hosts, 1, now=100.0, hang_timeout_s=600)
@@ -144,8 +147,8 @@ def test_an_enforced_run_audits_its_stop_and_drain_as_done(tmp_path, capsys):
     end = run_module(run_summary, {
         "kind": "train", "run_id": "enf", "hosts": hosts, "state": s.record(),
         "world_size": 4, "settings": {"nproc_per_node": 1}, "expect_results": False,
-        "run_dir": str(tmp_path / "runs" / "enf"), "fleet_db": "", "slurm_drain": True},
-        capsys)
+        "run_dir": str(tmp_path / "runs" / "enf"), "fleet_db": "", "slurm_drain": True,
+        "slurm_scontrol": scontrol}, capsys)
     assert [d["host"] for d in end["drain"]] == ["n2"]
     assert [(a["action"], a["host"], a["done"]) for a in end["actions"]] == [
         ("stop", "n2", True), ("drain", "n2", True)]

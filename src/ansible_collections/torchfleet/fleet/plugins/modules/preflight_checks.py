@@ -268,6 +268,14 @@ skipped_records:
   returned: when retest is not empty
   type: list
   elements: dict
+actions:
+  description: The audit of what torchfleet did on its own, or would have, as train.json's (and in
+    preflight.json); each C(action) (exclude, a quarantined host left out; quarantine), C(host), C(check),
+    C(at) (ISO 8601 UTC), C(why) (the evidence) and C(done) (false for what O(actions=observe) or the
+    circuit breaker kept from being done).
+  returned: always
+  type: list
+  elements: dict
 quarantined:
   description: The hosts the fleet's ledger quarantined on recording this preflight (host, until in epoch
     seconds, the ledger's reason).

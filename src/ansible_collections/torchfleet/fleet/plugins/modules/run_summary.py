@@ -109,9 +109,20 @@ options:
         type: dict
         default: {}
   slurm_drain:
-    description: Whether the results role drains in Slurm (the audit lists its drains).
+    description: Whether to drain in Slurm the hosts in RV(drain) (C(scontrol update nodename=NODE state=drain
+      reason="torchfleet RUN_ID ..."), on the controller, before the report is written); the audit lists each
+      drain, done only where scontrol succeeded.
     type: bool
     default: false
+  slurm_nodes:
+    description: Each host's Slurm node name, by host (the inventory plugin's C(slurm_node)); a host not named,
+      or named C(""), is drained by its own name.
+    type: dict
+    default: {}
+  slurm_scontrol:
+    description: The C(scontrol) command that drains (the inventory plugin's C(slurm_scontrol)).
+    type: str
+    default: scontrol
   ledger_said:
     description: The C(fleet.ledger) warnings preflight gave (its report's details); when there is one, the run's
       end does not warn about the ledger again.
@@ -172,9 +183,10 @@ drain:
   description: Each host with a fatal hardware event during the run, as host, reason (the
     check id) and evidence (the event's line); and each host the fleet's ledger quarantined on
     recording this run (reason C(host.quarantined), the ledger's reason as evidence), which
-    train.json keeps as RV(quarantined) instead. The results role drains them in Slurm with
-    slurm_drain, unless the circuit breaker (C(fleet.breaker)) or O(actions=observe) keeps
-    it from doing so (then empty).
+    train.json keeps as RV(quarantined) instead. They are drained in Slurm with
+    O(slurm_drain), unless the circuit breaker (C(fleet.breaker), which counts this run's drains
+    with those torchfleet did within O(quarantine_h)) or O(actions=observe) keeps it from doing
+    so (then empty).
   returned: always
   type: list
   elements: dict
@@ -182,8 +194,9 @@ actions:
   description: The audit of what torchfleet did on its own, or would have, in the JSON report
     too; each C(action) (stop, drain, quarantine, exclude, restart), C(host) (none for the
     whole run), C(check), C(at) (ISO 8601 UTC), C(why) (the evidence) and C(done) (false for
-    what O(actions=observe) or the circuit breaker kept from being done). A drain is listed
-    with O(slurm_drain) only, done when asked of Slurm.
+    what O(actions=observe), the circuit breaker or a failure kept from being done). A drain is
+    listed with O(slurm_drain) only, done when scontrol drained the node; one Slurm refused
+    says why in its C(why) (scontrol's exit status and words, and the command to run).
   returned: always
   type: list
   elements: dict

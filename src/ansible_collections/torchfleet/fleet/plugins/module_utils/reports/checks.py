@@ -117,7 +117,8 @@ REGISTRY = (
          '`quarantine=warn` uses it anyway'),
     Unit(('fleet.breaker',), PREFLIGHT,
          "the circuit breaker: more of the group's hosts than `quarantine_max_fraction` "
-         '(at least one) would be quarantined within `quarantine_h`, or drained by one run: '
+         '(at least one) would be quarantined, or drained (this run\'s drains with those '
+         'torchfleet did before, by the ledger\'s audit), within `quarantine_h`: '
          'none of them is, and the verdict says fleet-wide cause suspected with the hosts (a '
          'fleet event in the ledger); a warning',
          'look for what the hosts share (a switch, a rack\'s power, the input, a driver '

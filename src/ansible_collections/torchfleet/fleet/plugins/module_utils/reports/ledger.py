@@ -26,8 +26,8 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import le
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.goodput import finite
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.ledger_store import (
     INCIDENTS, TEXT_MAX, _bulk, _count, _set_host, _text, _took_part, actions_of, add_actions,
-    add_events, events_since, host_states, incident_rows, kinds_since, lock_decisions,
-    newest_incidents, runs_since)
+    add_events, drained_since, events_since, host_states, incident_rows, kinds_since,
+    lock_decisions, newest_incidents, runs_since)
 
 CHECK_ID = "fleet.ledger"
 NOW_ENV = "TORCHFLEET_LEDGER_NOW"
@@ -550,6 +550,18 @@ class Fleet(ledger_store.Store):
                 add_actions(conn, run_id, _text(phase, 16) or "train", rows)
             return True
         return self._guard(write, False)
+
+    def drains(self, now=None):
+        """The drain breaker's history (reports/summary.py drain_breaker): (the hosts torchfleet
+        drained in Slurm within the last quarantine_h, by its audit's drains done; the hosts
+        the ledger saw in that time, the group they are a share of). Empty without a ledger."""
+        at = _clock(now)
+        start = at - max(self.quarantine_s, 3600.0)  # (the quarantine breaker's window)
+
+        def read():
+            with self._read() as conn:
+                return drained_since(conn, start), set(runs_since(conn, start))
+        return self._guard(read, (set(), set()))
 
     def history(self, host, since_s=None, now=None, limit=EVENTS_MAX):
         """One host's history, newest first: {"incidents": [{"run_id", "phase", "attempt",

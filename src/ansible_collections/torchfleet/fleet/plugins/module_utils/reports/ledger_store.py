@@ -493,6 +493,14 @@ def add_actions(conn, run_id, phase, actions):
                            "why": a["why"], "done": bool(a["done"])} for a in actions])
 
 
+def drained_since(conn, start):
+    """The hosts torchfleet drained in Slurm (a drain action done) at `start` or later."""
+    q = sa.select(ACTIONS.c.host).where(ACTIONS.c.action == "drain",
+                                        ACTIONS.c.done.is_(True), ACTIONS.c.at >= start,
+                                        ACTIONS.c.host != "").distinct()
+    return {host for (host,) in conn.execute(q)}
+
+
 def actions_of(conn, host, start, limit):
     """The newest `limit` actions of `host` (and the whole run's, host "", of its runs) dated
     `start` or later (None: ever), newest first."""

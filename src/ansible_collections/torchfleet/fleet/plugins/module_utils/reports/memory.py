@@ -15,6 +15,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import (
     CONTROLLER, ERROR, WARNING, check)
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import action
 
 # The modules' options for the ledger (preflight_checks adds `quarantine`, what it decides).
 # fleet_db has no default here: the plays pass the variable (its default, fleet.db); a module
@@ -66,7 +67,8 @@ def quarantined(health, now):
             if v.get("quarantined_until") and v["quarantined_until"] > now}
 
 
-def _why(host, state):
+def why_held(host, state):
+    """A quarantined host's evidence: until when, the ledger's reason and its history."""
     said = "quarantined by the fleet's ledger until %s" % iso(state["quarantined_until"])
     if state.get("reason"):
         said += " (%s)" % state["reason"]
@@ -78,11 +80,11 @@ def quarantine_checks(used, left_out, health, now, strict=False):
     warning; one the run uses anyway (no healthy spare left) a warning, an error when
     `strict`."""
     held = quarantined(health, now)
-    out = [check("host.quarantined", h, False, _why(h, held[h]) + "; not used: a spare takes "
-                 "its place", "mend %s, then `torchfleet hosts release %s`" % (h, h), WARNING)
+    out = [check("host.quarantined", h, False, why_held(h, held[h]) + "; not used: a spare "
+                 "takes its place", "mend %s, then `torchfleet hosts release %s`" % (h, h), WARNING)
            for h in left_out if h in held]
-    out += [check("host.quarantined", h, False, _why(h, held[h]) + "; %s: no healthy spare is "
-                  "left to take its place" % ("refused" if strict else "used anyway"),
+    out += [check("host.quarantined", h, False, why_held(h, held[h]) + "; %s: no healthy spare "
+                  "is left to take its place" % ("refused" if strict else "used anyway"),
                   "mend %s, then `torchfleet hosts release %s`; or add spares (-e spares=K)%s"
                   % (h, h, "" if not strict else "; quarantine=warn uses it anyway"),
                   ERROR if strict else WARNING)
@@ -147,6 +149,23 @@ def record(fleet, kind, report, now=None):
         fleet.warnings.append("the fleet's ledger could not record the %s: %s: %s"
                               % (kind, type(e).__name__, e))
         return []
+
+
+def audit(fleet, kind, run_id, newly, at, before=(), after=(), write=True):
+    """A report's `actions` (train.json's, collective.json's and preflight.json's, built here
+    alone; docs/outputs.md): `before` (what the run or preflight did, or would have), the
+    quarantines recording the report made (done) and those actions=observe or the circuit
+    breaker kept from being made (fleet.would, not done), then `after` (the drains); written
+    into the ledger's audit (`torchfleet hosts HOST`) when `write`."""
+    out = list(before)
+    out += [action("quarantine", q["host"], "host.quarantined", at, q["reason"], True)
+            for q in newly]
+    out += [action("quarantine", q["host"], "host.quarantined", at, q["reason"], False)
+            for q in fleet.would]
+    out += list(after)
+    if write and out:
+        record_actions(fleet, kind, run_id, out)
+    return out
 
 
 def record_actions(fleet, kind, run_id, actions, now=None):

@@ -13,6 +13,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.host import kmsg,
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import fabric, health_checks, ledger, memory, spares
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.net import is_loopback as is_loopback_addr
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.plan import bad_nproc_per_node
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import action
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import (  # noqa: F401 (check: for importers)
     CONTROLLER, ERROR, WARNING, check, failed, fmt_hosts, outliers)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.report import verdict, write_report
@@ -621,6 +622,7 @@ def decide(params):
     checks, nodes, resolved = judge(hosts, params["master"])
     choice = None
     used = hosts
+    left_out = {}  # {host: True (left out for its quarantine) or False (would have been)}
     if params["spares"] > 0 and hosts:
         # actions=observe leaves out no host for a quarantine of the ledger's own (its check
         # still says it); one made by hand is the user's, and honoured.
@@ -630,6 +632,12 @@ def decide(params):
             {h: v for h, v in held.items() if not str(v.get("reason") or "").startswith(
                 ledger.AUTO_REASON)} if observe else held)
         choice = {"candidates": hosts, "chosen": chosen, "skipped": skipped}
+        # The audit's exclusions: the hosts left out for a quarantine, and in observe those
+        # the ledger's quarantine would have left out (the choice enforce would have made).
+        would = spares.choose(hosts, nnodes, checks, params["master"],
+                              {h: v.get("score") or 0.0 for h, v in health.items()},
+                              held)[1] if observe else skipped
+        left_out = {h: h in skipped for h, ids in would.items() if "host.quarantined" in ids}
         used = chosen
         if len(chosen) < nnodes:
             checks = checks + [spares.too_few(hosts, nnodes, skipped)]
@@ -650,13 +658,19 @@ def decide(params):
         used, [], health, now, params["quarantine"] == "strict" and not observe)
     choice = choice or params["choice"]
     newly = []
-    if params["run_dir"] and params["ledger_record"]:
+    recording = bool(params["run_dir"] and params["ledger_record"])
+    if recording:
         # Written in the ledger before the report: its warnings are the report's too.
         newly = memory.record(fleet, "preflight", dict(
             ok=not failed(checks), kind="preflight", run_id=params["run_id"],
             nnodes=params["nnodes"], hosts=nodes, checks=checks,
             **({"spares": choice} if choice else {})), now)
         memory.textfile(fleet, params, params["run_dir"], now)
+    # The audit (as train.json's, by the same function): the hosts left out for a quarantine
+    # (not done: actions=observe kept them in), then the quarantines recording made or not.
+    actions = memory.audit(fleet, "preflight", params["run_id"], newly, now, [
+        action("exclude", h, "host.quarantined", now, memory.why_held(h, held[h]), done)
+        for h, done in left_out.items() if h in held], write=recording)
     fleet.close()  # (a PostgreSQL ledger's connection, not held through the run)
     checks = checks + memory.ledger_checks(fleet)
     bad = failed(checks)
@@ -674,7 +688,8 @@ def decide(params):
     if choice and not bad:
         table += "\n\n" + spares.summary(choice)
     result = dict(ok=not bad, checks=checks, nodes=nodes, resolved=resolved, failures=bad,
-                  table=table + "\n\n" + sentence, verdict=sentence, report="", retest=[])
+                  table=table + "\n\n" + sentence, verdict=sentence, report="", retest=[],
+                  actions=actions)
     if choice:
         result["choice"] = choice
     fleet_entry = memory.report_entry(health, candidates, now)
@@ -683,7 +698,8 @@ def decide(params):
     if params["run_dir"]:
         report = dict(ok=not bad, kind="preflight", run_id=params["run_id"],
                       nnodes=params["nnodes"], master_port=params["master_port"],
-                      hosts=nodes, checks=checks, verdict=sentence, **resolved)
+                      hosts=nodes, checks=checks, verdict=sentence, actions=actions,
+                      **resolved)
         if choice:
             report["spares"] = choice
         if fleet_entry:

@@ -17,7 +17,7 @@ import time
 
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import kmsg, nccl_log
-from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import fabric, goodput, isolate, ledger, memory
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import fabric, goodput, isolate, ledger, memory, slurm_drain
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import flight, straggle
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.stacks import FAULTHANDLER_FRAME
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import ERROR, WARNING, check, failed
@@ -62,8 +62,11 @@ ARGUMENT_SPEC = dict(
         floor_gbs=dict(type="float", default=0.0),
         nics=dict(type="dict", default={}),
     )),
-    # Whether roles/results' drain.yml drains in Slurm (the audit's drains are done or not).
+    # Whether to drain in Slurm (reports/slurm_drain.py: the audit's drains are done or not as
+    # Slurm answered), each host's Slurm node name ({host: node}) and the scontrol command.
     slurm_drain=dict(type="bool", default=defaults.default("slurm_drain")),
+    slurm_nodes=dict(type="dict", default={}),
+    slurm_scontrol=dict(type="str", default="scontrol"),
     # The fleet's ledger (reports/memory.py), and what preflight said of it already.
     ledger_said=dict(type="list", elements="str", default=[]),
     **memory.SPEC
@@ -715,36 +718,37 @@ def decide(params):
     recording = params["run_dir"] and params["ledger_record"]
     newly = memory.record(fleet, kind, report) if recording else []
     memory.textfile(fleet, params, params["run_dir"])
-    # Slurm drains (roles/results' drain.yml): the hosts with a fatal hardware cause and those
-    # quarantined now (with the ledger's reason), unless more than the circuit breaker allows
-    # or actions=observe.
+    # Slurm drains (reports/slurm_drain.py): the hosts with a fatal hardware cause and those
+    # quarantined now (with the ledger's reason), unless the circuit breaker (this run's drains
+    # with those torchfleet did within quarantine_h, the ledger's audit) or actions=observe
+    # keeps them from being done.
     drained = {d["host"] for d in hardware["drain"]}
     asked = hardware["drain"] + [
         {"host": q["host"], "reason": "host.quarantined", "evidence": "%s (until %s)" % (
             q["reason"], memory.iso(q["until"]))} for q in newly if q["host"] not in drained]
+    at = time.time()
+    held, seen = fleet.drains(at) if asked else (set(), set())
     drain, tripped = drain_breaker(asked, [h["host"] for h in rows_out],
-                                   params["quarantine_max_fraction"])
+                                   params["quarantine_max_fraction"], held, seen)
     observe = params["actions"] == "observe"
     if observe:
         drain = []
-    at = time.time()
+    # Slurm's answer, before the audit is written: a drain it refused is not done.
+    refused = slurm_drain.drain(drain, params["run_id"], params["slurm_nodes"],
+                                params["slurm_scontrol"] or "scontrol") \
+        if params["slurm_drain"] and drain else {}
     # The audit (docs/running.md): what torchfleet did on its own, or would have (done false),
     # in train.json and in the ledger (torchfleet hosts HOST).
-    audit = [a for att in extra.get("attempts", []) for a in att["actions"]] \
+    before = [a for att in extra.get("attempts", []) for a in att["actions"]] \
         if params["attempts"] else checked_actions(record.get("actions"))
-    audit += [action("quarantine", q["host"], "host.quarantined", at, q["reason"], True)
-              for q in newly]
-    audit += [action("quarantine", q["host"], "host.quarantined", at, q["reason"], False)
-              for q in fleet.would]
-    if params["slurm_drain"]:
-        audit += [action("drain", d["host"], d["reason"], at, d["evidence"], d in drain)
-                  for d in asked]
-    if recording:
-        memory.record_actions(fleet, kind, params["run_id"], audit)
+    drains = [action("drain", d["host"], d["reason"], at, "; ".join(
+        w for w in (d["evidence"], refused.get(d["host"])) if w),
+        d in drain and not refused.get(d["host"])) for d in asked] if params["slurm_drain"] else []
+    audit = memory.audit(fleet, kind, params["run_id"], newly, at, before, drains, recording)
     fleet.close()
     report["actions"] = extra["actions"] = audit
-    # train.json's `drain` keeps the hardware's (a quarantine is its own entry); the module's,
-    # which drain.yml reads, every drain.
+    # train.json's `drain` keeps the hardware's (a quarantine is its own entry); the module's
+    # every drain asked and not held back (the breaker, observe).
     report["drain"] = [d for d in drain if d["reason"] != "host.quarantined"]
     extra["drain"] = drain
     said = memory.ledger_checks(fleet, params["ledger_said"]) + memory.breaker_checks(tripped)
@@ -788,6 +792,8 @@ def decide(params):
         text += "\n" + goodput.line(extra["goodput"])
     if newly:
         text += "\n" + memory.newly_text(newly)
+    if any(refused.values()):  # who Slurm did not drain, and the command that would
+        text += "\n" + "\n".join("%s: %s" % (h, w) for h, w in sorted(refused.items()) if w)
     if said:
         text += "\n" + "\n".join("%s: %s" % (c["id"], c["detail"]) for c in said)
     out = dict(ok=not bad, checks=checks, failures=bad, first_failure=failure, report=path,
@@ -807,11 +813,15 @@ def would_words(audit, most=6):
         len(would) - most) if len(would) > most else "")
 
 
-def drain_breaker(drain, hosts, fraction):
-    """The circuit breaker on the run's drains: more hosts than breaker_limit of the run's
-    `hosts` (a shared cause: a rack's power, a driver roll-out) are drained none of them.
-    Returns (the drains to do, the breaker's sentence or "")."""
+def drain_breaker(drain, hosts, fraction, held=(), seen=()):
+    """The circuit breaker on drains: the hosts this run would drain, with those torchfleet
+    drained within quarantine_h (`held`, the ledger's audit: ten runs draining one host each
+    are ten drains), past breaker_limit of the group (the run's `hosts` and those the ledger
+    saw in that time, `seen`) are a shared cause's (a rack's power, a driver roll-out): none
+    of this run's is done. Returns (the drains to do, the breaker's sentence or "")."""
     named = sorted({d["host"] for d in drain})
-    if len(named) <= ledger.breaker_limit(len(hosts), fraction, whole=True):
+    group = set(hosts) | set(seen) | set(held)
+    if len(set(named) | set(held)) <= ledger.breaker_limit(len(group), fraction, whole=True):
         return drain, ""
-    return [], ledger.breaker_words(named, len(hosts), fraction, "drained")
+    return [], ledger.breaker_words(named, len(group), fraction, "drained",
+                                    len(set(held) - set(named)))
