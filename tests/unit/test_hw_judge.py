@@ -322,7 +322,8 @@ def test_a_fatal_nvswitch_sxid_drains_its_host_and_names_the_switch_not_a_ranks_
     assert (s.failure["reason"], s.failure["host"]) == ("hardware", "n1")
     words = runstate.failure_text(s.failure)
     assert words.startswith("n1: NVSwitch nvidia-nvswitch1 (PCI 0000:06:00.0) SXid 20034, "
-                            "fatal: the host's NVLink fabric, every GPU of it, at ")
-    assert "GPU" not in words.split(", fatal:")[0] and "drain n1" in words
+                            "fatal (link 48): judged host-wide: every GPU's NVLink fabric, a "
+                            "run on some of the host's GPUs too, at ")
+    assert "GPU" not in words.split(", fatal")[0] and "drain n1" in words
     assert hardware_checks(s.record(), ["n0", "n1"])["drain"] == [
         {"host": "n1", "reason": "run.hardware", "evidence": line}]
