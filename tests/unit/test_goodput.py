@@ -52,7 +52,12 @@ CHECKPOINT = st.fixed_dictionaries({"began": TIME, "ended": TIME, "stall": st.bo
                                     "step": st.one_of(st.none(), st.integers(0, 10**6)),
                                     "path": st.text(max_size=5)},
                                    optional={"stall_s": st.one_of(TIME, st.floats(0, 1e4)),
-                                             "files": st.one_of(st.integers(-2, 10), TIME)})
+                                             "files": st.one_of(st.integers(-2, 10), TIME),
+                                             "partial": st.one_of(st.booleans(), TIME),
+                                             "of": st.one_of(st.integers(-2, 10), TIME)})
+FOLDED = st.one_of(TIME, st.fixed_dictionaries({
+    "saves": st.one_of(st.integers(-1, 10**6), TIME), "stall_s": TIME, "save_s": TIME,
+    "first": TIME, "last": TIME}))
 ATTEMPT = st.fixed_dictionaries({
     "attempt": st.integers(0, 9), "launch": TIME, "running": TIME, "init_done": TIME,
     "failed": TIME, "stopped": TIME,
@@ -60,16 +65,22 @@ ATTEMPT = st.fixed_dictionaries({
         ["run.hardware", "host.lost", "run.exit", "run.stopped_by_user", ""]), "host": st.text(max_size=4)})),
     "checkpoints": st.lists(CHECKPOINT, max_size=5),
     "checkpoint_warnings": st.lists(st.text(max_size=10), max_size=2),
-    "checkpoint_blind": st.booleans()})
+    "checkpoint_blind": st.booleans()},
+    optional={"last_collective": TIME, "checkpoints_folded": FOLDED})
 
 
 @settings(max_examples=examples(400), deadline=None)
 @given(started=TIME, now=TIME, attempts=st.lists(ATTEMPT, max_size=4),
-       checkpoint_dir=st.sampled_from(["", "/ckpt", None]))
+       checkpoint_dir=st.sampled_from(["", "/ckpt", None]), reported=TIME,
+       nnodes=st.one_of(TIME, st.integers(-1, 600)),
+       history=st.one_of(TIME, st.fixed_dictionaries({"host_s": TIME, "failures": st.one_of(
+           st.integers(-1, 100), TIME)})))
 def test_any_timeline_gives_buckets_that_add_up_to_the_wall_time(started, now, attempts,
-                                                                 checkpoint_dir):
+                                                                 checkpoint_dir, reported,
+                                                                 nnodes, history):
     g = goodput({"started": started, "now": now, "checkpoint_dir": checkpoint_dir,
-                 "attempts": attempts})
+                 "attempts": attempts, "reported": reported, "nnodes": nnodes},
+                history=history)
     assert g["wall_s"] >= 0 and 0 <= g["ratio"] <= 1
     assert all(v is None or v >= 0 for v in g["buckets"].values())
     assert adds_up(g), g
