@@ -33,7 +33,8 @@ SLOW_COVERS: dict[str, tuple[str, ...]] = {
         *PLAYS, *LAUNCH, M + "/run/detach.py", M + "/run/restart.py", M + "/run/rundir.py",
         M + "/run/guard.py", "src/torchfleet/rundirs.py", "src/torchfleet/cli.py"),
     "tests/lab/test_goodput_lab.py": (
-        *LAUNCH, M + "/run/ckptwatch.py", M + "/reports/goodput.py", M + "/run/restart.py",
+        *LAUNCH, M + "/run/ckptwatch.py", M + "/host/mounts.py", M + "/reports/goodput.py",
+        M + "/reports/summary.py", M + "/run/restart.py", "tests/fixtures/scripts/ckpt_train.py",
         F + "/roles/launch/files/workloads/*"),
     "tests/lab/test_straggler_lab.py": (
         *LAUNCH, M + "/run/straggle.py", M + "/run/flight.py", M + "/host/perf.py",

@@ -322,16 +322,20 @@ def goodput_text(view: dict) -> str:
                              view["lost_work_unknown_runs"],
                              "" if view["lost_work_unknown_runs"] == 1 else "s"))
         if view["failures"]:
-            every = " (one every %s)" % goodput.duration(view["mtbf_s"]) if view["mtbf_s"] else ""
+            # Per host-hour, then at each run size: an 8-host and a 512-host run fail apart.
+            every = " (one every %s of one host's time)" % goodput.duration(
+                view["mtbf_host_s"]) if view["mtbf_host_s"] else ""
             lines += ["", "%d failure%s%s" % (view["failures"], "" if view["failures"] == 1
                                                else "s", every),
                       render(["cause", "failures", "cost"], [
                           (c["check"], c["failures"], "%.2f h" % c["cost_h"])
                           for c in view["causes"]])]
+            if view["mtbf_host_s"]:
+                lines += ["", render(["hosts", "runs", "a failure every", "advice"], [
+                    (s["nnodes"], s["runs"], goodput.duration(s["mtbf_s"]), s["advice"] or "-")
+                    for s in view["sizes"]])]
         else:
             lines += ["", "no failure"]
-        if view["advice"]:
-            lines += ["", view["advice"]]
     if view["skipped"]:
         lines.append("%d train.json skipped: unreadable, too large or not torchfleet's"
                      % view["skipped"])

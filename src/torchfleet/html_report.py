@@ -349,7 +349,8 @@ def _attempts(result: Result) -> str:
 # Goodput's buckets in the order an attempt goes through them, with their colours.
 BUCKET_COLOURS = (("preflight", "#8c959f"), ("launch", "#54aeff"), ("init", "#b6e3ff"),
                   ("kept_training", "#2da44e"), ("checkpoint_stall", "#d4a72c"),
-                  ("lost_work", "#cf222e"), ("detection", "#fb8f44"), ("restart", "#8250df"))
+                  ("lost_work", "#cf222e"), ("detection", "#fb8f44"), ("teardown", "#d0d7de"),
+                  ("restart", "#8250df"))
 
 
 def _duration(seconds: float) -> str:

@@ -209,6 +209,7 @@ class GoodputBuckets:
     checkpoint_stall: float = 0.0
     lost_work: float | None = 0.0
     detection: float = 0.0
+    teardown: float = 0.0
     restart: float = 0.0
 
 

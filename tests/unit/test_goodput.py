@@ -52,7 +52,12 @@ CHECKPOINT = st.fixed_dictionaries({"began": TIME, "ended": TIME, "stall": st.bo
                                     "step": st.one_of(st.none(), st.integers(0, 10**6)),
                                     "path": st.text(max_size=5)},
                                    optional={"stall_s": st.one_of(TIME, st.floats(0, 1e4)),
-                                             "files": st.one_of(st.integers(-2, 10), TIME)})
+                                             "files": st.one_of(st.integers(-2, 10), TIME),
+                                             "partial": st.one_of(st.booleans(), TIME),
+                                             "of": st.one_of(st.integers(-2, 10), TIME)})
+FOLDED = st.one_of(TIME, st.fixed_dictionaries({
+    "saves": st.one_of(st.integers(-1, 10**6), TIME), "stall_s": TIME, "save_s": TIME,
+    "first": TIME, "last": TIME}))
 ATTEMPT = st.fixed_dictionaries({
     "attempt": st.integers(0, 9), "launch": TIME, "running": TIME, "init_done": TIME,
     "failed": TIME, "stopped": TIME,
@@ -60,16 +65,22 @@ ATTEMPT = st.fixed_dictionaries({
         ["run.hardware", "host.lost", "run.exit", "run.stopped_by_user", ""]), "host": st.text(max_size=4)})),
     "checkpoints": st.lists(CHECKPOINT, max_size=5),
     "checkpoint_warnings": st.lists(st.text(max_size=10), max_size=2),
-    "checkpoint_blind": st.booleans()})
+    "checkpoint_blind": st.booleans()},
+    optional={"last_collective": TIME, "checkpoints_folded": FOLDED})
 
 
 @settings(max_examples=examples(400), deadline=None)
 @given(started=TIME, now=TIME, attempts=st.lists(ATTEMPT, max_size=4),
-       checkpoint_dir=st.sampled_from(["", "/ckpt", None]))
+       checkpoint_dir=st.sampled_from(["", "/ckpt", None]), reported=TIME,
+       nnodes=st.one_of(TIME, st.integers(-1, 600)),
+       history=st.one_of(TIME, st.fixed_dictionaries({"host_s": TIME, "failures": st.one_of(
+           st.integers(-1, 100), TIME)})))
 def test_any_timeline_gives_buckets_that_add_up_to_the_wall_time(started, now, attempts,
-                                                                 checkpoint_dir):
+                                                                 checkpoint_dir, reported,
+                                                                 nnodes, history):
     g = goodput({"started": started, "now": now, "checkpoint_dir": checkpoint_dir,
-                 "attempts": attempts})
+                 "attempts": attempts, "reported": reported, "nnodes": nnodes},
+                history=history)
     assert g["wall_s"] >= 0 and 0 <= g["ratio"] <= 1
     assert all(v is None or v >= 0 for v in g["buckets"].values())
     assert adds_up(g), g
@@ -81,7 +92,9 @@ def test_any_timeline_gives_buckets_that_add_up_to_the_wall_time(started, now, a
         if g["buckets"][k] is not None and g["attempts"]:
             assert math.isclose(g["buckets"][k], sum(a["buckets"][k] or 0.0 for a in g["attempts"]),
                                 abs_tol=1e-6)
-    unknown = NO_CHECKPOINT_DIR in g["unknown"] or any(BLIND in u for u in g["unknown"])
+    unknown = NO_CHECKPOINT_DIR in g["unknown"] or any(BLIND in u for u in g["unknown"]) or \
+        any(u.startswith("lost work is unknown: the checkpoint watch saw no save")
+            for u in g["unknown"])
     assert g["buckets"]["lost_work"] is not None or unknown
     assert unknown == any(a["buckets"]["lost_work"] is None for a in g["attempts"])
     assert isinstance(line(g), str)
@@ -105,7 +118,9 @@ def test_a_monotonic_timeline_is_read_as_it_is(offsets, fails, watched):
     assert near(b["init"], init_done - running)
     if fails:
         assert near(b["detection"], stopped - failed)
-        assert b["lost_work"] is None if not watched else near(b["lost_work"], failed - init_done)
+        # No save seen at all (issue 67): what was lost is unknown, not all the training.
+        trained = round(T0 + failed, 3) > round(T0 + init_done, 3)
+        assert b["lost_work"] is None if not watched or trained else b["lost_work"] == 0
     else:
         assert b["detection"] == 0 and b["lost_work"] == 0
         assert near(b["kept_training"], stopped - init_done)
@@ -120,7 +135,8 @@ def test_a_clean_run_keeps_all_its_training():
                                  checkpoints=[ckpt(1000, 1030, 100), ckpt(2000, 2030, 200)])))
     assert g["wall_s"] == 3650
     assert g["buckets"] == {"preflight": 20, "launch": 15, "init": 15, "kept_training": 3600,
-                            "checkpoint_stall": 0, "lost_work": 0, "detection": 0, "restart": 0}
+                            "checkpoint_stall": 0, "lost_work": 0, "detection": 0,
+                            "teardown": 0, "restart": 0}
     assert g["ratio"] == round(3600 / 3650, 6) and g["failures"] == [] and g["unknown"] == []
     assert g["save_s"] == 30 and g["interval_s"] == 1000 and g["mtbf_s"] is None
     assert [c["step"] for c in g["checkpoints"]] == [100, 200]
@@ -227,7 +243,7 @@ def test_a_timeline_out_of_order_is_clipped_not_negative():
     # running before launch, stopped before failed, the second launch before the first stop.
     g = goodput(timeline(attempt(0, 100, 90, 120, 500, 400, {"check": "run.exit", "host": "a"}),
                          attempt(1, 450, 460, 470, None, 1000)))
-    assert all(v >= 0 for v in g["buckets"].values())
+    assert all(v is None or v >= 0 for v in g["buckets"].values())
     assert g["attempts"][0]["buckets"]["launch"] == 0
     assert g["attempts"][0]["buckets"]["detection"] == 0
     assert g["attempts"][0]["buckets"]["restart"] == 0
@@ -303,12 +319,13 @@ def test_the_checkpoint_watch_warnings_are_said():
 def test_a_checkpoint_dir_the_watch_could_not_read_leaves_lost_work_unknown():
     # The directory never appeared (a wrong path) or could not be read: no checkpoint seen
     # says nothing of what was lost, so it is unknown, not every second of the training.
-    fails = attempt(0, 0, 1, 2, 50, 52, {"check": "run.exit", "host": "a"})
-    assert goodput(timeline(fails))["buckets"]["lost_work"] == 48
+    fails = attempt(0, 0, 1, 2, 50, 52, {"check": "run.exit", "host": "a"},
+                    checkpoints=[ckpt(5, 6, 10, stall=True)])
+    assert goodput(timeline(fails))["buckets"]["lost_work"] == 44
     fails["checkpoint_blind"] = True
     g = goodput(timeline(fails))
     assert g["buckets"]["lost_work"] is None and g["unknown"][0] == BLIND
-    assert g["buckets"]["kept_training"] == 48 and adds_up(g)
+    assert g["buckets"]["kept_training"] == 47 and adds_up(g)
 
 
 def test_nothing_but_garbage_raises_nothing():
@@ -463,3 +480,99 @@ def test_the_users_own_stop_costs_work_but_is_no_failure_of_the_mean_time_betwee
         attempt(1, 1010, 1011, 1012, 3000, 3002, {"check": "run.stopped_by_user", "host": ""})))
     assert [f["check"] for f in g["failures"]] == ["run.exit", "run.stopped_by_user"]
     assert g["mtbf_s"] == g["wall_s"] == 3002
+
+
+# ---- issue 67: the edges of real fleets
+
+
+def test_a_save_cut_short_is_no_checkpoint_lost_work_counts_from_the_last_whole_one():
+    """5 of 8 model_rank{r}_step100.pt written before the failure (the watch's partial entry):
+    lost work counts from the whole save before it (about 975 s), not from the cut one (5 s),
+    and "unknown" says so."""
+    whole = dict(ckpt(20, 25, 50, stall=True, path="model_rank*_step50.pt"), files=8)
+    cut = dict(ckpt(990, 995, 100, stall=True, path="model_rank*_step100.pt"), files=5, of=8,
+               partial=True)
+    g = goodput(timeline(attempt(0, 0, 5, 10, 1000, 1003, {"check": "host.lost", "host": "n2"},
+                                 [whole, cut])))
+    assert g["buckets"]["lost_work"] == 975
+    assert [c["step"] for c in g["checkpoints"]] == [50]
+    assert any("model_rank*_step100.pt was cut short (5 of 8 shards)" in u for u in g["unknown"])
+    assert adds_up(g)
+
+
+def test_a_checkpoint_dir_that_never_sees_a_save_leaves_lost_work_unknown():
+    """The wrong folder (or saves to object storage): a failed attempt's training is not all
+    lost work with nothing said; it is unknown, and goodput an upper bound."""
+    g = goodput(timeline(attempt(0, 0, 5, 10, 1000, 1003, {"check": "run.exit", "host": "n"}),
+                         attempt(1, 1010, 1015, 1020, None, 2000)))
+    assert g["buckets"]["lost_work"] is None
+    assert g["unknown"][0].startswith("lost work is unknown: the checkpoint watch saw no save "
+                                      "in checkpoint_dir /shared/ckpt")
+    assert line(g).startswith("goodput at most ")
+
+
+def test_older_saves_folded_by_the_record_still_stall():
+    """5 days of a save every 10 min stalling 60 s: the record keeps the newest 256 and folds
+    the older 464 into one aggregate; their 7.7 h of stalls stay checkpoint_stall."""
+    day = 86400.0
+    kept = [ckpt(day * 5 - 600 * (256 - i), day * 5 - 600 * (256 - i) + 60, i, stall=True)
+            for i in range(256)]
+    folded = {"saves": 464, "stall_s": 464 * 60.0, "save_s": 464 * 60.0, "first": T0 + 600,
+              "last": T0 + 600 * 464 + 60}
+    a = attempt(0, 0, 1, 2, None, day * 5, checkpoints=kept)
+    a["checkpoints_folded"] = folded
+    g = goodput(timeline(a))
+    assert g["buckets"]["checkpoint_stall"] == 720 * 60
+    assert g["checkpoints_folded"] == 464 and adds_up(g)
+
+
+def test_the_mtbf_is_per_host_hour_from_the_runs_root_and_a_planned_end_is_no_failure():
+    """A run with no failure gets the fleet's MTBF at its own size; one failure does not make
+    its own wall time the MTBF; run.timeout and run.controller_lost are no failures."""
+    saves = [ckpt(70 + i * 7200, 110 + i * 7200, i) for i in range(1, 4)]
+    clean = timeline(attempt(0, 0, 10, 20, None, 30000, checkpoints=saves))
+    clean["nnodes"] = 8
+    # The fleet: 48 host-hours a failure; at 8 hosts, one every 6 h.
+    g = goodput(clean, history={"host_s": 10 * 48 * 3600.0, "failures": 10})
+    assert g["mtbf_s"] == round((10 * 48 * 3600.0 + 30000 * 8) / 10 / 8, 3)
+    assert g["advice"].startswith("checkpoints every 2 h; with a failure every ")
+    ends = timeline(attempt(0, 0, 1, 2, 1000, 1002, {"check": "run.timeout", "host": ""}))
+    assert goodput(ends)["mtbf_s"] is None
+    lost = timeline(attempt(0, 0, 1, 2, 1000, 1002, {"check": "run.controller_lost", "host": ""}))
+    assert goodput(lost)["mtbf_s"] is None
+
+
+def test_torchfleet_goodput_gives_the_mtbf_per_run_size_not_pooled(tmp_path):
+    """An 8-host and a 512-host run, one failure each: not one pooled MTBF, but host-seconds
+    per failure, and at each size its own."""
+    for name, nnodes, fails in (("20260901-100000-aaaa", 8, True),
+                                ("20260902-100000-bbbb", 512, True)):
+        g = goodput(timeline(attempt(0, 0, 10, 20, 3600 if fails else None, 3600,
+                                     {"check": "run.hardware", "host": "n"} if fails else None),
+                             checkpoint_dir=""))
+        g["nnodes"] = nnodes
+        write_run(tmp_path, name, {"ok": True, "goodput": g})
+    view = runs_goodput(str(tmp_path))
+    assert view["mtbf_host_s"] == round(3600 * (8 + 512) / 2, 3)
+    assert [(s["nnodes"], s["mtbf_s"]) for s in view["sizes"]] == [
+        (8, round(3600 * 520 / 2 / 8, 3)), (512, round(3600 * 520 / 2 / 512, 3))]
+    assert gp.history(str(tmp_path), exclude="20260902-100000-bbbb") == {
+        "host_s": 3600 * 8, "failures": 1}
+
+
+def test_the_wall_is_the_commands_and_a_clean_ends_teardown_is_its_own_bucket():
+    """A clean attempt's training ends at its last collective: the script's and torchrun's
+    exit is teardown, and so is the gather to the report (the command's last play)."""
+    a = attempt(0, 10, 15, 20, None, 100)
+    a["last_collective"] = T0 + 97.9
+    tl = timeline(a)
+    tl["reported"] = T0 + 103.0
+    g = goodput(tl)
+    assert g["wall_s"] == 103.0
+    assert g["buckets"]["kept_training"] == 77.9 and g["buckets"]["teardown"] == 5.1
+    assert g["ratio"] == round(77.9 / 103.0, 6) and adds_up(g)
+    # A report days after the run ended (a detached run attached to later): not the run's time.
+    tl["reported"] = T0 + 100 + 2 * 86400
+    g = goodput(tl)
+    assert g["wall_s"] == 100.0 and g["buckets"]["teardown"] == 2.1
+    assert any("after every rank stopped" in u for u in g["unknown"])

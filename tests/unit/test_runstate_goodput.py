@@ -43,7 +43,7 @@ def ckpt(began, ended, path="step_100.pt", **kw):
 def test_the_timeline_of_a_run_that_succeeded():
     s = state()
     assert s.record()["timeline"] == {"running": None, "init_done": None, "failed": None,
-                                      "stopped": None}
+                                      "stopped": None, "last_collective": None}
     beat(s, "node0", 1003.0)
     beat(s, "node1", 1005.0)  # the latest host's ranks up
     # Each rank's first collective, as an age on its own host's clock: dated when heard.
@@ -55,8 +55,8 @@ def test_the_timeline_of_a_run_that_succeeded():
     assert s.record()["timeline"]["stopped"] is None  # node1 still runs
     s.report("node1", 1102.0, {"t": runstate.EXIT, "rc": 0, "ended_s": 1.0})
     rec = s.record()
-    assert rec["timeline"] == {"running": 1005.0, "init_done": 1007.0, "failed": None,
-                               "stopped": 1101.0}
+    assert {k: v for k, v in rec["timeline"].items() if k != "last_collective"} == {
+        "running": 1005.0, "init_done": 1007.0, "failed": None, "stopped": 1101.0}
     assert [h["ended"] for h in rec["hosts"]] == [1099.5, 1101.0]
 
 
@@ -315,3 +315,35 @@ def test_the_timeline_holds_whatever_the_order_of_reports(events):
     ends = [c["ended"] for c in rec["checkpoints"]]
     assert ends == sorted(ends) and all(c["began"] <= c["ended"] for c in rec["checkpoints"])
     assert all(isinstance(c["stall"], bool) for c in rec["checkpoints"])
+
+
+def test_saves_past_the_kept_ones_are_folded_not_dropped():
+    """Issue 67: a days-long run's older saves moved their stall time into kept_training; the
+    record folds them into one aggregate, their stalls and their count kept."""
+    s = state()
+    n = defaults.CHECKPOINTS_KEPT + 100
+    for i in range(n):
+        s.checkpoint_seen(1e6, ckpt(2000.0 + 600 * i, 2060.0 + 600 * i, path="s_%d" % i, step=i))
+    rec = s.record()
+    assert len(rec["checkpoints"]) == defaults.CHECKPOINTS_KEPT
+    folded = rec["checkpoints_folded"]
+    assert folded["saves"] == 100 and folded["stall_s"] == 100 * 60.0
+    assert folded["first"] == 2000.0 and folded["last"] == 2060.0 + 600 * 99
+
+
+def test_a_partial_save_is_kept_apart_and_shards_grouped_by_the_watch_count_as_theirs():
+    s = state()
+    s.checkpoint_seen(5000.0, ckpt(1000.0, 1005.0, path="model_rank*_step50.pt", files=8))
+    s.checkpoint_seen(5000.0, ckpt(1990.0, 1995.0, path="model_rank*_step100.pt", files=5, of=8,
+                                   partial=True))
+    cps = s.record()["checkpoints"]
+    assert [(c["files"], c.get("partial"), c.get("of")) for c in cps] == [(8, None, None),
+                                                                         (5, True, 8)]
+
+
+def test_a_clean_ends_last_collective_is_in_the_timeline():
+    s = state()
+    beat(s, "node0", 1003.0, done=1)
+    beat(s, "node0", 1050.0, done=40)
+    beat(s, "node0", 1060.0, done=40)  # held still: the run's end
+    assert s.record()["timeline"]["last_collective"] == 1050.0

@@ -330,7 +330,8 @@ CHECKPOINT_GROWING_WARN_S = 600.0
 CHECKPOINT_HUNG_WARN_S = 60.0
 CHECKPOINT_MISSING_WARN_S = 120.0  # a checkpoint_dir still missing this long is said (the script
 #                                    may make it at its first save), else at the run's end
-CHECKPOINT_FINAL_WAIT_S = 3.0   # the master's end awaits the watch's final look this long
+CHECKPOINT_FINAL_WAIT_S = 3.0   # the master's end awaits the watch's final look this long, plus
+CHECKPOINT_FINAL_WAIT_MAX_S = 120.0  # two of its slowest looks (a long scan), at most this long
 CHECKPOINT_SCAN_BUDGET = 0.001  # a full scan no sooner than its own CPU cost / this after the last
 CHECKPOINTS_KEPT = 256          # the record keeps the newest this many checkpoints
 # A save is a checkpoint stall unless some rank's completed collectives advanced inside
@@ -346,6 +347,10 @@ CHECKPOINT_KEPT_MARGIN_S = 1.0
 # Checkpoints whose windows overlap or end within this of each other are one save (per-rank
 # shard files written side by side): the record and goodput group them alike.
 CHECKPOINT_SAME_SAVE_S = 1.0
+# Goodput's wall time ends at the report (the command's last play): the gather after every rank
+# stopped is teardown, up to this long (a detached run attached to days later did not spend
+# those days being torn down).
+GOODPUT_GATHER_MAX_S = 900.0
 # The fleet's ledger (reports/ledger.py): its file's name in the runs root (fleet_db), and how
 # long a write waits for another controller's (SQLite's busy timeout, PostgreSQL's lock and
 # connect timeouts) before the ledger is skipped with a warning.

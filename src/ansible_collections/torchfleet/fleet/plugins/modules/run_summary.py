@@ -273,8 +273,8 @@ attempts:
 goodput:
   description: The share of the run's wall time that became training that was kept, and where the
     rest went (module_utils/reports/goodput.py) - ratio, wall_s, buckets (preflight, launch, init,
-    kept_training, checkpoint_stall, lost_work (null when unknown), detection, restart, in seconds),
-    unknown, attempts, checkpoints, failures, advice. Every time of the master's record is put on
+    kept_training, checkpoint_stall, lost_work (null when unknown), detection, teardown, restart,
+    in seconds), unknown, attempts, checkpoints, checkpoints_folded, failures, advice, mtbf_s, nnodes. Every time of the master's record is put on
     the controller's clock first, with the offset the watch measured (the record's clock).
   returned: for kind train, and for kind collective when the run could restart; null without O(times)
   type: dict

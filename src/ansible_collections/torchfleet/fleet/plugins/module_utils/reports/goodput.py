@@ -19,17 +19,30 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import RUN_ID
 
 BUCKETS = ("preflight", "launch", "init", "kept_training", "checkpoint_stall", "lost_work",
-           "detection", "restart")
+           "detection", "teardown", "restart")
 KEPT_MARGIN_S = defaults.CHECKPOINT_KEPT_MARGIN_S
 SAME_SAVE_S = defaults.CHECKPOINT_SAME_SAVE_S  # (the record groups its saves alike)
 UNKNOWN_MAX = 8             # sentences in "unknown"
 TIME_MAX = 1e10             # an epoch time past 2286 is garbage, not a time
 READ_MAX = 16 << 20         # a train.json larger than this is not read (the 256-host one: 0.3 MB)
-NOT_A_FAILURE = ("run.stopped_by_user",)  # the user's own stop: costs work, says nothing of MTBF
+# The user's own stop costs work but says nothing of the mean time between failures; a run's
+# planned end (run.timeout, at job_timeout_s) and a controller that went away
+# (run.controller_lost) are the run's plan and its controller, not the fleet failing.
+NOT_A_FAILURE = ("run.stopped_by_user", "run.timeout", "run.controller_lost")
+# The report's gather counts as teardown only this long after every rank stopped: a detached
+# run attached to days later did not spend those days being torn down.
+GATHER_MAX_S = defaults.GOODPUT_GATHER_MAX_S
 CHECK_ID = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 NO_CHECKPOINT_DIR = ("lost work is unknown: no checkpoint_dir, so no checkpoint was seen; give "
                      "-e checkpoint_dir=<where the script saves> (until then goodput is an upper "
                      "bound: the training since the last checkpoint counts as kept)")
+
+NO_SAVE_SEEN = ("lost work is unknown: the checkpoint watch saw no save in checkpoint_dir %s "
+                "during the run (the wrong folder, or saves that go elsewhere, e.g. object "
+                "storage?); if the script saved nothing, all of a failed attempt's training was "
+                "lost; goodput is an upper bound")
+PARTIAL = ("attempt %s: the save %s was cut short (%d of %d shards): not a checkpoint to resume "
+           "from; lost work counts from the last complete save")
 
 BLIND = ("lost work is unknown: the checkpoint watch could not read checkpoint_dir at the end "
          "(its sentence below says why), so a failure's loss since the last checkpoint is not "
@@ -75,12 +88,35 @@ def _checkpoints(items):
         stall_s = _t(c.get("stall_s"))
         stall_s = (ended - began if c.get("stall") is True else 0.0) if stall_s is None \
             else min(stall_s, ended - began)
+        of = c.get("of")
         out.append({"path": str(c.get("path") or "")[-200:], "began": began, "ended": ended,
+                    "partial": c.get("partial") is True,
+                    "of": of if isinstance(of, int) and not isinstance(of, bool)
+                    and 0 < of < 1 << 31 else None,
                     "step": step if isinstance(step, int) and not isinstance(step, bool) else None,
                     "files": files if isinstance(files, int) and not isinstance(files, bool)
                     and 0 < files < 1 << 31 else 1,
                     "stall_s": stall_s})
-    return _saves(out)
+    # A save cut short (some ranks' shards only) is no checkpoint: kept apart, said.
+    return _saves([c for c in out if not c["partial"]]), [c for c in out if c["partial"]]
+
+
+def _folded(value):
+    """The record's aggregate of the saves older than the ones it keeps (runstate's
+    checkpoints_folded): {"saves", "stall_s", "save_s", "first", "last"} checked, else None."""
+    if not isinstance(value, dict):
+        return None
+    saves = value.get("saves")
+    if not isinstance(saves, int) or isinstance(saves, bool) or not 0 < saves < 1 << 31:
+        return None
+    out = {"saves": saves}
+    for k in ("stall_s", "save_s", "first", "last"):
+        out[k] = _t(value.get(k))
+    if out["first"] is None or out["last"] is None or out["last"] < out["first"]:
+        return None
+    out["stall_s"] = min(out["stall_s"] or 0.0, out["save_s"] or 0.0) \
+        if out["save_s"] is not None else 0.0
+    return out
 
 
 def _saves(ckpts):
@@ -139,7 +175,7 @@ def _intervals(ends):
     return [b - a for a, b in zip(ends, ends[1:], strict=False) if b > a]
 
 
-def _attempt(a, index, cursor, next_launch, last, now, watched):
+def _attempt(a, index, cursor, next_launch, last, now, watched, saw=True):
     """One attempt's boundaries, clipped monotonic, and its buckets (restart left to the run)."""
     number = a.get("attempt")
     number = number if isinstance(number, int) and not isinstance(number, bool) else index
@@ -159,7 +195,9 @@ def _attempt(a, index, cursor, next_launch, last, now, watched):
             stopped = max([t for t in (running, init_done, failed) if t is not None] or [launch])
     is_failed = failed is not None or failure is not None
     failed = stopped if failed is None else failed
-    ckpts = _checkpoints(a.get("checkpoints"))
+    ckpts, partial = _checkpoints(a.get("checkpoints"))
+    folded = _folded(a.get("checkpoints_folded"))
+    last_coll = _t(a.get("last_collective"))
     if init_done is None and not live and running is not None and (
             not is_failed or any(c["began"] >= running for c in ckpts)):
         # (a live one may be in its init still) Every rank ran, and the attempt ended well or
@@ -179,23 +217,38 @@ def _attempt(a, index, cursor, next_launch, last, now, watched):
     init_done = max(init_done, running)
     failed = max(failed, init_done)
     stopped = max(stopped, failed)
+    # A clean attempt's training ends at its last collective completed: what follows (the
+    # script's own exit, torchrun's) is teardown, as what precedes the first one is init.
+    trained_to = failed
+    if not is_failed and not live and last_coll is not None:
+        trained_to = min(failed, max(init_done, last_coll))
     if not is_failed:
-        lost, kept_to = 0.0, failed
-    elif not watched:
+        lost, kept_to = 0.0, trained_to
+    elif not watched or not saw and failed > init_done:
+        # (no save seen in the whole run: the wrong folder? not all the training lost)
         lost, kept_to = None, failed
     else:
         done = [c["kept_at"] for c in ckpts if c["ended"] <= failed - KEPT_MARGIN_S]
+        if folded is not None and folded["last"] <= failed - KEPT_MARGIN_S:
+            done.append(folded["last"])  # (older than every save kept: a synchronous one's end)
         kept_to = min(failed, max([init_done] + done))
         lost = _d(failed - kept_to)
     # Each save's stalled part clipped to [I, kept_to] (saves do not overlap once grouped):
-    # at most what is left of its window there.
-    stall = _d(sum(min(c["stall_s"], max(0.0, min(c["ended"], kept_to) - max(c["began"], init_done)))
-                   for c in ckpts if c["stall"]))
-    training = _d(failed - init_done)
+    # at most what is left of its window there; the saves the record folded (older than those
+    # it keeps) as one window, their stalls summed.
+    stall = sum(min(c["stall_s"], max(0.0, min(c["ended"], kept_to) - max(c["began"], init_done)))
+                for c in ckpts if c["stall"])
+    if folded is not None:
+        stall += min(folded["stall_s"], max(0.0, min(folded["last"], kept_to)
+                                            - max(folded["first"], init_done)))
+    stall = _d(min(stall, kept_to - init_done))
+    training = _d(trained_to - init_done)
     buckets = {"preflight": 0.0, "launch": _d(running - launch), "init": _d(init_done - running),
                "kept_training": _d(training - stall - (lost or 0.0)), "checkpoint_stall": stall,
                "lost_work": lost, "detection": _d(stopped - failed) if is_failed else 0.0,
-               "restart": 0.0}
+               "teardown": _d(failed - trained_to), "restart": 0.0}
+    for c in partial:
+        notes.append(PARTIAL % (number, c["path"], c["files"], c["of"] or c["files"]))
     # A save cut by the failure tells neither how long a save takes nor how often one is made.
     whole = [c for c in ckpts if not is_failed or c["ended"] <= failed - KEPT_MARGIN_S]
     f = None
@@ -205,17 +258,28 @@ def _attempt(a, index, cursor, next_launch, last, now, watched):
              "host": str(failure.get("host") or "")[:200], "at": failed}
     return {"attempt": number, "launch": launch, "stopped": stopped, "live": live,
             "buckets": buckets, "failure": f, "checkpoints": ckpts, "whole": whole,
-            "notes": notes}
+            "notes": notes, "folded": folded}
 
 
-def goodput(timeline, mtbf_s=None):
+def _saw_a_save(a):
+    """Whether the watch saw any save of this attempt (whole, cut short, or folded)."""
+    items = a.get("checkpoints") if isinstance(a.get("checkpoints"), list) else []
+    return any(isinstance(c, dict) and _t(c.get("ended")) is not None for c in items) or \
+        _folded(a.get("checkpoints_folded")) is not None
+
+
+def goodput(timeline, mtbf_s=None, history=None):
     """The train.json "goodput" object of a run's timeline (contract of issue 59):
 
     timeline: {"started": T0 (the first play's start), "now" (for a live run), "checkpoint_dir"
     ("" unset), "attempts": [{"attempt", "launch" L, "running" R, "init_done" I, "failed" F,
-    "stopped" S (each None when unknown), "failure": {"check", "host"} | None, "checkpoints":
-    [{"path", "began", "ended", "step", "stall_s", "stall", "files", ...}], "checkpoint_warnings": [str],
-    "checkpoint_blind": the watch could not read checkpoint_dir at its last look}]}.
+    "stopped" S (each None when unknown), "last_collective" E (the last moment some rank's
+    collectives advanced), "failure": {"check", "host"} | None, "checkpoints":
+    [{"path", "began", "ended", "step", "stall_s", "stall", "files", "partial", "of", ...}],
+    "checkpoints_folded": the record's aggregate of the saves older than those it keeps
+    ({"saves", "stall_s", "save_s", "first", "last"}) | None, "checkpoint_warnings": [str],
+    "checkpoint_blind": the watch could not read checkpoint_dir at its last look}],
+    "reported": when the report was written (the command's last play) | None, "nnodes"}.
 
     Each attempt's boundaries are clipped to L <= R <= I <= F <= S (and L to the previous
     attempt's S): a missing R or I is the next one known, a missing F is S (a clean end, unless
@@ -230,12 +294,21 @@ def goodput(timeline, mtbf_s=None):
     kept_training, and "unknown" says goodput is then an upper bound), and checkpoint_stall the
     saves' stalled seconds ("stall_s"; checkpoints that overlap are one save first: _saves()),
     each at most its window clipped to [I, max(I, C)] (a stall after C is lost work already).
-    A missing I in an attempt that ended is R: init 0, "unknown" says so. The run's buckets are its attempts' summed (the first attempt carries
-    the preflight, each attempt the restart after it).
+    A missing I in an attempt that ended is R: init 0, "unknown" says so. A clean attempt's
+    training ends at E (clipped to [I, S]): E -> S is teardown (the script's and torchrun's
+    exit), and so is the last S -> "reported" (the gather and the report; at most
+    GATHER_MAX_S), so that the wall time is the command's, first play to last. A save cut
+    short ("partial": some ranks' shards only) is no checkpoint: "unknown" says so. When the
+    watch saw no save at all in checkpoint_dir, lost work is unknown (the wrong folder?), not
+    all the training. The run's buckets are its attempts' summed (the first attempt carries
+    the preflight, each attempt the restart after it, the last the report's teardown).
 
     failures: one per failed attempt, "cost_s" = its lost work (0 when unknown) + detection +
-    restart + the next attempt's launch and init. mtbf_s: the run's wall time per failure (the
-    user's own stop, run.stopped_by_user, is none), else the mtbf_s given (the runs root's). Also
+    restart + the next attempt's launch and init. The mean time between failures (the user's own
+    stop, a planned end and a lost controller are none: NOT_A_FAILURE) is per host-second, at
+    this run's size: (its wall x nnodes + history's "host_s") / (its failures + history's
+    "failures") / nnodes, history being the runs root's other runs (runs_goodput's); else the
+    mtbf_s given. Also
     "advice" (see advice()), "save_s" and "interval_s" (medians), "live" (the last attempt
     still runs: the figures are so far) and "started" (T0): those two beyond the issue's object.
     """
@@ -251,13 +324,22 @@ def goodput(timeline, mtbf_s=None):
                  for k in ("launch", "running", "init_done", "failed", "stopped")] + [now]
         t0 = min([t for t in known if t is not None] or [0.0])
     cursor, done = t0, []
+    saw = any(_saw_a_save(a) for a in attempts)
     for i, a in enumerate(attempts):
         last = i == len(attempts) - 1
         nxt = None if last else _t(attempts[i + 1].get("launch"))
         done.append(_attempt(a, i, cursor, nxt, last, now,
-                             watched and a.get("checkpoint_blind") is not True))
+                             watched and a.get("checkpoint_blind") is not True, saw))
         cursor = done[-1]["stopped"]
     end = cursor if attempts else max(t0, now if now is not None else t0)
+    reported = _t(tl.get("reported"))
+    late = None
+    if done and not done[-1]["live"] and reported is not None and reported > end:
+        if reported - end <= GATHER_MAX_S:
+            done[-1]["buckets"]["teardown"] = _d(done[-1]["buckets"]["teardown"] + reported - end)
+            end = reported
+        else:
+            late = reported - end
     if done:
         done[0]["buckets"]["preflight"] = _d(done[0]["launch"] - t0)
     for prev, nxt in zip(done, done[1:], strict=False):
@@ -283,14 +365,22 @@ def goodput(timeline, mtbf_s=None):
             cost += done[i + 1]["buckets"]["launch"] + done[i + 1]["buckets"]["init"]
         failures.append(dict(d["failure"], cost_s=_d(cost)))
     unknown = []
-    blind = [d["attempt"] for d in done if d["buckets"]["lost_work"] is None]
-    if blind and not watched:
+    # Why each unknown lost work is: no checkpoint_dir, a watch that could not read it, or a
+    # watch that saw no save at all.
+    blind = [d["attempt"] for a, d in zip(attempts, done, strict=True)
+             if d["buckets"]["lost_work"] is None and a.get("checkpoint_blind") is True]
+    if not watched and any(d["buckets"]["lost_work"] is None for d in done):
         unknown.append(NO_CHECKPOINT_DIR)
-    elif blind:
+    elif not saw and len(blind) < sum(d["buckets"]["lost_work"] is None for d in done):
+        unknown.append(NO_SAVE_SEEN % str(tl.get("checkpoint_dir"))[:200])
+    if watched and blind:
         unknown.append(BLIND if total["lost_work"] is None else
                        "%s (attempt %s)" % (BLIND, ", ".join(map(str, blind))))
     for d in done:
         unknown += d["notes"]
+    if late is not None:
+        unknown.append("the report came %s after every rank stopped (a run attached to later): "
+                       "that wait is not in the wall time" % duration(late))
     for a in attempts:
         for w in a.get("checkpoint_warnings") if isinstance(a.get("checkpoint_warnings"),
                                                             list) else []:
@@ -302,18 +392,40 @@ def goodput(timeline, mtbf_s=None):
     interval_s = _median([x for d in done for x in _intervals([c["ended"] for c in d["whole"]])])
     wall = _d(end - t0)
     counted = [f for f in failures if f["check"] not in NOT_A_FAILURE]
-    mtbf = wall / len(counted) if counted and wall > 0 else _t(mtbf_s)
+    nnodes = tl.get("nnodes")
+    nnodes = nnodes if isinstance(nnodes, int) and not isinstance(nnodes, bool) and \
+        0 < nnodes < 1 << 20 else 1
+    mtbf = mtbf_of(wall * nnodes, len(counted), history, nnodes)
+    mtbf = mtbf if mtbf is not None else _t(mtbf_s)
     return {"ratio": round(total["kept_training"] / wall, 6) if wall > 0 else 0.0,
             "wall_s": wall, "buckets": total, "unknown": unknown,
             "attempts": [{"attempt": d["attempt"], "buckets": d["buckets"]} for d in done],
             "checkpoints": [{k: c[k] for k in ("path", "began", "ended", "step", "files")}
                             for c in ckpts[-defaults.CHECKPOINTS_KEPT:]],
+            # Older saves the record folded into one aggregate (a days-long run): counted in
+            # checkpoint_stall all the same.
+            "checkpoints_folded": sum(d["folded"]["saves"] for d in done if d["folded"]),
+            "nnodes": nnodes,
             "failures": failures, "advice": advice(save_s, interval_s, mtbf),
             "save_s": None if save_s is None else round(save_s, 3),
             "interval_s": None if interval_s is None else round(interval_s, 3),
             "mtbf_s": None if mtbf is None else round(mtbf, 3),
             "live": bool(done and done[-1]["live"]) or (not done and now is not None),
             "started": t0}
+
+
+def mtbf_of(host_s, failures, history, nnodes):
+    """The mean time between failures at a run of nnodes hosts, from host-seconds per failure:
+    this run's own (host_s, failures) pooled with history's ({"host_s", "failures"}: the runs
+    root's other runs, whatever their size); None without any failure."""
+    h = history if isinstance(history, dict) else {}
+    h_s, h_f = finite(h.get("host_s")), h.get("failures")
+    h_s = h_s if h_s is not None and 0 <= h_s < TIME_MAX * 1e3 else 0.0
+    h_f = h_f if isinstance(h_f, int) and not isinstance(h_f, bool) and 0 <= h_f < 1 << 40 else 0
+    total_f, total_s = failures + h_f, max(0.0, host_s) + h_s
+    if total_f <= 0 or total_s <= 0:
+        return None
+    return total_s / total_f / max(1, nnodes)
 
 
 def duration(seconds):
@@ -435,6 +547,8 @@ def _stored(g):
     clean = {}
     for k in BUCKETS:
         v = buckets.get(k)
+        if k == "teardown" and k not in buckets:
+            v = 0.0  # (a train.json written before the bucket was: in its kept_training)
         if v is None and k == "lost_work":
             clean[k] = None
             continue
@@ -448,31 +562,47 @@ def _stored(g):
             check = f.get("check") if isinstance(f.get("check"), str) else ""
             failures.append({"check": check if CHECK_ID.match(check) else "unknown",
                              "cost_s": min(max(finite(f.get("cost_s")) or 0.0, 0.0), wall)})
-    return wall, clean, failures
+    nnodes = g.get("nnodes")
+    nnodes = nnodes if isinstance(nnodes, int) and not isinstance(nnodes, bool) and \
+        0 < nnodes < 1 << 20 else 1
+    return wall, clean, failures, nnodes
 
 
-def runs_goodput(runs_root, since_s=None, now=None):
+def history(runs_root, exclude=""):
+    """The runs root's record of failures for a run's own MTBF (goodput()'s history): the
+    host-seconds of every run but `exclude` and the failures among them."""
+    view = runs_goodput(runs_root, exclude=exclude)
+    return {"host_s": view["host_s"], "failures": view["counted_failures"]}
+
+
+def runs_goodput(runs_root, since_s=None, now=None, exclude=""):
     """Goodput over the runs under runs_root (the run directories `torchfleet status` lists)
     whose train.json has a "goodput" object, started since_s ago or later (the run's T0, else
     its train.json's time less its wall time): kept training / wall time summed, the buckets
     summed, failures by cause (the judge's check ids) with what each cost, the mean time
     between failures, and the advice from them and the median of the runs' save times and
-    checkpoint intervals. A train.json that
-    cannot be read or is not torchfleet's is skipped and counted; nothing raises."""
+    checkpoint intervals. The mean time between failures is per host-second ("mtbf_host_s":
+    every run's wall time x its hosts, over the failures), so that 8-host and 512-host runs
+    are not pooled as one size; "sizes" gives it and its advice at each run size seen
+    ({"nnodes", "runs", "wall_s", "failures", "mtbf_s", "advice"}), and "mtbf_s" and "advice"
+    are those of the size that ran longest. A train.json that cannot be read or is not
+    torchfleet's is skipped and counted; nothing raises. exclude: a run id left out."""
     now = time.time() if now is None else now
     cutoff = None if since_s is None else now - since_s
     out = {"runs_root": str(runs_root), "since_s": since_s, "runs": 0, "skipped": 0,
            "without_goodput": 0, "ratio": 0.0, "wall_s": 0.0, "kept_s": 0.0,
            "buckets": {k: 0.0 for k in BUCKETS}, "lost_work_unknown_runs": 0, "failures": 0,
-           "mtbf_s": None, "causes": [], "save_s": None, "interval_s": None, "advice": ""}
+           "mtbf_s": None, "causes": [], "save_s": None, "interval_s": None, "advice": "",
+           "host_s": 0.0, "counted_failures": 0, "mtbf_host_s": None, "sizes": []}
     try:
         entries = sorted(os.listdir(runs_root))
     except OSError:
         return out
-    causes, saves, intervals, counted = {}, [], [], 0
+    causes, saves, intervals, counted, sizes = {}, [], [], 0, {}
     for name in entries:
         run_dir = os.path.join(runs_root, name)
-        if not RUN_ID.match(name) or os.path.islink(run_dir) or not os.path.isdir(run_dir):
+        if name == exclude or not RUN_ID.match(name) or os.path.islink(run_dir) or \
+                not os.path.isdir(run_dir):
             continue
         path = os.path.join(run_dir, "train.json")
         if not os.path.lexists(path):
@@ -489,13 +619,19 @@ def runs_goodput(runs_root, since_s=None, now=None):
         if stored is None:
             out["skipped"] += 1
             continue
-        wall, buckets, failures = stored
+        wall, buckets, failures, nnodes = stored
         started = _t(g.get("started"))
         started = started if started is not None else (mtime or 0.0) - wall
         if cutoff is not None and started < cutoff:
             continue
         out["runs"] += 1
         out["wall_s"] += wall
+        out["host_s"] += wall * nnodes
+        size = sizes.setdefault(nnodes, {"nnodes": nnodes, "runs": 0, "wall_s": 0.0,
+                                         "failures": 0})
+        size["runs"] += 1
+        size["wall_s"] += wall
+        size["failures"] += sum(f["check"] not in NOT_A_FAILURE for f in failures)
         for k in BUCKETS:
             if buckets[k] is None:
                 out["lost_work_unknown_runs"] += 1
@@ -514,13 +650,22 @@ def runs_goodput(runs_root, since_s=None, now=None):
     out["kept_s"] = out["buckets"]["kept_training"]
     out["ratio"] = round(out["kept_s"] / out["wall_s"], 6) if out["wall_s"] > 0 else 0.0
     out["failures"] = sum(c["failures"] for c in causes.values())
-    out["mtbf_s"] = round(out["wall_s"] / counted, 3) if counted else None
+    out["counted_failures"] = counted
+    host_mtbf = out["host_s"] / counted if counted else None
+    out["mtbf_host_s"] = None if host_mtbf is None else round(host_mtbf, 3)
     out["causes"] = sorted(({"check": c["check"], "failures": c["failures"],
                              "cost_s": round(c["cost_s"], 3),
                              "cost_h": round(c["cost_s"] / 3600.0, 3)}
                             for c in causes.values()), key=lambda c: (-c["cost_s"], c["check"]))
     out["save_s"], out["interval_s"] = _median(saves), _median(intervals)
-    out["advice"] = advice(out["save_s"], out["interval_s"], out["mtbf_s"])
+    for size in sorted(sizes.values(), key=lambda s: s["nnodes"]):
+        mtbf = None if host_mtbf is None else round(host_mtbf / size["nnodes"], 3)
+        out["sizes"].append(dict(size, wall_s=round(size["wall_s"], 3), mtbf_s=mtbf,
+                                 advice=advice(out["save_s"], out["interval_s"], mtbf)))
+    if out["sizes"]:
+        longest = max(out["sizes"], key=lambda s: (s["wall_s"], s["nnodes"]))
+        out["mtbf_s"], out["advice"] = longest["mtbf_s"], longest["advice"]
+    out["host_s"] = round(out["host_s"], 3)
     out["wall_s"], out["kept_s"] = round(out["wall_s"], 3), round(out["kept_s"], 3)
     out["buckets"] = {k: round(v, 3) for k, v in out["buckets"].items()}
     return out

@@ -537,21 +537,33 @@ def timeline(times, records, now):
         launch = _time(launched.get(str(n)))
         out.append({
             "attempt": n, "launch": launch if launch is not None else local(record.get("started")),
-            **{k: local(marks.get(k)) for k in ("running", "init_done", "failed", "stopped")},
+            **{k: local(marks.get(k)) for k in ("running", "init_done", "failed", "stopped",
+                                                 "last_collective")},
             "failure": None if failure is None else {"check": check_of(failure),
                                                      "host": failure.get("host") or ""},
             "checkpoints": [dict(c, began=local(c.get("began")), ended=local(c.get("ended")))
                             for c in _list(record.get("checkpoints")) if isinstance(c, dict)],
+            "checkpoints_folded": _folded_local(record.get("checkpoints_folded"), local),
             "checkpoint_warnings": [w for w in _list(watch.get("warnings"))
                                     if isinstance(w, str)],
             "checkpoint_blind": watch.get("blind") is True})
+    nnodes = [r.get("nnodes") for r in records.values() if isinstance(r, dict)]
     return {"started": _time(times.get("started")), "now": now, "checkpoint_dir": watched,
-            "attempts": out}
+            "attempts": out, "nnodes": nnodes[-1] if nnodes else None}
 
 
-def run_goodput(times, last_record, now=None):
+def _folded_local(folded, local):
+    """The record's aggregate of its oldest saves, its times on the controller's clock."""
+    if not isinstance(folded, dict):
+        return None
+    return dict(folded, first=local(folded.get("first")), last=local(folded.get("last")))
+
+
+def run_goodput(times, last_record, now=None, history=None, reported=None):
     """The report's goodput object (goodput.goodput of timeline()), the last attempt's record
-    as given, the others' read from their directories; None without any attempt."""
+    as given, the others' read from their directories; None without any attempt. history: the
+    runs root's failures for the MTBF (goodput.history); reported: the report's time (the
+    wall time ends there: the gather is teardown)."""
     attempts = [a for a in _list(times.get("attempts")) if isinstance(a, dict)]
     if not attempts:
         return None
@@ -564,7 +576,9 @@ def run_goodput(times, last_record, now=None):
         clock = last_record.get("clock") if isinstance(last_record.get("clock"), dict) else {}
         updated = _time(last_record.get("updated"))
         now = None if updated is None else updated - (_time(clock.get("offset_s")) or 0.0)
-    return goodput.goodput(timeline(times, records, time.time() if now is None else now))
+    tl = timeline(times, records, time.time() if now is None else now)
+    tl["reported"] = reported
+    return goodput.goodput(tl, history=history)
 
 
 def restart_checks(attempts):
@@ -706,7 +720,12 @@ def decide(params):
     sentence = verdict(kind, checks, failure, extra.get("attempts", [])) + blind_note(slow)
     # The collective test's report has it only when it may restart (its attempts).
     if kind == "train" or params["attempts"]:
-        extra["goodput"] = run_goodput(params["times"], record)
+        # The runs root's other runs give the MTBF its history (per host-second); the report's
+        # own time ends the wall time (the command's, first play to last).
+        extra["goodput"] = run_goodput(
+            params["times"], record, reported=time.time(),
+            history=goodput.history(params["runs_root"], params["run_id"])
+            if params["runs_root"] else None)
     rank_rows = rank_states(rows_out, results, logs_dir, nproc, failure)
     extra.update(hardware, **slow)
     report = dict(ok=not bad, kind=kind, run_id=params["run_id"], world_size=world,

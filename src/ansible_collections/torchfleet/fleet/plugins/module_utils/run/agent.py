@@ -551,7 +551,10 @@ class MasterStore:
         # rank 0, which writes them in nearly every framework; with shared storage it sees
         # every host's.
         where = checkpoint_path(p)
-        self.checkpoints = ckptwatch.Watcher(where) if where else None
+        # Per-rank shard files are one save once every rank's is there: the world's size.
+        self.checkpoints = ckptwatch.Watcher(
+            where, world=int(p["nnodes"]) * int(p["nproc_per_node"])) \
+            if where else None
 
     def handle(self, host, body):
         """One verified message from a host; returns the reply."""

@@ -27,6 +27,13 @@ sub-directories):
   directory is recorded once: again only when its marker is rewritten (a new save into the
   same path, e.g. a latest/ overwritten by each save).
 
+Per-rank shard files (a name holding rank<r>, r one of the world's ranks, when the world is
+known) are one save, recorded once every rank's shard of it is complete, however far apart they
+were written; at the run's end a save some ranks never finished is recorded as partial (with
+"files" and "of": no checkpoint to resume from). On a filesystem whose clients cache attributes
+(NFS, SMB: host/mounts.py reads the mount's options) a file counts once it held still longer
+than that cache, and a marker-less directory longer than its listing's.
+
 A checkpoint's ended is its newest mtime (its .metadata's); began is when its name (or its
 inode under a temporary name) first appeared: the directory's mtime at the scan that first saw
 it when it was the only new entry of that scan, else the scan's time. Its step comes from its
@@ -44,7 +51,7 @@ symlinks, which are never followed; names that are not UTF-8) is at most one sen
 look() never raises. Watcher runs the watch in its own thread: a look that hangs on a dead
 mount never holds up the agent's loop.
 
-Only the standard library and defaults.py: it runs inside the master's agent.
+Only the standard library, defaults.py and host/mounts.py: it runs inside the master's agent.
 """
 from __future__ import annotations
 
@@ -55,9 +62,13 @@ import threading
 import time
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import mounts
 
 NAMES_MAX = 4096          # top-level names whose identity is kept (the newest by mtime)
-CANDIDATES_MAX = 64       # checkpoints being written, followed at once (the newest)
+# Checkpoints being written, followed at once (the newest): a save of 4096 per-rank shards is
+# followed whole (a stat each between scans, spaced by their own cost as scans are).
+CANDIDATES_MAX = NAMES_MAX
+SHARD_GROUPS_MAX = 64     # saves of per-rank shards being gathered at once (the newest)
 DIR_ENTRIES_MAX = 10000   # entries of one sub-directory read per look
 HUGE = 10000              # a directory with more entries than this is said to be large
 PATH_MAX = 200
@@ -73,6 +84,9 @@ DS_NAME, DS_MARKER = re.compile(r"global_step\d+$"), "latest"
 DS_FILE = re.compile(r"(?:mp_rank_\d+_model_states|.*zero_pp_rank_\d+.*_optim_states)\.pt$")
 MEGATRON_NAME, MEGATRON_MARKER = re.compile(r"iter_\d+$"), "latest_checkpointed_iteration.txt"
 MEGATRON_SUB = re.compile(r"mp_rank_\d+")
+# A per-rank shard of a save (model_rank3_step100.pt, optim-rank_03.pt): its rank, the rest of
+# its name the save's (every rank's shard of it alike, the rank as *).
+SHARD = re.compile(r"(?<![a-z0-9])rank[_-]?(\d{1,7})(?!\d)", re.IGNORECASE)
 STEP = re.compile(r"(?:global_step|iteration|checkpoint|epoch|step|iter|ckpt)[_=-]?(\d{1,18})",
                   re.IGNORECASE)
 
@@ -90,6 +104,21 @@ def printable(name, limit=PATH_MAX):
     if isinstance(name, bytes):
         name = os.fsdecode(name)
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")[:limit]
+
+
+def shard_of(name, world):
+    """(the save's name with the rank as *, the rank) of a per-rank shard file of a world of
+    `world` ranks, else None (no world known, no rank in the name, a rank past the world)."""
+    if not world:
+        return None
+    found = list(SHARD.finditer(name))
+    if not found:
+        return None
+    m = found[-1]
+    rank = int(m.group(1))
+    if rank >= world:
+        return None
+    return name[:m.start(1)] + "*" + name[m.end(1):], rank
 
 
 def is_temp(name):
@@ -148,12 +177,31 @@ class CheckpointWatch:
     def __init__(self, path, still_s=defaults.CHECKPOINT_STILL_S,
                  growing_warn_s=defaults.CHECKPOINT_GROWING_WARN_S,
                  budget=defaults.CHECKPOINT_SCAN_BUDGET, mono=time.monotonic,
-                 cpu=time.thread_time, dir_still_s=DIR_STILL_S):
+                 cpu=time.thread_time, dir_still_s=DIR_STILL_S, world=None, mountinfo=None):
         self.path = os.path.expanduser(path)
         self.said = printable(path, 300)
         self.still_s, self.growing_warn_s, self.budget = still_s, growing_warn_s, budget
         self.mono, self.cpu = mono, cpu
         self.dir_still_s = dir_still_s
+        # A network filesystem that caches attributes (NFS, SMB) shows what another host wrote
+        # that late: a file counts once it held still longer than its client may show it
+        # unchanged while it grows (acregmin, with close-to-open: a file is opened to be
+        # stat'ed, which asks the server; acregmax without), a directory longer than its
+        # listing may be cached (acdirmax).
+        fstype, options = mounts.mount_of(self.path, mountinfo)
+        acregmin, acregmax, acdirmax, self.cto = mounts.attribute_cache(fstype, options)
+        self.fstype = fstype
+        self.still_s = max(still_s, (acregmin if self.cto else acregmax) + still_s)
+        self.dir_still_s = max(dir_still_s, acdirmax + self.still_s)
+        self.open_stat = fstype in mounts.ATTRIBUTE_CACHED and self.cto
+        # Per-rank shard files (model_rank{r}_step100.pt) are one save, recorded once every
+        # rank of the world has its shard complete; at the run's end a save some ranks never
+        # finished is recorded as partial (no checkpoint to resume from). world: the run's
+        # ranks (nnodes x nproc_per_node), None: each file its own checkpoint.
+        self.world = world if isinstance(world, int) and world > 0 else None
+        self.shards = {}      # save's name (rank as *) -> {rank: (began, ended, bytes)}
+        self.shards_m = {}    # -> when its first shard completed (monotonic)
+        self.next_restat_m = 0.0
         # A directory recorded -> its commit marker then: recorded once, again only on a new
         # marker (a new save into the same path).
         self.recorded = {}
@@ -309,13 +357,28 @@ class CheckpointWatch:
         if len(self.recorded) > len(seen):
             self.recorded = {n: m for n, m in self.recorded.items() if n in seen}
 
+    def _stat(self, path):
+        """A file's stat; on NFS with close-to-open through an open file, which asks the
+        server, not the attribute cache."""
+        if not self.open_stat:
+            return os.stat(path, follow_symlinks=False)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
+
     def _restat(self, now_m):
-        """Between scans, the pending candidates alone (a stat each)."""
+        """Between scans, the pending candidates alone (a stat each), no sooner than their own
+        cost / budget after the last (4096 shards being written cost as a scan does)."""
+        if now_m < self.next_restat_m:
+            return
+        began = self.cpu()
         for name, c in list(self.cands.items()):
             if c.is_dir:
                 continue  # (_dir_done reads it)
             try:
-                s = os.stat(os.path.join(self.path, name), follow_symlinks=False)
+                s = self._stat(os.path.join(self.path, name))
             except OSError:
                 del self.cands[name]
                 continue
@@ -323,6 +386,7 @@ class CheckpointWatch:
             if ident != c.ident:
                 c.ident, c.still_m = ident, now_m
                 self.known[name] = ident
+        self.next_restat_m = now_m + max(0.0, self.cpu() - began) / self.budget
 
     # -- completion ---------------------------------------------------------------------------
 
@@ -343,9 +407,50 @@ class CheckpointWatch:
             if done is False:
                 continue
             kind, ended, size = done
+            shard = shard_of(printable(name), self.world) if kind == "file" else None
+            if shard is not None:
+                self._shard_done(shard, min(c.began, ended), ended, size, now_m, found)
+                continue
             found.append({"path": printable(name), "began": round(min(c.began, ended), 3),
                           "ended": round(ended, 3), "step": step_of(printable(name)),
                           "kind": kind, "bytes": size})
+        self._shards_pending(now_m, found, warnings)
+
+    def _shard_done(self, shard, began, ended, size, now_m, found):
+        """A per-rank shard complete: its save is recorded once every rank's is."""
+        key, rank = shard
+        group = self.shards.setdefault(key, {})
+        self.shards_m.setdefault(key, now_m)
+        group[rank] = (began, ended, size)
+        if len(group) >= self.world:
+            found.append(self._shard_entry(key, group))
+            del self.shards[key], self.shards_m[key]
+        elif len(self.shards) > SHARD_GROUPS_MAX:
+            oldest = min(self.shards_m, key=self.shards_m.get)
+            del self.shards[oldest], self.shards_m[oldest]
+
+    def _shard_entry(self, key, group, partial=False):
+        entry = {"path": key, "began": round(min(g[0] for g in group.values()), 3),
+                 "ended": round(max(g[1] for g in group.values()), 3), "step": step_of(key),
+                 "kind": "file", "bytes": sum(g[2] for g in group.values()),
+                 "files": len(group)}
+        if partial:
+            entry.update(partial=True, of=self.world)
+        return entry
+
+    def _shards_pending(self, now_m, found, warnings):
+        """Saves some ranks' shards of which are missing: said once when it lasts; at the
+        run's end (no save is being written any more) recorded as partial."""
+        for key in list(self.shards):
+            group = self.shards[key]
+            if self.final:
+                found.append(self._shard_entry(key, group, partial=True))
+                del self.shards[key], self.shards_m[key]
+            elif now_m - self.shards_m[key] > self.growing_warn_s:
+                self._warn(warnings, "shards:" + key, "%s in checkpoint_dir %s: %d of %d ranks' "
+                           "shards in %.0f s; the save counts once every rank's is there" % (
+                               printable(key, 100), self.said, len(group), self.world,
+                               now_m - self.shards_m[key]))
 
     def _file_done(self, c, now_m, warnings):
         """("file", ended, bytes) once complete; False when it is no checkpoint (a log, a
@@ -516,8 +621,9 @@ class Watcher:
     clock."""
 
     def __init__(self, path, look_s=defaults.CHECKPOINT_LOOK_S, wall=time.time,
-                 mono=time.monotonic, start=True):
-        self.watch = CheckpointWatch(path)
+                 mono=time.monotonic, start=True, world=None, watch=None):
+        self.watch = watch or CheckpointWatch(path, world=world)
+        self.slowest_s = 0.0  # the longest look so far (wall clock): the final one's wait
         self.look_s, self.wall, self.mono = look_s, wall, mono
         self.lock = threading.Lock()
         self.found, self.warnings = [], []
@@ -533,8 +639,10 @@ class Watcher:
     def _run(self):
         while True:
             final = self.stopped.wait(self.look_s)
+            began = self.mono()
             found, warnings = self.watch.look(self.wall(), final=final)
             with self.lock:
+                self.slowest_s = max(self.slowest_s, self.mono() - began)
                 self.found.extend(found)
                 del self.found[:-CANDIDATES_MAX]
                 self.warnings.extend(warnings)
@@ -556,11 +664,21 @@ class Watcher:
                             % (self.watch.said, stuck))
         return found, warnings
 
-    def finish(self, wait_s=defaults.CHECKPOINT_FINAL_WAIT_S):
+    def finish(self, wait_s=defaults.CHECKPOINT_FINAL_WAIT_S,
+               most_s=defaults.CHECKPOINT_FINAL_WAIT_MAX_S):
         """The run is over: one final look (what is pending counts at once, a directory that
-        never appeared is said), awaited at most wait_s; then the thread ends."""
+        never appeared is said), awaited wait_s and as long again as two of the slowest looks
+        so far (a look under way comes first, and a long Lustre or NFS scan is what the final
+        one will be), at most most_s; when it does not come, a sentence says a save at the
+        very end may be missing. Then the thread ends."""
         self.stopped.set()
-        self.last_done.wait(wait_s)
+        with self.lock:
+            wait = min(most_s, wait_s + 2 * self.slowest_s)
+        if not self.last_done.wait(wait):
+            with self.lock:
+                self.warnings.append(
+                    "checkpoint_dir %s: the final look did not finish in %.0f s (a slow "
+                    "filesystem): a save at the very end may be missing" % (self.watch.said, wait))
 
     def close(self):
         self.stopped.set()

@@ -34,13 +34,17 @@ collective.json), the Python API, the CLI and the HTML report read that copy:
                   "untimed": [host whose NCCL collectives are not timed, ...],
                   "blind": why hosts were not compared at the last judgement, or ""},
      "checkpoints": [CHECKPOINT, ...] (oldest first, the newest defaults.CHECKPOINTS_KEPT),
+     "checkpoints_folded": the older ones summed, {"saves", "stall_s", "save_s", "first",
+                           "last"} | null (_fold()),
      "checkpoint_watch": {"dir": checkpoint_dir ("" unset), "warnings": [sentence, ...] (<= 8),
                           "blind": the watch's last look could not read the directory},
      "timeline": {"running": every host's ranks running (the latest host's ranks_at),
                   "init_done": the first collective completed on every rank (the latest
                   rank's first collective), "failed": the first failure's own time (started +
                   its at_s), "stopped": every host's torchrun ended or judged lost (the latest
-                  such moment; None while any host runs)} (each None until known),
+                  such moment; None while any host runs), "last_collective": the last moment
+                  some rank's completed collectives advanced (a clean end's training ends
+                  there: goodput's teardown follows)} (each None until known),
      "hosts": [{"host", "node_rank", "ranks": [first, last], "state", "rc", "alive",
                 "progress_ts", "ranks_at", "ended", "last_line", "last_seen", "pid", "elapsed_s",
                 "watch": {"kmsg", "kmsg_error", "gpu", "gpu_error", "watch_error", "dropped"},
@@ -57,7 +61,9 @@ collective.json), the Python API, the CLI and the HTML report read that copy:
     CHECKPOINT = {"path" (relative to checkpoint_dir), "began", "ended", "step" (from its name,
                   or None), "kind": "file" | "dcp" | "dir", "bytes", "files": the
                   completions grouped in it (per-rank shards of one save), "stall_s": how long
-                  it stalled the ranks (stall_s()), "stall": stall_s > 0}
+                  it stalled the ranks (stall_s()), "stall": stall_s > 0, and for a save cut
+                  short (some ranks' shards only, at the run's end) "partial": true and "of":
+                  the world's ranks}
     STRAGGLER = {"host", "ranks", "share_last", "late_ms_median", "late_ms_mean",
                  "interval_ms", "first_seen", "last_seen", "active"} (times on the master's
                  clock; active: named at the last judgement)
@@ -541,6 +547,10 @@ def master_lost(record, master, detail):
                               "warnings": list(watch.get("warnings") or []),
                               "blind": watch.get("blind") is True}
     state.init_done = _number((record.get("timeline") or {}).get("init_done"))
+    last = _number((record.get("timeline") or {}).get("last_collective"))
+    state.advances = [] if last is None else [last]
+    folded = record.get("checkpoints_folded")
+    state.folded = dict(folded) if isinstance(folded, dict) else None
     at = record.get("updated") or record["started"]
     if master in state.hosts and state.hosts[master]["state"] not in DONE:
         state.hosts[master]["state"], state.hosts[master]["ended"] = HOST_LOST, at
@@ -627,6 +637,7 @@ class RunState:
         # (sorted, one per ADVANCE_GAP_S, the newest ADVANCES_KEPT); the checkpoints seen.
         self.firsts, self.init_done, self.advances = {}, None, []
         self.checkpoints = []
+        self.folded = None  # the saves older than CHECKPOINTS_KEPT, summed (fold())
         self.checkpoint_watch = {"dir": _text(checkpoint_dir, DIR_MAX), "warnings": [],
                                  "blind": False}
 
@@ -1131,6 +1142,7 @@ class RunState:
                 "stragglers": stragglers, "straggle": watch,
                 "checkpoints": [c if c["stall"] is not None else self._judged_stall(c)
                                 for c in self.checkpoints],
+                "checkpoints_folded": None if self.folded is None else dict(self.folded),
                 "actions": list(self.actions),
                 "checkpoint_watch": {"dir": self.checkpoint_watch["dir"],
                                      "warnings": list(self.checkpoint_watch["warnings"]),
@@ -1152,7 +1164,10 @@ class RunState:
                 "init_done": self.init_done,
                 "failed": None if self.failure is None else round(
                     self.started + self.failure["at_s"], 3),
-                "stopped": (max(ended) if ended else self.updated) if done else None}
+                "stopped": (max(ended) if ended else self.updated) if done else None,
+                # A clean end's training ends here: the ranks' and torchrun's exit after it is
+                # goodput's teardown.
+                "last_collective": self.advances[-1] if self.advances else None}
 
     def _firsts(self, now, first, ranks):
         """A beat's {rank: age_s} of each rank's first collective (the watcher's "first"):
@@ -1230,11 +1245,17 @@ class RunState:
         entry = {"path": path[:CKPT_PATH_MAX], "began": round(min(began, ended), 3),
                  "ended": round(ended, 3), "step": _int(ckpt.get("step")),
                  "kind": ckpt.get("kind") if ckpt.get("kind") in CKPT_KINDS else "file",
-                 "bytes": max(0, _int(ckpt.get("bytes")) or 0), "files": 1, "stall": None,
-                 "stall_s": None}
-        same = next((c for c in reversed(self.checkpoints) if c["path"] == entry["path"]
-                     and entry["began"] <= c["ended"] + SAME_SAVE_S), None)
-        newest = self.checkpoints[-1] if self.checkpoints else None
+                 "bytes": max(0, _int(ckpt.get("bytes")) or 0), "stall": None, "stall_s": None,
+                 # per-rank shards the watch grouped by name (ckptwatch's shard groups)
+                 "files": min(max(1, _int(ckpt.get("files")) or 1), 1 << 30)}
+        if ckpt.get("partial") is True:  # some ranks' shards only: no checkpoint, said apart
+            entry.update(partial=True, of=min(max(1, _int(ckpt.get("of")) or 1), 1 << 30))
+        # (A save cut short is never merged with a whole one.)
+        whole = [c for c in self.checkpoints if not c.get("partial")]
+        same = None if entry.get("partial") else next(
+            (c for c in reversed(whole) if c["path"] == entry["path"]
+             and entry["began"] <= c["ended"] + SAME_SAVE_S), None)
+        newest = whole[-1] if whole and not entry.get("partial") else None
         if same is None and newest is not None and (
                 entry["began"] < newest["ended"] and newest["began"] < entry["ended"]
                 or abs(entry["ended"] - newest["ended"]) <= SAME_SAVE_S):
@@ -1243,7 +1264,7 @@ class RunState:
             if same["path"] == entry["path"] and same["ended"] == entry["ended"]:
                 return None  # the same completion told twice
             if same["path"] != entry["path"]:
-                same["files"] = same.get("files", 1) + 1
+                same["files"] = same.get("files", 1) + entry["files"]
                 same["bytes"] = same["bytes"] + entry["bytes"]
             same.update(began=min(same["began"], entry["began"]),
                         ended=max(same["ended"], entry["ended"]), stall=None, stall_s=None)
@@ -1256,9 +1277,27 @@ class RunState:
         while i and self.checkpoints[i - 1]["ended"] > entry["ended"]:
             i -= 1
         self.checkpoints.insert(i, entry)
-        del self.checkpoints[:-defaults.CHECKPOINTS_KEPT]
+        self._fold()
         self.updated = max(self.updated, now)
         return entry
+
+    def _fold(self):
+        """The saves past the newest CHECKPOINTS_KEPT are folded into one aggregate, not
+        dropped: a days-long run's older stalls stay stalls (goodput), and its count says how
+        many saves there were: {"saves", "stall_s", "save_s" (their writing summed), "first"
+        (the oldest's began), "last" (the newest's ended)}."""
+        while len(self.checkpoints) > defaults.CHECKPOINTS_KEPT:
+            c = self.checkpoints.pop(0)
+            if c.get("partial"):
+                continue  # (no save: nothing to keep of it)
+            if c["stall"] is None:
+                c = self._judged_stall(c)
+            f = self.folded or {"saves": 0, "stall_s": 0.0, "save_s": 0.0,
+                                "first": c["began"], "last": c["ended"]}
+            f.update(saves=f["saves"] + 1, stall_s=round(f["stall_s"] + c["stall_s"], 3),
+                     save_s=round(f["save_s"] + c["ended"] - c["began"], 3),
+                     first=min(f["first"], c["began"]), last=max(f["last"], c["ended"]))
+            self.folded = f
 
     def checkpoint_blind(self, blind):
         """Whether the watch's last look could not read checkpoint_dir (missing, unreadable):
