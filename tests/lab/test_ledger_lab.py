@@ -273,20 +273,25 @@ def strikes(rows):
 
 
 def quarantined_at_preflight(run):
-    return sorted(c["host"] for c in run.report()["checks"]
-                  if c["id"] == "host.quarantined" and not c["ok"])
+    """The hosts preflight.json says are quarantined: its host.quarantined checks, and its
+    fleet entry (a preflight every host failed leaves no host out, so names none by check)."""
+    report = run.report()
+    return sorted({c["host"] for c in report["checks"]
+                   if c["id"] == "host.quarantined" and not c["ok"]}
+                  | {h for h, v in (report.get("fleet") or {}).items()
+                     if v.get("quarantined_until")})
 
 
 def test_a_mistake_every_host_shares_at_preflight_quarantines_nobody(lab, tmp_path):
     """nproc_per_node=2 GPUs on the lab's GPU-less hosts (backend=nccl): gpu.count fails on
     all 5 hosts checked (3 and their 2 spare candidates), an error, 0.5 a host were it theirs.
-    Three preflights at quarantine_score=1: the second would quarantine all 5, the third would
-    show it (host.quarantined). One fleet event a preflight names the shared cause."""
+    Three preflights at quarantine_score=0.9: the second would quarantine all 5, the third
+    would show it (host.quarantined). One fleet event a preflight names the shared cause."""
     fleet_db = tmp_path / "fleet.db"
     runs = []
     for i in range(3):
         run = play(lab, "preflight.yml", tmp_path / ("p%d" % i), "-e", "backend=nccl",
-                   "-e", "nproc_per_node=2", *ledger_vars(fleet_db, 1.0))
+                   "-e", "nproc_per_node=2", *ledger_vars(fleet_db, 0.9))
         assert run.rc != 0, run.out[-3000:]
         assert {h for c, h in run.failing() if c == "gpu.count"} == set(HOSTS), run.failing()
         assert quarantined_at_preflight(run) == [], run.out[-3000:]
@@ -382,7 +387,7 @@ def lose(lab, tmp_path, name, fleet_db, go, *hosts):
 
 
 # A loss weighs 1.0 (a little less by the time the run's end decides, decayed from the loss's
-# moment): a host's own loss passes 0.9.
+# moment: 1.0 would not be reached): a host's own loss passes 0.9.
 LOST_SCORE = 0.9
 
 
