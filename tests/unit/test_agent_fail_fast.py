@@ -514,3 +514,106 @@ def test_a_rank_still_ending_with_a_failure_at_the_abort_is_told_after_it_as_a_c
     finally:
         torchrun.kill()
         torchrun.wait()
+
+
+# A stand-in torchrun whose local rank 0 (RANK 2) notes 1 and exits 1 at once, reaped by
+# torchrun before any look of its agent (its status never read), as steps_notorch.py without
+# its argument does at start; torchrun then prints its summary (torch 2.x's words, as the
+# ledger lab's node1 printed them), stops rank 1 after argv[1] seconds of teardown and exits 1.
+REAPING_STAND_IN = """
+import json, os, subprocess, sys, time
+teardown_s, rank_dir, log = float(sys.argv[1]), sys.argv[2], sys.argv[3]
+sibling = subprocess.Popen(["sleep", "60"], env=dict(os.environ, LOCAL_RANK="1", RANK="3"))
+os.makedirs(rank_dir)
+with open(os.path.join(rank_dir, "exit.json"), "w") as f:
+    json.dump({"code": 1, "ts": time.time()}, f)
+subprocess.run(["sh", "-c", "exit 1"], env=dict(os.environ, LOCAL_RANK="0", RANK="2"))
+with open(log, "w") as f:
+    f.write("Root Cause (first observed failure):\\n[0]:\\n  time      : 2026-12-07_10:03:32\\n"
+            "  host      : node1\\n  rank      : 2 (local_rank: 0)\\n"
+            "  exitcode  : 1 (pid: 3826)\\n  error_file: <N/A>\\n")
+time.sleep(teardown_s)
+sibling.terminate()
+sibling.wait()
+sys.exit(1)
+"""
+
+
+class _NoWatch:
+    def look(self, now_m, ranks):
+        pass
+
+    def take(self, now_m):
+        return []
+
+    def status(self):
+        return {}
+
+
+def _after_an_unseen_death(tmp_path, teardown_s, stop_after_s):
+    """node1's agent told to abort (node0's rank failed) after its rank 2 ended, noting 1, and
+    was reaped by torchrun unseen; then stepped until its torchrun ended. Returns its EXIT."""
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.run.agent import (
+        HostAgent, Timings)
+
+    run_id = "r-unseen-%d" % os.getpid()
+    rank_dir = tmp_path / "logs" / run_id / "attempt_0" / "0"
+    log = tmp_path / "torchrun.log"
+    torchrun = subprocess.Popen(
+        [sys.executable, "-c", REAPING_STAND_IN, str(teardown_s), str(rank_dir), str(log),
+         "torch.distributed.run", "--rdzv-id", run_id],
+        env={"TORCHFLEET_RUN_ID": run_id, "TORCHFLEET_HOST": "node1", "PATH": "/usr/bin:/bin"})
+    p = {"host": "node1", "python": sys.executable, "flight_recorder": 0, "max_restarts": 0,
+         "run_dir": str(tmp_path), "run_id": run_id, "nproc_per_node": 2, "stack_dump": False,
+         "lost_after_s": 30, "join_timeout_s": 30, "abort_grace_s": 0.5, "lease_s": 0}
+    sent = []
+    try:
+        timings = Timings(p)
+        timings.TEARDOWN_S = stop_after_s
+        agent = HostAgent(p, torchrun, None, timings, lambda body: sent.append(body) or True,
+                          _NoWatch())
+        _until(log.exists, "rank 2 never ended")
+        agent.obey({"t": runstate.ABORT, "failure": {"host": "node0"}})
+        assert not [m for m in sent if m["t"] == runstate.DIED]  # (its death was not seen)
+        _until(lambda: agent.step(time.monotonic()) is not None, "torchrun never ended", 60)
+    finally:
+        torchrun.kill()
+        torchrun.wait()
+    exits_sent = [m for m in sent if m["t"] == runstate.EXIT]
+    assert len(exits_sent) == 1, sent
+    return agent, exits_sent[0]
+
+
+def _judged(exit_body):
+    """node1's outcome once node0's rank 0 failed first and node1's EXIT came."""
+    s = runstate.RunState("r1", ["node0", "node1"], 2, now=1000.0, lost_after_s=30)
+    for host in s.order:
+        s.beat(host, 1001.0, alive=2)
+    s.exited("node0", 1003.0, 1, root_cause={"rank": 0, "local_rank": 0, "exitcode": 1,
+                                             "script_code": 1, "at_exit": True})
+    s.report("node1", 1003.2, exit_body)
+    return [runstate.host_outcome(s.phase, s.failures, s.hosts[h]) for h in s.order]
+
+
+def test_a_ranks_failure_before_the_abort_that_no_look_saw_is_its_hosts_own(tmp_path):
+    """The ledger lab (issue 65): a script every rank dies of at start, on 2 hosts. node1's
+    rank ended 160 ms before node0's failure brought the abort, between two looks of its
+    agent, and torchrun reaped it: the agent stopped torchrun at once as a healthy host and
+    said "stopped"; node1 was "aborted", the script's failure node0's alone (a strike in the
+    ledger, never the shared cause). Its note and torchrun's own words now make it node1's own
+    failure: torchrun, ending by itself, is given TEARDOWN_S to say it."""
+    agent, body = _after_an_unseen_death(tmp_path, teardown_s=0.3, stop_after_s=10.0)
+    assert not agent.stopped  # torchrun ended by itself
+    assert (body["stopped"], body["root_cause"]["rank"], body["root_cause"]["exitcode"]) == (
+        False, 2, 1)
+    assert _judged(body) == ["failed", "failed"]
+
+
+def test_a_ranks_failure_before_the_abort_stays_its_own_when_torchrun_is_stopped_after(
+        tmp_path):
+    """The same, torchrun slower to end than TEARDOWN_S: stopped by its agent, its log names
+    the rank that ended before the abort, and that is still node1's own failure."""
+    agent, body = _after_an_unseen_death(tmp_path, teardown_s=30.0, stop_after_s=0.3)
+    assert agent.stopped
+    assert (body["stopped"], body["root_cause"]["rank"]) == (False, 2)
+    assert _judged(body) == ["failed", "failed"]

@@ -294,6 +294,9 @@ class HostAgent:
         self.dirs = {}              # the ranks' log directories, once torchrun made them
         self.died_sent = False      # a rank's failure is told (DIED)
         self.died = None            # (root cause, consequence) it told
+        # Local ranks that had ended noting a failing code when the abort came, though no look
+        # saw them die (obey, _ended_failing): their own failures, not deaths of the stop.
+        self.ended_failing = set()
         self.up_m = None            # when every rank of this host was first seen running
         self.log = _logger(p["run_dir"])
 
@@ -376,6 +379,21 @@ class HostAgent:
                 self.deaths.awaited.add(local_rank)
         return bool(self.deaths.awaited)
 
+    def _ended_failing(self):
+        """Local ranks here gone by the abort that noted a failing code: a death this agent's
+        looks missed (the rank ended between two looks and the abort came first, or torchrun
+        reaped it before its status was read). A script that fails on every host at start
+        ends every host's ranks at once; the first host the master hears aborts the others,
+        whose ranks' own exits were then taken for the stop's: the failure looked like that
+        one host's (the ledger lab)."""
+        live = self.deaths.live()
+        ended = set()
+        for local_rank, rdir in rank_dirs(self.p["run_dir"]).items():
+            note = exits.read_note(rdir)
+            if local_rank not in live and note is not None and note["code"] not in (None, 0):
+                ended.add(local_rank)
+        return ended
+
     def obey(self, message):
         kind = message.get("t")
         ping = message.get("ping")
@@ -391,6 +409,8 @@ class HostAgent:
         now_m = time.monotonic()
         self.deaths.look(self.proc.pid, now_m, self.stopped, refresh=True)
         self._tell_death(now_m, refresh=True)
+        if not self.died_sent and not self.p["max_restarts"]:
+            self.ended_failing = self._ended_failing()
         self.deaths.abort_m = now_m  # a death from now on is of the run's stop (_own)
         self.stopping = message
         if not self.died_sent:
@@ -416,7 +436,7 @@ class HostAgent:
             # a rank that caught its SystemExit is stopped RANK_EXIT_S after.
             self.stop_at = time.monotonic() + self.t.RANK_EXIT_S
             self.log("abort: a rank here is ending with a failure; stopping after it")
-        elif self.most_workers and workers < self.most_workers:
+        elif self.most_workers and workers < self.most_workers or self.ended_failing:
             # A rank here died already and torchrun is ending by itself: let it say which
             # rank it was (its log's root cause) before it is stopped.
             self.stop_at = time.monotonic() + self.t.TEARDOWN_S
@@ -475,6 +495,12 @@ class HostAgent:
                 consequence = peer_loss(tail(os.path.join(dirs.get(local_rank, ""),
                                                           "stderr.log"), 40, 1 << 16))
                 stopped = False
+        elif stopped and cause is not None and cause["local_rank"] in self.ended_failing:
+            # torchrun's log names a rank that had ended with a failing note before the abort
+            # came (obey): its own failure, as if this agent had seen it die then; torchrun,
+            # ending by itself, was stopped only after TEARDOWN_S. (Whether it died of another
+            # host's failure is the master's to judge, as for a death told: consequence.)
+            stopped = False
         if cause is not None:
             note = exits.read_note(dirs.get(cause["local_rank"]))
             died = self.deaths.dead.get(self.deaths.pid_of(cause["local_rank"]))
