@@ -655,10 +655,11 @@ def decide(params):
         newly = memory.record(fleet, "preflight", dict(
             ok=not failed(checks), kind="preflight", run_id=params["run_id"],
             nnodes=params["nnodes"], hosts=nodes, checks=checks,
-            **({"spares": choice} if choice else {})), now)
+            **({"spares": choice} if choice else {})))  # (dated by the ledger's clock)
         memory.textfile(fleet, params, params["run_dir"], now)
     fleet.close()  # (a PostgreSQL ledger's connection, not held through the run)
-    checks = checks + memory.ledger_checks(fleet)
+    checks = checks + memory.ledger_checks(
+        fleet, strict=params["quarantine"] == "strict" and not observe)
     bad = failed(checks)
     sentence = verdict("preflight", checks)
     if fleet.breaker:  # what the circuit breaker kept the ledger from doing, in the verdict
