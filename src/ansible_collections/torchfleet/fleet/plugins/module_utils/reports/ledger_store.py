@@ -399,7 +399,7 @@ class Store:
                 engine = sa.create_engine(url, pool_size=1, max_overflow=2, connect_args={
                     "connect_timeout": wait, "keepalives": 1, "keepalives_idle": wait,
                     "keepalives_interval": 1, "keepalives_count": 3,
-                    "tcp_user_timeout": int(self.timeout_s * 1000) + 1000})
+                    "tcp_user_timeout": max(int(self.timeout_s * 1000), 1)})
                 sa.event.listen(engine, "begin", self._pg_begin)
             self._engine = engine
             self._migrate()
