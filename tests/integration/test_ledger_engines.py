@@ -377,3 +377,18 @@ def test_times_come_from_the_servers_clock_and_a_skewed_controller_is_said(serve
     assert len(fleet.notes) == 1 and "clock is 86400 s ahead of the database server's" in \
         fleet.notes[0]
     fleet.close()
+
+
+def test_torchfleet_hosts_refuses_a_database_that_holds_no_ledger(server, capsys):
+    """Issue 67 item 13, on PostgreSQL: the wrong database is not given a fresh ledger."""
+    import psycopg
+
+    from torchfleet import cli
+
+    url = server.create_database("empty_%d" % os.getpid())
+    assert cli.main(["hosts", "release", "node3", "--fleet-db", url]) == 2
+    assert "holds no ledger: give --fleet-db the database the runs write" in \
+        capsys.readouterr().err
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'ledger_%'"
+                            ).fetchone()[0] == 0

@@ -141,6 +141,10 @@ class NewerSchema(Exception):
     pass
 
 
+class NoLedger(Exception):
+    pass
+
+
 def canonical_host(name):
     """The key a host is kept under (docs/ledger.md "Which host"): its inventory name in lower
     case without a trailing dot, and of a DNS name its first label, so node3, NODE3 and
@@ -320,7 +324,11 @@ class Store:
                 text = text.replace(piece, "***")
         text = describe(text)[:300]
         low = text.lower()
-        if isinstance(exc, NewerSchema):
+        if isinstance(exc, NoLedger):
+            self._fail("holds no ledger", "give --fleet-db the database the runs write "
+                       "(their fleet_db); a ledger is written at every preflight's and run's "
+                       "end")
+        elif isinstance(exc, NewerSchema):
             self._fail("has schema version %s, newer than this torchfleet's (%d)"
                        % (text, SCHEMA_VERSION), "upgrade torchfleet on this controller, or "
                        "point fleet_db at another ledger")
@@ -430,6 +438,8 @@ class Store:
             raise NewerSchema(str(version))
         if version == SCHEMA_VERSION:
             return
+        if version == 0 and not self.create:  # (torchfleet hosts: a database of no ledger)
+            raise NoLedger()
         with self._write() as conn:
             if conn.dialect.name == "postgresql":  # one controller migrates at a time
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(6060)"))
