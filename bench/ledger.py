@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import tempfile
@@ -82,11 +83,16 @@ def measure(fleet_db, nhosts, nfill, runs):
     assert not fleet.warnings and len(listed) == nhosts, fleet.warnings
     assert sum(h["runs"] for h in listed) == nhosts * (nfill + runs)
     fleet.close()
+    # What the file grows by (docs/ledger.md "What it costs"): SQLite's file, its WAL
+    # checkpointed by the close, per 1,000 runs of the fill.
+    size = os.path.getsize(fleet_db) if not fleet_db.startswith("postgresql") else None
     # cpu: this process's (SQLite's work is in it; PostgreSQL's server's is not).
     return {**{name: stats(v) for name, v in wall.items()},
             **{name.replace("_ms", "_cpu_ms"): stats(v) for name, v in cpu.items()},
             "fill_s": fill_s, "fill_record_run_ms": fill_s * 1000 / nfill,
             "hosts": nhosts, "filled_runs": nfill,
+            "file_mb_per_1000_runs": None if size is None else round(
+                size / 1e6 * 1000 / (nfill + runs), 2),
             "goals_met": all(statistics.median(wall[name]) <= goal
                              for name, goal in GOALS_MS.items())}
 

@@ -376,12 +376,15 @@ def hosts_command(args: argparse.Namespace) -> int:
         print("%s: %s" % (where, exc), file=sys.stderr)
         return ERROR
     root = str(api._runs_root(args.runs_root))
-    if args.action in (None, "show") and hosts_cli.missing(args.fleet_db, root):
-        print(hosts_cli.as_json([]) if args.json else hosts_cli.missing(args.fleet_db, root))
-        return OK
-    fleet = hosts_cli.open_fleet(args.fleet_db, root,
-                                 create=args.action in ("release", "quarantine"))
+    if hosts_cli.missing(args.fleet_db, root):  # (a wrong directory: nothing made, nothing said done)
+        print("%s: %s" % (where, hosts_cli.missing(args.fleet_db, root)), file=sys.stderr)
+        return ERROR
+    fleet = hosts_cli.open_fleet(args.fleet_db, root)
     try:
+        unknown = hosts_cli.unknown(fleet, args.host) if args.host else ""
+        if unknown:
+            print("%s: %s" % (where, unknown), file=sys.stderr)
+            return ERROR
         if args.action == "release":
             done = fleet.release(args.host)
             said = "%s released: its incidents so far no longer count" % args.host
@@ -394,6 +397,8 @@ def hosts_command(args: argparse.Namespace) -> int:
                                     "(torchfleet hosts quarantine)")
             until = fleet.health([args.host])[args.host]["quarantined_until"]
             said = "%s quarantined until %s" % (args.host, hosts_cli.ledger.iso(until))
+        if args.action in ("release", "quarantine") and done:
+            said += hosts_cli.textfile(fleet)
         elif args.action == "show":
             row = next((h for h in fleet.hosts(since_s=since_s) if h["host"] == args.host),
                        None)
@@ -413,6 +418,8 @@ def hosts_command(args: argparse.Namespace) -> int:
         for line in fleet.warnings or ["the ledger was not changed"]:
             print("%s: %s" % (where, line), file=sys.stderr)
         return ERROR
+    for line in fleet.notes:
+        print("%s: %s" % (where, line), file=sys.stderr)
     print(said)
     return OK
 

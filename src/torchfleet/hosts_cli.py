@@ -21,22 +21,43 @@ def sqlite_path(fleet_db: str, runs_root: str) -> str | None:
     return ledger_store._url(fleet_db, runs_root)[1]
 
 
-def open_fleet(fleet_db: str | None, runs_root: str, create: bool) -> Any:
-    return ledger.Fleet(fleet_db or defaults.FLEET_DB, runs_root,
-                        half_life_h=defaults.default("ledger_half_life_h"),
-                        quarantine_score=defaults.default("quarantine_score"),
-                        quarantine_h=defaults.default("quarantine_h"),
-                        quarantine_max_fraction=defaults.default("quarantine_max_fraction"),
-                        create=create)
+def open_fleet(fleet_db: str | None, runs_root: str) -> Any:
+    """The ledger, never created here (a wrong directory must not make an empty one and say
+    done), scoring with the fleet's settings as its last preflight or run kept them: the
+    half-life and threshold the runs use, not this command's defaults."""
+    fleet = ledger.Fleet(fleet_db or defaults.FLEET_DB, runs_root, create=False)
+    fleet.adopt_settings()
+    return fleet
 
 
 def missing(fleet_db: str | None, runs_root: str) -> str:
-    """A sentence when the SQLite ledger does not exist yet, else ''."""
+    """A sentence when the SQLite ledger does not exist, else ''."""
     path = sqlite_path(fleet_db or defaults.FLEET_DB, runs_root)
     if path is None or os.path.exists(path):
         return ""
-    return "no ledger at %s yet: it is written at every preflight's and run's end (or give " \
-        "--fleet-db, --runs-root)" % path
+    return "no fleet ledger at %s: give --runs-root (the directory that holds the runs and " \
+        "fleet.db) or --fleet-db where it is; a ledger is written at every preflight's and " \
+        "run's end" % path
+
+
+def unknown(fleet: Any, host: str) -> str:
+    """A sentence when the ledger has no such host (a misspelt name), else ''."""
+    if fleet.known(host) or fleet.warnings:
+        return ""
+    return "no host %s in the fleet's ledger %s: check its name (torchfleet hosts lists " \
+        "them)" % (host, fleet.where)
+
+
+def textfile(fleet: Any) -> str:
+    """After a release or quarantine: the Prometheus textfile the fleet's settings name,
+    rewritten (else it says quarantined until the next run); what is said of it."""
+    if not fleet.textfile_path:
+        return ""
+    if fleet.textfile():
+        return "; %s rewritten" % fleet.textfile_path
+    fleet.notes.extend(w for w in fleet.warnings if w not in fleet.notes)
+    del fleet.warnings[:]  # (the ledger was changed: the textfile is a note, not a failure)
+    return "; %s could not be rewritten" % fleet.textfile_path
 
 
 def hosts_text(listed: list[dict[str, Any]], where: str, since_s: float | None,

@@ -4,12 +4,17 @@ creating its schema) lose no row; two adding to one host at once quarantine it o
 SQLite file and a newer schema cost one warning and the controller goes on."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
 import time
 from collections import Counter
 
@@ -193,3 +198,197 @@ def test_a_hostile_report_is_stored_safely_on_both_engines(fleet_db, tmp_path):
     assert act["done"] is True and len(act["why"]) <= 500 and "\x00" not in act["why"]
     assert fleet.warnings == []
     fleet.close()
+
+
+# ---- issue 67: the client bounds every wait; the server's clock ----
+
+# The lab's prefix (lab/netns.py: tflab<tag>-) with a tag of this test's own: `python -m lab
+# down` and other tests never touch it, and it is deleted in a finally.
+CUT_TABLE = "tflab12-pgcut"
+
+
+@contextlib.contextmanager
+def nft_table():
+    """A table of our own for the rules that cut the server off; always deleted."""
+    if os.getuid() != 0 or shutil.which("nft") is None:
+        pytest.skip("cutting a connection needs root and nftables")
+    subprocess.run(["nft", "add", "table", "inet", CUT_TABLE], check=True, timeout=30)
+    try:
+        subprocess.run(["nft", "add", "chain", "inet", CUT_TABLE, "out", "{ type filter hook "
+                        "output priority 0 ; }"], check=True, timeout=30)
+        yield
+    finally:
+        subprocess.run(["nft", "delete", "table", "inet", CUT_TABLE], timeout=30)
+
+
+def test_a_client_cut_off_mid_transaction_ends_within_the_ledgers_timeout(server):
+    """Issue 67 item 10: the server's port dropped (an nft rule) after the run's write began:
+    the run's end waits about the ledger's timeout (tcp_user_timeout), not TCP's 15 minutes
+    of retransmissions, and says what failed."""
+    import sqlalchemy as sa
+
+    url = server.create_database("cut_%d" % os.getpid())
+    timeout_s = 2.0
+    fleet = ledger.Fleet(url, "", timeout_s=timeout_s)
+    assert fleet.hosts() == [] and fleet.warnings == []  # connected, the schema made
+    cut = threading.Event()
+
+    def cut_mid_transaction(conn, cursor, statement, *_):
+        if not cut.is_set() and "ledger_incidents" in statement and "INSERT" in statement:
+            # The transaction holds its advisory lock and has written the run's row.
+            subprocess.run(["nft", "add", "rule", "inet", CUT_TABLE, "out", "ip", "daddr",
+                            "127.0.0.1", "tcp", "dport", str(server.port), "drop"],
+                           check=True, timeout=30)
+            cut.set()
+
+    sa.event.listen(fleet._engine, "before_cursor_execute", cut_mid_transaction)
+    report = {"run_id": "r1", "kind": "train", "ok": False,
+              "hosts": [{"host": h, "outcome": "lost" if h == "node03" else "stopped"}
+                        for h in HOSTS], "first_failure": {"host": "node03", "failure": "lost"}}
+    out, took = {}, {}
+
+    def run_end():
+        t = time.monotonic()
+        out["newly"] = fleet.record_run(report, now=T0)
+        took["s"] = time.monotonic() - t
+
+    with nft_table():
+        end = threading.Thread(target=run_end, daemon=True)
+        end.start()
+        end.join(timeout=10 * timeout_s)
+        assert cut.is_set()
+        assert not end.is_alive(), "the run's end still waits on the cut-off server"
+    assert took["s"] < 3 * timeout_s, took
+    assert out["newly"] == [] and len(fleet.warnings) == 1, fleet.warnings
+    assert "postgresql://fleet@127.0.0.1:%d" % server.port in fleet.warnings[0]
+    # Nothing of the cut transaction was kept; the next controller records it whole.
+    again = ledger.Fleet(url, "", timeout_s=timeout_s)
+    assert again.hosts(now=T0) == []
+    again.record_run(report, now=T0)
+    assert {h["host"]: h["runs"] for h in again.hosts(now=T0)}["node03"] == 1
+    assert again.warnings == []
+    again.close()
+
+
+def test_the_servers_timeouts_are_each_transactions_never_the_sessions(server):
+    """Issue 67 item 10: no startup `options` (PgBouncer's transaction pooling refuses it and
+    would hand a session SET to another client): SET LOCAL in each transaction."""
+    import psycopg
+
+    url = server.create_database("local_%d" % os.getpid())
+    fleet = ledger.Fleet(url, "", timeout_s=3.0)
+    assert fleet.hosts() == [] and fleet.warnings == []
+    with fleet._read() as conn:
+        said = {k: conn.exec_driver_sql("SHOW %s" % k).scalar() for k in (
+            "lock_timeout", "statement_timeout", "idle_in_transaction_session_timeout")}
+    assert said == {"lock_timeout": "3s", "statement_timeout": "18s",
+                    "idle_in_transaction_session_timeout": "18s"}
+    # The same server session outside the ledger's transactions: the server's defaults.
+    raw = fleet._engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        cur.execute("SHOW lock_timeout")
+        assert cur.fetchone()[0] == "0"
+        raw.rollback()
+    finally:
+        raw.close()
+    fleet.close()
+    with psycopg.connect(server.url()) as conn:  # (the server's own default, for the record)
+        assert conn.execute("SHOW lock_timeout").fetchone()[0] == "0"
+
+
+@pytest.fixture
+def pgbouncer(server, tmp_path):
+    """A real PgBouncer in transaction pooling mode in front of the server (Debian's
+    pgbouncer), or a skip where it is not installed."""
+    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    if not os.path.exists(binary):
+        pytest.skip("PgBouncer is not installed (apt-get install pgbouncer)")
+    folder = tempfile.mkdtemp(prefix="torchfleet-pgbouncer-")
+    os.chmod(folder, 0o777)
+    port = pg.free_port()
+    ini = os.path.join(folder, "pgbouncer.ini")
+    with open(ini, "w") as f:
+        f.write("[databases]\n* = host=127.0.0.1 port=%d\n[pgbouncer]\nlisten_addr = "
+                "127.0.0.1\nlisten_port = %d\nauth_type = trust\nauth_file = %s/users\n"
+                "pool_mode = transaction\nunix_socket_dir =\nlogfile = %s/log\n"
+                % (server.port, port, folder, folder))
+    with open(os.path.join(folder, "users"), "w") as f:
+        f.write('"fleet" ""\n')
+    argv = [binary, ini]
+    if os.getuid() == 0:
+        argv = ["runuser", "-u", pg.USER, "--"] + argv
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "no pgbouncer"
+                time.sleep(0.1)
+        yield "postgresql://fleet@127.0.0.1:%d/" % port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_ledger_works_through_pgbouncer_in_transaction_mode(server, pgbouncer):
+    """Issue 67 item 10: PgBouncer refuses the `options` startup parameter (the ledger was
+    off every time)."""
+    url = server.create_database("bouncer_%d" % os.getpid()).rsplit("/", 1)[1]
+    fleet = ledger.Fleet(pgbouncer + url, "", timeout_s=5.0)
+    report = {"run_id": "r1", "kind": "train", "ok": False,
+              "hosts": [{"host": h, "outcome": "lost" if h == "node03" else "stopped"}
+                        for h in HOSTS], "first_failure": {"host": "node03", "failure": "lost"}}
+    fleet.record_run(report, now=T0)
+    assert fleet.warnings == []
+    assert {h["host"]: h["incidents"] for h in fleet.hosts(now=T0)}["node03"] == {
+        "culprit": 1, "lost": 1}
+    fleet.close()
+
+
+def test_times_come_from_the_servers_clock_and_a_skewed_controller_is_said(server,
+                                                                          monkeypatch):
+    """Issue 67 item 11: a controller a day ahead would date its incidents a day into the
+    future (not decaying until then): the server's clock dates them, and the skew is said."""
+    import psycopg
+
+    url = server.create_database("skew_%d" % os.getpid())
+    monkeypatch.delenv(ledger.NOW_ENV, raising=False)
+    monkeypatch.setattr(ledger, "now", lambda: time.time() + 86400.0)
+    fleet = ledger.Fleet(url, "")
+    report = {"run_id": "r1", "kind": "train", "ok": False,
+              "hosts": [{"host": h, "outcome": "lost" if h == "node03" else "stopped"}
+                        for h in HOSTS], "first_failure": {"host": "node03", "failure": "lost"},
+              "hardware": [{"host": "node05", "kind": "xid", "code": 79, "fatal": True,
+                            "at": time.time() + 86400.0 - 60}]}
+    fleet.record_run(report)
+    assert fleet.warnings == []
+    with psycopg.connect(url) as conn:
+        server_now = conn.execute("SELECT extract(epoch FROM now())").fetchone()[0]
+        dated = dict(conn.execute("SELECT host, max(at) FROM ledger_incidents GROUP BY host")
+                     .fetchall())
+    assert abs(dated["node03"] - float(server_now)) < 60
+    assert abs(dated["node05"] - (float(server_now) - 60)) < 60  # its own time, moved
+    assert len(fleet.notes) == 1 and "clock is 86400 s ahead of the database server's" in \
+        fleet.notes[0]
+    fleet.close()
+
+
+def test_torchfleet_hosts_refuses_a_database_that_holds_no_ledger(server, capsys):
+    """Issue 67 item 13, on PostgreSQL: the wrong database is not given a fresh ledger."""
+    import psycopg
+
+    from torchfleet import cli
+
+    url = server.create_database("empty_%d" % os.getpid())
+    assert cli.main(["hosts", "release", "node3", "--fleet-db", url]) == 2
+    assert "holds no ledger: give --fleet-db the database the runs write" in \
+        capsys.readouterr().err
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'ledger_%'"
+                            ).fetchone()[0] == 0

@@ -219,10 +219,33 @@ def test_a_corrupt_ledger_is_one_warning_and_the_run_goes_on(tmp_path, monkeypat
     assert (tmp_path / "runs" / "r1" / "preflight.json").exists()
 
 
-def test_the_textfile_is_written_where_asked(tmp_path, monkeypatch):
+def test_a_ledger_that_cannot_be_read_fails_a_strict_preflight_and_says_why(tmp_path,
+                                                                           monkeypatch):
+    """Issue 67 item 9: quarantine=strict does not run the hosts it could not check."""
     monkeypatch.setenv("TORCHFLEET_LEDGER_NOW", repr(NOW))
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "fleet.db").write_bytes(b"not a database" * 100)
+    result = preflight_decide(preflight_params(tmp_path, quarantine="strict"))
+    assert not result["ok"]
+    said = [c for c in result["failures"] if c["id"] == "fleet.ledger"]
+    assert len(said) == 1 and "is corrupt" in said[0]["detail"]
+    assert "quarantine=strict refuses to run" in said[0]["detail"]
+
+
+def test_the_textfile_is_written_where_asked(tmp_path, monkeypatch):
+    """What node-exporter would read: the ledger's hosts, their scores and quarantines."""
+    from tests.unit.test_ledger import parsed
+
+    monkeypatch.setenv("TORCHFLEET_LEDGER_NOW", repr(NOW))
+    fleet_of(tmp_path).quarantine("n1", 24, "lost 3 times", now=NOW)
     result = preflight_decide(preflight_params(tmp_path, ledger_textfile="fleet.prom"))
-    assert result["ok"] and (tmp_path / "runs" / "fleet.prom").exists()
+    assert result["ok"]
+    got = parsed((tmp_path / "runs" / "fleet.prom").read_text())
+    assert got['torchfleet_host_quarantined{host="n1"}'] == 1.0
+    assert got['torchfleet_host_quarantined_until_seconds{host="n1"}'] == NOW + 24 * 3600
+    assert {k for k in got if k.startswith("torchfleet_host_runs_total")} == {
+        'torchfleet_host_runs_total{host="%s"}' % h for h in SIX}
+    assert got["torchfleet_ledger_updated_seconds"] == NOW
 
 
 def failed_run(tmp_path, name, capsys, **more):

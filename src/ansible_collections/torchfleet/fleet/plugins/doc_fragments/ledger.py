@@ -10,7 +10,8 @@ options:
   fleet_db:
     description: The fleet's ledger (its public variable; the plays pass it, default C(fleet.db)), a SQLite path
       relative to the run directory's parent (the runs root) when relative, or a C(postgresql://) URL. Unset or
-      empty, or without O(run_dir), no ledger is read or written.
+      empty, or without O(run_dir), no ledger is read or written. Not logged (a URL's password); the module's
+      output shows the URL with its password masked.
     type: str
   ledger_half_life_h:
     description: A host's score in the ledger halves every this many hours.
@@ -20,6 +21,11 @@ options:
     description: A host whose score reaches this when the ledger records the report is quarantined.
     type: float
     default: 2.5
+  ledger_keep_days:
+    description: The ledger keeps each incident, fleet event, action and run this many days, then deletes
+      it at the next write; 0 keeps everything.
+    type: int
+    default: 90
   quarantine_h:
     description: How long a quarantine lasts.
     type: float

@@ -221,6 +221,10 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
     (("quarantine_score", "float", 2.5), dict(description=(
         "A host whose score reaches this is quarantined (3 failures it caused within a day "
         "do, 2 do not; a fatal hardware event counts 1.5)."))),
+    (("ledger_keep_days", "int", 90), dict(description=(
+        "The ledger keeps each incident, fleet event, action and run this many days, then "
+        "deletes it at the next write (a host's quarantine and count of runs stay); 0 keeps "
+        "everything."))),
     (("quarantine_h", "float", 24.0), dict(description=(
         "How long a quarantine lasts, unless released first (torchfleet hosts release "
         "HOST)."))),

@@ -294,11 +294,13 @@ report:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import memory
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.summary import ARGUMENT_SPEC, decide
 
 
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    memory.mask_fleet_db(module)
     try:
         result = decide(module.params)
     except ValueError as exc:  # a report that cannot be written, named in one sentence

@@ -125,11 +125,14 @@ REGISTRY = (
          'roll-out); a host that is itself at fault: `torchfleet hosts quarantine HOST --hours N`'),
     Unit(('fleet.ledger',), PREFLIGHT,
          "the fleet's ledger (`fleet_db`) cannot be read or written at preflight's or the "
-         "run's end: missing, locked past its timeout, corrupt, of a newer schema, or "
-         'SQLAlchemy is not installed; a warning, said once: the run goes on and its own '
-         'report is written',
-         'the fix it names: move the corrupt file aside, install SQLAlchemy, upgrade '
-         "torchfleet, or `fleet_db=''` to run without it"),
+         "run's end: missing, locked past its timeout, unreachable, corrupt, of a newer "
+         'schema, a SQLite file on a network filesystem, or SQLAlchemy is not installed; a '
+         'warning, said once: the run goes on and its own report is written (an error of '
+         'preflight with `quarantine=strict`: no quarantine could be enforced); also a '
+         "controller's clock far from the PostgreSQL server's",
+         'the fix it names: move the corrupt file aside, a local path or PostgreSQL for a '
+         'shared runs root, install SQLAlchemy, upgrade torchfleet, NTP on the controller, '
+         "or `fleet_db=''` to run without it"),
     Unit(('input.spares',), INPUT,
          '`spares` that is not a whole number >= 0, or `nnodes + spares` larger than group '
          '`nodes`; reported before any host is touched',

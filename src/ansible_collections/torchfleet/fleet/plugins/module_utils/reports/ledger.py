@@ -26,8 +26,19 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import le
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.goodput import finite
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.ledger_store import (
     INCIDENTS, TEXT_MAX, _bulk, _count, _set_host, _text, _took_part, actions_of, add_actions,
-    add_events, drained_since, events_since, host_states, incident_rows, kinds_since,
-    lock_decisions, newest_incidents, runs_since)
+    add_events, drained_since, events_since, host_states, incident_rows, kinds_since, load_settings,
+    lock_decisions, newest_incidents, prune, runs_since, save_settings)
+
+# The key a host is kept under: node3, NODE3 and node3.cluster.example are one host
+# (ledger_store.canonical_host; docs/ledger.md "Which host").
+_host = ledger_store.canonical_host
+# A run's key in the ledger: its run_id, and after RUN_KEY_SEP the token of its run directory
+# (memory.run_token), so that a run_id used again by another controller with the same
+# fleet_db is another run, not a second strike of the first. What people read is the run_id.
+RUN_KEY_SEP = "@"
+# A controller's clock further than this from the PostgreSQL server's is said (its report's
+# times are moved onto the server's clock all the same).
+SKEW_S = 30.0
 
 CHECK_ID = "fleet.ledger"
 NOW_ENV = "TORCHFLEET_LEDGER_NOW"
@@ -118,6 +129,11 @@ def _dict(value):
     return value if isinstance(value, dict) else {}
 
 
+def shown(run_key):
+    """The run_id of a run's key in the ledger (RUN_KEY_SEP)."""
+    return run_key.split(RUN_KEY_SEP, 1)[0] if isinstance(run_key, str) else run_key
+
+
 def _int(value, default=0):
     return value if isinstance(value, int) and not isinstance(value, bool) \
         and -(1 << 31) < value < (1 << 31) else default
@@ -195,7 +211,7 @@ def _epoch(value):
 
 
 def _incident(found, host, attempt, kind, detail="", check="", weight=None, info="", at=None):
-    host = _text(host)
+    host = _host(host)
     if not host or host == "controller":
         return
     detail = _text(detail, 120)
@@ -227,7 +243,7 @@ def _failure_incidents(found, failure, attempt, outcomes):
             _incident(found, _dict(m).get("host"), attempt, "hang", info="collective #%s"
                       % _int(col.get("seq"), -1))
         return
-    host = _text(failure.get("host"))
+    host = _host(failure.get("host"))
     if not host or reason in RUN_WIDE or failure.get("consequence") is True:
         return
     own_exit = reason in ("failed", "")
@@ -277,16 +293,16 @@ def run_incidents(report):
     if said is not None and said > 0:
         found.lost_after_s = said
     rows = [_dict(h) for h in _list(report.get("hosts"))]
-    hosts = [_text(h.get("host")) for h in rows]
+    hosts = [_host(h.get("host")) for h in rows]
     attempts = [_dict(a) for a in _list(report.get("attempts"))]
     last = _int(attempts[-1].get("attempt")) if attempts else 0
     found.moments = _moments(report, attempts, last)
     for a in attempts:
         n = _int(a.get("attempt"))
-        had = [_text(h) for h in _list(a.get("hosts"))]
+        had = [_host(h) for h in _list(a.get("hosts"))]
         hosts += had
         found.checked.setdefault(n, set()).update(h for h in had if h)
-        outcomes = {_text(h): _text(o, 32) for h, o in _dict(a.get("outcomes")).items()}
+        outcomes = {_host(h): _text(o, 32) for h, o in _dict(a.get("outcomes")).items()}
         _failure_incidents(found, a.get("failure"), n, outcomes)
         for h, o in outcomes.items():
             if o == "lost":
@@ -299,7 +315,7 @@ def run_incidents(report):
             # (reported under what left it behind: a host lost with others, no strike either)
             _incident(found, r.get("host"), n, "restart", check=r.get("reason"),
                       info=r.get("reason"))
-    outcomes = {_text(h.get("host")): _text(h.get("outcome"), 32) for h in rows}
+    outcomes = {_host(h.get("host")): _text(h.get("outcome"), 32) for h in rows}
     _failure_incidents(found, report.get("first_failure"), last, outcomes)
     for h, o in outcomes.items():
         if o == "lost":
@@ -314,18 +330,18 @@ def run_incidents(report):
                   info=e.get("line") or e.get("what"), at=e.get("at"))
         at = _epoch(e.get("at"))
         if fatal and at is not None:
-            host = _text(e.get("host"))
+            host = _host(e.get("host"))
             first_fatal[host] = min(first_fatal.get(host, at), at)
     for d in _list(report.get("drain")):
         d = _dict(d)
         _incident(found, d.get("host"), last, "drained", d.get("reason"), info=d.get("evidence"),
-                  at=first_fatal.get(_text(d.get("host"))))
+                  at=first_fatal.get(_host(d.get("host"))))
     for s in _list(report.get("stragglers")):
         _incident(found, _dict(s).get("host"), last, "straggler", at=_dict(s).get("last_seen"))
     _check_incidents(found, report, last, hosts)
     found.hosts = hosts
     found.checked.setdefault(last, set()).update(h for h in (
-        _text(h.get("host")) for h in rows) if h)
+        _host(h.get("host")) for h in rows) if h)
     _singled_out(found, hosts)
     return found
 
@@ -391,10 +407,10 @@ def preflight_incidents(report):
     ports, none of them is blamed for it."""
     found = Found()
     rows = [_dict(h) for h in _list(report.get("hosts"))]
-    hosts = [_text(h.get("host")) for h in rows]
-    hosts += [_text(h) for h in _list(_dict(report.get("spares")).get("candidates"))]
+    hosts = [_host(h.get("host")) for h in rows]
+    hosts += [_host(h) for h in _list(_dict(report.get("spares")).get("candidates"))]
     workers = [h for h in hosts[1:] if h]
-    bound = {_text(_dict(c).get("host")) for c in _list(report.get("checks"))
+    bound = {_host(_dict(c).get("host")) for c in _list(report.get("checks"))
              if _dict(c).get("ok") is False and _dict(c).get("id") in MASTER_BOUND}
     found.moments = {0: None}
     _check_incidents(found, report, 0, hosts, master_bound_ok=len(bound & set(workers)) * 2
@@ -414,19 +430,68 @@ class Fleet(ledger_store.Store):
                  quarantine_score=defaults.default("quarantine_score"),
                  quarantine_h=defaults.default("quarantine_h"),
                  quarantine_max_fraction=defaults.default("quarantine_max_fraction"),
-                 timeout_s=defaults.LEDGER_TIMEOUT_S, create=True, observe=False):
-        self.half_life_s = max(float(finite(half_life_h) or 168.0), 1e-3) * 3600.0
-        self.quarantine_score = float(finite(quarantine_score) or 2.5)
-        self.quarantine_s = max(float(finite(quarantine_h) or 0.0), 0.0) * 3600.0
-        fraction = finite(quarantine_max_fraction)
-        self.max_fraction = defaults.default("quarantine_max_fraction") if fraction is None \
-            else max(fraction, 0.0)
+                 timeout_s=defaults.LEDGER_TIMEOUT_S, create=True, observe=False,
+                 keep_days=defaults.default("ledger_keep_days"), textfile_path=""):
+        # Kept in the ledger at each write (torchfleet hosts scores with them).
+        self.settings = {"ledger_half_life_h": half_life_h, "quarantine_score": quarantine_score,
+                         "quarantine_h": quarantine_h,
+                         "quarantine_max_fraction": quarantine_max_fraction,
+                         "ledger_keep_days": keep_days, "ledger_textfile": textfile_path}
+        self._apply(self.settings)
+        # What this controller's runs add under (memory.run_token: the run directory's).
+        self.run_token = ""
+        # Sentences that do not turn the ledger off (a controller's clock far from the
+        # server's): fleet.ledger warnings all the same.
+        self.notes = []
         self.shared = []  # the last report's fleet events (failures most hosts shared)
         self.breaker = ""  # the last report's circuit breaker sentence, when it tripped
         # actions=observe: incidents recorded and scored, no quarantine made; `would` holds
         # the last report's quarantines not made (by observe or the breaker).
         self.observe, self.would = bool(observe), []
         super().__init__(fleet_db, runs_root, timeout_s=timeout_s, create=create)
+
+    def _apply(self, settings):
+        self.half_life_s = max(float(finite(settings["ledger_half_life_h"]) or 168.0),
+                               1e-3) * 3600.0
+        self.quarantine_score = float(finite(settings["quarantine_score"]) or 2.5)
+        self.quarantine_s = max(float(finite(settings["quarantine_h"]) or 0.0), 0.0) * 3600.0
+        fraction = finite(settings["quarantine_max_fraction"])
+        self.max_fraction = defaults.default("quarantine_max_fraction") if fraction is None \
+            else max(fraction, 0.0)
+        keep = finite(settings["ledger_keep_days"])
+        self.keep_s = keep * 86400.0 if keep is not None and keep > 0 else None
+        path = settings["ledger_textfile"]
+        self.textfile_path = path if isinstance(path, str) else ""
+
+    def adopt_settings(self):
+        """Scores with the fleet's settings as its last preflight or run kept them in the
+        ledger (torchfleet hosts: not this command's defaults). The settings kept."""
+        def read():
+            with self._read() as conn:
+                return load_settings(conn)
+        kept = self._guard(read, {})
+        if kept:
+            self.settings = dict(self.settings, **{k: v for k, v in kept.items()
+                                                   if k in self.settings})
+            self._apply(self.settings)
+        return kept
+
+    def _at(self, conn, at, given):
+        """The time of this transaction: `at` when the caller gave one (the tests' clock),
+        else on PostgreSQL the server's, every controller's one clock; a controller's clock
+        further than SKEW_S from it is said once."""
+        if given:
+            return at
+        server = self.server_now(conn)
+        if server is None:
+            return at
+        if abs(at - server) > SKEW_S and not self.notes:
+            self.notes.append(
+                "the fleet's ledger %s: this controller's clock is %.0f s %s of the database "
+                "server's; the ledger dates what it records by the server's clock: set up NTP "
+                "(chrony) on the controller" % (self.where, abs(at - server),
+                                               "ahead" if at > server else "behind"))
+        return server
 
     # ---- writes ----
 
@@ -455,21 +520,30 @@ class Fleet(ledger_store.Store):
             return []
         if not run_id:
             return []
-        at = _clock(at)
-        return self._guard(lambda: self._write_record(run_id, phase, found, at), [])
+        if self.run_token:
+            run_id = _text(run_id + RUN_KEY_SEP + self.run_token)
+        given, at = _given(at), _clock(at)
+        return self._guard(lambda: self._write_record(run_id, phase, found, at, given), [])
 
-    def _write_record(self, run_id, phase, found, at):
+    def _write_record(self, run_id, phase, found, mine, given):
         hosts = [h for h in dict.fromkeys(found.hosts) if h and h != "controller"]
-        # Each incident dated when it happened (its event's, its attempt's failure's time),
-        # never after the report: a clock ahead is the report's time.
-        rows = [dict(i, run_id=run_id, phase=phase,
-                     at=at if i["at"] is None else min(i["at"], at))
-                for i in found.incidents.values()]
-        self.shared = [dict(e, at=at if e["at"] is None else min(e["at"], at))
-                       for e in found.shared]
+        weighs = any(i["weight"] > 0 for i in found.incidents.values())
         with self._write() as conn:
-            if any(r["weight"] > 0 for r in rows):  # it may quarantine: one decision at a time
+            if weighs:  # it may quarantine: one decision at a time
                 lock_decisions(conn)
+            # The report's times are this controller's clock: moved onto the server's.
+            at = self._at(conn, mine, given)
+            shift = at - mine
+            # Each incident dated when it happened (its event's, its attempt's failure's
+            # time), never after the report: a clock ahead is the report's time.
+            rows = [dict(i, run_id=run_id, phase=phase,
+                         at=at if i["at"] is None else min(i["at"] + shift, at))
+                    for i in found.incidents.values()]
+            self.shared = [dict(e, at=at if e["at"] is None else min(e["at"] + shift, at))
+                           for e in found.shared]
+            if self.keep_s is not None:  # ledger_keep_days: what is older goes
+                prune(conn, at - self.keep_s)
+            save_settings(conn, self.settings)
             if hosts:
                 _took_part(conn, run_id, phase, hosts, at)
             add_events(conn, run_id, phase, self.shared)
@@ -537,8 +611,10 @@ class Fleet(ledger_store.Store):
         checked_actions and action()), each dated by its own `at` (ISO 8601; the report's time
         where it has none). True when written."""
         run_id, at = _text(run_id), _clock(now)
+        if run_id and self.run_token:
+            run_id = _text(run_id + RUN_KEY_SEP + self.run_token)
         # (Stored as given, bounded, NUL and surrogates made safe: a kernel line is a host's.)
-        rows = [{"action": _text(a.get("action"), 16), "host": _text(a.get("host")) or "",
+        rows = [{"action": _text(a.get("action"), 16), "host": _host(a.get("host")) or "",
                  "check": _text(a.get("check"), 64), "why": _text(a.get("why"), TEXT_MAX),
                  "done": a.get("done") is True, "at": _epoch(a.get("at")) or at}
                 for a in actions if isinstance(a, dict)]
@@ -567,48 +643,60 @@ class Fleet(ledger_store.Store):
         """One host's history, newest first: {"incidents": [{"run_id", "phase", "attempt",
         "kind", "detail", "weight", "at"}], "actions": [{"run_id", "action", "check", "why",
         "done", "at"}]} (at: ISO 8601), since since_s ago (None: the score's window)."""
-        host, at = _text(host), _clock(now)
+        host, at, given = _host(host), _clock(now), _given(now)
         since = finite(since_s)
-        start = at - since if since is not None and since > 0 else \
-            at - DECAYED_OUT * self.half_life_s
 
         def read():
             with self._read() as conn:
+                now_ = self._at(conn, at, given)
+                start = now_ - since if since is not None and since > 0 else \
+                    now_ - DECAYED_OUT * self.half_life_s
                 found = sorted(incident_rows(conn, [host], start), key=lambda r: -r.at)[:limit]
                 acts = actions_of(conn, host, start, limit)
-            return {"incidents": [{"run_id": r.run_id, "phase": r.phase, "attempt": r.attempt,
+            return {"incidents": [{"run_id": shown(r.run_id), "phase": r.phase, "attempt": r.attempt,
                                    "kind": r.kind, "detail": r.detail, "weight": r.weight,
                                    "at": iso(r.at)} for r in found],
-                    "actions": [{"run_id": a["run_id"], "action": a["action"],
+                    "actions": [{"run_id": shown(a["run_id"]), "action": a["action"],
                                  "check": a["check_id"], "why": a["why"],
                                  "done": bool(a["done"]), "at": iso(a["at"])} for a in acts]}
         return self._guard(read, {"incidents": [], "actions": []})
 
+    def known(self, host):
+        """Whether the ledger has a row of host (under its canonical_host key)."""
+        key = _host(host)
+
+        def read():
+            with self._read() as conn:
+                return key in host_states(conn, [key])
+        return bool(key) and self._guard(read, False)
+
     def quarantine(self, host, hours, reason="", now=None):
         """Quarantines host for hours (from now); True when written."""
-        host, at, hours = _text(host), _clock(now), finite(hours)
+        host, at, hours, given = _host(host), _clock(now), finite(hours), _given(now)
         if not host or hours is None or hours <= 0:
             return False
 
         def write():
             with self._write() as conn:
                 lock_decisions(conn)
-                _set_host(conn, host, at, quarantined_until=at + hours * 3600.0,
+                now_ = self._at(conn, at, given)
+                _set_host(conn, host, now_, quarantined_until=now_ + hours * 3600.0,
                           reason=_text(reason, TEXT_MAX) or "quarantined by hand")
             return True
         return self._guard(write, False)
 
     def release(self, host, now=None):
         """Ends host's quarantine; its incidents so far no longer count toward its score."""
-        host, at = _text(host), _clock(now)
+        host, at, given = _host(host), _clock(now), _given(now)
         if not host:
             return False
 
         def write():
             with self._write() as conn:
                 lock_decisions(conn)
-                _set_host(conn, host, at, quarantined_until=None, reason="released",
-                          released_at=at)
+                now_ = self._at(conn, at, given)
+                _set_host(conn, host, now_, quarantined_until=None, reason="released",
+                          released_at=now_)
             return True
         return self._guard(write, False)
 
@@ -640,24 +728,28 @@ class Fleet(ledger_store.Store):
 
     def health(self, hosts, now=None):
         """{host: {"score", "quarantined_until" (epoch s or None), "reason", "history"}}."""
-        hosts = [h for h in (_text(h) for h in _list(hosts)) if h]
+        # Asked by the inventory's names, kept under their canonical_host keys.
+        names = {h: _host(h) for h in (_text(h) for h in _list(hosts)) if h}
+        keys = [k for k in dict.fromkeys(names.values()) if k]
         empty = {h: {"score": 0.0, "quarantined_until": None, "reason": "", "history": ""}
-                 for h in hosts}
-        if not hosts:
+                 for h in names}
+        if not keys:
             return empty
-        at = _clock(now)
+        at, given = _clock(now), _given(now)
 
         def read():
             with self._read() as conn:
-                states = host_states(conn, hosts)
-                scores = self._score(conn, hosts, at, state_of=states)
+                now_ = self._at(conn, at, given)
+                states = host_states(conn, keys)
+                scores = self._score(conn, keys, now_, state_of=states)
             out = {}
-            for h in hosts:
-                until = (states.get(h) or {}).get("quarantined_until")
-                live = until is not None and until > at
-                out[h] = {"score": scores[h][0], "quarantined_until": until if live else None,
-                          "reason": (states.get(h) or {}).get("reason", "") if live else "",
-                          "history": scores[h][1]}
+            for h, k in names.items():
+                until = (states.get(k) or {}).get("quarantined_until")
+                live = until is not None and until > now_
+                out[h] = {"score": scores[k][0] if k else 0.0,
+                          "quarantined_until": until if live else None,
+                          "reason": (states.get(k) or {}).get("reason", "") if live else "",
+                          "history": scores[k][1] if k else ""}
             return out
         return self._guard(read, empty)
 
@@ -665,12 +757,13 @@ class Fleet(ledger_store.Store):
         """Every host the ledger knows, worst first: [{"host", "runs", "incidents": {kind:
         count}, "score", "quarantined_until" (ISO 8601 or None), "reason", "history",
         "last_incident": {"run_id", "check", "at"} or None}] (counts since since_s ago)."""
-        at = _clock(now)
+        at, given = _clock(now), _given(now)
         since = finite(since_s)
-        start = at - since if since is not None and since > 0 else None
 
         def read():
             with self._read() as conn:
+                now_ = self._at(conn, at, given)
+                start = now_ - since if since is not None and since > 0 else None
                 states = host_states(conn)
                 if start is None:
                     runs = {h: s["runs"] for h, s in states.items()}
@@ -682,14 +775,14 @@ class Fleet(ledger_store.Store):
                     for r in newest_incidents(conn):
                         if r.at == newest.get(r.host) and (
                                 r.host not in last or r.weight > last[r.host][1]):
-                            last[r.host] = ({"run_id": r.run_id, "check": r.check_id,
+                            last[r.host] = ({"run_id": shown(r.run_id), "check": r.check_id,
                                              "at": iso(r.at)}, r.weight)
-                scores = self._score(conn, None, at, state_of=states)
+                scores = self._score(conn, None, now_, state_of=states)
             out = []
             for host in sorted(set(states) | set(kinds) | set(scores)):
                 state = states.get(host) or {}
                 until = state.get("quarantined_until")
-                live = until is not None and until > at
+                live = until is not None and until > now_
                 score, line = scores.get(host, (0.0, ""))
                 out.append({"host": host, "runs": runs.get(host, 0),
                             "incidents": kinds.get(host, {}), "score": score,
@@ -704,21 +797,25 @@ class Fleet(ledger_store.Store):
     def events(self, since_s=None, now=None, limit=EVENTS_MAX):
         """The fleet events, failures most hosts shared (no host's strike), newest first:
         [{"run_id", "phase", "attempt", "check", "hosts", "what", "at" (ISO 8601)}]."""
-        at = _clock(now)
+        at, given = _clock(now), _given(now)
         since = finite(since_s)
-        start = at - since if since is not None and since > 0 else None
 
         def read():
             with self._read() as conn:
-                found = events_since(conn, start, limit)
-            return [{"run_id": e["run_id"], "phase": e["phase"], "attempt": e["attempt"],
+                now_ = self._at(conn, at, given)
+                found = events_since(conn, now_ - since if since is not None and since > 0
+                                     else None, limit)
+            return [{"run_id": shown(e["run_id"]), "phase": e["phase"], "attempt": e["attempt"],
                      "check": e["check_id"], "hosts": e["hosts"], "what": e["what"],
                      "at": iso(e["at"])} for e in found]
         return self._guard(read, [])
 
-    def textfile(self, path, now=None):
+    def textfile(self, path=None, now=None):
         """node-exporter's textfile collector: each host's score, incidents by kind, runs and
-        quarantine, written atomically (a temporary file renamed). True when written."""
+        quarantine, written atomically (a temporary file, synced, renamed). path None: the
+        one the fleet's settings name (torchfleet hosts after a release). True when
+        written."""
+        path = self.textfile_path if path is None else path
         if not path or self._off:
             return False
         listed = self.hosts(now=now)
@@ -738,6 +835,12 @@ class Fleet(ledger_store.Store):
 def _clock(at):
     at = finite(at)
     return now() if at is None else at
+
+
+def _given(at):
+    """Whether the time is the caller's (an argument, or the tests' TORCHFLEET_LEDGER_NOW),
+    not this controller's clock."""
+    return finite(at) is not None or bool(os.environ.get(NOW_ENV))
 
 
 # What a history line calls a failure the host caused, by its check: the words a lost host's
@@ -791,9 +894,20 @@ def prometheus(listed, at):
            [((("host", h["host"]),), 1 if h["quarantined_until"] else 0) for h in listed])
     metric("torchfleet_host_runs_total", "counter", "Preflights and runs the host took part in.",
            [((("host", h["host"]),), h["runs"]) for h in listed])
-    metric("torchfleet_host_incidents_total", "counter", "Incidents of the host, by kind.",
+    metric("torchfleet_host_quarantined_until_seconds", "gauge", "When the host's quarantine "
+           "ends (epoch s; 0: none): compare with time(), the textfile is as of its writing.",
+           [((("host", h["host"]),), _epoch(h["quarantined_until"]) or 0)
+            for h in listed])
+    # Only what weighs on the score: an alert on incidents_total never fires on a warning
+    # (a throttling GPU's, a failed warning check's), counted apart.
+    metric("torchfleet_host_incidents_total", "counter", "Incidents of the host that weigh on "
+           "its score, by kind.",
            [((("host", h["host"]), ("kind", k)), n) for h in listed
-            for k, n in sorted(h["incidents"].items())])
+            for k, n in sorted(h["incidents"].items()) if k != "warning"])
+    metric("torchfleet_host_warnings_total", "counter", "Warnings of the host (its history, "
+           "never its score).",
+           [((("host", h["host"]),), h["incidents"]["warning"]) for h in listed
+            if h["incidents"].get("warning")])
     lines.append("# HELP torchfleet_ledger_updated_seconds When the textfile was written.")
     lines.append("# TYPE torchfleet_ledger_updated_seconds gauge")
     lines.append("torchfleet_ledger_updated_seconds %s" % repr(float(at)))
@@ -806,8 +920,15 @@ def _write_atomic(path, text):
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())  # the rename never points at a file still in the page cache
         os.chmod(tmp, 0o644)  # node-exporter runs as its own user
         os.replace(tmp, path)
+        dirfd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dirfd)  # and the rename itself survives a crash
+        finally:
+            os.close(dirfd)
     except BaseException:
         try:
             os.unlink(tmp)

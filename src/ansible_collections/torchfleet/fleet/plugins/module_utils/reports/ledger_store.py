@@ -3,8 +3,10 @@ migrations, the transactions and the rows; what a record means (what counts, the
 quarantine) is reports/ledger.py's, as Alembic keeps migrations apart from models.
 
 One schema for SQLite (the default: fleet.db in the runs root, WAL mode and a busy timeout, so
-several controllers on one machine write at once) and PostgreSQL (fleet_db=postgresql://...,
-controllers on several login nodes), through SQLAlchemy Core. The controller's side only.
+several controllers on one machine write at once; never on a network filesystem, whose locks
+SQLite cannot rely on across machines) and PostgreSQL (fleet_db=postgresql://..., controllers on
+several login nodes, directly or through PgBouncer), through SQLAlchemy Core. The controller's
+side only.
 
 Fail open: no method of Store raises. A ledger that is missing its driver, locked past its
 timeout, corrupt or of a newer schema turns the Store off after one sentence in `warnings`
@@ -13,6 +15,7 @@ timeout, corrupt or of a newer schema turns the Store off after one sentence in 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections import Counter
@@ -32,7 +35,7 @@ except ImportError as exc:  # a controller without it: a warning, never a failur
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.goodput import finite
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 HOST_MAX, TEXT_MAX = 255, 500
 IN_MAX = 64              # more hosts than this: read them all, not an IN list of each
 
@@ -127,7 +130,8 @@ if HAS_SQLALCHEMY:
     MIGRATIONS = {1: lambda conn: METADATA.create_all(conn, tables=[META, RUNS, INCIDENTS,
                                                                     HOSTS]),
                   2: lambda conn: METADATA.create_all(conn, tables=[EVENTS]),
-                  3: lambda conn: METADATA.create_all(conn, tables=[ACTIONS])}
+                  3: lambda conn: METADATA.create_all(conn, tables=[ACTIONS]),
+                  4: lambda conn: _canonical_hosts(conn)}
 else:  # the names still import (ledger.py, ansible-test's import check); Store says why not
     METADATA = META = RUNS = INCIDENTS = HOSTS = EVENTS = ACTIONS = None
     MIGRATIONS = {}
@@ -137,19 +141,146 @@ class NewerSchema(Exception):
     pass
 
 
+class NoLedger(Exception):
+    pass
+
+
+def canonical_host(name):
+    """The key a host is kept under (docs/ledger.md "Which host"): its inventory name in lower
+    case without a trailing dot, and of a DNS name its first label, so node3, NODE3 and
+    node3.cluster.example are one host's history. An IP address is kept whole. (One fleet's
+    short names are unique, as Slurm's node names are; fleets whose short names collide keep
+    a ledger each.)"""
+    name = _text(name).strip().rstrip(".").lower()
+    if not name or re.match(r"^[0-9.]+$", name) or ":" in name or "[" in name:
+        return name  # empty, IPv4, IPv6
+    return name.split(".", 1)[0] or name
+
+
+def _canonical_hosts(conn):
+    """Schema version 4: every row's host under its canonical_host key; two rows of one host
+    (node3 and node3.cluster.example) become one: its runs added, its latest quarantine and
+    release kept."""
+    moved = {h: canonical_host(h) for (h,) in conn.execute(sa.select(HOSTS.c.host))}
+    for table in (INCIDENTS, ACTIONS):
+        for (h,) in conn.execute(sa.select(table.c.host).distinct()).all():
+            moved.setdefault(h, canonical_host(h))
+    moved = {h: c for h, c in moved.items() if h != c}
+    if not moved:
+        return
+    unique = {INCIDENTS: ("run_id", "phase", "attempt", "kind", "detail"),
+              ACTIONS: ("run_id", "phase", "action", "check_id")}
+    for table, key in unique.items():
+        other = table.alias("other")
+        for old, new in moved.items():
+            # Renamed, unless the new name has the same row already (an incident seen under
+            # both names in one run: kept once).
+            twin = sa.exists().where(other.c.host == new,
+                                     *[other.c[k] == table.c[k] for k in key])
+            conn.execute(table.update().where(table.c.host == old, ~twin).values(host=new))
+            conn.execute(table.delete().where(table.c.host == old))
+    states = {r.host: r._asdict() for r in conn.execute(sa.select(HOSTS))}
+    merged = {}
+    for host, st in states.items():
+        key = moved.get(host, host)
+        into = merged.setdefault(key, dict(st, host=key, runs=0))
+        into["runs"] += st["runs"] or 0
+        for col in ("quarantined_until", "released_at"):
+            if st[col] is not None and (into[col] is None or st[col] > into[col]):
+                into[col] = st[col]
+                if col == "quarantined_until":
+                    into["reason"] = st["reason"]
+        into["updated"] = max(into["updated"], st["updated"])
+    conn.execute(HOSTS.delete())
+    for row in merged.values():
+        conn.execute(HOSTS.insert().values(row))
+    for run_id, listed in conn.execute(sa.select(RUNS.c.run_id, RUNS.c.hosts)).all():
+        hosts = _hosts_of(listed)
+        if any(h in moved for h in hosts):
+            conn.execute(RUNS.update().where(RUNS.c.run_id == run_id).values(hosts=json.dumps(
+                list(dict.fromkeys(moved.get(h, h) for h in hosts)))))
+
+
+# A password in a URL's user part, its query (?password=, PgBouncer's and libpq's) or a
+# key=value DSN.
+_SECRETS = (re.compile(r"(://[^:/@?#]*):[^/?]*@"),
+            re.compile(r"(?i)([?&;\s]password=)[^&;\s]*"),
+            re.compile(r"(?i)(^password=)[^&;\s]*"))
+
+
 def describe(fleet_db):
     """The ledger as a sentence names it: the path, or the URL without its password."""
-    return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", fleet_db)
+    out = _SECRETS[0].sub(r"\1:***@", fleet_db)
+    for pattern in _SECRETS[1:]:
+        out = pattern.sub(r"\1***", out)
+    return out
+
+
+def password_of(fleet_db):
+    """The password fleet_db carries (its user part's or its query's), or ""."""
+    if not isinstance(fleet_db, str):
+        return ""
+    found = re.search(r"://[^:/@?#]*:([^/?]*)@", fleet_db) or re.search(
+        r"(?i)(?:^|[?&;\s])password=([^&;\s]*)", fleet_db)
+    return found.group(1) if found else ""
+
+
+SQLITE_URL = re.compile(r"^sqlite:///")
 
 
 def _url(fleet_db, runs_root):
     """(SQLAlchemy URL, path or None) of fleet_db: a postgresql:// URL (psycopg 3 unless a
-    driver is named), else a SQLite path, relative to runs_root when relative."""
+    driver is named), else a SQLite path, relative to runs_root when relative; SQLAlchemy's
+    own sqlite:///relative and sqlite:////absolute say the same."""
     if re.match(r"^postgres(ql)?(\+\w+)?://", fleet_db):
         url = re.sub(r"^postgres(ql)?://", "postgresql+psycopg://", fleet_db)
         return url, None
-    path = os.path.join(runs_root or ".", os.path.expanduser(fleet_db))
+    path = os.path.join(runs_root or ".", os.path.expanduser(SQLITE_URL.sub("", fleet_db)))
     return "sqlite:///" + os.path.abspath(path), os.path.abspath(path)
+
+
+# What /proc/self/mountinfo calls the network filesystems SQLite must not be shared on (its
+# locks and WAL's shared memory are one machine's): NFS, Lustre, GPFS (Spectrum Scale), CephFS
+# (kernel and FUSE), SMB/CIFS, GlusterFS, BeeGFS, OrangeFS, AFS, WekaFS.
+NETWORK_FS = ("nfs", "nfs4", "lustre", "gpfs", "ceph", "fuse.ceph-fuse", "cifs", "smb3",
+              "smbfs", "fuse.glusterfs", "beegfs", "pvfs2", "afs", "wekafs", "fuse.sshfs")
+MOUNTINFO = "/proc/self/mountinfo"
+MOUNTINFO_MAX = 4 << 20
+
+
+def _unescape(field):
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def fs_type(path, mountinfo=None):
+    """The filesystem type of the mount that holds path (its nearest existing folder), as the
+    kernel names it in mountinfo ("nfs4", "lustre", "ext4"), or "" when unknown. mountinfo,
+    not statfs(2): it names FUSE filesystems (fuse.ceph-fuse, not FUSE's one magic number) and
+    needs no per-architecture struct layout; the last mount on a point is the one seen."""
+    where = os.path.realpath(os.path.abspath(path))  # (a folder not made yet: its parent's)
+    try:
+        with open(mountinfo or MOUNTINFO, "rb") as f:
+            text = f.read(MOUNTINFO_MAX).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    best, kind = -1, ""
+    for line in text.splitlines():
+        # id parent major:minor root mount-point options [optional...] - type source super
+        fields = line.split(" ")
+        if " - " not in line or len(fields) < 5:
+            continue
+        point = _unescape(fields[4])
+        after = line.split(" - ", 1)[1].split(" ")
+        inside = where == point or where.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= best and after and after[0]:
+            best, kind = len(point), after[0]
+    return kind
+
+
+def network_fs(path, mountinfo=None):
+    """path's filesystem type when it is a network filesystem's, else ""."""
+    kind = fs_type(path, mountinfo)
+    return kind if kind in NETWORK_FS or kind.split(".")[0] in NETWORK_FS else ""
 
 
 class Store:
@@ -164,6 +295,7 @@ class Store:
         self.timeout_s = max(float(finite(timeout_s) or defaults.LEDGER_TIMEOUT_S), 0.001)
         self.create = create
         self.warnings = []
+        self.readonly = False  # a SQLite file this user may read and not write
         self.where = _url(self.fleet_db, self.runs_root)[1] or describe(self.fleet_db) \
             if self.fleet_db else ""
         self._engine = None
@@ -184,9 +316,19 @@ class Store:
 
     def _failed(self, exc):
         """The sentence of an exception while using the ledger."""
-        text = " ".join(str(getattr(exc, "orig", None) or exc).split())[:300]
+        text = " ".join(str(getattr(exc, "orig", None) or exc).split())
+        # (A driver's message may quote the URL, or the pieces of a password it misread.)
+        secret = password_of(self.fleet_db)
+        for piece in sorted({secret, *re.split(r"[:@]", secret)}, key=len, reverse=True):
+            if len(piece) >= 3:
+                text = text.replace(piece, "***")
+        text = describe(text)[:300]
         low = text.lower()
-        if isinstance(exc, NewerSchema):
+        if isinstance(exc, NoLedger):
+            self._fail("holds no ledger", "give --fleet-db the database the runs write "
+                       "(their fleet_db); a ledger is written at every preflight's and run's "
+                       "end")
+        elif isinstance(exc, NewerSchema):
             self._fail("has schema version %s, newer than this torchfleet's (%d)"
                        % (text, SCHEMA_VERSION), "upgrade torchfleet on this controller, or "
                        "point fleet_db at another ledger")
@@ -225,22 +367,48 @@ class Store:
             if path is not None:
                 if not self.create and not os.path.exists(path):
                     self._fail("does not exist", "it is written at every preflight's and "
-                               "run's end; or give --fleet-db")
+                               "run's end; give --runs-root or --fleet-db where it is")
+                    return None
+                shared = network_fs(os.path.dirname(path))
+                if shared:
+                    self._fail("is on a network filesystem (%s): SQLite's locks do not hold "
+                               "across machines and two controllers would corrupt it" % shared,
+                               "set fleet_db to a path on this controller's local disk (a "
+                               "ledger per controller) or to a postgresql:// URL shared by "
+                               "all of them (docs/ledger.md)")
                     return None
                 os.makedirs(os.path.dirname(path), exist_ok=True)
+                # A reader who may not write (torchfleet hosts as another user) opens it
+                # read-only: no write lock, no -shm file to create.
+                self.readonly = os.path.exists(path) and not (
+                    os.access(path, os.W_OK) and os.access(os.path.dirname(path), os.W_OK))
+                if self.readonly:
+                    # (SQLite reads a WAL file read-only where its -shm exists, a writer's
+                    # being there; with none, the file as it stands: immutable.)
+                    url = "sqlite:///file:%s?%s&uri=true" % (path, "mode=ro" if os.path.exists(
+                        path + "-shm") else "immutable=1")
                 # One connection kept for the Fleet's life: the last one to close a WAL
                 # database checkpoints it (12 ms a write at 512 hosts).
                 engine = sa.create_engine(url, poolclass=SingletonThreadPool,
                                           connect_args={"timeout": self.timeout_s,
                                                         "isolation_level": None,
                                                         "check_same_thread": False})
-                sa.event.listen(engine, "connect", _sqlite_connect)
+                if not self.readonly:
+                    sa.event.listen(engine, "connect", _sqlite_connect)
                 sa.event.listen(engine, "begin", _sqlite_begin)
             else:
-                ms = int(self.timeout_s * 1000)
+                # Every wait bounded from this side: the connect, and a server or a network
+                # gone mid-transaction (keepalives while waiting on the server, and
+                # tcp_user_timeout on unacknowledged data); libpq's parameters, never a
+                # startup `options` (PgBouncer refuses it). The server's own timeouts are
+                # SET LOCAL in each transaction (_pg_begin): session SETs would leak to
+                # another client through PgBouncer's transaction pooling.
+                wait = max(1, int(math.ceil(self.timeout_s)))
                 engine = sa.create_engine(url, pool_size=1, max_overflow=2, connect_args={
-                    "connect_timeout": max(1, int(self.timeout_s)),
-                    "options": "-c lock_timeout=%d -c statement_timeout=%d" % (ms, 6 * ms)})
+                    "connect_timeout": wait, "keepalives": 1, "keepalives_idle": wait,
+                    "keepalives_interval": 1, "keepalives_count": 3,
+                    "tcp_user_timeout": max(int(self.timeout_s * 1000), 1)})
+                sa.event.listen(engine, "begin", self._pg_begin)
             self._engine = engine
             self._migrate()
             return self._engine
@@ -248,15 +416,34 @@ class Store:
             self._failed(exc)
             return None
 
+    def _pg_begin(self, conn):
+        ms = int(self.timeout_s * 1000)
+        conn.exec_driver_sql("SET LOCAL lock_timeout = %d" % ms)
+        conn.exec_driver_sql("SET LOCAL statement_timeout = %d" % (6 * ms))
+        conn.exec_driver_sql("SET LOCAL idle_in_transaction_session_timeout = %d" % (6 * ms))
+
+    def _version(self, conn):
+        if not sa.inspect(conn).has_table(META.name):
+            return 0
+        found = conn.execute(sa.select(META.c.value).where(
+            META.c.key == "schema_version")).scalar()
+        return int(found) if found and str(found).isdigit() else 0
+
     def _migrate(self):
+        # A current schema is read without the write lock: a reader never waits for a
+        # writer, and one who may not write reads all the same.
+        with self._read() as conn:
+            version = self._version(conn)
+        if version > SCHEMA_VERSION:
+            raise NewerSchema(str(version))
+        if version == SCHEMA_VERSION:
+            return
+        if version == 0 and not self.create:  # (torchfleet hosts: a database of no ledger)
+            raise NoLedger()
         with self._write() as conn:
             if conn.dialect.name == "postgresql":  # one controller migrates at a time
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(6060)"))
-            version = 0
-            if sa.inspect(conn).has_table(META.name):
-                found = conn.execute(sa.select(META.c.value).where(
-                    META.c.key == "schema_version")).scalar()
-                version = int(found) if found and str(found).isdigit() else 0
+            version = self._version(conn)  # (again: another controller may have migrated)
             if version > SCHEMA_VERSION:
                 raise NewerSchema(str(version))
             for step in range(version + 1, SCHEMA_VERSION + 1):
@@ -274,6 +461,13 @@ class Store:
 
     def _read(self):
         return _Tx(self._engine, False)
+
+    def server_now(self, conn):
+        """The database server's clock (epoch s) on PostgreSQL, every controller's one clock;
+        None on SQLite (one machine's file: its clock is the controller's)."""
+        if conn.dialect.name != "postgresql":
+            return None
+        return float(conn.execute(sa.text("SELECT extract(epoch FROM now())")).scalar())
 
     def close(self):
         if self._engine is not None:
@@ -430,9 +624,12 @@ def runs_since(conn, start):
 
 
 def kinds_since(conn, start):
-    """({host: {kind: count}}, {host: its newest incident's at}) since `start` (None: ever)."""
-    q = sa.select(INCIDENTS.c.host, INCIDENTS.c.kind, sa.func.count(),
-                  sa.func.max(INCIDENTS.c.at)).group_by(INCIDENTS.c.host, INCIDENTS.c.kind)
+    """({host: {kind: count}}, {host: its newest incident's at}) since `start` (None: ever).
+    An incident that weighs nothing (a non-fatal hardware event, one the circuit breaker
+    forgave) counts as a warning: its host's history, never its score."""
+    kind = sa.case((INCIDENTS.c.weight > 0, INCIDENTS.c.kind), else_=sa.literal("warning"))
+    q = sa.select(INCIDENTS.c.host, kind, sa.func.count(),
+                  sa.func.max(INCIDENTS.c.at)).group_by(INCIDENTS.c.host, kind)
     if start is not None:
         q = q.where(INCIDENTS.c.at >= start)
     kinds, newest = {}, {}
@@ -509,3 +706,35 @@ def actions_of(conn, host, start, limit):
     if start is not None:
         q = q.where(ACTIONS.c.at >= start)
     return [r._asdict() for r in conn.execute(q)]
+
+
+def prune(conn, before):
+    """Deletes what happened before `before` (epoch s): incidents, fleet events, actions and
+    runs (ledger_keep_days); a host's row (its quarantine, its release, its count of runs)
+    stays. The number of incidents deleted."""
+    gone = conn.execute(INCIDENTS.delete().where(INCIDENTS.c.at < before)).rowcount
+    for table in (EVENTS, ACTIONS, RUNS):
+        conn.execute(table.delete().where(table.c.at < before))
+    return gone
+
+
+SETTING = "setting."  # ledger_meta's keys of the fleet's settings: setting.<variable>
+
+
+def save_settings(conn, settings):
+    """The fleet's settings as its last preflight or run used them ({variable: number or
+    text}): torchfleet hosts scores with them, and rewrites the textfile they name."""
+    conn.execute(META.delete().where(META.c.key.in_([SETTING + k for k in settings])))
+    _bulk(conn, META, [{"key": SETTING + k, "value": json.dumps(v)[:255]}
+                       for k, v in sorted(settings.items())])
+
+
+def load_settings(conn):
+    out = {}
+    for key, value in conn.execute(sa.select(META.c.key, META.c.value).where(
+            META.c.key.startswith(SETTING))):
+        try:
+            out[key[len(SETTING):]] = json.loads(value)
+        except ValueError:
+            continue
+    return out

@@ -10,9 +10,11 @@ warning, once.
 from __future__ import annotations
 
 import os
+import uuid
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
-from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger, ledger_store
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import rundir
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import (
     CONTROLLER, ERROR, WARNING, check)
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import action
@@ -21,10 +23,13 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate impo
 # fleet_db has no default here: the plays pass the variable (its default, fleet.db); a module
 # called without it (the unit tests' thousand reports) writes no ledger.
 SPEC = dict(
-    fleet_db=dict(type="str"),
+    # no_log: a postgresql:// URL may carry its password (mask_fleet_db keeps the rest of
+    # the output readable).
+    fleet_db=dict(type="str", no_log=True),
     ledger_half_life_h=dict(type="float", default=defaults.default("ledger_half_life_h")),
     quarantine_score=dict(type="float", default=defaults.default("quarantine_score")),
     quarantine_h=dict(type="float", default=defaults.default("quarantine_h")),
+    ledger_keep_days=dict(type="int", default=defaults.default("ledger_keep_days")),
     quarantine_max_fraction=dict(type="float",
                                  default=defaults.default("quarantine_max_fraction")),
     # observe: the ledger records and scores, and quarantines (drains, leaves out) nobody.
@@ -46,16 +51,60 @@ def root_of(run_dir):
     return os.path.dirname(os.path.abspath(run_dir)) if run_dir else ""
 
 
+def mask_fleet_db(module):
+    """fleet_db is no_log, and Ansible masks a no_log value wherever it appears in the output:
+    every "fleet.db" of every sentence. Masked instead: the URL's password alone (the
+    invocation shows the URL with ******** for it; nothing is logged of it either way)."""
+    fleet_db = module.params.get("fleet_db")
+    if fleet_db:
+        module.no_log_values.discard(fleet_db)
+        if ledger_store.password_of(fleet_db):
+            module.no_log_values.add(ledger_store.password_of(fleet_db))
+
+
+# The run directory's token (ledger.RUN_KEY_SEP): written by the first of the run's reports to
+# reach the ledger, read by the others (its preflight, its end, an attach), so a run_id used
+# again elsewhere with the same fleet_db is another run.
+RUN_TOKEN = "ledger.key"
+
+
+def run_token(run_dir, create):
+    path = os.path.join(run_dir, RUN_TOKEN)
+    for _ in range(2):
+        found = rundir.read_json(path, max_bytes=4096)
+        if isinstance(found, dict) and isinstance(found.get("token"), str) \
+                and found["token"].isalnum():
+            return found["token"]
+        if not create or os.path.exists(path):
+            return ""
+        try:
+            os.makedirs(run_dir, mode=0o750, exist_ok=True)
+            rundir.create_json(path, {"token": uuid.uuid4().hex[:12]})
+        except FileExistsError:
+            continue  # another writer's: read it
+        except OSError:
+            return ""
+    return ""
+
+
 def open_fleet(params, run_dir):
     """The ledger of the fleet (off, every call a no-op, without a run directory or with
     fleet_db=''), in ledger_root when given, else beside the run's directory."""
-    return ledger.Fleet((params.get("fleet_db") or "") if run_dir else "",
-                        params.get("ledger_root") or root_of(run_dir),
-                        half_life_h=params["ledger_half_life_h"],
-                        quarantine_score=params["quarantine_score"],
-                        quarantine_h=params["quarantine_h"],
-                        quarantine_max_fraction=params["quarantine_max_fraction"],
-                        observe=params.get("actions") == "observe")
+    root = params.get("ledger_root") or root_of(run_dir)
+    textfile = params.get("ledger_textfile") or ""
+    fleet = ledger.Fleet((params.get("fleet_db") or "") if run_dir else "", root,
+                         half_life_h=params["ledger_half_life_h"],
+                         quarantine_score=params["quarantine_score"],
+                         quarantine_h=params["quarantine_h"],
+                         quarantine_max_fraction=params["quarantine_max_fraction"],
+                         observe=params.get("actions") == "observe",
+                         keep_days=params.get("ledger_keep_days",
+                                              defaults.default("ledger_keep_days")),
+                         textfile_path=os.path.join(root_of(run_dir), textfile)
+                         if textfile and run_dir else "")
+    if fleet.on and run_dir:
+        fleet.run_token = run_token(run_dir, create=bool(params.get("ledger_record", True)))
+    return fleet
 
 
 iso = ledger.iso
@@ -92,12 +141,20 @@ def quarantine_checks(used, left_out, health, now, strict=False):
     return out
 
 
-def ledger_checks(fleet, said=()):
+def ledger_checks(fleet, said=(), strict=False):
     """fleet.ledger: the ledger's warnings, unless preflight `said` one already (a run is
-    warned once); fleet.breaker: the quarantines the circuit breaker kept from being done."""
+    warned once); fleet.breaker: the quarantines the circuit breaker kept from being done.
+    `strict` (quarantine=strict): a ledger that could not be used is an error, since no
+    quarantine could be enforced without it."""
+    if strict and fleet.warnings:
+        return [check("fleet.ledger", CONTROLLER, False, w + "; quarantine=strict refuses to "
+                      "run without knowing which hosts are quarantined", "as it says; "
+                      "quarantine=warn runs without the ledger", ERROR)
+                for w in fleet.warnings] + breaker_checks(fleet.breaker)
     return ([] if said else [
         check("fleet.ledger", CONTROLLER, False, w, "as it says; fleet_db='' runs without the "
-              "ledger", WARNING) for w in fleet.warnings]) + breaker_checks(fleet.breaker)
+              "ledger", WARNING) for w in fleet.warnings + fleet.notes]) + breaker_checks(
+        fleet.breaker)
 
 
 def breaker_checks(sentence):

@@ -664,7 +664,7 @@ def decide(params):
         newly = memory.record(fleet, "preflight", dict(
             ok=not failed(checks), kind="preflight", run_id=params["run_id"],
             nnodes=params["nnodes"], hosts=nodes, checks=checks,
-            **({"spares": choice} if choice else {})), now)
+            **({"spares": choice} if choice else {})))  # (dated by the ledger's clock)
         memory.textfile(fleet, params, params["run_dir"], now)
     # The audit (as train.json's, by the same function): the hosts left out for a quarantine
     # (not done: actions=observe kept them in), then the quarantines recording made or not.
@@ -672,7 +672,8 @@ def decide(params):
         action("exclude", h, "host.quarantined", now, memory.why_held(h, held[h]), done)
         for h, done in left_out.items() if h in held], write=recording)
     fleet.close()  # (a PostgreSQL ledger's connection, not held through the run)
-    checks = checks + memory.ledger_checks(fleet)
+    checks = checks + memory.ledger_checks(
+        fleet, strict=params["quarantine"] == "strict" and not observe)
     bad = failed(checks)
     sentence = verdict("preflight", checks)
     if fleet.breaker:  # what the circuit breaker kept the ledger from doing, in the verdict
