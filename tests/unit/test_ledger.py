@@ -772,7 +772,7 @@ def test_sqlite_on_a_network_filesystem_is_refused_once_and_points_to_postgresql
     mounts = tmp_path / "mountinfo"
     mounts.write_text("\n".join([ROOT_LINE, NETWORK_MOUNTS[kind].format(
         str(shared).replace(" ", "\\040"))]) + "\n")
-    monkeypatch.setattr(ledger_store, "MOUNTINFO", str(mounts))
+    monkeypatch.setattr(ledger_store.mounts, "MOUNTINFO", str(mounts))
     f = ledger.Fleet("torchfleet/fleet.db", str(shared))
     assert f.record_run(train("r1", "node3"), now=T0) == []
     assert f.hosts(now=T0) == [] and f.health(["node3"], now=T0)["node3"]["score"] == 0.0

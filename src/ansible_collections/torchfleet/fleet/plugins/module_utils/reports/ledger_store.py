@@ -33,6 +33,7 @@ except ImportError as exc:  # a controller without it: a warning, never a failur
     IMPORT_ERROR = str(exc)
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import mounts
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.goodput import finite
 
 SCHEMA_VERSION = 4
@@ -244,37 +245,14 @@ def _url(fleet_db, runs_root):
 # (kernel and FUSE), SMB/CIFS, GlusterFS, BeeGFS, OrangeFS, AFS, WekaFS.
 NETWORK_FS = ("nfs", "nfs4", "lustre", "gpfs", "ceph", "fuse.ceph-fuse", "cifs", "smb3",
               "smbfs", "fuse.glusterfs", "beegfs", "pvfs2", "afs", "wekafs", "fuse.sshfs")
-MOUNTINFO = "/proc/self/mountinfo"
-MOUNTINFO_MAX = 4 << 20
-
-
-def _unescape(field):
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
 def fs_type(path, mountinfo=None):
-    """The filesystem type of the mount that holds path (its nearest existing folder), as the
-    kernel names it in mountinfo ("nfs4", "lustre", "ext4"), or "" when unknown. mountinfo,
-    not statfs(2): it names FUSE filesystems (fuse.ceph-fuse, not FUSE's one magic number) and
-    needs no per-architecture struct layout; the last mount on a point is the one seen."""
-    where = os.path.realpath(os.path.abspath(path))  # (a folder not made yet: its parent's)
-    try:
-        with open(mountinfo or MOUNTINFO, "rb") as f:
-            text = f.read(MOUNTINFO_MAX).decode("utf-8", "replace")
-    except OSError:
-        return ""
-    best, kind = -1, ""
-    for line in text.splitlines():
-        # id parent major:minor root mount-point options [optional...] - type source super
-        fields = line.split(" ")
-        if " - " not in line or len(fields) < 5:
-            continue
-        point = _unescape(fields[4])
-        after = line.split(" - ", 1)[1].split(" ")
-        inside = where == point or where.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= best and after and after[0]:
-            best, kind = len(point), after[0]
-    return kind
+    """The filesystem type of the mount that holds path (a folder not made yet: its parent's),
+    as the kernel names it in mountinfo ("nfs4", "lustre", "ext4"), or "" when unknown.
+    mountinfo (host/mounts.py), not statfs(2): it names FUSE filesystems (fuse.ceph-fuse, not
+    FUSE's one magic number) and needs no per-architecture struct layout. mountinfo: a file
+    to read instead of the process's own (tests)."""
+    text = mounts.read_mountinfo(mountinfo or mounts.MOUNTINFO)
+    return mounts.mount_of(os.path.abspath(path), text)[0]
 
 
 def network_fs(path, mountinfo=None):
