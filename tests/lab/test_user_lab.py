@@ -8,18 +8,24 @@ import json
 import pwd
 import shutil
 import stat
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import FIXTURES
-from tests.integration.playbook import playbook
-from tests.lab.test_reliability_lab import processes_of, start_long_train, wait_until
+from tests.integration.playbook import Run, playbook
+from tests.lab.conftest import runs_root
+from tests.lab.test_reliability_lab import NOTORCH, processes_of, start_long_train, wait_until
 from lab import netns as labmod
+from lab import podman as labpodman
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import stacks
 
 # slow: docs/testing.md's tiers (bash tests/run --all, or --touching a source it covers)
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+
+REMOTE_RUNS = runs_root(Path(__file__).stem)  # the root login's remote_runs_root
 
 
 def user_runs(lab):
@@ -87,3 +93,91 @@ def test_stop_as_a_non_root_user(healthy_lab, tmp_path):
         proc.communicate(timeout=120)
     assert json.loads((user_runs(healthy_lab) / run_id / "node0" / "torchrun.pid")
                       .read_text())["run_id"] == run_id
+
+
+# ---- Containers (container_image; docs/containers.md): podman in the lab's hosts --------------
+# This lab's hosts also serve the root login (lab.inventory); each test below gives the hosts it
+# uses the lab's podman settings (lab/podman.py: runc, no rlimits, storage of its own) through
+# sshd's SetEnv, which the healthy_lab fixture's heal() takes away again. The image holds this
+# machine's Python; the venv with torch is mounted at its own path (container_mounts), and the
+# sandbox refuses every rlimit a container asks for, so the runs pass --ulimit host (which also
+# replaces torchfleet's --ulimit memlock=-1: a ulimit of yours wins).
+CONTAINER = ["-e", "container_image=%s" % labpodman.IMAGE, "-e", "container_runtime=podman",
+             "-e", json.dumps({"container_mounts": [sys.prefix],
+                               "container_options": ["--ulimit", "host"]})]
+
+
+def with_podman(lab, storages):
+    """Give each host its podman settings ({host: storage}); skip where podman cannot run."""
+    reason = labpodman.unavailable()
+    if reason:
+        pytest.skip(reason)
+    for storage in set(storages.values()):
+        labpodman.ensure_image(storage, marker="" if storage == "main" else storage)
+    for host, storage in storages.items():
+        lab.set_env(host, *("%s=%s" % kv for kv in labpodman.env(storage).items()),
+                    cgroups=True)
+
+
+def test_training_inside_a_podman_image_on_two_hosts_leaves_no_container(healthy_lab, tmp_path):
+    with_podman(healthy_lab, {"node0": "main", "node1": "main"})
+    run = playbook("train.yml", tmp_path, "-e", "nnodes=2", "-e", "train_steps=20", *CONTAINER,
+                   inventory=healthy_lab.inventory)
+    assert run.rc == 0, run.out[-3000:]
+    report = run.report("train.json")
+    assert report["ok"] and [(r["host"], r["rank"]) for r in report["ranks"]] == [
+        ("node0", 0), ("node1", 1)]
+    checks = {(c["id"], c["host"]): c for c in run.report()["checks"]}
+    image_id = labpodman.ensure_image()
+    for host in ("node0", "node1"):
+        assert checks[("container.runtime", host)]["ok"]
+        assert checks[("container.pull", host)]["detail"].endswith("present")
+        assert checks[("container.digest", host)]["detail"] == "image id %s" % image_id[:19]
+        assert checks[("python.torch", host)]["ok"]  # read in the image
+    pidfile = json.loads(next(REMOTE_RUNS.glob("%s/node1/torchrun.pid" % report["run_id"]))
+                         .read_text())
+    name = "torchfleet-%s-node1" % report["run_id"]
+    assert pidfile["container"] == {"runtime": "podman", "name": name}
+    argv = pidfile["argv"]
+    assert argv[:5] == ["podman", "run", "--rm", "--name", name]
+    assert argv[argv.index(labpodman.IMAGE) + 1:][:3] == [sys.executable, "-m",
+                                                          "torch.distributed.run"]
+    assert labpodman.containers("torchfleet-" + report["run_id"]) == []
+
+
+def test_a_rank_failing_in_its_container_stops_the_other_hosts_container(healthy_lab, tmp_path):
+    with_podman(healthy_lab, {"node0": "main", "node1": "main"})
+    go = tmp_path / "go"  # (tmp_path is mounted: the ranks see the file appear)
+    proc, run_id = start_long_train(
+        healthy_lab, tmp_path, *CONTAINER[:4], "-e", json.dumps({
+            "container_mounts": [sys.prefix, str(tmp_path)],
+            "container_options": ["--ulimit", "host"], "script_args": [str(go), "1"]}),
+        script=NOTORCH, go=go, runs=REMOTE_RUNS)
+    try:
+        running = labpodman.containers("torchfleet-" + run_id)
+        assert sorted(running) == ["torchfleet-%s-node%d" % (run_id, i) for i in (0, 1)]
+        go.write_text("go")  # rank 1 (node1) exits 3; rank 0 steps on until it is stopped
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    run = Run(proc.returncode, out, tmp_path / "run")
+    assert run.rc != 0
+    report = run.report("train.json")
+    assert report["first_failure"]["host"] == "node1" and report["first_failure"]["rank"] == 1
+    assert {h["host"]: h["outcome"] for h in report["hosts"]}["node0"] == "aborted"
+    assert labpodman.containers("torchfleet-" + run_id) == []
+    assert wait_until(lambda: not processes_of(run_id), 30), processes_of(run_id)
+
+
+def test_a_host_with_another_image_under_the_same_name_is_container_digest(healthy_lab,
+                                                                            tmp_path):
+    with_podman(healthy_lab, {"node0": "main", "node1": "other", "node2": "main"})
+    run = playbook("preflight.yml", tmp_path, "-e", "nnodes=3", *CONTAINER,
+                   inventory=healthy_lab.inventory)
+    assert run.rc != 0
+    assert run.failing() == [("container.digest", "node1")]
+    [digest] = [c for c in run.report()["checks"] if c["id"] == "container.digest"
+                and c["host"] == "node1"]
+    other = labpodman.ensure_image("other", marker="other")
+    assert digest["detail"].startswith("image id %s here" % other[:19])
+    assert "node0, node2" in digest["detail"]

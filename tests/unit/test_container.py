@@ -204,3 +204,27 @@ def test_stop_removes_only_a_container_named_as_torchfleets(monkeypatch):
     assert stop.remove_container(None) is None
     assert ran == [["podman", "rm", "--force", "--time", "0", NAME]]
 
+
+
+def test_docs_containers_md_shows_each_runtimes_line_as_built():
+    import shlex
+
+    from tests.conftest import ROOT
+    page = (ROOT / "docs" / "containers.md").read_text()
+    cname = container.name("20261207-1003-ab12", "gpu01")
+    run_mounts = container.mounts(["/home/me/.torchfleet/runs/20261207-1003-ab12/gpu01",
+                                   "/srv/train", "/data/shards"])
+    torchrun = ["python3", "-m", "torch.distributed.run", "--nnodes", "2", "...",
+                "/srv/train/train.py"]
+    env = {"NCCL_SOCKET_IFNAME": "eth0", "TORCHFLEET_RUN_ID": "x"}
+    for runtime, img in (("podman", NGC), ("docker", NGC), ("apptainer", "/images/pytorch-24.05.sif"),
+                         ("enroot", "/images/pytorch-24.05.sqsh")):
+        names, _env = container.run_env(runtime, env, True)
+        lines = [container.create_argv(runtime, img, cname),
+                 container.run_argv(runtime, img, cname, torchrun, names, run_mounts, gpus=True,
+                                    ib=True, workdir="/srv/train"),
+                 container.remove_argv(runtime, cname)]
+        for argv in filter(None, lines):
+            assert "    " + shlex.join(argv) + "\n" in page, (runtime, shlex.join(argv))
+    srun = container.srun_argv(NGC, run_mounts, torchrun, 2, workdir="/srv/train")
+    assert shlex.join(srun) in (ROOT / "docs" / "slurm.md").read_text()
