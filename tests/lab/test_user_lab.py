@@ -5,8 +5,10 @@ torch ranks is test_launch_local's); the collective and the hang run real torch.
 from __future__ import annotations
 
 import json
+import os
 import pwd
 import shutil
+import signal
 import stat
 import sys
 from pathlib import Path
@@ -112,7 +114,7 @@ def with_podman(lab, storages):
     reason = labpodman.unavailable()
     if reason:
         pytest.skip(reason)
-    for storage in set(storages.values()):
+    for storage in set(storages.values()) - {"bare"}:  # (bare: a storage without the image)
         labpodman.ensure_image(storage, marker="" if storage == "main" else storage)
     for host, storage in storages.items():
         lab.set_env(host, *("%s=%s" % kv for kv in labpodman.env(storage).items()),
@@ -169,15 +171,48 @@ def test_a_rank_failing_in_its_container_stops_the_other_hosts_container(healthy
     assert wait_until(lambda: not processes_of(run_id), 30), processes_of(run_id)
 
 
-def test_a_host_with_another_image_under_the_same_name_is_container_digest(healthy_lab,
-                                                                            tmp_path):
-    with_podman(healthy_lab, {"node0": "main", "node1": "other", "node2": "main"})
+def test_another_image_on_one_host_is_container_digest_and_none_on_another_is_pull(
+        healthy_lab, tmp_path):
+    with_podman(healthy_lab, {"node0": "main", "node1": "other", "node2": "bare"})
     run = playbook("preflight.yml", tmp_path, "-e", "nnodes=3", *CONTAINER,
                    inventory=healthy_lab.inventory)
     assert run.rc != 0
-    assert run.failing() == [("container.digest", "node1")]
-    [digest] = [c for c in run.report()["checks"] if c["id"] == "container.digest"
-                and c["host"] == "node1"]
+    # (node2 has no image, so its Python cannot be read in it either: python.torch says so,
+    # and its versions are none, as on a host without Python)
+    assert run.failing() == [("container.digest", "node1"), ("container.pull", "node2"),
+                             ("python.torch", "node2"), ("version.python", "node2"),
+                             ("version.torch", "node2")]
+    checks = {(c["id"], c["host"]): c for c in run.report()["checks"]}
     other = labpodman.ensure_image("other", marker="other")
-    assert digest["detail"].startswith("image id %s here" % other[:19])
-    assert "node0, node2" in digest["detail"]
+    digest = checks[("container.digest", "node1")]["detail"]
+    assert digest.startswith("image id %s here" % other[:19]) and digest.endswith("on node0")
+    pull = checks[("container.pull", "node2")]
+    # No registry is reachable here: the pull's own error is named, with the host.
+    assert pull["detail"].startswith("%s: not here, and podman pull failed: " % labpodman.IMAGE)
+    assert "node2" in pull["hint"]
+
+
+def test_stop_yml_and_a_killed_controllers_lease_leave_no_container(healthy_lab, tmp_path):
+    with_podman(healthy_lab, {"node0": "main", "node1": "main"})
+    extra = ["-e", "lease_s=10", *CONTAINER]
+    proc, run_id = start_long_train(healthy_lab, tmp_path / "a", *extra, script=NOTORCH,
+                                    runs=REMOTE_RUNS)
+    try:
+        stop = playbook("stop.yml", tmp_path / "stop", "-e", "run_id=%s" % run_id,
+                        inventory=healthy_lab.inventory)
+        assert stop.rc == 0, stop.out[-3000:]
+        assert wait_until(lambda: not labpodman.containers("torchfleet-" + run_id), 60)
+        assert wait_until(lambda: not processes_of(run_id), 60), processes_of(run_id)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=120)
+    # The controller dies without a word: the master stops the run after the lease, and every
+    # host's agent removes its container.
+    proc, run_id = start_long_train(healthy_lab, tmp_path / "b", *extra, script=NOTORCH,
+                                    runs=REMOTE_RUNS)
+    assert len(labpodman.containers("torchfleet-" + run_id)) == 2
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert wait_until(lambda: not labpodman.containers("torchfleet-" + run_id), 120), \
+        labpodman.containers("torchfleet-" + run_id)
+    assert wait_until(lambda: not processes_of(run_id), 60), processes_of(run_id)

@@ -545,7 +545,12 @@ def main():
         in_image = image.wrapper(image_facts, container.mounts([], params["container_mounts"]),
                                  params["container_options"])
     python = params["python"] or ("python3" if in_image else sys.executable)
-    stack = probe_python(python, run, in_image=in_image)
+    if image_facts and (image_facts["error"] or image_facts["pull_error"]):
+        # (the ranks' Python is the image's: the host's says nothing about it)
+        stack = {"error": "the image %s cannot be read here (container.%s says why)" % (
+            params["container_image"], "runtime" if image_facts["error"] else "pull")}
+    else:
+        stack = probe_python(python, run, in_image=in_image)
     outputs = {}
     gpus, smi, tool = gpu_facts(run, outputs)
     # RCCL (ROCm) keeps NCCL's version macros in its own header.
