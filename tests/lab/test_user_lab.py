@@ -216,3 +216,27 @@ def test_stop_yml_and_a_killed_controllers_lease_leave_no_container(healthy_lab,
     assert wait_until(lambda: not labpodman.containers("torchfleet-" + run_id), 120), \
         labpodman.containers("torchfleet-" + run_id)
     assert wait_until(lambda: not processes_of(run_id), 60), processes_of(run_id)
+
+
+def test_a_collective_test_and_a_hangs_stacks_inside_the_image(healthy_lab, tmp_path):
+    with_podman(healthy_lab, {"node0": "main", "node1": "main"})
+    run = playbook("collective.yml", tmp_path / "collective", "-e", "nnodes=2",
+                   "-e", "collective_sizes=4K", "-e", "collective_iters=3", *CONTAINER,
+                   inventory=healthy_lab.inventory)
+    assert run.rc == 0, run.out[-3000:]
+    report = run.report("collective.json")
+    assert report["ok"] and {h["outcome"] for h in report["hosts"]} == {"succeeded"}
+    assert labpodman.containers("torchfleet-" + report["run_id"]) == []
+    # A hang: py-spy on the host reads every rank in its container by its host PID.
+    run = playbook("train.yml", tmp_path / "hang", "-e", "nnodes=2",
+                   "-e", "script=%s" % (FIXTURES / "scripts" / "hang_rank1.py"),
+                   "-e", "hang_timeout_s=6", *CONTAINER, inventory=healthy_lab.inventory)
+    assert run.rc != 0
+    report = run.report("train.json")
+    assert {h["outcome"] for h in report["hosts"]} == {"hung"}, report["hosts"]
+    dumps = sorted(run.run_dir.glob("logs/*/attempt_0/*/py-spy-dump.txt"))
+    assert len(dumps) == 2
+    texts = [d.read_text() for d in dumps]
+    assert any("hang_rank1.py:9" in t or 'hang_rank1.py", line 9' in t for t in texts), texts
+    assert labpodman.containers("torchfleet-" + report["run_id"]) == []
+    assert wait_until(lambda: not processes_of(report["run_id"]), 60)
