@@ -240,3 +240,27 @@ def test_a_collective_test_and_a_hangs_stacks_inside_the_image(healthy_lab, tmp_
     assert any("hang_rank1.py:9" in t or 'hang_rank1.py", line 9' in t for t in texts), texts
     assert labpodman.containers("torchfleet-" + report["run_id"]) == []
     assert wait_until(lambda: not processes_of(report["run_id"]), 60)
+
+
+def test_a_rank_the_oom_killer_ends_in_its_containers_memory_limit_is_named(healthy_lab,
+                                                                            tmp_path):
+    """Each container limited to 1.5 GiB (--memory, the container's own memory cgroup); rank 1
+    allocates past it at step 5 and the kernel's OOM killer ends it: the host's agent reads the
+    kernel's line in /dev/kmsg, whose PID is the rank's host PID."""
+    with_podman(healthy_lab, {"node0": "main", "node1": "main"})
+    run = playbook("train.yml", tmp_path, "-e", "nnodes=2", "-e", "nproc_per_node=1",
+                   "-e", "script=%s" % (FIXTURES / "scripts" / "oom_rank.py"),
+                   "-e", '{"script_args": ["1", "5"]}', *CONTAINER[:4],
+                   "-e", json.dumps({"container_mounts": [sys.prefix], "container_options": [
+                       "--ulimit", "host", "--memory", "1536m"]}),
+                   inventory=healthy_lab.inventory)
+    assert run.rc != 0
+    report = run.report("train.json")
+    assert report["verdict"].startswith(
+        "train failed: node1 rank 1 was killed by the kernel's OOM killer (memory cgroup, "
+        "anon-rss "), report["verdict"]
+    event = report["first_failure"]["event"]
+    assert event["kind"] == "oom" and event["line"].startswith(
+        "Memory cgroup out of memory: Killed process %d (" % event["pid"])
+    assert labpodman.containers("torchfleet-" + report["run_id"]) == []
+    assert wait_until(lambda: not processes_of(report["run_id"]), 60)
