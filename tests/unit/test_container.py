@@ -228,3 +228,54 @@ def test_docs_containers_md_shows_each_runtimes_line_as_built():
             assert "    " + shlex.join(argv) + "\n" in page, (runtime, shlex.join(argv))
     srun = container.srun_argv(NGC, run_mounts, torchrun, 2, workdir="/srv/train")
     assert shlex.join(srun) in (ROOT / "docs" / "slurm.md").read_text()
+
+
+# A CDI spec as `nvidia-ctk cdi generate` writes it (its first lines).
+CDI_SPEC = b"""---
+cdiVersion: 0.5.0
+containerEdits:
+  deviceNodes:
+  - path: /dev/nvidia-modeset
+devices:
+- containerEdits:
+    deviceNodes:
+    - path: /dev/nvidia0
+  name: "0"
+kind: nvidia.com/gpu
+"""
+
+
+def test_container_gpu_podman_needs_a_cdi_spec_of_kind_nvidia_gpu(tmp_path):
+    etc, run = tmp_path / "etc-cdi", tmp_path / "run-cdi"
+    etc.mkdir()
+    (etc / "other.yaml").write_bytes(b"kind: vendor.com/fpga\n")
+    why = image.gpu_error("podman", cdi_dirs=(str(etc), str(run)))
+    assert why == "no CDI spec of kind nvidia.com/gpu in %s or %s" % (etc, run)
+    (etc / "nvidia.yaml").write_bytes(CDI_SPEC)
+    assert image.gpu_error("podman", cdi_dirs=(str(etc), str(run))) is None
+
+
+def test_container_gpu_docker_and_enroot_need_nvidias_hooks(tmp_path):
+    assert "nvidia-container-runtime-hook" in image.gpu_error("docker", which=lambda t: None)
+    assert image.gpu_error("docker", which=lambda t: "/usr/bin/" + t) is None
+    hook = tmp_path / "98-nvidia.sh"
+    assert "hook" in image.gpu_error("enroot", which=lambda t: "/usr/bin/" + t,
+                                     enroot_hook=str(hook))
+    hook.write_text("#!/bin/sh\n")
+    assert image.gpu_error("enroot", which=lambda t: "/usr/bin/" + t, enroot_hook=str(hook)) \
+        is None
+    assert image.gpu_error("apptainer", which=lambda t: None) is None  # (--nv binds the libs)
+
+
+def test_container_gpu_is_judged_only_with_nccl_on_hosts_with_gpus():
+    bad = dict(probe(digest="sha256:" + "a" * 64)["container"], gpu_error="no CDI spec")
+    good = dict(bad, gpu_error=None)
+    probes = {"n0": {"container": good}, "n1": {"container": bad},
+              "n2": probe(digest="sha256:" + "a" * 64)}  # (no GPUs: not probed)
+    gpu = [(r["host"], r["ok"]) for r in container_checks(probes, "n0", "nccl")
+           if r["id"] == "container.gpu"]
+    assert gpu == [("n0", True), ("n1", False)]
+    assert not [r for r in container_checks(probes, "n0", "gloo") if r["id"] == "container.gpu"]
+    [record] = [r for r in container_checks(probes, "n0", "nccl")
+                if r["id"] == "container.gpu" and not r["ok"]]
+    assert "nvidia-ctk cdi generate" in record["hint"]

@@ -300,8 +300,9 @@ rdma:
                                    "link_layer": "InfiniBand", "gids": [], "error": null}]}]}
 container:
   description: With O(container_image) (else null) - the runtime used, its error (the
-    container.runtime check), the pull's error (container.pull), whether it was pulled, and the
-    image's id (container.digest).
+    container.runtime check), the pull's error (container.pull), whether it was pulled, the
+    image's id (container.digest), and on a host with NVIDIA GPUs why the runtime cannot give
+    them to a container (gpu_error, null when it can; container.gpu).
   returned: always
   type: dict
   sample: {"image": "nvcr.io/nvidia/pytorch:24.05-py3", "runtime": "podman", "error": null,
@@ -553,6 +554,8 @@ def main():
         stack = probe_python(python, run, in_image=in_image)
     outputs = {}
     gpus, smi, tool = gpu_facts(run, outputs)
+    if image_facts and image_facts["runtime"] and not image_facts["error"] and gpus:
+        image_facts["gpu_error"] = image.gpu_error(image_facts["runtime"])  # container.gpu
     # RCCL (ROCm) keeps NCCL's version macros in its own header.
     nccl = stack.get("nccl_version") or next(
         (v for v in (parse_nccl_header(read(h)) for h in (NCCL_HEADER,) + RCCL_HEADERS) if v), None)

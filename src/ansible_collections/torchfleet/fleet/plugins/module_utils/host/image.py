@@ -57,3 +57,41 @@ def wrapper(facts, mounts=(), options=()):
     if container.in_image_argv(runtime, image, []) is None:
         return None
     return lambda argv: container.in_image_argv(runtime, image, argv, mounts, options)
+
+
+# Where CDI specs live (the CDI specification's default spec directories), and enroot's hook
+# that gives a container the GPUs (enroot's own 98-nvidia.sh, which calls nvidia-container-cli).
+CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+ENROOT_GPU_HOOK = "/etc/enroot/hooks.d/98-nvidia.sh"
+CDI_READ_BYTES = 1 << 20
+
+
+def gpu_error(runtime, which=shutil.which, cdi_dirs=CDI_DIRS, enroot_hook=ENROOT_GPU_HOOK):
+    """Why `runtime` cannot give a container this host's NVIDIA GPUs (container.gpu), or None:
+    podman gives them by CDI (a spec of kind nvidia.com/gpu), docker's --gpus runs NVIDIA's
+    nvidia-container-runtime-hook, enroot its nvidia hook (nvidia-container-cli); apptainer's
+    --nv binds the host's driver libraries itself."""
+    if runtime == "podman":
+        for folder in cdi_dirs:
+            try:
+                names = sorted(os.listdir(folder))
+            except OSError:
+                continue
+            for name in names:
+                if not name.endswith((".yaml", ".yml", ".json")):
+                    continue
+                try:
+                    with open(os.path.join(folder, name), "rb") as f:
+                        if b"nvidia.com/gpu" in f.read(CDI_READ_BYTES):
+                            return None
+                except OSError:
+                    continue
+        return "no CDI spec of kind nvidia.com/gpu in %s" % " or ".join(cdi_dirs)
+    if runtime == "docker" and which("nvidia-container-runtime-hook") is None:
+        return "nvidia-container-runtime-hook (the NVIDIA Container Toolkit) is not installed"
+    if runtime == "enroot":
+        if which("nvidia-container-cli") is None:
+            return "nvidia-container-cli (libnvidia-container) is not installed"
+        if not os.path.isfile(enroot_hook):
+            return "enroot's GPU hook %s is missing" % enroot_hook
+    return None

@@ -231,6 +231,12 @@ REGISTRY = (
          "the host and the registry's error); pulls run on every host at once",
          'make the registry reachable and logged in on that host (`podman login`), or load the '
          'image there (`podman load` / `docker load`)'),
+    Unit(('container.gpu',), PREFLIGHT,
+         'with the nccl backend: the runtime cannot give the container the host\'s NVIDIA GPUs '
+         '(podman: no CDI spec of kind nvidia.com/gpu in /etc/cdi or /var/run/cdi; docker: no '
+         'NVIDIA Container Toolkit hook; enroot: no nvidia-container-cli or GPU hook)',
+         'the fix it names: `nvidia-ctk cdi generate`, the NVIDIA Container Toolkit for '
+         'docker, libnvidia-container and enroot\'s hooks'),
     Unit(('container.digest',), PREFLIGHT,
          "the image's id differs across hosts (a tag that moved between pulls, an image built "
          "locally): names the outlier, both ids and the hosts that agree; the image's "

@@ -122,7 +122,17 @@ def compare_code(probes, master, code_dir):
     return records
 
 
-def container_checks(probes, master):
+# container.gpu's fix per runtime (NVIDIA Container Toolkit's install guide).
+GPU_FIX = {
+    "podman": "generate the CDI spec: sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml",
+    "docker": "install the NVIDIA Container Toolkit (nvidia-container-toolkit) and run sudo "
+              "nvidia-ctk runtime configure --runtime=docker, then restart docker",
+    "enroot": "install libnvidia-container-tools and enroot's hooks (enroot+caps package's "
+              "98-nvidia.sh)",
+}
+
+
+def container_checks(probes, master, backend="gloo"):
     """container.runtime, container.pull and container.digest from each probe's `container`
     (host/image.py; absent without container_image). The digest compares hosts as code.sync
     does: the outliers against the id most hosts share (ties: the master's)."""
@@ -140,6 +150,13 @@ def container_checks(probes, master):
                                  % (runtime, host)))
             continue
         records.append(check("container.runtime", host, True, "%s works" % runtime))
+        if backend == "nccl" and "gpu_error" in facts:  # (probed on a host with GPUs)
+            why = facts["gpu_error"]
+            records.append(check("container.gpu", host, why is None,
+                                 "%s: %s" % (runtime, why) if why else
+                                 "%s can give the container the GPUs" % runtime,
+                                 GPU_FIX.get(runtime, "install the NVIDIA Container Toolkit on "
+                                             "%s" % host)))
         if facts.get("pull_error"):
             records.append(check("container.pull", host, False,
                                  "%s: %s" % (facts["image"], facts["pull_error"]),
@@ -561,7 +578,7 @@ def evaluate(hosts, nnodes, inventory_size, probes, connects, settings, master=N
         checks.extend(duplicate_checks(reachable, hosts))
     checks.extend(compare_versions(reachable, master))
     checks.extend(compare_env(reachable, master))
-    checks.extend(container_checks(reachable, master))
+    checks.extend(container_checks(reachable, master, backend))
     if settings["code_dir"]:
         checks.extend(compare_code(reachable, master, settings["code_dir"]))
     fabric_records, network, network_why = fabric.rdma_checks(reachable, master, settings)
