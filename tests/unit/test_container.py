@@ -279,3 +279,26 @@ def test_container_gpu_is_judged_only_with_nccl_on_hosts_with_gpus():
     [record] = [r for r in container_checks(probes, "n0", "nccl")
                 if r["id"] == "container.gpu" and not r["ok"]]
     assert "nvidia-ctk cdi generate" in record["hint"]
+
+
+def test_the_agent_passes_the_runs_env_by_name_never_a_value_on_the_command_line(tmp_path):
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.run import agent
+    p = {"container_runtime": "podman", "container_image": NGC, "run_id": "r1", "host": "node0",
+         "attempt": 0, "run_dir": str(tmp_path / "run"), "chdir": "/srv/train",
+         "data_paths": ["/data/shards"], "container_mounts": ["/opt/venv"],
+         "container_options": [], "container_gpus": True, "network": "ib",
+         "checkpoint_dir": "ckpt", "flight_recorder": 0,
+         "env": {"WANDB_API_KEY": "s3cret-value", "NCCL_DEBUG": "WARN"}}
+    box = agent.Box(p, "/srv/train/train.py")
+    extra = agent.rank_env(p, box)
+    argv, runtime_env = box.wrap(["python3", "-m", "torch.distributed.run", "train.py"], extra)
+    assert not any("s3cret-value" in a for a in argv)
+    assert argv[argv.index("WANDB_API_KEY") - 1] == "--env" and "TORCHFLEET_RUN_ID" in argv
+    assert runtime_env["WANDB_API_KEY"] == "s3cret-value"
+    volumes = [argv[i + 1] for i, a in enumerate(argv) if a == "--volume"]
+    assert volumes == ["%s:%s" % (tmp_path / "run", tmp_path / "run"), "/srv/train:/srv/train",
+                       "/srv/train/ckpt:/srv/train/ckpt", "/data/shards:/data/shards",
+                       "/opt/venv:/opt/venv"]
+    assert argv[argv.index("--workdir") + 1] == "/srv/train"
+    assert "nvidia.com/gpu=all" in argv and "/dev/infiniband" in argv
+    assert box.name == NAME
