@@ -500,7 +500,8 @@ class HostAgent:
             if died is not None:
                 age_s = max(age_s, now_m - died[0])
             age_s = min(age_s, now_m - self.started_m)
-        status = local_status(self.p["run_dir"], self.root(), first_dead=self.first_dead)
+        # (torchrun has ended: on the host or in a container, no rank of it is alive)
+        status = local_status(self.p["run_dir"], self.proc.pid, first_dead=self.first_dead)
         return {"t": runstate.EXIT, "rc": rc, "stopped": stopped, "root_cause": cause,
                 "consequence": consequence, "age_s": round(age_s, 3),
                 "ended_s": round(now_m - self.ended_m, 3),  # torchrun's own end (goodput)
