@@ -340,7 +340,8 @@ class Lab:
         with open(self.hosts_file(node), "w") as f:
             f.write("\n".join(lines) + "\n")
 
-    def _start_sshd(self, node: Node, extra: list[str] | None = None) -> None:
+    def _start_sshd(self, node: Node, extra: list[str] | None = None,
+                    cgroups: bool = False) -> None:
         ndir = self.node_dir(node)
         keys = self.root / "keys"
         config = ndir / "sshd_config"
@@ -356,9 +357,15 @@ class Lab:
         (ndir / "sshd.pid").unlink(missing_ok=True)
         # Own UTS namespace for the hostname; the mount namespace `ip netns exec` makes is
         # where the node-local directory is bound. No variable reaches the shell's text.
+        # cgroups: `ip netns exec` mounts a sysfs of the namespace's own, without the
+        # machine's cgroup hierarchies; a container runtime in the node needs them (the same
+        # hierarchies mounted again: lab/podman.py).
         sh("ip", "netns", "exec", node.ns, "unshare", "--uts", "sh", "-c",
-           'mount --bind "$1" "$2" && hostname "$3" && exec "$4" -f "$5"', "sh",
-           str(self.node_local(node)), str(self.local), node.name, SSHD, str(config))
+           'mount --bind "$1" "$2" && hostname "$3" || exit 1; sshd=$4; config=$5; shift 5; '
+           'while [ $# -gt 0 ]; do mkdir -p "$2" && mount -t "$1" -o "$3" "$1" "$2" || exit 1; '
+           'shift 3; done; exec "$sshd" -f "$config"', "sh",
+           str(self.node_local(node)), str(self.local), node.name, SSHD, str(config),
+           *(cgroup_mounts() if cgroups else []))
 
     def sshd_pid(self, node: Node) -> int | None:
         try:
@@ -472,15 +479,17 @@ class Lab:
                 time.sleep(0.05)
         raise LabError("the port holder on %s did not start listening on %d" % (name, port))
 
-    def set_env(self, name: str, assignment: str) -> None:
-        """Give every SSH session on the node an extra environment variable (sshd SetEnv),
-        as a per-host profile or container image would."""
+    def set_env(self, name: str, *assignments: str, cgroups: bool = False) -> None:
+        """Give every SSH session on the node extra environment variables (sshd SetEnv), as
+        a per-host profile or container image would; cgroups: and the machine's cgroup
+        hierarchies under /sys/fs/cgroup (a container runtime's), until heal()."""
         node = self.node(name)
-        key, _, value = assignment.partition("=")
-        if not key or not key.replace("_", "").isalnum():
-            raise LabError("set_env takes NAME=VALUE, not %r" % assignment)
+        for assignment in assignments:
+            key, _, value = assignment.partition("=")
+            if not key or not key.replace("_", "").isalnum() or any(c.isspace() for c in value):
+                raise LabError("set_env takes NAME=VALUE (no spaces), not %r" % assignment)
         self._stop_sshd(node)
-        self._start_sshd(node, extra=["SetEnv %s=%s" % (key, value)])
+        self._start_sshd(node, extra=["SetEnv %s" % " ".join(assignments)], cgroups=cgroups)
         self.wait_for_ssh()
 
     def hide_ip(self, name: str, before_json: bool = False) -> None:
@@ -635,6 +644,21 @@ class Lab:
             if not (pid and procs.alive(pid)):
                 self._start_sshd(node)
         self.wait_for_ssh()
+
+
+def cgroup_mounts() -> list[str]:
+    """The machine's cgroup hierarchies as (type, mount point, options) triples, flat: a tmpfs
+    at /sys/fs/cgroup first where the hierarchies are mounted below it (cgroup v1, hybrid)."""
+    found = []
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 3 and fields[2] in ("cgroup", "cgroup2") and (
+                    fields[1] + "/").startswith("/sys/fs/cgroup/"):
+                found.append([fields[2], fields[1], fields[3]])
+    if found and all(point != "/sys/fs/cgroup" for _type, point, _options in found):
+        found.insert(0, ["tmpfs", "/sys/fs/cgroup", "mode=755"])
+    return [x for triple in found for x in triple]
 
 
 CGROUP_CONTROLLERS = {"cpu": "cpu.cfs_quota_us", "memory": "memory.limit_in_bytes",

@@ -47,7 +47,8 @@ SLOW_COVERS: dict[str, tuple[str, ...]] = {
         F + "/roles/launch/files/workloads/*", "lab/netns.py"),
     "tests/lab/test_user_lab.py": (
         *LAUNCH, M + "/run/rundir.py", M + "/run/stacks.py", M + "/host/pystack.py",
-        "lab/netns.py"),
+        "lab/netns.py", M + "/run/container.py", M + "/host/image.py", "lab/podman.py",
+        F + "/plugins/modules/node_probe.py", M + "/reports/preflight.py"),
     "tests/lab/test_guard_lab.py": (M + "/run/guard.py", F + "/plugins/modules/port_guard.py"),
     "tests/lab/test_ledger_lab.py": (
         M + "/reports/ledger*", M + "/reports/memory.py", "src/torchfleet/hosts_cli.py",

@@ -94,11 +94,14 @@ BAD_TOGETHER = {
          ("input.health", "health_slow_pct=fast is not a number >= 0")]),
     "collective.yml": (
         ["-e", "nnodes=1", "-e", "collective_isolate=true", "-e", "spares=-1",
-         "-e", "health_xid_window_s=-5"],
+         "-e", "health_xid_window_s=-5", "-e", "container_image=nvcr.io/nvidia/pytorch:24.05-py3",
+         "-e", json.dumps({"container_mounts": ["/opt/venv", "data"]})],
         [("input.collective_isolate",
           "collective_isolate pairs hosts, and nnodes=1 leaves nothing to pair"),
          ("input.spares", "spares=-1 is not a whole number >= 0"),
-         ("input.health", "health_xid_window_s=-5 is not a whole number >= 0")]),
+         ("input.health", "health_xid_window_s=-5 is not a whole number >= 0"),
+         ("input.container", "container_mounts entry 'data' is not an absolute path or an "
+          "/host/path:/container/path pair")]),
 }
 
 

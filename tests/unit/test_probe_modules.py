@@ -177,3 +177,19 @@ def test_one_round_worker_reports_refused_when_no_master_listens(capsys):
     assert [(r["port"], r["ok"], r["error"]) for r in result["connect"]["ports"]] == [
         (port, False, "refused"), (ephemeral, False, "refused")]
     assert "master" not in result
+
+
+def test_node_probe_with_an_image_and_no_runtime_reads_no_python_of_the_host(tmp_path, capsys,
+                                                                            monkeypatch):
+    # container_image with docker absent: container.runtime's error, and the host's Python
+    # (which has torch here) is not reported as the ranks': they would run the image's.
+    for tool in ("ip", "timeout"):
+        (tmp_path / tool).symlink_to(shutil.which(tool))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    result = run_module(node_probe, {"python": sys.executable,
+                                     "container_image": "nvcr.io/nvidia/pytorch:24.05-py3",
+                                     "container_runtime": "docker"}, capsys)
+    assert result["container"]["error"] == "docker is not installed here"
+    assert result["versions"]["torch"] is None
+    assert "container.runtime says why" in result["python"]["error"]
+    assert run_module(node_probe, {"python": sys.executable}, capsys)["container"] is None

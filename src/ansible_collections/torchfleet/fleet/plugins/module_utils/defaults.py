@@ -208,6 +208,23 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
     (("health_clock_max_s", "float", 2.0), dict(description=(
         "A host whose clock is further than this from the fleet's (measured by the port test, "
         "no NTP server needed) fails host.clock: leases and ages compare clocks."))),
+    # Containers (run/container.py, docs/containers.md).
+    (("container_image", "str", ""), dict(description=(
+        "Run torchrun inside this image on every host (a registry reference, or a local "
+        "archive: a .sif for apptainer, a .sqsh for enroot); the Python side's checks read "
+        "the image. The host's own Python when unset."))),
+    (("container_runtime", "str", "auto"), dict(
+        choices=("auto", "podman", "docker", "apptainer", "enroot"), description=(
+            "What starts container_image; C(auto) takes the first of podman, docker, "
+            "apptainer and enroot present on every host."))),
+    (("container_mounts", "list", []), dict(elements="str", description=(
+        "Paths mounted into the container besides code_dir, data_paths, checkpoint_dir, the "
+        "script's directory and the run's directory (those always are, at the same paths): "
+        "a path (the same path inside) or C(/host/path:/container/path)."))),
+    (("container_options", "list", []), dict(elements="str", description=(
+        "Arguments appended as given, one per item, to the runtime's run command of the "
+        "run's container and of preflight's probe in the image (a C(--ulimit) of yours "
+        "replaces torchfleet's C(--ulimit memlock=-1))."))),
     # The fleet's ledger (reports/ledger.py, docs/ledger.md).
     (("fleet_db", "str", "fleet.db"), dict(description=(
         "The fleet's ledger: what happened to each host in every preflight and run, kept "

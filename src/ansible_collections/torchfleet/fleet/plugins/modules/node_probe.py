@@ -131,6 +131,28 @@ options:
     description: Xids of the kernel log's last this many seconds are returned.
     type: int
     default: 7200
+  container_image:
+    description: The run's image. When set, the runtime, the image (pulled when missing) and its
+      id are returned as C(container), and the Python probe runs in the image.
+    type: str
+  container_runtime:
+    description: The runtime for O(container_image); C(auto) takes the first of podman, docker,
+      apptainer and enroot installed here.
+    type: str
+    choices: [auto, podman, docker, apptainer, enroot]
+    default: auto
+  container_mounts:
+    description: Mounted read-only into the probe's container (an image's Python may live in
+      one); a path, or host:container.
+    type: list
+    elements: str
+    default: []
+  container_options:
+    description: Given to the probe's container too (what any container on the host may need,
+      like C(--ulimit host)).
+    type: list
+    elements: str
+    default: []
   disk_paths:
     description: Where the run writes (its run directory root, the checkpoint directory); their
       free space is returned.
@@ -276,6 +298,15 @@ rdma:
                         "ports": [{"port": 1, "state": "ACTIVE", "phys_state": "LinkUp",
                                    "rate": "200 Gb/sec (4X HDR)", "rate_gbps": 200.0,
                                    "link_layer": "InfiniBand", "gids": [], "error": null}]}]}
+container:
+  description: With O(container_image) (else null) - the runtime used, its error (the
+    container.runtime check), the pull's error (container.pull), whether it was pulled, the
+    image's id (container.digest), and on a host with NVIDIA GPUs why the runtime cannot give
+    them to a container (gpu_error, null when it can; container.gpu).
+  returned: always
+  type: dict
+  sample: {"image": "nvcr.io/nvidia/pytorch:24.05-py3", "runtime": "podman", "error": null,
+           "pull_error": null, "pulled": false, "digest": "sha256:3b48991e50fd"}
 euid:
   description: The effective user id the probe ran as (binding a port below 1024 needs 0).
   returned: always
@@ -334,6 +365,8 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.host.listener imp
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.net import (
     choose_master_addr, ephemeral_range, is_loopback, listening_ports, parse_proc_net_tcp,
     processes_holding)
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import image
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import container
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.pystack import NCCL_HEADER, parse_nccl_header, probe_python
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.rdma import read_devices
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.stacks import attach_facts, probe_attach
@@ -469,6 +502,13 @@ def main():
             health=dict(type="str", default=defaults.default("health"),
                         choices=list(defaults.BY_NAME["health"].choices)),
             health_xid_window_s=dict(type="int", default=defaults.default("health_xid_window_s")),
+            container_image=dict(type="str", default=defaults.default("container_image")),
+            container_runtime=dict(type="str", default=defaults.default("container_runtime"),
+                                   choices=list(defaults.BY_NAME["container_runtime"].choices)),
+            container_mounts=dict(type="list", elements="str",
+                                  default=defaults.default("container_mounts")),
+            container_options=dict(type="list", elements="str",
+                                   default=defaults.default("container_options")),
             disk_paths=dict(type="list", elements="str", default=[]),
             ephemeral_port=dict(type="int"),
             connect_addr=dict(type="str"),
@@ -499,10 +539,23 @@ def main():
         if params["connect_addr"]:
             connector = start_connector(params)
 
-    python = params["python"] or sys.executable
-    stack = probe_python(python, run)
+    # With container_image the ranks' Python is the image's: the probe reads it there.
+    image_facts = in_image = None
+    if params["container_image"]:
+        image_facts = image.probe(params["container_image"], params["container_runtime"], run)
+        in_image = image.wrapper(image_facts, container.mounts([], params["container_mounts"]),
+                                 params["container_options"])
+    python = params["python"] or ("python3" if in_image else sys.executable)
+    if image_facts and (image_facts["error"] or image_facts["pull_error"]):
+        # (the ranks' Python is the image's: the host's says nothing about it)
+        stack = {"error": "the image %s cannot be read here (container.%s says why)" % (
+            params["container_image"], "runtime" if image_facts["error"] else "pull")}
+    else:
+        stack = probe_python(python, run, in_image=in_image)
     outputs = {}
     gpus, smi, tool = gpu_facts(run, outputs)
+    if image_facts and image_facts["runtime"] and not image_facts["error"] and gpus:
+        image_facts["gpu_error"] = image.gpu_error(image_facts["runtime"])  # container.gpu
     # RCCL (ROCm) keeps NCCL's version macros in its own header.
     nccl = stack.get("nccl_version") or next(
         (v for v in (parse_nccl_header(read(h)) for h in (NCCL_HEADER,) + RCCL_HEADERS) if v), None)
@@ -546,6 +599,7 @@ def main():
         run_dir={"path": params["run_dir"], "exists": os.path.exists(params["run_dir"])}
         if params["run_dir"] else None,
         rdma=rdma,
+        container=image_facts,
         euid=os.geteuid(),
         # py-spy tried for real on a process of this user (the kernel's rules as read can be
         # wrong in a container).

@@ -126,6 +126,23 @@ options:
     description: As asked for; anything but a number >= 0 is C(input.health).
     type: raw
     default: 2.0
+  container_image:
+    description: As asked for; an image reference that cannot be one is C(input.container).
+    type: raw
+  container_runtime:
+    description: As asked for; anything but auto, podman, docker, apptainer or enroot is
+      C(input.container).
+    type: raw
+    default: auto
+  container_mounts:
+    description: As asked for; an entry that is not an absolute path or an absolute
+      host:container pair is C(input.container).
+    type: raw
+    default: []
+  container_options:
+    description: As asked for; anything but a list of strings is C(input.container).
+    type: raw
+    default: []
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:

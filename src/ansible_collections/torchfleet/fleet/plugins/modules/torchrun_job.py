@@ -220,6 +220,38 @@ options:
     type: str
     choices: [enforce, observe]
     default: enforce
+  container_image:
+    description: Start torchrun inside this image (docs/containers.md); on the host when unset.
+    type: str
+  container_runtime:
+    description: What starts O(container_image) on this host (preflight resolved C(auto)).
+    type: str
+    choices: [podman, docker, apptainer, enroot]
+  container_mounts:
+    description: More paths mounted into the container (a path, or host:container); the run's
+      directory, O(chdir), the script's directory, O(checkpoint_dir) and O(data_paths) always are.
+    type: list
+    elements: str
+    default: []
+  container_options:
+    description: Arguments appended to the runtime's run command as given.
+    type: list
+    elements: str
+    default: []
+  container_gpus:
+    description: Give the container the host's GPUs (C(--gpus all), CDI, C(--nv), enroot's hook).
+    type: bool
+    default: false
+  data_paths:
+    description: Mounted into the container at the same paths.
+    type: list
+    elements: str
+    default: []
+  network:
+    description: With C(ib) the container gets /dev/infiniband.
+    type: str
+    choices: [ib, ethernet, none, auto]
+    default: none
   rdma_sysfs:
     description: Where the host's RDMA devices are listed (sysfs layout); each port's state
       and link counters are watched during the run.
@@ -345,6 +377,16 @@ ARGUMENT_SPEC = dict(
     checkpoint_dir=dict(type="str", default=defaults.default("checkpoint_dir")),
     actions=dict(type="str", default=defaults.default("actions"),
                  choices=["enforce", "observe"]),
+    container_image=dict(type="str", default=defaults.default("container_image")),
+    container_runtime=dict(type="str", choices=["podman", "docker", "apptainer", "enroot"]),
+    container_mounts=dict(type="list", elements="str",
+                          default=defaults.default("container_mounts")),
+    container_options=dict(type="list", elements="str",
+                           default=defaults.default("container_options")),
+    container_gpus=dict(type="bool", default=False),
+    data_paths=dict(type="list", elements="str", default=defaults.default("data_paths")),
+    network=dict(type="str", default=defaults.default("network"),
+                 choices=["ib", "ethernet", "none", "auto"]),
 )
 
 

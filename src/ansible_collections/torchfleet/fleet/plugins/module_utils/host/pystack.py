@@ -49,20 +49,26 @@ for dist in ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"):
 NCCL_HEADER = "/usr/include/nccl.h"
 
 
-def probe_python(python, run, timeout_s=20):
+def probe_python(python, run, timeout_s=20, in_image=None):
     """SNIPPET's answer for `python`, or {"error": "..."} when it cannot run; `run` is the
-    module's command runner (command.bounded)."""
+    module's command runner (command.bounded). in_image: argv -> the argv that runs it in the
+    run's container image (host/image.py), whose Python the ranks will use."""
     # Not resolved through symlinks: a venv's python links to the base interpreter but sees
     # other packages.
-    if os.path.abspath(python) == os.path.abspath(sys.executable):
+    if in_image is None and os.path.abspath(python) == os.path.abspath(sys.executable):
         scope: dict = {}
         exec(SNIPPET, scope)  # noqa: S102 (our own constant)
         return scope["out"]
-    out, err = run([python, "-c", SNIPPET + "print(json.dumps(out))"], timeout_s=timeout_s)
+    argv = [python, "-c", SNIPPET + "print(json.dumps(out))"]
+    out, err = run(in_image(argv) if in_image else argv, timeout_s=timeout_s)
+    where = " in the image" if in_image else ""
     if out is None:
-        return {"error": "%s: no such interpreter" % python if missing(err)
-                else "%s failed: %s" % (python, err)}
-    return json.loads(out)
+        return {"error": "%s: no such interpreter%s" % (python, where) if missing(err)
+                else "%s%s failed: %s" % (python, where, err)}
+    try:  # (an image's entrypoint may print a banner first: the answer is the last line)
+        return json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": "%s%s printed no answer: %s" % (python, where, out.strip()[-200:])}
 
 
 def parse_nccl_header(text):

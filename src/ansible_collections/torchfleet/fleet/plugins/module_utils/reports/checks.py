@@ -218,6 +218,34 @@ REGISTRY = (
          'a partial one is judged for what it holds',
          'save the whole output of the command the file is named for, on the host (as the '
          'usage lists)'),
+    Unit(('input.container',), INPUT,
+         'a container setting that cannot work on any host: `container_runtime` not one of '
+         'auto, podman, docker, apptainer, enroot; a `container_image` that is no image '
+         'reference (enroot: no .sqsh file); a `container_mounts` entry that is not an '
+         'absolute path or host:container pair; `container_options` not a list of strings',
+         'the fix it names, or leave `container_image` unset'),
+    Unit(('container.runtime',), PREFLIGHT,
+         'with `container_image`: the runtime is not on the host, its daemon does not answer '
+         "(docker info), or the run's user may not use it (names the runtime's own error); "
+         '`auto` finding none of podman, docker, apptainer, enroot',
+         "install the runtime on that host, start its daemon, add the run's user to its group, "
+         'or set `container_runtime`'),
+    Unit(('container.pull',), PREFLIGHT,
+         'the image is not on the host and cannot be pulled within the pull timeout (names '
+         "the host and the registry's error); pulls run on every host at once",
+         'make the registry reachable and logged in on that host (`podman login`), or load the '
+         'image there (`podman load` / `docker load`)'),
+    Unit(('container.gpu',), PREFLIGHT,
+         'with the nccl backend: the runtime cannot give the container the host\'s NVIDIA GPUs '
+         '(podman: no CDI spec of kind nvidia.com/gpu in /etc/cdi or /var/run/cdi; docker: no '
+         'NVIDIA Container Toolkit hook; enroot: no nvidia-container-cli or GPU hook)',
+         'the fix it names: `nvidia-ctk cdi generate`, the NVIDIA Container Toolkit for '
+         'docker, libnvidia-container and enroot\'s hooks'),
+    Unit(('container.digest',), PREFLIGHT,
+         "the image's id differs across hosts (a tag that moved between pulls, an image built "
+         "locally): names the outlier, both ids and the hosts that agree; the image's "
+         '`code.sync`',
+         'pull the same image on the outlier (by digest: image@sha256:...), or remove its copy'),
     Unit(('input.health',), INPUT,
          '`health` other than off / basic / full, or a `health_*` threshold that is not a '
          'number (floors not a mapping of model to numbers); reported before any host is '

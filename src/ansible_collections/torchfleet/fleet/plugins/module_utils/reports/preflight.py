@@ -123,6 +123,67 @@ def compare_code(probes, master, code_dir):
     return records
 
 
+# container.gpu's fix per runtime (NVIDIA Container Toolkit's install guide).
+GPU_FIX = {
+    "podman": "generate the CDI spec: sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml",
+    "docker": "install the NVIDIA Container Toolkit (nvidia-container-toolkit) and run sudo "
+              "nvidia-ctk runtime configure --runtime=docker, then restart docker",
+    "enroot": "install libnvidia-container-tools and enroot's hooks (enroot+caps package's "
+              "98-nvidia.sh)",
+}
+
+
+def container_checks(probes, master, backend="gloo"):
+    """container.runtime, container.pull and container.digest from each probe's `container`
+    (host/image.py; absent without container_image). The digest compares hosts as code.sync
+    does: the outliers against the id most hosts share (ties: the master's)."""
+    records, ids = [], {}
+    for host, probe in probes.items():
+        facts = probe.get("container")
+        if not facts:
+            continue
+        runtime = facts.get("runtime") or "a runtime"
+        if facts.get("error"):
+            records.append(check("container.runtime", host, False,
+                                 "%s: %s" % (runtime, facts["error"]),
+                                 "install %s on %s (and start its daemon, or add the run's user "
+                                 "to its group), or set -e container_runtime=..."
+                                 % (runtime, host)))
+            continue
+        records.append(check("container.runtime", host, True, "%s works" % runtime))
+        if backend == "nccl" and "gpu_error" in facts:  # (probed on a host with GPUs)
+            why = facts["gpu_error"]
+            records.append(check("container.gpu", host, why is None,
+                                 "%s: %s" % (runtime, why) if why else
+                                 "%s can give the container the GPUs" % runtime,
+                                 GPU_FIX.get(runtime, "install the NVIDIA Container Toolkit on "
+                                             "%s" % host)))
+        if facts.get("pull_error"):
+            records.append(check("container.pull", host, False,
+                                 "%s: %s" % (facts["image"], facts["pull_error"]),
+                                 "make the registry reachable and logged in on %s (%s login), or "
+                                 "load the image there (%s load)" % (host, runtime, runtime)))
+            continue
+        records.append(check("container.pull", host, True, "%s %s" % (
+            facts["image"], "pulled" if facts.get("pulled") else "present")))
+        if facts.get("digest"):
+            ids[host] = facts["digest"]
+    if not ids:
+        return records
+    ref, odd = outliers(ids, master if master in ids else next(iter(ids)))
+    same = [h for h in ids if h not in odd]
+    for host, digest in ids.items():
+        if host in odd:
+            records.append(check("container.digest", host, False,
+                                 "image id %s here, %s on %s" % (digest[:19], ref[:19],
+                                                                 fmt_hosts(same)),
+                                 "pull the same image on %s (by digest: image@sha256:...) or "
+                                 "remove its copy" % host))
+        else:
+            records.append(check("container.digest", host, True, "image id %s" % digest[:19]))
+    return records
+
+
 def duplicate_checks(probes, hosts):
     """host.duplicate: two inventory names for one machine (same hostname and addresses),
     which would start two torchrun agents there and double its share of the world."""
@@ -413,6 +474,9 @@ def evaluate(hosts, nnodes, inventory_size, probes, connects, settings, master=N
         else:
             checks.append(check("python.torch", host, False,
                                 stack_error or "%s has no torch" % probe["python"]["executable"],
+                                # (with container_image the probe read the image's Python)
+                                "use an image with torch, or set `python` to the image's "
+                                "interpreter that has it" if probe.get("container") else
                                 "install torch for that interpreter, or set `python` to the one "
                                 "that has it"))
         if backend == "gloo":
@@ -507,12 +571,15 @@ def evaluate(hosts, nnodes, inventory_size, probes, connects, settings, master=N
                             ERROR if backend == "nccl" else WARNING))
         nodes.append({"host": host, "node_rank": rank, "address": address,
                       "socket_ifname": nic, "python": probe["python"]["executable"],
-                      "versions": probe["versions"], "gpus": len(probe["gpus"])})
+                      "versions": probe["versions"], "gpus": len(probe["gpus"]),
+                      # the runtime container_image runs with here (auto resolved)
+                      "container_runtime": (probe.get("container") or {}).get("runtime")})
 
     if not is_loopback_addr(master_addr):  # the embedded default is one machine on purpose
         checks.extend(duplicate_checks(reachable, hosts))
     checks.extend(compare_versions(reachable, master))
     checks.extend(compare_env(reachable, master))
+    checks.extend(container_checks(reachable, master, backend))
     if settings["code_dir"]:
         checks.extend(compare_code(reachable, master, settings["code_dir"]))
     fabric_records, network, network_why = fabric.rdma_checks(reachable, master, settings)

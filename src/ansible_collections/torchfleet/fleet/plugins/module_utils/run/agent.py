@@ -35,7 +35,7 @@ import subprocess
 import time
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import hwwatch
-from ansible_collections.torchfleet.fleet.plugins.module_utils.run import ckptwatch, exits, flight, guard, procs, runstate, stacks, straggle
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import ckptwatch, container, exits, flight, guard, procs, runstate, stacks, straggle
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.control import Client, Server
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.procs import HOST_ENV, RUN_ID_ENV, stop_run
@@ -271,8 +271,9 @@ def failure_evidence(run_dir):
 class HostAgent:
     """This host's part: its torchrun, its reports, obeying the master."""
 
-    def __init__(self, p, proc, command, timings, send, watch):
+    def __init__(self, p, proc, command, timings, send, watch, box=None):
         self.p, self.proc, self.command, self.t = p, proc, command, timings
+        self.box = box              # the run's container (container_image), else None
         self.watch = watch          # hwwatch.HostWatch: this host's hardware since the start
         self.send = send            # a report to the master: True once it is on its way
         self.host = p["host"]
@@ -300,12 +301,22 @@ class HostAgent:
         self.up_m = None            # when every rank of this host was first seen running
         self.log = _logger(p["run_dir"])
 
+    def root(self):
+        """torchrun's PID on this host, whose children are the ranks: the agent's child, or
+        in a podman or docker container the container's first process once it runs (0
+        before: nothing found yet)."""
+        if self.box is None:
+            return self.proc.pid
+        found = self.box.find_pid(self.command)
+        return self.proc.pid if found is None and container.pid_argv(
+            self.box.runtime, self.box.name) is None else (found or 0)
+
     def step(self, now_m):
         """Look at torchrun once: beat, report its end, carry out a pending stop."""
         rc = self.proc.poll()
         beat = rc is None and now_m >= self.next_beat
         # (Every look until every rank is found: the exit watch has each from its start.)
-        self.deaths.look(self.proc.pid, now_m, self.stopped, refresh=beat or len(
+        self.deaths.look(self.root(), now_m, self.stopped, refresh=beat or len(
             self.deaths.ranks) < self.p["nproc_per_node"])
         if self.up_m is None and len(self.deaths.ranks) >= self.p["nproc_per_node"]:
             self.up_m = now_m
@@ -316,7 +327,7 @@ class HostAgent:
             self.watch.look(now_m, self.deaths.ranks)
         if beat:
             self.next_beat = now_m + self.t.BEAT_S
-            status = local_status(self.p["run_dir"], self.proc.pid,
+            status = local_status(self.p["run_dir"], self.root(),
                                   first_dead=self.first_dead)
             self.most_workers = max(self.most_workers, status["alive"])
             fr = self.samples.take(rank_dirs(self.p["run_dir"]), now_m) if self.samples else {}
@@ -407,7 +418,7 @@ class HostAgent:
         # A rank here that failed before this abort came is told first: its own failure (a
         # second one, kept on this host), never a death of the stop.
         now_m = time.monotonic()
-        self.deaths.look(self.proc.pid, now_m, self.stopped, refresh=True)
+        self.deaths.look(self.root(), now_m, self.stopped, refresh=True)
         self._tell_death(now_m, refresh=True)
         if not self.died_sent and not self.p["max_restarts"]:
             self.ended_failing = self._ended_failing()
@@ -416,7 +427,7 @@ class HostAgent:
         if not self.died_sent:
             self.reason = "aborted"
         if message.get("dump"):  # every live rank's stack, before anything is stopped
-            self.deaths.look(self.proc.pid, time.monotonic(), self.stopped, refresh=True)
+            self.deaths.look(self.root(), time.monotonic(), self.stopped, refresh=True)
             workers = self.deaths.live()
             dirs = rank_dirs(self.p["run_dir"])
             if self.recording:  # the recordings are written beside, while the stacks are taken
@@ -425,7 +436,7 @@ class HostAgent:
                         STACK_DUMP)
             if self.recording:
                 flight.wait_dumps(dirs, workers, defaults.FR_DUMP_S)
-        workers = len(live_children(self.proc.pid))
+        workers = len(live_children(self.root()))
         if self.died_sent:
             # The rank that failed here is gone and its exit code read: nothing torchrun's
             # own teardown would still say is needed.
@@ -463,6 +474,9 @@ class HostAgent:
             # Each with its start time, read before any signal: the sweep takes only the same
             # processes, never a PID freed by the kill and reused.
             tree = {pid: procs.start_time(pid) for pid in procs.tree(self.proc.pid)}
+            if self.root() != self.proc.pid:  # the container's torchrun and its ranks too
+                tree.update({pid: procs.start_time(pid) for pid in
+                             [self.root()] + procs.tree(self.root()) if pid})
             for pid in tree:
                 try:
                     os.kill(pid, signal.SIGTERM)
@@ -471,6 +485,8 @@ class HostAgent:
             self.proc.kill()
             stop_run(self.p["run_id"], self.proc.pid, grace_s=self.t.abort_grace_s,
                      host=self.host, all_at_once=True, known=tree)
+            if self.box is not None:
+                self.box.remove(self.command, self.log)
 
     def exit_body(self, rc, now_m):
         cause, consequence = failure_evidence(self.p["run_dir"]) if rc else (None, False)
@@ -510,6 +526,7 @@ class HostAgent:
             if died is not None:
                 age_s = max(age_s, now_m - died[0])
             age_s = min(age_s, now_m - self.started_m)
+        # (torchrun has ended: on the host or in a container, no rank of it is alive)
         status = local_status(self.p["run_dir"], self.proc.pid, first_dead=self.first_dead)
         return {"t": runstate.EXIT, "rc": rc, "stopped": stopped, "root_cause": cause,
                 "consequence": consequence, "age_s": round(age_s, 3),
@@ -764,8 +781,60 @@ def serve(agent, store, client, t):
             return rc, agent.reason
 
 
-def start_torchrun(p, argv):
-    env = dict(os.environ)
+class Box:
+    """The run's container on this host (container_image; run/container.py builds every
+    command line): its name, and the host PID of its first process (torchrun) once known."""
+
+    def __init__(self, p, script):
+        self.runtime, self.image = p["container_runtime"], p["container_image"]
+        self.name = container.name(p["run_id"], p["host"], p["attempt"])
+        paths = [p["run_dir"], p["chdir"] or "", os.path.dirname(script),
+                 checkpoint_path(p)] + [os.path.expanduser(d) for d in p["data_paths"]]
+        self.mounts = container.mounts(paths, p["container_mounts"])
+        self.options, self.gpus, self.ib = p["container_options"], p["container_gpus"], \
+            p["network"] == "ib"
+        self.workdir = p["chdir"] or p["run_dir"]
+        self.pid = None
+        self.next_look_m = 0.0
+
+    def wrap(self, argv, extra_env):
+        """(the runtime's argv that runs torchrun's `argv` in the image, the variables the
+        runtime's own process gets besides the agent's)."""
+        names, env = container.run_env(self.runtime, extra_env, self.gpus)
+        return container.run_argv(self.runtime, self.image, self.name, argv, names, self.mounts,
+                                  self.options, gpus=self.gpus, ib=self.ib,
+                                  workdir=self.workdir), env
+
+    def find_pid(self, command):
+        """The host PID of the container's torchrun (podman, docker: under their own daemon,
+        not the agent's child), looked up until it runs; apptainer and enroot run it in the
+        agent's own tree (None: the agent's child is the root)."""
+        argv = container.pid_argv(self.runtime, self.name)
+        if argv is None or self.pid or time.monotonic() < self.next_look_m:
+            return self.pid
+        self.next_look_m = time.monotonic() + defaults.BEAT_S  # (a command: once a beat)
+        out, why = command(argv, timeout_s=10)
+        if why is None and out and out.strip().isdigit() and int(out.strip()) > 0:
+            self.pid = int(out.strip())
+        return self.pid
+
+    def remove(self, command, log):
+        """Remove the container by its name (nothing of the run is left: a stop, an abort,
+        the end); one that is gone already is no error."""
+        argv = container.remove_argv(self.runtime, self.name)
+        if argv is None:
+            return
+        _out, why = command(argv, timeout_s=30)
+        if why is not None and "no such" not in str(why).lower():
+            log("container %s not removed: %s" % (self.name, why))
+
+
+def rank_env(p, box=None):
+    """What every rank's environment adds to the agent's: the recorder's and straggler
+    watch's settings, the user's env (it wins), the run's identity."""
+    env = {}
+    if os.environ.get("PYTHONPATH") and box is None:  # (the host's paths mean nothing in an image)
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     env.update(flight.rank_env(p["flight_recorder"], p["run_dir"]))  # the user's env wins
     env.update(straggle.rank_env(p["flight_recorder"]))
     env.update({k: str(v) for k, v in p["env"].items()})
@@ -776,15 +845,27 @@ def start_torchrun(p, argv):
     # rank is in its collectives.
     stacks.install_hook(p["run_dir"], env, exits.NOTE + (flight.WATCHER if p["flight_recorder"] > 0
                                                          else ""))
+    return env
+
+
+def start_torchrun(p, argv, box=None):
+    """torchrun started, on the host or (box) in the run's container; returns (Popen, the
+    argv started)."""
+    extra = rank_env(p, box)
+    env = dict(os.environ, **extra)
+    if box is not None:
+        argv, runtime_env = box.wrap(argv, extra)
+        env.update(runtime_env)
     agent_pid = os.getpid()
     with open(os.path.join(p["run_dir"], TORCHRUN_LOG), "ab") as log:
         # Own session: Ansible's async timeout kills the wrapper's process group, not the run;
         # the run is stopped by its agent, or by its recorded PID (torchrun_stop).
+        # (A container's client forwards the SIGTERM to torchrun in it: --sig-proxy.)
         return subprocess.Popen(argv, cwd=p["chdir"] or p["run_dir"], env=env,
                                 stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True,
                                 # SIGTERM: torchrun then stops its workers
-                                preexec_fn=lambda: procs.die_with(agent_pid, signal.SIGTERM))
+                                preexec_fn=lambda: procs.die_with(agent_pid, signal.SIGTERM)), argv
 
 
 def report_not_started(p, secret, detail):
@@ -932,19 +1013,30 @@ def start(p, command):
         os.environ, **{k: str(v) for k, v in p["env"].items()}),  # the ranks' (start_torchrun)
         master_addr=p["master_addr"])  # its route: the run's NIC where socket_ifname is unset
     started = time.time()
-    proc = start_torchrun(p, argv)
-    write_json(os.path.join(run_dir, PIDFILE), {"pid": proc.pid, "run_id": p["run_id"],
-                                                "host": p["host"], "argv": argv,
-                                                "started": started})
+    box = Box(p, script) if p.get("container_image") else None
+    if box is not None and container.create_argv(box.runtime, box.image, box.name):
+        _out, why = command(container.create_argv(box.runtime, box.image, box.name),
+                            timeout_s=defaults.COMMAND_TIMEOUT_S * 15)
+        if why is not None:
+            watch.close()
+            detail = "%s cannot make the run's container from %s on %s: %s" % (
+                box.runtime, box.image, p["host"], why)
+            report_not_started(p, secret, detail)
+            raise ValueError(detail)
+    proc, argv = start_torchrun(p, argv, box)
+    write_json(os.path.join(run_dir, PIDFILE), dict({
+        "pid": proc.pid, "run_id": p["run_id"], "host": p["host"], "argv": argv,
+        "started": started}, **({"container": {"runtime": box.runtime, "name": box.name}}
+                                if box is not None else {})))
     store = None
     if server is not None:
         store = MasterStore(p, t, server, state, _logger(run_dir), clock)
         agent = HostAgent(p, proc, command, t,
-                          lambda body: store.handle(p["host"], body) is not None, watch)
+                          lambda body: store.handle(p["host"], body) is not None, watch, box)
         store.agents.append(agent)
         state.beat(p["host"], clock(), pid=proc.pid)
     else:
-        agent = HostAgent(p, proc, command, t, client.send, watch)
+        agent = HostAgent(p, proc, command, t, client.send, watch, box)
     return Part(agent=agent, store=store, client=client, watch=watch, t=t, proc=proc, argv=argv,
                 started=started)
 
@@ -955,5 +1047,7 @@ def finish(p, part, rc, reason, command):
     write_json(os.path.join(p["run_dir"], EXITCODE),
                {"rc": rc, "reason": reason, "ended": ended})
     unguard(p, command, _logger(p["run_dir"]))
+    if part.agent.box is not None:  # ended by itself (--rm) or stopped: nothing is left
+        part.agent.box.remove(command, _logger(p["run_dir"]))
     return dict(changed=True, rc=rc, pid=part.proc.pid, reason=reason,
                 duration_s=round(ended - part.started, 3), argv=part.argv)

@@ -8,6 +8,7 @@ import random
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.net import master_addr_up_front
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.rdma import HCA_SPEC, is_gid_index
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import container
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.restart import MAX_RESTARTS, RESTART_ON
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import RUN_ID, new_run_id
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
@@ -35,6 +36,7 @@ ARGUMENT_SPEC = dict(
     inventory_size=dict(type="int", default=0),
     health=dict(type="raw", default=defaults.default("health")),
     **{name: dict(type="raw", default=defaults.default(name)) for name in (
+        "container_image", "container_runtime", "container_mounts", "container_options",
         "health_slow_pct", "health_floors", "health_ecc_corrected_max", "health_xid_window_s",
         "health_disk_min_gb", "health_clock_max_s")}
 )
@@ -128,7 +130,19 @@ def input_errors(params):
     errors.extend(spares_errors(params))
     errors.extend(restart_errors(params))
     errors.extend(health_errors(params))
+    errors.extend(container_errors(params))
     return errors
+
+
+def container_errors(params):
+    """input.container: the container settings (run/container.py's validate), before any host
+    is touched; the hosts' runtime and image are preflight's container.* checks."""
+    why = container.validate(params.get("container_image"), params.get("container_runtime"),
+                             params.get("container_mounts"), params.get("container_options"))
+    if why is None:
+        return []
+    detail, _, fix = why.partition("; ")
+    return [_error("input.container", detail, fix or "fix it or leave container_image unset")]
 
 
 def _number(value, kind):

@@ -5,8 +5,10 @@ from __future__ import annotations
 import glob
 import os
 import re
+import subprocess
 import time
 
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import container
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.procs import run_processes, stop_run
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import ATTEMPT_GLOB, GUARDED, PIDFILE, RUN_ID, read_json
 
@@ -49,6 +51,24 @@ def remove_async_record(path, wait_s=5.0):
     return path
 
 
+def remove_container(box, timeout_s=30.0):
+    """Remove the run's container a PIDFILE record names ({"runtime", "name"}, the agent's
+    Box) by that name: its name when one was removed, else None (none, or gone already)."""
+    if not isinstance(box, dict) or not str(box.get("name", "")).startswith(
+            container.NAME_PREFIX):
+        return None
+    argv = container.remove_argv(box.get("runtime"), box["name"])
+    if argv is None:
+        return None
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    # podman and docker print the name of what they removed; nothing (or an error) when gone.
+    return box["name"] if done.returncode == 0 and done.stdout.strip() else None
+
+
 def stop_checked(module, p):
     """What both modules do with rundir.STOP_SPEC's arguments p: fail the module naming the first
     argument that could reach beyond the run (before anything is signalled), else stop_runs;
@@ -76,12 +96,18 @@ def stop_runs(p, check_mode=False):
         if not record:
             continue
         live = run_processes(record["run_id"], record["pid"], record.get("host"))
-        if not live:
+        removed = None
+        if not check_mode and live:
+            done = stop_run(record["run_id"], record["pid"], p["grace_s"], record.get("host"))
+        if not check_mode:  # (a container left by a killed agent has no live process here)
+            removed = remove_container(record.get("container"))
+        if not live and not removed:
             continue
         entry = {"run_id": record["run_id"], "pid": record["pid"], "processes": live}
-        if not check_mode:
-            entry.update(stop_run(record["run_id"], record["pid"], p["grace_s"],
-                                  record.get("host")))
+        if not check_mode and live:
+            entry.update(done)
+        if removed:
+            entry["container"] = removed
         stopped.append(entry)
     removed = None
     if p["async_jid"] and not check_mode:

@@ -1,0 +1,97 @@
+"""The run's image on one host (container_image), as node_probe reads it for preflight: the
+runtime that works, the image present or pulled, its id, and the argv that runs a command in
+it (the Python probe then reads the image's torch, not the host's). The command lines are
+run/container.py's."""
+from __future__ import annotations
+
+import os
+import shutil
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import container
+
+# The longest one host's pull may take (every host pulls at once, in its own probe): an NGC
+# PyTorch image is about 10 GB.
+PULL_TIMEOUT_S = 1800.0
+RUNTIME_TIMEOUT_S = 20.0
+
+
+def probe(image, runtime, run, which=shutil.which, pull_timeout_s=PULL_TIMEOUT_S):
+    """{"runtime", "error" (container.runtime's), "pull_error" (container.pull's), "pulled",
+    "digest"} for this host; `run` is command.bounded's runner."""
+    out = {"image": image, "runtime": None, "error": None, "pull_error": None, "pulled": False,
+           "digest": None}
+    chosen = container.resolve(runtime, lambda r: which(r) is not None)
+    if chosen is None:
+        out["error"] = "none of %s is installed here" % ", ".join(container.RUNTIMES)
+        return out
+    out["runtime"] = chosen
+    if which(chosen) is None:
+        out["error"] = "%s is not installed here" % chosen
+        return out
+    _text, why = run(container.version_argv(chosen), timeout_s=RUNTIME_TIMEOUT_S)
+    if why is not None:
+        out["error"] = "%s does not work for this user: %s" % (chosen, str(why)[:300])
+        return out
+    present = container.present_argv(chosen, image)
+    if present is None:  # a file (.sif, .sqsh) or apptainer's docker:// (pulled at its exec)
+        if "://" not in image and not os.path.isfile(image):
+            out["pull_error"] = "%s does not exist here" % image
+        return out
+    if run(present, timeout_s=RUNTIME_TIMEOUT_S)[1] is not None:
+        _text, why = run(container.pull_argv(chosen, image), timeout_s=pull_timeout_s)
+        if why is not None:
+            out["pull_error"] = "not here, and %s pull failed: %s" % (chosen, str(why)[:300])
+            return out
+        out["pulled"] = True
+    text, why = run(container.digest_argv(chosen, image), timeout_s=RUNTIME_TIMEOUT_S)
+    out["digest"] = text.strip() if why is None and text else None
+    return out
+
+
+def wrapper(facts, mounts=(), options=()):
+    """A function argv -> argv that runs a command in the image, or None where it cannot be
+    (no working runtime or image, enroot: the probe then reads nothing of the image)."""
+    if facts is None or facts["error"] or facts["pull_error"]:
+        return None
+    runtime, image = facts["runtime"], facts["image"]
+    if container.in_image_argv(runtime, image, []) is None:
+        return None
+    return lambda argv: container.in_image_argv(runtime, image, argv, mounts, options)
+
+
+# Where CDI specs live (the CDI specification's default spec directories), and enroot's hook
+# that gives a container the GPUs (enroot's own 98-nvidia.sh, which calls nvidia-container-cli).
+CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+ENROOT_GPU_HOOK = "/etc/enroot/hooks.d/98-nvidia.sh"
+CDI_READ_BYTES = 1 << 20
+
+
+def gpu_error(runtime, which=shutil.which, cdi_dirs=CDI_DIRS, enroot_hook=ENROOT_GPU_HOOK):
+    """Why `runtime` cannot give a container this host's NVIDIA GPUs (container.gpu), or None:
+    podman gives them by CDI (a spec of kind nvidia.com/gpu), docker's --gpus runs NVIDIA's
+    nvidia-container-runtime-hook, enroot its nvidia hook (nvidia-container-cli); apptainer's
+    --nv binds the host's driver libraries itself."""
+    if runtime == "podman":
+        for folder in cdi_dirs:
+            try:
+                names = sorted(os.listdir(folder))
+            except OSError:
+                continue
+            for name in names:
+                if not name.endswith((".yaml", ".yml", ".json")):
+                    continue
+                try:
+                    with open(os.path.join(folder, name), "rb") as f:
+                        if b"nvidia.com/gpu" in f.read(CDI_READ_BYTES):
+                            return None
+                except OSError:
+                    continue
+        return "no CDI spec of kind nvidia.com/gpu in %s" % " or ".join(cdi_dirs)
+    if runtime == "docker" and which("nvidia-container-runtime-hook") is None:
+        return "nvidia-container-runtime-hook (the NVIDIA Container Toolkit) is not installed"
+    if runtime == "enroot":
+        if which("nvidia-container-cli") is None:
+            return "nvidia-container-cli (libnvidia-container) is not installed"
+        if not os.path.isfile(enroot_hook):
+            return "enroot's GPU hook %s is missing" % enroot_hook
+    return None

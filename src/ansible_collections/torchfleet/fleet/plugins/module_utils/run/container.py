@@ -1,0 +1,261 @@
+"""The run's container (container_image): every command line a runtime gets, built here once.
+
+Pure functions of the run's settings: argv lists, never shell strings. The agent starts
+torchrun through run_argv() and removes the container with remove_argv(); preflight probes
+the image with present_argv(), pull_argv(), digest_argv() and in_image_argv(); docs/containers.md
+shows each line as built here (tests/unit/test_container.py holds them).
+
+What every runtime gets (what a multi-node run needs, as SkyPilot, pyxis and apptainer give it):
+the host's network and IPC (NCCL's shared memory, gloo's and torch's ports on the host's
+addresses), an unlimited memlock (RDMA registers memory), the GPUs, /dev/infiniband with
+network ib, the run's environment by name (values come from the runtime's own environment, so
+no value is on a command line), the run's paths mounted at the same paths, and the container
+named torchfleet-<run_id>-<host> so stop paths find and remove exactly this run's container.
+
+podman and docker run the container under their own daemon/conmon: the agent's child is their
+client, and the container's first process (torchrun) is found by name (pid_argv). apptainer
+and enroot run torchrun as a process of the host's own tree (no daemon), so stopping the
+agent's process tree stops them, and there is nothing more to remove for apptainer.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+RUNTIMES = ("podman", "docker", "apptainer", "enroot")
+AUTO = "auto"
+NAME_PREFIX = "torchfleet-"
+# Container names: docker's and podman's [a-zA-Z0-9][a-zA-Z0-9_.-]*; enroot's are file names.
+_NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]")
+# The environment the GPU hooks read (enroot's nvidia hook, NVIDIA's container toolkit).
+GPU_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
+APPTAINER_ENV_PREFIX = "APPTAINERENV_"
+IB_DEVICE = "/dev/infiniband"
+
+
+def name(run_id, host, attempt=0):
+    """The container's name: torchfleet-<run_id>-<host>[-a<attempt>] (a later attempt's own:
+    an earlier attempt's container may still be being removed)."""
+    raw = "%s%s-%s%s" % (NAME_PREFIX, run_id, host, "-a%d" % attempt if attempt else "")
+    return _NAME_BAD.sub("_", raw)
+
+
+def parse_mount(entry):
+    """(host path, container path) of one container_mounts entry: a path (mounted at the same
+    path) or host:container; None when it is neither (two absolute paths at most)."""
+    if not isinstance(entry, str) or not entry:
+        return None
+    parts = entry.split(":")
+    if len(parts) == 1:
+        parts = parts * 2
+    if len(parts) != 2 or not all(os.path.isabs(p) for p in parts):
+        return None
+    return tuple(os.path.normpath(p) for p in parts)
+
+
+def mounts(paths, extra=()):
+    """The run's mounts: each of `paths` (code_dir, data_paths, checkpoint_dir, the script's
+    directory, the run's directory: absolute paths, '' skipped) at the same path, then
+    container_mounts; each container path once, the first entry for it kept."""
+    out, seen = [], set()
+    for pair in [(os.path.normpath(p),) * 2 for p in paths if p and os.path.isabs(p)] + [
+            parse_mount(e) for e in extra]:
+        if pair is not None and pair[1] not in seen:
+            seen.add(pair[1])
+            out.append(pair)
+    return out
+
+
+def validate(image, runtime, container_mounts, options):
+    """One sentence for the first wrong container setting (the thing and its fix; the caller
+    names the host or the controller), or None. Without an image the others are not read."""
+    if not image:
+        return None
+    if runtime not in RUNTIMES + (AUTO,):
+        return ("container_runtime=%r is not one of %s; set one of them or leave it %s"
+                % (runtime, ", ".join(RUNTIMES), AUTO))
+    if not isinstance(image, str) or image.startswith("-") or any(c.isspace() for c in image):
+        return ("container_image=%r is not an image reference or archive path; set it like "
+                "nvcr.io/nvidia/pytorch:24.05-py3 or /path/image.sqsh" % (image,))
+    if runtime == "enroot" and not image.endswith(".sqsh"):
+        return ("container_runtime=enroot starts a squashfs file, not %r; run `enroot import "
+                "docker://%s` on the hosts and set container_image to the .sqsh it writes"
+                % (image, image))
+    if not isinstance(container_mounts, list):
+        return "container_mounts must be a list of paths or host:container pairs"
+    for entry in container_mounts:
+        if parse_mount(entry) is None:
+            return ("container_mounts entry %r is not an absolute path or an "
+                    "/host/path:/container/path pair; fix or remove it" % (entry,))
+    if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
+        return "container_options must be a list of strings (one argument each)"
+    return None
+
+
+def resolve(runtime, present):
+    """The runtime to use: `runtime` itself, or with auto the first of RUNTIMES for which
+    present(name) is true; None when auto finds none."""
+    if runtime != AUTO:
+        return runtime
+    return next((r for r in RUNTIMES if present(r)), None)
+
+
+def _sets_ulimit(options):
+    return any(o == "--ulimit" or o.startswith("--ulimit=") for o in options)
+
+
+def run_env(runtime, env, gpus):
+    """(names passed into the container, the variables the runtime's process gets besides the
+    agent's own): docker, podman and enroot copy each named variable from their environment;
+    apptainer takes APPTAINERENV_<NAME> (with --cleanenv, so the host's PATH and
+    LD_LIBRARY_PATH never reach the image)."""
+    env = dict(env)
+    if gpus and runtime == "enroot":  # enroot's nvidia hook runs where these are set
+        env = dict(GPU_ENV, **env)
+    if runtime == "apptainer":
+        return [], {APPTAINER_ENV_PREFIX + k: v for k, v in env.items()}
+    return sorted(env), env
+
+
+def run_argv(runtime, image, cname, command, env_names, run_mounts, options=(), gpus=False,
+             ib=False, workdir=None, shm_size=None):
+    """The runtime's command line that runs `command` (torchrun's argv) in the image.
+
+    shm_size: docker/podman get --shm-size instead of the host's IPC (a cluster that forbids
+    --ipc host)."""
+    options = list(options)
+    if runtime in ("podman", "docker"):
+        argv = [runtime, "run", "--rm", "--name", cname, "--network", "host"]
+        argv += ["--shm-size", shm_size] if shm_size else ["--ipc", "host"]
+        if not _sets_ulimit(options):  # (yours win: a sandbox may refuse memlock=-1)
+            argv += ["--ulimit", "memlock=-1"]
+        if gpus:
+            argv += ["--gpus", "all"] if runtime == "docker" else ["--device", "nvidia.com/gpu=all"]
+        if ib:
+            argv += ["--device", IB_DEVICE]
+        for key in env_names:
+            argv += ["--env", key]
+        for src, dst in run_mounts:
+            argv += ["--volume", "%s:%s" % (src, dst)]
+        if workdir:
+            argv += ["--workdir", workdir]
+        # The image's entrypoint (NGC's prints a banner, then execs its argv) is kept.
+        return argv + options + [image] + list(command)
+    if runtime == "apptainer":
+        # exec shares the host's network, IPC and PID namespaces by default; /dev is the
+        # host's (so /dev/infiniband is there) and limits are the agent's own (memlock).
+        argv = ["apptainer", "exec", "--cleanenv"]
+        if gpus:
+            argv.append("--nv")
+        for src, dst in run_mounts:
+            argv += ["--bind", "%s:%s" % (src, dst)]
+        if workdir:
+            argv += ["--pwd", workdir]
+        return argv + options + [image] + list(command)
+    if runtime == "enroot":
+        # enroot start shares the host's network, IPC and PID namespaces and /dev; the
+        # container was made by create_argv. It has no working directory option: env -C.
+        argv = ["enroot", "start", "--rw"]
+        for key in env_names:
+            argv += ["--env", key]
+        for src, dst in run_mounts:
+            argv += ["--mount", "%s:%s" % (src, dst)]
+        argv += options + [cname]
+        return argv + (["env", "-C", workdir] if workdir else []) + list(command)
+    raise ValueError("unknown container runtime %r" % runtime)
+
+
+def create_argv(runtime, image, cname):
+    """What makes the container before run_argv (enroot only: create from the squashfs)."""
+    if runtime == "enroot":
+        return ["enroot", "create", "--force", "--name", cname, image]
+    return None
+
+
+def remove_argv(runtime, cname):
+    """What removes the run's container by name (None where its processes are the host's
+    and nothing else is left: apptainer)."""
+    if runtime == "podman":  # (--time 0: killed at once; the run's stop already waited)
+        return ["podman", "rm", "--force", "--time", "0", cname]
+    if runtime == "docker":  # (docker's rm --force kills at once)
+        return ["docker", "rm", "--force", cname]
+    if runtime == "enroot":
+        return ["enroot", "remove", "--force", cname]
+    return None
+
+
+def pid_argv(runtime, cname):
+    """Prints the host PID of the container's first process (torchrun): podman and docker."""
+    if runtime in ("podman", "docker"):
+        return [runtime, "inspect", "--format", "{{.State.Pid}}", cname]
+    return None
+
+
+def list_argv(runtime, prefix=NAME_PREFIX):
+    """Names of the containers whose name starts with `prefix` (podman, docker, enroot)."""
+    if runtime in ("podman", "docker"):
+        return [runtime, "ps", "--all", "--filter", "name=^" + prefix, "--format", "{{.Names}}"]
+    if runtime == "enroot":
+        return ["enroot", "list"]
+    return None
+
+
+def version_argv(runtime):
+    """A runtime's own answer that it works (docker's needs its daemon)."""
+    if runtime == "docker":
+        return ["docker", "info", "--format", "{{.ServerVersion}}"]
+    return [runtime, "version"] if runtime != "enroot" else ["enroot", "version"]
+
+
+def present_argv(runtime, image):
+    """Succeeds when the image is on the host (None: apptainer and enroot files are paths,
+    checked as files)."""
+    if runtime in ("podman", "docker"):
+        return [runtime, "image", "inspect", "--format", "{{.Id}}", image]
+    return None
+
+
+def pull_argv(runtime, image):
+    if runtime in ("podman", "docker"):
+        return [runtime, "pull", "--quiet", image]
+    if runtime == "apptainer" and "://" in image:
+        return ["apptainer", "pull", "--disable-cache", image]
+    return None
+
+
+def digest_argv(runtime, image):
+    """Prints what identifies the image's content on a host: its id (the config's digest,
+    the same wherever the same image is pulled or imported) for podman and docker."""
+    if runtime in ("podman", "docker"):
+        return [runtime, "image", "inspect", "--format", "{{.Id}}", image]
+    return None
+
+
+def in_image_argv(runtime, image, command, run_mounts=(), options=()):
+    """A throwaway container that runs `command` in the image (preflight's Python probe): no
+    GPUs, no network, nothing kept; container_options too (a host's runtime may need them for
+    any container: --ulimit host, --security-opt)."""
+    if runtime in ("podman", "docker"):
+        argv = [runtime, "run", "--rm", "--network", "none"]
+        for src, dst in run_mounts:
+            argv += ["--volume", "%s:%s:ro" % (src, dst)]
+        return argv + list(options) + [image] + list(command)
+    if runtime == "apptainer":
+        argv = ["apptainer", "exec", "--cleanenv"]
+        for src, dst in run_mounts:
+            argv += ["--bind", "%s:%s:ro" % (src, dst)]
+        return argv + list(options) + [image] + list(command)
+    return None  # enroot: a container must be created first; the probe reads the host
+
+
+def srun_argv(image, run_mounts, command, nnodes, workdir=None, options=()):
+    """Slurm with pyxis: one task per node started in the image, the way the cluster already
+    starts images (srun --container-image); pyxis shares the host's network and IPC and runs
+    enroot's GPU hooks itself."""
+    argv = ["srun", "--nodes", str(nnodes), "--ntasks-per-node", "1",
+            "--container-image", image]
+    if run_mounts:
+        argv.append("--container-mounts=" + ",".join("%s:%s" % m for m in run_mounts))
+    if workdir:
+        argv.append("--container-workdir=" + workdir)
+    return argv + list(options) + list(command)

@@ -1,0 +1,304 @@
+"""container_image: every runtime's command line as run/container.py builds it (docs/containers.md
+shows these), the settings' one-sentence errors, the preflight checks container.runtime,
+container.pull and container.digest, and what stop paths remove."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import image, pystack
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.preflight import container_checks
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import container, plan, stop
+
+NGC = "nvcr.io/nvidia/pytorch:24.05-py3"
+TORCHRUN = ["python", "-m", "torch.distributed.run", "--nnodes", "2", "train.py"]
+MOUNTS = [("/code", "/code"), ("/runs/r1/node0", "/runs/r1/node0")]
+NAME = "torchfleet-r1-node0"
+
+
+def test_podman_gets_the_hosts_network_ipc_memlock_cdi_gpus_ib_env_by_name_and_mounts():
+    assert container.run_argv("podman", NGC, NAME, TORCHRUN, ["NCCL_DEBUG", "TORCHFLEET_RUN_ID"],
+                              MOUNTS, ["--security-opt", "label=disable"], gpus=True, ib=True,
+                              workdir="/code") == [
+        "podman", "run", "--rm", "--name", NAME, "--network", "host", "--ipc", "host",
+        "--ulimit", "memlock=-1", "--device", "nvidia.com/gpu=all",
+        "--device", "/dev/infiniband", "--env", "NCCL_DEBUG", "--env", "TORCHFLEET_RUN_ID",
+        "--volume", "/code:/code", "--volume", "/runs/r1/node0:/runs/r1/node0",
+        "--workdir", "/code", "--security-opt", "label=disable", NGC] + TORCHRUN
+
+
+def test_docker_gets_gpus_all_and_a_shm_size_instead_of_the_hosts_ipc_when_asked():
+    argv = container.run_argv("docker", NGC, NAME, TORCHRUN, ["A"], [], gpus=True,
+                              shm_size="16g")
+    assert argv == ["docker", "run", "--rm", "--name", NAME, "--network", "host",
+                    "--shm-size", "16g", "--ulimit", "memlock=-1", "--gpus", "all",
+                    "--env", "A", NGC] + TORCHRUN
+
+
+def test_no_gpus_no_ib_and_a_ulimit_of_yours_replaces_memlock():
+    argv = container.run_argv("podman", NGC, NAME, TORCHRUN, [], [], ["--ulimit", "host"])
+    assert "memlock=-1" not in argv and "--device" not in argv and "--gpus" not in argv
+    assert argv[-len(TORCHRUN) - 3:] == ["--ulimit", "host", NGC] + TORCHRUN
+
+
+def test_apptainer_exec_cleanenv_nv_binds_and_env_through_apptainerenv():
+    assert container.run_argv("apptainer", "/images/pt.sif", NAME, TORCHRUN, [], MOUNTS,
+                              gpus=True, workdir="/code") == [
+        "apptainer", "exec", "--cleanenv", "--nv", "--bind", "/code:/code",
+        "--bind", "/runs/r1/node0:/runs/r1/node0", "--pwd", "/code", "/images/pt.sif"] + TORCHRUN
+    names, env = container.run_env("apptainer", {"NCCL_DEBUG": "WARN"}, gpus=True)
+    assert names == [] and env == {"APPTAINERENV_NCCL_DEBUG": "WARN"}
+
+
+def test_enroot_creates_starts_by_name_with_the_gpu_hooks_env_and_removes():
+    names, env = container.run_env("enroot", {"A": "1"}, gpus=True)
+    assert names == ["A", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_VISIBLE_DEVICES"]
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert container.create_argv("enroot", "/i/pt.sqsh", NAME) == [
+        "enroot", "create", "--force", "--name", NAME, "/i/pt.sqsh"]
+    assert container.run_argv("enroot", "/i/pt.sqsh", NAME, TORCHRUN, names, MOUNTS[:1],
+                              workdir="/code") == [
+        "enroot", "start", "--rw", "--env", "A", "--env", "NVIDIA_DRIVER_CAPABILITIES",
+        "--env", "NVIDIA_VISIBLE_DEVICES", "--mount", "/code:/code", NAME,
+        "env", "-C", "/code"] + TORCHRUN
+    assert container.remove_argv("enroot", NAME) == ["enroot", "remove", "--force", NAME]
+
+
+def test_stop_paths_remove_exactly_the_runs_container_by_name():
+    assert container.name("r1", "node0") == NAME
+    assert container.name("r1", "gpu 7/a", attempt=2) == "torchfleet-r1-gpu_7_a-a2"
+    assert container.remove_argv("podman", NAME) == ["podman", "rm", "--force", "--time", "0",
+                                                     NAME]
+    assert container.remove_argv("docker", NAME) == ["docker", "rm", "--force", NAME]
+    assert container.remove_argv("apptainer", NAME) is None  # its processes are the host's
+    assert container.pid_argv("podman", NAME) == ["podman", "inspect", "--format",
+                                                  "{{.State.Pid}}", NAME]
+
+
+def test_pyxis_srun_starts_the_image_on_every_node():
+    assert container.srun_argv(NGC, MOUNTS, TORCHRUN, 2, workdir="/code") == [
+        "srun", "--nodes", "2", "--ntasks-per-node", "1", "--container-image", NGC,
+        "--container-mounts=/code:/code,/runs/r1/node0:/runs/r1/node0",
+        "--container-workdir=/code"] + TORCHRUN
+
+
+def test_the_runs_paths_are_mounted_at_the_same_paths_each_once():
+    assert container.mounts(["/code", "", "relative", "/code/"], ["/data", "/scratch:/code",
+                                                                   "/opt:/opt/x"]) == [
+        ("/code", "/code"), ("/data", "/data"), ("/opt", "/opt/x")]
+
+
+@pytest.mark.parametrize("image, runtime, mounts, options, words", [
+    (NGC, "lxc", [], [], "container_runtime='lxc' is not one of"),
+    ("a b", "auto", [], [], "is not an image reference"),
+    ("--privileged", "podman", [], [], "is not an image reference"),
+    (NGC, "enroot", [], [], "enroot import docker://"),
+    (NGC, "podman", ["data"], [], "container_mounts entry 'data'"),
+    (NGC, "podman", ["/a:/b:/c"], [], "container_mounts entry"),
+    (NGC, "podman", "/data", [], "must be a list"),
+    (NGC, "podman", [], "--privileged", "container_options must be a list"),
+])
+def test_each_wrong_setting_is_one_sentence_with_its_fix(image, runtime, mounts, options, words):
+    why = container.validate(image, runtime, mounts, options)
+    assert words in why and why.count(". ") == 0
+
+
+def test_without_an_image_nothing_is_checked_or_changed():
+    assert container.validate("", "lxc", "x", "y") is None
+    assert plan.container_errors({"container_image": "", "container_runtime": "lxc",
+                                  "container_mounts": [], "container_options": []}) == []
+
+
+def test_a_wrong_setting_is_input_container_before_any_host_is_touched():
+    [error] = plan.container_errors({"container_image": NGC, "container_runtime": "lxc",
+                                     "container_mounts": [], "container_options": []})
+    assert error["id"] == "input.container" and "lxc" in error["detail"]
+    assert "leave it auto" in error["hint"]
+
+
+def test_auto_takes_the_first_runtime_present():
+    assert container.resolve("auto", {"docker", "enroot"}.__contains__) == "docker"
+    assert container.resolve("auto", lambda r: False) is None
+    assert container.resolve("enroot", lambda r: False) == "enroot"
+
+
+class FakeRun:
+    """command.bounded's runner: answers by argv's first two words."""
+
+    def __init__(self, answers):
+        self.answers, self.calls = answers, []
+
+    def __call__(self, argv, timeout_s=None, data=None):
+        self.calls.append((argv, timeout_s))
+        return self.answers.get(tuple(argv[:3]), self.answers.get(tuple(argv[:2]), ("", None)))
+
+
+def test_image_probe_pulls_a_missing_image_with_its_timeout_and_reads_its_id():
+    run = FakeRun({("podman", "image", "inspect"): (None, "no such image"),
+                   ("podman", "pull"): ("sha256:aa\n", None)})
+    # (the inspect answers "missing" both times here: the id is then unknown, never made up)
+    facts = image.probe(NGC, "auto", run, which=lambda r: "/usr/bin/" + r, pull_timeout_s=7)
+    assert facts["runtime"] == "podman" and facts["pulled"] and facts["pull_error"] is None
+    assert (["podman", "pull", "--quiet", NGC], 7) in run.calls
+    assert facts["digest"] is None
+
+
+def test_image_probe_names_the_registrys_error_and_a_missing_runtime():
+    run = FakeRun({("podman", "image", "inspect"): (None, "no such image"),
+                   ("podman", "pull"): (None, "dial tcp: lookup nvcr.io: no such host")})
+    facts = image.probe(NGC, "podman", run, which=lambda r: "/usr/bin/" + r)
+    assert "no such host" in facts["pull_error"] and image.wrapper(facts) is None
+    facts = image.probe(NGC, "docker", run, which=lambda r: None)
+    assert facts["error"] == "docker is not installed here"
+    facts = image.probe(NGC, "auto", run, which=lambda r: None)
+    assert "none of podman, docker" in facts["error"]
+
+
+def test_the_python_probe_runs_in_the_image_and_reads_its_last_line():
+    answer = {"executable": "/usr/bin/python3", "torch_version": "2.4.0a0+07cecf4"}
+    run = FakeRun({("podman", "run", "--rm"): ("=== NVIDIA banner ===\n" + json.dumps(answer),
+                                               None)})
+    facts = {"runtime": "podman", "image": NGC, "error": None, "pull_error": None}
+    got = pystack.probe_python("python3", run, in_image=image.wrapper(facts, [("/v", "/v")]))
+    assert got == answer
+    argv = run.calls[0][0]
+    assert argv[:7] == ["podman", "run", "--rm", "--network", "none", "--volume", "/v:/v:ro"]
+    assert argv[7:9] == [NGC, "python3"]
+
+
+def probe(digest=None, error=None, pull_error=None, pulled=False):
+    return {"container": {"image": NGC, "runtime": "podman", "error": error,
+                          "pull_error": pull_error, "pulled": pulled, "digest": digest}}
+
+
+def test_container_digest_names_the_host_with_another_image_like_code_sync():
+    records = container_checks({"n0": probe("sha256:" + "a" * 64), "n1": probe("sha256:" + "b" * 64),
+                                "n2": probe("sha256:" + "a" * 64)}, "n0")
+    bad = [r for r in records if not r["ok"]]
+    assert [(r["id"], r["host"]) for r in bad] == [("container.digest", "n1")]
+    assert "on n0, n2" in bad[0]["detail"] and "n1" in bad[0]["hint"]
+
+
+def test_container_runtime_and_pull_name_the_host_and_the_error():
+    records = container_checks({"n0": probe(error="docker info: Cannot connect to the Docker "
+                                                  "daemon"),
+                                "n1": probe(pull_error="not here, and podman pull failed: 401"),
+                                "n2": {}}, "n0")
+    assert [(r["id"], r["host"], r["ok"]) for r in records] == [
+        ("container.runtime", "n0", False), ("container.runtime", "n1", True),
+        ("container.pull", "n1", False)]
+    assert "401" in records[2]["detail"]
+
+
+def test_stop_removes_only_a_container_named_as_torchfleets(monkeypatch):
+    ran = []
+
+    def fake(argv, **kw):
+        ran.append(argv)
+        return subprocess.CompletedProcess(argv, 0, stdout=b"torchfleet-r1-node0\n")
+    monkeypatch.setattr(subprocess, "run", fake)
+    assert stop.remove_container({"runtime": "podman", "name": NAME}) == NAME
+    assert stop.remove_container({"runtime": "podman", "name": "someone-elses"}) is None
+    assert stop.remove_container(None) is None
+    assert ran == [["podman", "rm", "--force", "--time", "0", NAME]]
+
+
+
+def test_docs_containers_md_shows_each_runtimes_line_as_built():
+    import shlex
+
+    from tests.conftest import ROOT
+    page = (ROOT / "docs" / "containers.md").read_text()
+    cname = container.name("20261207-1003-ab12", "gpu01")
+    run_mounts = container.mounts(["/home/me/.torchfleet/runs/20261207-1003-ab12/gpu01",
+                                   "/srv/train", "/data/shards"])
+    torchrun = ["python3", "-m", "torch.distributed.run", "--nnodes", "2", "...",
+                "/srv/train/train.py"]
+    env = {"NCCL_SOCKET_IFNAME": "eth0", "TORCHFLEET_RUN_ID": "x"}
+    for runtime, img in (("podman", NGC), ("docker", NGC), ("apptainer", "/images/pytorch-24.05.sif"),
+                         ("enroot", "/images/pytorch-24.05.sqsh")):
+        names, _env = container.run_env(runtime, env, True)
+        lines = [container.create_argv(runtime, img, cname),
+                 container.run_argv(runtime, img, cname, torchrun, names, run_mounts, gpus=True,
+                                    ib=True, workdir="/srv/train"),
+                 container.remove_argv(runtime, cname)]
+        for argv in filter(None, lines):
+            assert "    " + shlex.join(argv) + "\n" in page, (runtime, shlex.join(argv))
+    srun = container.srun_argv(NGC, run_mounts, torchrun, 2, workdir="/srv/train")
+    assert shlex.join(srun) in (ROOT / "docs" / "slurm.md").read_text()
+
+
+# A CDI spec as `nvidia-ctk cdi generate` writes it (its first lines).
+CDI_SPEC = b"""---
+cdiVersion: 0.5.0
+containerEdits:
+  deviceNodes:
+  - path: /dev/nvidia-modeset
+devices:
+- containerEdits:
+    deviceNodes:
+    - path: /dev/nvidia0
+  name: "0"
+kind: nvidia.com/gpu
+"""
+
+
+def test_container_gpu_podman_needs_a_cdi_spec_of_kind_nvidia_gpu(tmp_path):
+    etc, run = tmp_path / "etc-cdi", tmp_path / "run-cdi"
+    etc.mkdir()
+    (etc / "other.yaml").write_bytes(b"kind: vendor.com/fpga\n")
+    why = image.gpu_error("podman", cdi_dirs=(str(etc), str(run)))
+    assert why == "no CDI spec of kind nvidia.com/gpu in %s or %s" % (etc, run)
+    (etc / "nvidia.yaml").write_bytes(CDI_SPEC)
+    assert image.gpu_error("podman", cdi_dirs=(str(etc), str(run))) is None
+
+
+def test_container_gpu_docker_and_enroot_need_nvidias_hooks(tmp_path):
+    assert "nvidia-container-runtime-hook" in image.gpu_error("docker", which=lambda t: None)
+    assert image.gpu_error("docker", which=lambda t: "/usr/bin/" + t) is None
+    hook = tmp_path / "98-nvidia.sh"
+    assert "hook" in image.gpu_error("enroot", which=lambda t: "/usr/bin/" + t,
+                                     enroot_hook=str(hook))
+    hook.write_text("#!/bin/sh\n")
+    assert image.gpu_error("enroot", which=lambda t: "/usr/bin/" + t, enroot_hook=str(hook)) \
+        is None
+    assert image.gpu_error("apptainer", which=lambda t: None) is None  # (--nv binds the libs)
+
+
+def test_container_gpu_is_judged_only_with_nccl_on_hosts_with_gpus():
+    bad = dict(probe(digest="sha256:" + "a" * 64)["container"], gpu_error="no CDI spec")
+    good = dict(bad, gpu_error=None)
+    probes = {"n0": {"container": good}, "n1": {"container": bad},
+              "n2": probe(digest="sha256:" + "a" * 64)}  # (no GPUs: not probed)
+    gpu = [(r["host"], r["ok"]) for r in container_checks(probes, "n0", "nccl")
+           if r["id"] == "container.gpu"]
+    assert gpu == [("n0", True), ("n1", False)]
+    assert not [r for r in container_checks(probes, "n0", "gloo") if r["id"] == "container.gpu"]
+    [record] = [r for r in container_checks(probes, "n0", "nccl")
+                if r["id"] == "container.gpu" and not r["ok"]]
+    assert "nvidia-ctk cdi generate" in record["hint"]
+
+
+def test_the_agent_passes_the_runs_env_by_name_never_a_value_on_the_command_line(tmp_path):
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.run import agent
+    p = {"container_runtime": "podman", "container_image": NGC, "run_id": "r1", "host": "node0",
+         "attempt": 0, "run_dir": str(tmp_path / "run"), "chdir": "/srv/train",
+         "data_paths": ["/data/shards"], "container_mounts": ["/opt/venv"],
+         "container_options": [], "container_gpus": True, "network": "ib",
+         "checkpoint_dir": "ckpt", "flight_recorder": 0,
+         "env": {"WANDB_API_KEY": "s3cret-value", "NCCL_DEBUG": "WARN"}}
+    box = agent.Box(p, "/srv/train/train.py")
+    extra = agent.rank_env(p, box)
+    argv, runtime_env = box.wrap(["python3", "-m", "torch.distributed.run", "train.py"], extra)
+    assert not any("s3cret-value" in a for a in argv)
+    assert argv[argv.index("WANDB_API_KEY") - 1] == "--env" and "TORCHFLEET_RUN_ID" in argv
+    assert runtime_env["WANDB_API_KEY"] == "s3cret-value"
+    volumes = [argv[i + 1] for i, a in enumerate(argv) if a == "--volume"]
+    assert volumes == ["%s:%s" % (tmp_path / "run", tmp_path / "run"), "/srv/train:/srv/train",
+                       "/srv/train/ckpt:/srv/train/ckpt", "/data/shards:/data/shards",
+                       "/opt/venv:/opt/venv"]
+    assert argv[argv.index("--workdir") + 1] == "/srv/train"
+    assert "nvidia.com/gpu=all" in argv and "/dev/infiniband" in argv
+    assert box.name == NAME
