@@ -52,7 +52,8 @@ SLOW_COVERS: dict[str, tuple[str, ...]] = {
     "tests/lab/test_guard_lab.py": (M + "/run/guard.py", F + "/plugins/modules/port_guard.py"),
     "tests/lab/test_ledger_lab.py": (
         M + "/reports/ledger*", M + "/reports/memory.py", "src/torchfleet/hosts_cli.py",
-        F + "/roles/results/*", F + "/roles/preflight/*", "lab/pg.py", M + "/run/restart.py"),
+        F + "/roles/results/*", F + "/roles/preflight/*", "lab/pg.py", M + "/run/restart.py",
+        M + "/run/agent.py", M + "/reports/slurm_drain.py", "tests/fixtures/scripts/steps_notorch.py"),
     "tests/lab/test_hang_lab.py": (
         *LAUNCH, *KERNEL, M + "/run/flight.py", M + "/run/stacks.py", M + "/host/pystack.py"),
     "tests/lab/test_reliability_lab.py": (*PLAYS, *LAUNCH, M + "/run/detach.py", "lab/netns.py"),
