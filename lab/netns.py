@@ -538,6 +538,10 @@ class Lab:
     def remove_data(self, name: str) -> None:
         shutil.rmtree(self.node_local(self.node(name)) / "data")
 
+    def restore_data(self, name: str) -> None:
+        """remove_data undone on one node while runs go on elsewhere (heal() ends them)."""
+        self._seed_local(self.node(name))
+
     def hostname_loopback(self, name: str) -> None:
         """Make the node's own name resolve to 127.0.1.1, as Debian's installer writes it."""
         self.write_hosts(self.node(name), "127.0.1.1")

@@ -184,9 +184,22 @@ def run_record(runs, run_id):
 
 def kill_agent(run_id, host):
     """SIGKILL of a host's agent (torchrun's parent; torchrun and its rank follow it): the host
-    falls silent as a host that died would."""
+    falls silent as a host that died would. `host` must run the run's attempt (run.json's
+    hosts): its agent wrote torchrun.pid before it first reported a rank running."""
     torchrun = json.loads((REMOTE_RUNS / run_id / host / "torchrun.pid").read_text())["pid"]
     os.kill(parent_of(torchrun), signal.SIGKILL)
+
+
+def victim_and_spare(runs, run_id):
+    """(the run's hosts, the one of them whose agent the test kills, the spare that takes its
+    place, the hosts after the restart), from the run's record: with spares=1 preflight runs
+    the first 3 healthy of the 4 candidates, so a candidate that fails a check at the start
+    (unreachable for a moment on a loaded machine) leaves its place to the spare, and no fixed
+    name is sure to run the attempt (node2's torchrun.pid was once missing)."""
+    record = run_record(runs, run_id)
+    hosts, (spare,) = list(record["hosts"]), list(record["spares"])
+    victim = hosts[-1]
+    return hosts, victim, spare, sorted(set(hosts) - {victim} | {spare})  # (inventory order)
 
 
 def test_a_detached_run_restarts_on_a_spare_with_no_launching_play(healthy_lab, tmp_path):
@@ -198,15 +211,15 @@ def test_a_detached_run_restarts_on_a_spare_with_no_launching_play(healthy_lab, 
     runs = detach(healthy_lab, tmp_path, run_id, go, extra=(
         "-e", "spares=1", "-e", "max_restarts=1", "-e", "lost_after_s=5"))
     try:
-        assert list(run_record(runs, run_id)["hosts"]) == ["node0", "node1", "node2"]
-        kill_agent(run_id, "node2")
+        hosts, victim, spare, after = victim_and_spare(runs, run_id)
+        kill_agent(run_id, victim)
         assert wait_until(lambda: run_record(runs, run_id).get("watch", {}).get("attempt") == 1,
                           240), (runs / run_id / "attach-unattended.log").read_text()[-3000:]
-        assert list(run_record(runs, run_id)["hosts"]) == ["node0", "node1", "node3"]
+        assert list(run_record(runs, run_id)["hosts"]) == after
         rc, out, err = torchfleet("status", run_id, "--runs-root", str(runs))
         assert rc == 0, err
         assert sorted(line.split()[0] for line in out.splitlines()
-                      if line.startswith("node")) == ["node0", "node1", "node3"], out
+                      if line.startswith("node")) == after, out
         go.touch()
         assert wait_until(lambda: (runs / run_id / "train.json").exists(), 240), \
             (runs / run_id / "attach-unattended.log").read_text()[-3000:]
@@ -214,43 +227,49 @@ def test_a_detached_run_restarts_on_a_spare_with_no_launching_play(healthy_lab, 
     finally:
         go.touch()
     report = json.loads((runs / run_id / "train.json").read_text())
-    assert report["verdict"] == "train ok after 1 restart: node2 host.lost, replaced by node3"
+    assert report["verdict"] == "train ok after 1 restart: %s host.lost, replaced by %s" % (
+        victim, spare)
     first, second = report["attempts"]
-    assert (first["hosts"], first["outcomes"]["node2"]) == (["node0", "node1", "node2"], "lost")
-    assert (second["hosts"], second["ok"]) == (["node0", "node1", "node3"], True)
-    rc, out, _ = torchfleet("logs", run_id, "--host", "node3", "--tail", "2",
+    assert (first["hosts"], first["outcomes"][victim]) == (hosts, "lost")
+    assert (second["hosts"], second["ok"]) == (after, True)
+    rc, out, _ = torchfleet("logs", run_id, "--host", spare, "--tail", "2",
                             "--runs-root", str(runs))
-    assert rc == 0 and "[rank 2] last step" in out, out
+    assert rc == 0 and "[rank %d] last step" % after.index(spare) in out, out
 
 
 def test_attach_restarts_a_detached_run_that_failed_with_no_controller(healthy_lab, tmp_path):
-    """The same restart done by a user's attach: the finisher killed, node2 dies, every host
+    """The same restart done by a user's attach: the finisher killed, a host dies, every host
     stops; `torchfleet attach` gathers the failed attempt, restarts the run on the spare (run.json
-    then names it) and follows it to its end: exit 0, ok after 1 restart."""
+    then names it) and follows it to its end: exit 0, ok after 1 restart. node2 fails preflight
+    at the start (its data missing, mended before the restart): the spare, node3, runs the first
+    attempt in its place, as it does when a loaded machine keeps node2 from answering."""
     run_id, go = "detach-reattach-%d" % os.getpid(), tmp_path / "go"
+    healthy_lab.remove_data("node2")
     runs = detach(healthy_lab, tmp_path, run_id, go, extra=(
         "-e", "spares=1", "-e", "max_restarts=1", "-e", "lost_after_s=5"))
+    healthy_lab.restore_data("node2")
     end_unattended(runs / run_id)
     attach = None
     try:
-        kill_agent(run_id, "node2")
+        hosts, victim, spare, after = victim_and_spare(runs, run_id)
+        assert (hosts, victim, spare) == (["node0", "node1", "node3"], "node3", "node2")
+        kill_agent(run_id, victim)
         assert wait_until(lambda: master_record(run_id).get("final"), 120), master_record(run_id)
         assert wait_until(lambda: not processes_of(run_id), 60), processes_of(run_id)
         attach = attach_in_background(runs, run_id)
         assert wait_until(lambda: run_record(runs, run_id).get("watch", {}).get("attempt") == 1
                           or attach.poll() is not None, 240)
-        assert list(run_record(runs, run_id)["hosts"]) == ["node0", "node1", "node3"]
+        assert list(run_record(runs, run_id)["hosts"]) == after
         go.touch()
         out, _ = attach.communicate(timeout=300)
         assert attach.returncode == 0, out[-3000:]
-        assert "train ok after 1 restart: node2 host.lost, replaced by node3" in out
+        assert "train ok after 1 restart: %s host.lost, replaced by %s" % (victim, spare) in out
         assert wait_until(lambda: not processes_of(run_id), 60), processes_of(run_id)
     finally:
         go.touch()
         end_attach(attach)
     report = json.loads((runs / run_id / "train.json").read_text())
-    assert [a["hosts"] for a in report["attempts"]] == [["node0", "node1", "node2"],
-                                                        ["node0", "node1", "node3"]]
+    assert [a["hosts"] for a in report["attempts"]] == [hosts, after]
 
 
 def test_a_detached_run_is_stopped_by_id_gathered_and_reported(healthy_lab, tmp_path):

@@ -14,9 +14,11 @@ from torchfleet.results import load
 pytestmark = pytest.mark.lab
 SCRIPT = FIXTURES / "scripts" / "collective_fault.py"
 AT = 15  # the collective the bad rank (3, the second of node1) goes wrong before
-# The silence that is a hang. The ranks print a line a second until their first step
-# (collective_fault.py: a torch import slowed by load is a start), so what counts is a gap
-# between two steps of a running loop (50 ms apart) and the agents' reports of it (each second).
+# The silence that is a hang. The ranks' logs get a line a second until their first step and
+# from their last line until they are gone (collective_fault.py: a torch import and an
+# interpreter's exit slowed by load are a start and an end), and the torchruns' own end after
+# their ranks' is not judged (runstate.tick), so what counts is a gap between two steps of a
+# running loop (50 ms apart) and the agents' reports of it (each second).
 HANG_TIMEOUT_S = 6
 STUCK = next(i for i, line in enumerate(SCRIPT.read_text().splitlines(), 1)
              if "STUCK-HERE" in line)

@@ -139,6 +139,37 @@ def test_one_rank_progressing_anywhere_is_no_hang():
         assert s.tick(t) is None
 
 
+def test_torchruns_ending_after_every_rank_ended_are_no_hang():
+    """Every rank printed its last line and exited; the torchruns take longer than
+    hang_timeout_s to end (their exit barrier, their own interpreter's exit: 10-13 s measured
+    at load 18 on 2 CPUs, against the hang lab's hang_timeout_s=6): ending, not hung. The
+    agents' beats count no rank alive; the run then succeeds."""
+    s = state(hang_timeout_s=6)
+    for t in range(1001, 1020):  # the ranks run and print, then end at 1019
+        all_beat(s, t, progress_ts=t)
+        assert s.tick(t) is None
+    for t in range(1020, 1036):  # no rank alive anywhere; every torchrun still running
+        for h in HOSTS:
+            s.beat(h, t, alive=0, idle_s=t - 1019, pid=1)
+        assert s.tick(t) is None, t
+    for h in HOSTS:
+        s.exited(h, 1036, 0)
+    assert s.phase == runstate.SUCCEEDED and s.failure is None
+
+
+def test_silent_live_ranks_are_a_hang_while_other_hosts_ranks_ended():
+    """A host whose ranks ended does not keep another host's silent live ranks from being a
+    hang."""
+    s = state(hang_timeout_s=6)
+    all_beat(s, 1001, progress_ts=1001)
+    for t in range(1002, 1008):
+        for h in HOSTS:
+            s.beat(h, t, alive=0 if h == "node0" else 2, idle_s=t - 1001, pid=1)
+        assert s.tick(t) is None
+    s.beat("node1", 1008, alive=2, idle_s=7, pid=1)
+    assert s.tick(1008)["reason"] == runstate.HANG
+
+
 def test_the_job_timeout_and_the_controllers_lease():
     s = state(job_timeout_s=50)
     all_beat(s, 1049)

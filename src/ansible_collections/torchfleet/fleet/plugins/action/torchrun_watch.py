@@ -144,11 +144,7 @@ def write_state(path, record):
         return
     # An attempt's directory (max_restarts) is made by the first thing written into it.
     os.makedirs(os.path.dirname(path) or ".", mode=0o750, exist_ok=True)
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f)
-    os.replace(tmp, path)
+    rundir.write_json(path, record, mode=0o640)
 
 
 def judged_lost(record):

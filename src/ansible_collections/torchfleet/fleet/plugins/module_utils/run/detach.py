@@ -29,7 +29,7 @@ import json
 import os
 import time
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import RUN_ID, create_json
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import RUN_ID, create_json, write_json
 
 RECORD = "run.json"
 LOCK = "attach.lock"
@@ -77,11 +77,7 @@ def waiting(where):
 
 
 def write(path, record):
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f, indent=1)
-    os.replace(tmp, path)
+    write_json(path, record, indent=1)
 
 
 def read(runs_root, run_id):

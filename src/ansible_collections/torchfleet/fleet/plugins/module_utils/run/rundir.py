@@ -75,12 +75,29 @@ RANK_RESULTS_SPEC = dict(
 )
 
 
-def write_json(path, data):
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
+def _beside(path):
+    """A name beside path that no other writer uses: two writers of one file (two looks, an
+    agent and a look) with one shared temporary name would truncate each other's half-written
+    file, and the second one's rename would find it gone (FileNotFoundError)."""
+    return "%s.%d.%s.tmp" % (path, os.getpid(), os.urandom(4).hex())
+
+
+def write_json(path, data, mode=0o600, indent=None):
+    """Replace path with data: written beside it and renamed into place, so a reader (another
+    process: the watch's look, status, a test) sees the old file or the new one, whole, and a
+    writer beside this one changes nothing of it."""
+    tmp = _beside(path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=indent)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 # A filesystem without hard links (vfat, some FUSE mounts) says one of these to os.link.
@@ -91,7 +108,7 @@ def create_json(path, data):
     """Create path holding data, or raise FileExistsError: written beside it and linked into
     place, so no reader ever sees it empty or half written. Without hard links: created
     exclusively, then written."""
-    tmp = "%s.%d.%s.tmp" % (path, os.getpid(), os.urandom(4).hex())
+    tmp = _beside(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "w") as f:

@@ -975,9 +975,13 @@ class RunState:
         running = [r for r in self.hosts.values() if r["state"] == STARTED]
         # Silence counts once every running host's ranks were up: a torchrun still importing
         # torch or in its rendezvous is starting, not hung (the rendezvous' own timeout and
-        # job_timeout_s end a start that never ends).
+        # job_timeout_s end a start that never ends). And only while a rank is alive: once every
+        # agent counts none, the torchruns are ending (their exit barrier and their own
+        # interpreter's exit: 10 s and more on a loaded host), with no rank to be hung or to
+        # take a stack of (torchrun's exit barrier and job_timeout_s bound that end).
         ranks_up = [r.get("ranks_at") for r in running]
-        if running and None not in ranks_up and elapsed > self.hang_timeout_s:
+        if running and None not in ranks_up and any(r["alive"] for r in running) \
+                and elapsed > self.hang_timeout_s:
             # Progress is a log written or a collective advanced, anywhere.
             last = max([r["progress_ts"] or 0 for r in self.hosts.values()] +
                        [self.last_advance(), self.started, max(ranks_up)])
