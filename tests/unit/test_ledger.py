@@ -548,26 +548,6 @@ def test_rank_0_failing_alone_again_and_again_does_not_quarantine_the_master(fle
         3 * ledger.SHARED_CULPRIT, rel=0.01)  # (decayed by an hour)
 
 
-def test_a_rank_failing_before_the_run_trained_at_all_is_no_full_strike(fleet):
-    """A typo, a missing package: the first host to start fails first and the others are
-    stopped before they can fail the same way (the ledger lab's finding): its exit before a
-    collective completed on every rank says little of its host. The same exit after the run
-    trained is its host's whole strike."""
-    def report(run_id, training_s):
-        r = train(run_id, "node2", reason="failed")
-        r["goodput"] = {"attempts": [{"attempt": 0, "buckets": {
-            "init": 4.0, "kept_training": training_s, "checkpoint_stall": 0.0,
-            "lost_work": 0.0}}]}
-        return r
-    for i in range(3):
-        assert fleet.record_run(report("r%d" % i, 0.0), now=T0 + i * 600) == []
-    assert fleet.health(["node2"], now=T0 + 3600)["node2"]["score"] == pytest.approx(
-        3 * ledger.SHARED_CULPRIT, rel=0.01)
-    assert fleet.record_run(report("trained", 120.0), now=T0 + 3600) == []
-    assert fleet.health(["node2"], now=T0 + 3600)["node2"]["score"] == pytest.approx(
-        3 * ledger.SHARED_CULPRIT + 1.0, rel=0.01)
-
-
 def lost_run(run_id, lost, hosts):
     """train.json of a run whose hosts `lost` stopped answering at once (a switch)."""
     return {"run_id": run_id, "kind": "train", "ok": False,

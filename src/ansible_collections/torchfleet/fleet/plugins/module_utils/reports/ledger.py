@@ -164,11 +164,6 @@ class Found:
     # {attempt: when its failure happened (epoch s) or None}
     moments: dict = dataclasses.field(default_factory=dict)
     checked: dict = dataclasses.field(default_factory=dict)  # {attempt: the hosts it had}
-    # The attempts that failed before they trained at all (goodput's training window is empty:
-    # no collective completed on every rank): the first rank to fail there had stopped the
-    # others before they could show whether they fail the same way (a typo, a missing
-    # package, a bad argument: hosts start seconds apart and the first to start fails first).
-    untrained: set = dataclasses.field(default_factory=set)
     # The run's own lost_after_s (train.json's settings), the default where it says none.
     lost_after_s: float = LOST_AFTER_S
 
@@ -263,8 +258,7 @@ def _failure_incidents(found, failure, attempt, outcomes):
     # says least of its host)
     others_failed = any(h != host for h in failed)
     less = reason == "oom" or (own_exit and _int(failure.get("rank"), -1) == 0) \
-        or ((own_exit or reason == "not_started") and others_failed) \
-        or (own_exit and attempt in found.untrained)
+        or ((own_exit or reason == "not_started") and others_failed)
     _incident(found, host, attempt, "culprit", REASON_CHECK.get(reason, "run.exit"),
               weight=SHARED_CULPRIT if less else None,
               info=failure.get("reason") if isinstance(failure.get("reason"), str) else "")
@@ -292,19 +286,6 @@ def _moments(report, attempts, last):
     return {n: known.get(n) for n in {_int(a.get("attempt")) for a in attempts} | {last}}
 
 
-def _untrained(report):
-    """The attempts whose training window goodput found empty: they failed before a
-    collective completed on every rank (docs/goodput.md's init)."""
-    out = set()
-    for a in _list(_dict(report.get("goodput")).get("attempts")):
-        n, b = _dict(a).get("attempt"), _dict(_dict(a).get("buckets"))
-        window = [finite(b.get(k)) for k in ("kept_training", "checkpoint_stall", "lost_work")]
-        if isinstance(n, int) and not isinstance(n, bool) and None not in window \
-                and sum(window) <= 0:
-            out.add(n)
-    return out
-
-
 def run_incidents(report):
     """Found of a train.json / collective.json dict."""
     found = Found()
@@ -316,7 +297,6 @@ def run_incidents(report):
     attempts = [_dict(a) for a in _list(report.get("attempts"))]
     last = _int(attempts[-1].get("attempt")) if attempts else 0
     found.moments = _moments(report, attempts, last)
-    found.untrained = _untrained(report)
     for a in attempts:
         n = _int(a.get("attempt"))
         had = [_host(h) for h in _list(a.get("hosts"))]
