@@ -7,12 +7,11 @@ from __future__ import annotations
 import os
 import shutil
 
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import cuda_driver
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import container
 
-# The longest one host's pull may take (every host pulls at once, in its own probe): an NGC
-# PyTorch image is about 10 GB.
-PULL_TIMEOUT_S = 1800.0
+PULL_TIMEOUT_S = defaults.CONTAINER_PULL_TIMEOUT_S
 RUNTIME_TIMEOUT_S = 20.0
 
 
