@@ -301,12 +301,15 @@ rdma:
 container:
   description: With O(container_image) (else null) - the runtime used, its error (the
     container.runtime check), the pull's error (container.pull), whether it was pulled, the
-    image's id (container.digest), and on a host with NVIDIA GPUs why the runtime cannot give
-    them to a container (gpu_error, null when it can; container.gpu).
+    image's id (container.digest), the CUDA its env declares (cuda - CUDA_VERSION and whether
+    it carries the forward-compatibility libraries; container.driver), and on a host with
+    NVIDIA GPUs why the runtime cannot give them to a container (gpu_error, null when it can;
+    container.gpu).
   returned: always
   type: dict
   sample: {"image": "nvcr.io/nvidia/pytorch:24.05-py3", "runtime": "podman", "error": null,
-           "pull_error": null, "pulled": false, "digest": "sha256:3b48991e50fd"}
+           "pull_error": null, "pulled": false, "digest": "sha256:3b48991e50fd",
+           "cuda": {"version": "12.4.1.003", "compat": true}}
 euid:
   description: The effective user id the probe ran as (binding a port below 1024 needs 0).
   returned: always

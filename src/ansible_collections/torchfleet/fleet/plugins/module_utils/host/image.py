@@ -7,19 +7,20 @@ from __future__ import annotations
 import os
 import shutil
 
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import cuda_driver
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import container
 
-# The longest one host's pull may take (every host pulls at once, in its own probe): an NGC
-# PyTorch image is about 10 GB.
-PULL_TIMEOUT_S = 1800.0
+PULL_TIMEOUT_S = defaults.CONTAINER_PULL_TIMEOUT_S
 RUNTIME_TIMEOUT_S = 20.0
 
 
 def probe(image, runtime, run, which=shutil.which, pull_timeout_s=PULL_TIMEOUT_S):
     """{"runtime", "error" (container.runtime's), "pull_error" (container.pull's), "pulled",
-    "digest"} for this host; `run` is command.bounded's runner."""
+    "digest", "cuda" (the CUDA its env declares: container.driver)} for this host; `run` is
+    command.bounded's runner."""
     out = {"image": image, "runtime": None, "error": None, "pull_error": None, "pulled": False,
-           "digest": None}
+           "digest": None, "cuda": None}
     chosen = container.resolve(runtime, lambda r: which(r) is not None)
     if chosen is None:
         out["error"] = "none of %s is installed here" % ", ".join(container.RUNTIMES)
@@ -45,6 +46,8 @@ def probe(image, runtime, run, which=shutil.which, pull_timeout_s=PULL_TIMEOUT_S
         out["pulled"] = True
     text, why = run(container.digest_argv(chosen, image), timeout_s=RUNTIME_TIMEOUT_S)
     out["digest"] = text.strip() if why is None and text else None
+    text, why = run(container.env_argv(chosen, image), timeout_s=RUNTIME_TIMEOUT_S)
+    out["cuda"] = cuda_driver.image_cuda(text) if why is None else None
     return out
 
 

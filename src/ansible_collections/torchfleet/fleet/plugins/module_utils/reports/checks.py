@@ -241,6 +241,15 @@ REGISTRY = (
          'NVIDIA Container Toolkit hook; enroot: no nvidia-container-cli or GPU hook)',
          'the fix it names: `nvidia-ctk cdi generate`, the NVIDIA Container Toolkit for '
          'docker, libnvidia-container and enroot\'s hooks'),
+    Unit(('container.driver',), PREFLIGHT,
+         "on a host with NVIDIA GPUs: its driver is older than the image's CUDA needs "
+         "(NVIDIA's minimum driver per CUDA release, kept as data with its source in "
+         'host/cuda_driver.py): below the CUDA major\'s minimum (11.x 450.80.02, 12.x '
+         '525.60.13, 13.x 580) an error, a warning where the image carries the '
+         'forward-compatibility libraries (cuda-compat: data-center GPUs only); below the '
+         "release's own driver a warning (minor version compatibility: PTX JIT may fail)",
+         "upgrade the host's NVIDIA driver to the version named, or use an image built for "
+         'an older CUDA'),
     Unit(('container.digest',), PREFLIGHT,
          "the image's id differs across hosts (a tag that moved between pulls, an image built "
          "locally): names the outlier, both ids and the hosts that agree; the image's "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ansible_collections.torchfleet.fleet.plugins.module_utils.host import kmsg, perf, rdma
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import cuda_driver, kmsg, perf, rdma
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import fabric, health_checks, ledger, memory, spares
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.net import is_loopback as is_loopback_addr
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.plan import bad_nproc_per_node
@@ -166,6 +166,7 @@ def container_checks(probes, master, backend="gloo"):
             continue
         records.append(check("container.pull", host, True, "%s %s" % (
             facts["image"], "pulled" if facts.get("pulled") else "present")))
+        records.extend(driver_check(host, facts, probe.get("versions") or {}, backend))
         if facts.get("digest"):
             ids[host] = facts["digest"]
     if not ids:
@@ -182,6 +183,21 @@ def container_checks(probes, master, backend="gloo"):
         else:
             records.append(check("container.digest", host, True, "image id %s" % digest[:19]))
     return records
+
+
+def driver_check(host, facts, versions, backend):
+    """container.driver: the host's NVIDIA driver (nvidia-smi's, as version.driver) against the
+    image's CUDA (its env's CUDA_VERSION, else torch.version.cuda read in the image); nothing
+    on a host without NVIDIA GPUs or where neither is known. Without nccl the ranks may not
+    need CUDA at all: a warning then."""
+    cuda = facts.get("cuda") or {}
+    judged = cuda_driver.verdict(cuda.get("version") or versions.get("cuda"),
+                                 versions.get("driver"), bool(cuda.get("compat")))
+    if judged is None:
+        return []
+    level, detail, fix = judged
+    severity = ERROR if level == "error" and backend == "nccl" else WARNING
+    return [check("container.driver", host, level == "ok", detail, fix, severity)]
 
 
 def duplicate_checks(probes, hosts):

@@ -231,6 +231,14 @@ def digest_argv(runtime, image):
     return None
 
 
+def env_argv(runtime, image):
+    """Prints the image's env as a JSON list of KEY=VALUE (its CUDA_VERSION: container.driver)
+    for podman and docker; apptainer and enroot images are read by the Python probe only."""
+    if runtime in ("podman", "docker"):
+        return [runtime, "image", "inspect", "--format", "{{json .Config.Env}}", image]
+    return None
+
+
 def in_image_argv(runtime, image, command, run_mounts=(), options=()):
     """A throwaway container that runs `command` in the image (preflight's Python probe): no
     GPUs, no network, nothing kept; container_options too (a host's runtime may need them for
