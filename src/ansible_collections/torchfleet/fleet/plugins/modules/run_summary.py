@@ -120,9 +120,14 @@ options:
     type: dict
     default: {}
   slurm_scontrol:
-    description: The C(scontrol) command that drains (the inventory plugin's C(slurm_scontrol)).
+    description: The C(scontrol) command that drains a host not in O(slurm_scontrols).
     type: str
     default: scontrol
+  slurm_scontrols:
+    description: Each host's C(scontrol) command, by host (the inventory plugin's C(slurm_scontrol)); hosts with
+      one command and one reason are drained by one call, their nodes as one hostlist.
+    type: dict
+    default: {}
   ledger_said:
     description: The C(fleet.ledger) warnings preflight gave (its report's details); when there is one, the run's
       end does not warn about the ledger again.

@@ -25,9 +25,9 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger_store
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.goodput import finite
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.ledger_store import (
-    INCIDENTS, TEXT_MAX, _bulk, _count, _set_host, _text, _took_part, actions_of, add_actions,
+    INCIDENTS, PENDING, TEXT_MAX, _bulk, _count, _set_host, _text, _took_part, actions_of, add_actions,
     add_events, drained_since, events_since, host_states, incident_rows, kinds_since, load_settings,
-    lock_decisions, newest_incidents, prune, runs_since, save_settings)
+    lock_decisions, newest_incidents, prune, runs_since, save_settings, settle_drains)
 
 # The key a host is kept under: node3, NODE3 and node3.cluster.example are one host
 # (ledger_store.canonical_host; docs/ledger.md "Which host").
@@ -610,9 +610,7 @@ class Fleet(ledger_store.Store):
         """The report's audit (train.json's `actions`, already checked: runstate's
         checked_actions and action()), each dated by its own `at` (ISO 8601; the report's time
         where it has none). True when written."""
-        run_id, at = _text(run_id), _clock(now)
-        if run_id and self.run_token:
-            run_id = _text(run_id + RUN_KEY_SEP + self.run_token)
+        run_id, at = self._audit_key(run_id), _clock(now)
         # (Stored as given, bounded, NUL and surrogates made safe: a kernel line is a host's.)
         rows = [{"action": _text(a.get("action"), 16), "host": _host(a.get("host")) or "",
                  "check": _text(a.get("check"), 64), "why": _text(a.get("why"), TEXT_MAX),
@@ -627,9 +625,56 @@ class Fleet(ledger_store.Store):
             return True
         return self._guard(write, False)
 
+    def _audit_key(self, run_id):
+        """The run's key in the audit (its run_id, with the run's token when it has one)."""
+        run_id = _text(run_id)
+        return _text(run_id + RUN_KEY_SEP + self.run_token) if run_id and self.run_token \
+            else run_id
+
+    def decide_drains(self, run_id, phase, decide, write=True, now=None):
+        """The drain breaker's decision, one controller's at a time: under the decision lock,
+        decide(held, seen) (summary.drain_breaker's, with drains()'s history, pending drains
+        included) returns the drains to do ([{"host", "reason"}]), recorded in the same
+        transaction as pending (an audit drain, not done, why PENDING) when `write`, so that
+        another controller deciding while this one's scontrol runs counts them (ten runs' ends
+        under one cause each see the others' drains). settle_drains() records Slurm's answer.
+        Without a ledger, decide(set(), set())."""
+        run_id, at = self._audit_key(run_id), _clock(now)
+        start = at - max(self.quarantine_s, 3600.0)  # (the quarantine breaker's window)
+        phase = _text(phase, 16) or "train"
+
+        def write_():
+            with self._write() as conn:
+                lock_decisions(conn)
+                todo = decide(drained_since(conn, start), set(runs_since(conn, start)))
+                if write and run_id:
+                    add_actions(conn, run_id, phase, [
+                        {"action": "drain", "host": _host(d["host"]), "at": at, "done": False,
+                         "check": _text(d.get("reason"), 64), "why": PENDING} for d in todo])
+                return todo
+        decided = self._guard(write_, None)
+        return decide(set(), set()) if decided is None else decided
+
+    def settle_drains(self, run_id, phase, drains):
+        """Slurm's answer to the drains decide_drains() recorded as pending: each of `drains`
+        (the audit's, action()'s) sets its row's done and why. True when written."""
+        run_id, phase = self._audit_key(run_id), _text(phase, 16) or "train"
+        rows = [{"host": _host(a.get("host")), "check": _text(a.get("check"), 64),
+                 "why": _text(a.get("why"), TEXT_MAX), "done": a.get("done") is True}
+                for a in drains if isinstance(a, dict) and a.get("action") == "drain"]
+        if not run_id or not rows:
+            return False
+
+        def write():
+            with self._write() as conn:
+                settle_drains(conn, run_id, phase, rows)
+            return True
+        return self._guard(write, False)
+
     def drains(self, now=None):
         """The drain breaker's history (reports/summary.py drain_breaker): (the hosts torchfleet
-        drained in Slurm within the last quarantine_h, by its audit's drains done; the hosts
+        drained in Slurm within the last quarantine_h, by its audit's drains done or pending;
+        the hosts
         the ledger saw in that time, the group they are a share of). Empty without a ledger."""
         at = _clock(now)
         start = at - max(self.quarantine_s, 3600.0)  # (the quarantine breaker's window)

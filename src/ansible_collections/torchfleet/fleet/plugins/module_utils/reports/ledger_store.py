@@ -668,12 +668,29 @@ def add_actions(conn, run_id, phase, actions):
                            "why": a["why"], "done": bool(a["done"])} for a in actions])
 
 
+# The why of a drain decided and not yet answered by Slurm (ledger.Fleet.decide_drains): counted
+# as drained by every controller's breaker until settle_drains() records the answer (for ever,
+# within quarantine_h, when the run's end died meanwhile: it may have drained).
+PENDING = "pending"
+
+
 def drained_since(conn, start):
-    """The hosts torchfleet drained in Slurm (a drain action done) at `start` or later."""
-    q = sa.select(ACTIONS.c.host).where(ACTIONS.c.action == "drain",
-                                        ACTIONS.c.done.is_(True), ACTIONS.c.at >= start,
-                                        ACTIONS.c.host != "").distinct()
+    """The hosts torchfleet drained in Slurm (a drain action done, or pending) at `start` or
+    later."""
+    q = sa.select(ACTIONS.c.host).where(
+        ACTIONS.c.action == "drain", sa.or_(ACTIONS.c.done.is_(True), ACTIONS.c.why == PENDING),
+        ACTIONS.c.at >= start, ACTIONS.c.host != "").distinct()
     return {host for (host,) in conn.execute(q)}
+
+
+def settle_drains(conn, run_id, phase, rows):
+    """Slurm's answer to a run's pending drains: each row ({"host", "check", "why", "done"})
+    sets the done and why of the run's drain of that host and check."""
+    for r in rows:
+        conn.execute(ACTIONS.update().where(
+            ACTIONS.c.run_id == run_id, ACTIONS.c.phase == phase, ACTIONS.c.host == r["host"],
+            ACTIONS.c.action == "drain", ACTIONS.c.check_id == r["check"]).values(
+                why=r["why"], done=r["done"]))
 
 
 def actions_of(conn, host, start, limit):

@@ -17,7 +17,7 @@ import time
 
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import kmsg, nccl_log
-from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import fabric, goodput, isolate, ledger, memory, slurm_drain
+from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import fabric, goodput, isolate, ledger, ledger_store, memory, slurm_drain
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import flight, straggle
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.stacks import FAULTHANDLER_FRAME
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import ERROR, WARNING, check, failed
@@ -63,10 +63,12 @@ ARGUMENT_SPEC = dict(
         nics=dict(type="dict", default={}),
     )),
     # Whether to drain in Slurm (reports/slurm_drain.py: the audit's drains are done or not as
-    # Slurm answered), each host's Slurm node name ({host: node}) and the scontrol command.
+    # Slurm answered), each host's Slurm node name ({host: node}) and scontrol command (each
+    # host's in slurm_scontrols, {host: command}; slurm_scontrol where none).
     slurm_drain=dict(type="bool", default=defaults.default("slurm_drain")),
     slurm_nodes=dict(type="dict", default={}),
     slurm_scontrol=dict(type="str", default="scontrol"),
+    slurm_scontrols=dict(type="dict", default={}),
     # The fleet's ledger (reports/memory.py), and what preflight said of it already.
     ledger_said=dict(type="list", elements="str", default=[]),
     **memory.SPEC
@@ -740,29 +742,43 @@ def decide(params):
     # Slurm drains (reports/slurm_drain.py): the hosts with a fatal hardware cause and those
     # quarantined now (with the ledger's reason), unless the circuit breaker (this run's drains
     # with those torchfleet did within quarantine_h, the ledger's audit) or actions=observe
-    # keeps them from being done.
-    drained = {d["host"] for d in hardware["drain"]}
+    # keeps them from being done. Hosts are compared and counted by the ledger's key
+    # (node3.cluster.example is node3) and drained by the inventory's own name.
+    key = ledger_store.canonical_host
+    own = {key(h["host"]): h["host"] for h in rows_out}
+    drained = {key(d["host"]) for d in hardware["drain"]}
     asked = hardware["drain"] + [
-        {"host": q["host"], "reason": "host.quarantined", "evidence": "%s (until %s)" % (
-            q["reason"], memory.iso(q["until"]))} for q in newly if q["host"] not in drained]
+        {"host": own.get(key(q["host"]), q["host"]), "reason": "host.quarantined",
+         "evidence": "%s (until %s)" % (q["reason"], memory.iso(q["until"]))}
+        for q in newly if key(q["host"]) not in drained]
     at = time.time()
-    held, seen = fleet.drains(at) if asked else (set(), set())
-    drain, tripped = drain_breaker(asked, [h["host"] for h in rows_out],
-                                   params["quarantine_max_fraction"], held, seen)
     observe = params["actions"] == "observe"
+    breaker = [[], ""]
+
+    def decide(held, seen):
+        breaker[:] = drain_breaker(asked, list(own.values()), params["quarantine_max_fraction"],
+                                   held, seen)
+        return breaker[0] if params["slurm_drain"] and not observe else []
+    # Decided under the ledger's decision lock, the drains pending in it until Slurm answers:
+    # another controller's breaker counts them meanwhile.
+    pending = fleet.decide_drains(params["run_id"], kind, decide, recording, at) if asked else []
+    drain, tripped = breaker
     if observe:
         drain = []
     # Slurm's answer, before the audit is written: a drain it refused is not done.
-    refused = slurm_drain.drain(drain, params["run_id"], params["slurm_nodes"],
-                                params["slurm_scontrol"] or "scontrol") \
-        if params["slurm_drain"] and drain else {}
+    refused = slurm_drain.drain(pending, params["run_id"], params["slurm_nodes"],
+                                params["slurm_scontrol"] or "scontrol",
+                                params["slurm_scontrols"]) if pending else {}
     # The audit (docs/running.md): what torchfleet did on its own, or would have (done false),
     # in train.json and in the ledger (torchfleet hosts HOST).
     before = [a for att in extra.get("attempts", []) for a in att["actions"]] \
         if params["attempts"] else checked_actions(record.get("actions"))
     drains = [action("drain", d["host"], d["reason"], at, "; ".join(
         w for w in (d["evidence"], refused.get(d["host"])) if w),
-        d in drain and not refused.get(d["host"])) for d in asked] if params["slurm_drain"] else []
+        d in pending and not refused.get(d["host"])) for d in asked] \
+        if params["slurm_drain"] else []
+    if pending and recording:
+        fleet.settle_drains(params["run_id"], kind, drains)
     audit = memory.audit(fleet, kind, params["run_id"], newly, at, before, drains, recording)
     fleet.close()
     report["actions"] = extra["actions"] = audit
@@ -838,8 +854,9 @@ def drain_breaker(drain, hosts, fraction, held=(), seen=()):
     are ten drains), past breaker_limit of the group (the run's `hosts` and those the ledger
     saw in that time, `seen`) are a shared cause's (a rack's power, a driver roll-out): none
     of this run's is done. Returns (the drains to do, the breaker's sentence or "")."""
-    named = sorted({d["host"] for d in drain})
-    group = set(hosts) | set(seen) | set(held)
+    key = ledger_store.canonical_host  # (held and seen are the ledger's keys)
+    named = sorted({key(d["host"]) for d in drain})
+    group = {key(h) for h in hosts} | set(seen) | set(held)
     if len(set(named) | set(held)) <= ledger.breaker_limit(len(group), fraction, whole=True):
         return drain, ""
     return [], ledger.breaker_words(named, len(group), fraction, "drained",
