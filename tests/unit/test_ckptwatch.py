@@ -635,3 +635,30 @@ def test_a_distributed_checkpoint_with_more_shards_than_a_read_takes_still_compl
     (shards / ".metadata").write_bytes(b"m")
     found = look(w, clock, 101.0)[0] + look(w, clock, 104.0)[0] + look(w, clock, 108.0)[0]
     assert [(c["path"], c["kind"], c["step"]) for c in found] == [("step_9", "dcp", 9)]
+
+
+def test_a_file_growing_while_the_restat_is_paced_is_counted_once_when_it_stops(tmp_path):
+    """Fleet review (issue 67, 3): with the re-stat of pending files paced away (its CPU cost:
+    ~1,000 shards), a file passed the hold on time alone, so a safetensors file growing for 60 s
+    was recorded at each scan (6 times). It counts only on a stat taken still_s after its last
+    change that still sees it unchanged: once, after it stopped."""
+    ticks = [0.0]
+
+    def cpu():  # each look's scan and re-stat cost 10 ms: paced ~10 s apart
+        ticks[0] += 0.01
+        return ticks[0]
+
+    w, clock = watch(tmp_path, cpu=cpu)
+    look(w, clock, 100.0)
+    path = tmp_path / "model.safetensors"
+    header = b'{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    found = []
+    for t in range(1, 90):
+        if t <= 60:  # written for 60 s
+            with open(path, "ab") as f:
+                f.write(b"x" * 1000)
+            os.utime(path, ns=(int((1e9 + t) * 1e9), int((1e9 + t) * 1e9)))
+        found += look(w, clock, 100.0 + t)[0]
+    assert [(c["path"], c["bytes"]) for c in found] == [
+        ("model.safetensors", path.stat().st_size)]

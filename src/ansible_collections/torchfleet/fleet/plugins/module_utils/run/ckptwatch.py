@@ -157,7 +157,7 @@ class Candidate:
     sub-directory."""
 
     __slots__ = ("name", "ino", "is_dir", "began", "ident", "still_m", "first_m", "renamed",
-                 "verdict", "warned", "head", "distcp", "next_m")
+                 "verdict", "warned", "head", "distcp", "next_m", "checked_m")
 
     def __init__(self, name, ino, is_dir, began, ident, now_m):
         self.name, self.ino, self.is_dir, self.began = name, ino, is_dir, began
@@ -168,6 +168,8 @@ class Candidate:
         self.head = None      # the ident whose first bytes said it may be a checkpoint
         self.distcp = None    # where a distributed checkpoint's shards are ("": in it)
         self.next_m = 0.0     # a directory's next scan (spaced by its cost, as the top's)
+        self.checked_m = now_m  # the last stat that saw its ident (a file's): it counts only
+        # once a stat still_s after its last change still sees it unchanged
 
 
 class CheckpointWatch:
@@ -343,9 +345,15 @@ class CheckpointWatch:
                 self.cands[name] = moved
                 continue
             self.cands[name] = Candidate(name, ident[0], ident[3], when, ident, now_m)
-        # Gone (deleted, or renamed away and seen under its new name above).
+        # Gone (deleted, or renamed away and seen under its new name above); the others were
+        # stat'ed now.
         for name in [n for n in self.cands if n not in seen]:
             del self.cands[name]
+        for name, c in self.cands.items():
+            if not c.is_dir:
+                if c.ident != seen[name]:
+                    c.ident, c.still_m = seen[name], now_m
+                c.checked_m = now_m
         if len(self.cands) > CANDIDATES_MAX:
             keep = sorted(self.cands, key=lambda n: self.cands[n].ident[2])[-CANDIDATES_MAX:]
             self.cands = {n: self.cands[n] for n in keep}
@@ -370,13 +378,17 @@ class CheckpointWatch:
 
     def _restat(self, now_m):
         """Between scans, the pending candidates alone (a stat each), no sooner than their own
-        cost / budget after the last (4096 shards being written cost as a scan does)."""
-        if now_m < self.next_restat_m:
-            return
+        cost / budget after the last (4096 shards being written cost as a scan does); those
+        whose hold has run out since their last stat are stat'ed at every look whatever the
+        pacing (a file counts only on a stat that still sees it unchanged, never on time
+        alone: a file still growing would count, and again at each scan)."""
+        paced = now_m < self.next_restat_m
         began = self.cpu()
         for name, c in list(self.cands.items()):
             if c.is_dir:
                 continue  # (_dir_done reads it)
+            if paced and not (now_m - c.still_m >= self.still_s > c.checked_m - c.still_m):
+                continue
             try:
                 s = self._stat(os.path.join(self.path, name))
             except OSError:
@@ -386,7 +398,9 @@ class CheckpointWatch:
             if ident != c.ident:
                 c.ident, c.still_m = ident, now_m
                 self.known[name] = ident
-        self.next_restat_m = now_m + max(0.0, self.cpu() - began) / self.budget
+            c.checked_m = now_m
+        if not paced:
+            self.next_restat_m = now_m + max(0.0, self.cpu() - began) / self.budget
 
     # -- completion ---------------------------------------------------------------------------
 
@@ -460,8 +474,8 @@ class CheckpointWatch:
             if file_verdict(path, 0, head_only=True) == "other":
                 return False
             c.head = c.ident
-        if not (c.renamed or self.final) and now_m - c.still_m < self.still_s:
-            return None
+        if not (c.renamed or self.final) and c.checked_m - c.still_m < self.still_s:
+            return None  # not yet seen unchanged by a stat still_s after its last change
         if c.verdict is not None and c.verdict[0] == c.ident:
             return None  # a zip cut short, unchanged: never counted
         ino, size, mtime_ns, _d = c.ident
