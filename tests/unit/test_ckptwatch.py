@@ -635,3 +635,93 @@ def test_a_distributed_checkpoint_with_more_shards_than_a_read_takes_still_compl
     (shards / ".metadata").write_bytes(b"m")
     found = look(w, clock, 101.0)[0] + look(w, clock, 104.0)[0] + look(w, clock, 108.0)[0]
     assert [(c["path"], c["kind"], c["step"]) for c in found] == [("step_9", "dcp", 9)]
+
+
+def test_a_file_growing_while_the_restat_is_paced_is_counted_once_when_it_stops(tmp_path):
+    """Fleet review (issue 67, 3): with the re-stat of pending files paced away (its CPU cost:
+    ~1,000 shards), a file passed the hold on time alone, so a safetensors file growing for 60 s
+    was recorded at each scan (6 times). It counts only on a stat taken still_s after its last
+    change that still sees it unchanged: once, after it stopped."""
+    ticks = [0.0]
+
+    def cpu():  # each look's scan and re-stat cost 10 ms: paced ~10 s apart
+        ticks[0] += 0.01
+        return ticks[0]
+
+    w, clock = watch(tmp_path, cpu=cpu)
+    look(w, clock, 100.0)
+    path = tmp_path / "model.safetensors"
+    header = b'{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    found = []
+    for t in range(1, 90):
+        if t <= 60:  # written for 60 s
+            with open(path, "ab") as f:
+                f.write(b"x" * 1000)
+            os.utime(path, ns=(int((1e9 + t) * 1e9), int((1e9 + t) * 1e9)))
+        found += look(w, clock, 100.0 + t)[0]
+    assert [(c["path"], c["bytes"]) for c in found] == [
+        ("model.safetensors", path.stat().st_size)]
+
+
+def test_a_lone_file_with_rank_in_its_name_is_a_whole_save(tmp_path):
+    """Fleet review (issue 67, 2): any name holding rank<N> below the world was held back until
+    the world's ranks had each written one: a LoRA's lora_rank16_step100.pt, or a save by rank 0
+    alone, ended up partial at the run's end. A file is a shard only once another rank's file
+    of its save is there."""
+    w, clock = watch(tmp_path, world=4096)
+    look(w, clock, 100.0)
+    save(tmp_path / "lora_rank16_step100.pt")
+    save(tmp_path / "ckpt_step100_rank0.pt")
+    look(w, clock, 101.0)
+    found, warnings = look(w, clock, 101.0 + defaults.CHECKPOINT_STILL_S)
+    assert sorted((c["path"], c["step"], c.get("partial")) for c in found) == [
+        ("ckpt_step100_rank0.pt", 100, None), ("lora_rank16_step100.pt", 100, None)]
+    assert warnings == [] and w.look(time.time(), final=True) == ([], [])
+
+
+def test_shards_of_some_ranks_only_are_a_save_and_their_count_is_learned(tmp_path):
+    """Fleet review (issue 67, 2): shards written by some ranks only (the master's 8 of a
+    world of 4096 on node-local disk; DeepSpeed's zero_pp_rank_N_mp_rank_00 from its
+    data-parallel ranks alone) never reached the world, so every save was partial and all the
+    training lost. A save is whole once every file of it there is complete and it has as many
+    as its name-pattern's last complete save; at the run's end one short of that is partial."""
+    w, clock = watch(tmp_path, world=4096)
+    look(w, clock, 100.0)
+    for r in range(8):
+        save(tmp_path / ("model_rank%d_step100.pt" % r))
+    for dp in range(4):
+        save(tmp_path / ("zero_pp_rank_%d_mp_rank_00_optim_states.pt" % dp))
+    look(w, clock, 101.0)
+    found, _ = look(w, clock, 101.0 + defaults.CHECKPOINT_STILL_S)
+    assert sorted((c["path"], c["files"], c.get("partial")) for c in found) == [
+        ("model_rank*_step100.pt", 8, None), ("zero_pp_rank_*_mp_rank_00_optim_states.pt", 4, None)]
+    for r in range(8):
+        save(tmp_path / ("model_rank%d_step200.pt" % r))
+    look(w, clock, 110.0)
+    found, _ = look(w, clock, 110.0 + defaults.CHECKPOINT_STILL_S)
+    assert [(c["path"], c["files"], c["step"]) for c in found] == [("model_rank*_step200.pt", 8, 200)]
+    for r in range(5):  # the host died mid-save: 5 of the 8 learned
+        save(tmp_path / ("model_rank%d_step300.pt" % r))
+    look(w, clock, 120.0)
+    assert look(w, clock, 120.0 + defaults.CHECKPOINT_STILL_S) == ([], [])
+    found, _ = w.look(time.time(), final=True)
+    assert [(c["path"], c["files"], c["of"], c["partial"]) for c in found] == [
+        ("model_rank*_step300.pt", 5, 8, True)]
+
+
+def test_a_first_save_with_a_shard_cut_short_is_partial_at_the_runs_end(tmp_path):
+    """With no complete save of its pattern known, a save whose file never completed (a zip a
+    dying rank left without its end record) is partial, never whole."""
+    w, clock = watch(tmp_path, world=16)
+    look(w, clock, 100.0)
+    for r in range(3):
+        save(tmp_path / ("model_rank%d_step100.pt" % r))
+    cut = tmp_path / "model_rank3_step100.pt"
+    save(cut)
+    cut.write_bytes(cut.read_bytes()[:-200])  # its end record gone
+    look(w, clock, 101.0)
+    assert look(w, clock, 101.0 + defaults.CHECKPOINT_STILL_S)[0] == []
+    found, _ = w.look(time.time(), final=True)
+    assert [(c["path"], c["files"], c["of"], c["partial"]) for c in found] == [
+        ("model_rank*_step100.pt", 3, 4, True)]

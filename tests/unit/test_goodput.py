@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import goodput as gp
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.goodput import (
@@ -576,3 +577,51 @@ def test_the_wall_is_the_commands_and_a_clean_ends_teardown_is_its_own_bucket():
     g = goodput(tl)
     assert g["wall_s"] == 100.0 and g["buckets"]["teardown"] == 2.1
     assert any("after every rank stopped" in u for u in g["unknown"])
+
+
+def test_the_mtbf_history_reads_an_older_train_jsons_hosts_and_forgets_old_runs(tmp_path):
+    """Fleet review (issue 67, 7): train.json files written before goodput kept `nnodes` were
+    read as 1-host runs (20 old 512-host runs with a failure each: MTBF at 512 hosts 4,275 s
+    instead of ~86,400 s), and history() read every run ever. Their hosts come from the
+    top-level world_size over nproc_per_node (else the hosts' rows); history() keeps the runs
+    of the last 90 days by the report's time."""
+    now = T0 + 10 * 86400
+    for i in range(20):
+        g = goodput(timeline(attempt(0, 0, 10, 20, 86400, 86400,
+                                     {"check": "run.hardware", "host": "n"}), checkpoint_dir=""))
+        del g["nnodes"]  # as goodput wrote it before it kept the run's size
+        report = {"ok": False, "world_size": 512 * 8, "settings": {"nproc_per_node": 8},
+                  "goodput": g}
+        if i % 2:  # no world_size: its hosts' rows
+            report = {"ok": False, "hosts": [{"host": "n%d" % h} for h in range(512)],
+                      "goodput": g}
+        run = write_run(tmp_path, "20260901-1000%02d-aaaa" % i, report)
+        os.utime(run / "train.json", (now - 86400, now - 86400))
+    view = runs_goodput(str(tmp_path))
+    assert [(s["nnodes"], s["runs"]) for s in view["sizes"]] == [(512, 20)]
+    assert view["sizes"][0]["mtbf_s"] == round(86400 * 512 * 20 / 20 / 512, 3)
+    assert gp.history(str(tmp_path), now=now) == {"host_s": 86400 * 512 * 20, "failures": 20}
+    # A run of a year ago is not today's fleet: out of the history (kept in `torchfleet goodput`).
+    old = write_run(tmp_path, "20250901-100000-old", {"ok": False, "world_size": 8, "goodput": dict(
+        g, nnodes=1, started=now - 365 * 86400)})
+    os.utime(old / "train.json", (now - 364 * 86400, now - 364 * 86400))
+    assert gp.history(str(tmp_path), now=now) == {"host_s": 86400 * 512 * 20, "failures": 20}
+    assert runs_goodput(str(tmp_path))["runs"] == 21
+
+
+def test_the_mtbf_history_reads_only_the_newest_runs(tmp_path, monkeypatch):
+    """Fleet review (issue 67, 10): history() parsed every train.json of the runs root at each
+    run's end; it reads the newest HISTORY_RUNS by mtime, each up to HISTORY_READ_MAX bytes."""
+    monkeypatch.setattr(gp, "HISTORY_RUNS", 3)
+    g = goodput(timeline(attempt(0, 0, 10, 20, 3600, 3600, {"check": "run.hardware", "host": "n"}),
+                         checkpoint_dir=""))
+    now = time.time()
+    for i in range(6):
+        run = write_run(tmp_path, "20260901-1000%02d-aaaa" % i, {"ok": False, "goodput": g})
+        os.utime(run / "train.json", (now - 1000 + i, now - 1000 + i))
+    read = []
+    real = gp.read_bounded
+    monkeypatch.setattr(gp, "read_bounded", lambda path, limit=gp.READ_MAX: (
+        read.append((os.path.basename(os.path.dirname(path)), limit)), real(path, limit))[1])
+    assert gp.history(str(tmp_path), now=now)["failures"] == 3
+    assert read == [("20260901-1000%02d-aaaa" % i, gp.HISTORY_READ_MAX) for i in (3, 4, 5)]

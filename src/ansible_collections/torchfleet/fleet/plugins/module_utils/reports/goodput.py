@@ -25,6 +25,13 @@ SAME_SAVE_S = defaults.CHECKPOINT_SAME_SAVE_S  # (the record groups its saves al
 UNKNOWN_MAX = 8             # sentences in "unknown"
 TIME_MAX = 1e10             # an epoch time past 2286 is garbage, not a time
 READ_MAX = 16 << 20         # a train.json larger than this is not read (the 256-host one: 0.3 MB)
+# A run's MTBF history (history(), read at each run's end): the runs of the last 90 days by
+# the report's time (a fleet's hardware of a year ago is not today's), the newest 500 of them
+# by their train.json's mtime, each read up to 8 MiB, so that a runs root of 50,000 runs does
+# not delay the report.
+HISTORY_S = 90 * 86400.0
+HISTORY_RUNS = 500
+HISTORY_READ_MAX = 8 << 20
 # The user's own stop costs work but says nothing of the mean time between failures; a run's
 # planned end (run.timeout, at job_timeout_s) and a controller that went away
 # (run.controller_lost) are the run's plan and its controller, not the fleet failing.
@@ -537,9 +544,9 @@ def read_bounded(path, limit=READ_MAX):
     return (data if isinstance(data, dict) else None), st.st_mtime
 
 
-def _stored(g):
-    """A run's stored goodput object, checked: (wall, buckets, failures) or None when it is not
-    one goodput() wrote."""
+def _stored(g, report=None):
+    """A run's stored goodput object, checked: (wall, buckets, failures, nnodes) or None when
+    it is not one goodput() wrote. report: its train.json (the hosts of an older one)."""
     wall = finite(g.get("wall_s"))
     buckets = g.get("buckets")
     if wall is None or not 0 <= wall < TIME_MAX or not isinstance(buckets, dict):
@@ -562,20 +569,43 @@ def _stored(g):
             check = f.get("check") if isinstance(f.get("check"), str) else ""
             failures.append({"check": check if CHECK_ID.match(check) else "unknown",
                              "cost_s": min(max(finite(f.get("cost_s")) or 0.0, 0.0), wall)})
-    nnodes = g.get("nnodes")
-    nnodes = nnodes if isinstance(nnodes, int) and not isinstance(nnodes, bool) and \
-        0 < nnodes < 1 << 20 else 1
-    return wall, clean, failures, nnodes
+    return wall, clean, failures, _nnodes(g, report)
 
 
-def history(runs_root, exclude=""):
+def _count(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) and \
+        0 < value < 1 << 20 else None
+
+
+def _nnodes(g, report):
+    """A run's hosts: its goodput's nnodes; for a train.json written before goodput kept it,
+    its world_size over its settings' nproc_per_node, else its hosts' rows; else 1."""
+    report = report if isinstance(report, dict) else {}
+    nnodes = _count(g.get("nnodes"))
+    if nnodes is None:
+        world = _count(report.get("world_size"))
+        settings = report.get("settings") if isinstance(report.get("settings"), dict) else {}
+        nproc = settings.get("nproc_per_node")
+        nproc = _count(int(nproc) if isinstance(nproc, str) and nproc.isdigit() else nproc)
+        if world is not None and nproc is not None and world >= nproc:
+            nnodes = world // nproc
+    if nnodes is None and isinstance(report.get("hosts"), list):
+        nnodes = _count(len(report["hosts"]))
+    return nnodes or 1
+
+
+def history(runs_root, exclude="", now=None):
     """The runs root's record of failures for a run's own MTBF (goodput()'s history): the
-    host-seconds of every run but `exclude` and the failures among them."""
-    view = runs_goodput(runs_root, exclude=exclude)
+    host-seconds of every run but `exclude` and the failures among them, of the runs started
+    in the last HISTORY_S before now (the report's time), the newest HISTORY_RUNS, each read up
+    to HISTORY_READ_MAX bytes."""
+    view = runs_goodput(runs_root, since_s=HISTORY_S, now=now, exclude=exclude,
+                        newest=HISTORY_RUNS, read_max=HISTORY_READ_MAX)
     return {"host_s": view["host_s"], "failures": view["counted_failures"]}
 
 
-def runs_goodput(runs_root, since_s=None, now=None, exclude=""):
+def runs_goodput(runs_root, since_s=None, now=None, exclude="", newest=None,
+                 read_max=READ_MAX):
     """Goodput over the runs under runs_root (the run directories `torchfleet status` lists)
     whose train.json has a "goodput" object, started since_s ago or later (the run's T0, else
     its train.json's time less its wall time): kept training / wall time summed, the buckets
@@ -586,7 +616,9 @@ def runs_goodput(runs_root, since_s=None, now=None, exclude=""):
     are not pooled as one size; "sizes" gives it and its advice at each run size seen
     ({"nnodes", "runs", "wall_s", "failures", "mtbf_s", "advice"}), and "mtbf_s" and "advice"
     are those of the size that ran longest. A train.json that cannot be read or is not
-    torchfleet's is skipped and counted; nothing raises. exclude: a run id left out."""
+    torchfleet's is skipped and counted; nothing raises. exclude: a run id left out; newest:
+    only that many runs, the newest by their train.json's mtime; read_max: a train.json's
+    bytes read at most (a larger one is skipped)."""
     now = time.time() if now is None else now
     cutoff = None if since_s is None else now - since_s
     out = {"runs_root": str(runs_root), "since_s": since_s, "runs": 0, "skipped": 0,
@@ -599,15 +631,24 @@ def runs_goodput(runs_root, since_s=None, now=None, exclude=""):
     except OSError:
         return out
     causes, saves, intervals, counted, sizes = {}, [], [], 0, {}
+    paths = []
     for name in entries:
         run_dir = os.path.join(runs_root, name)
         if name == exclude or not RUN_ID.match(name) or os.path.islink(run_dir) or \
                 not os.path.isdir(run_dir):
             continue
         path = os.path.join(run_dir, "train.json")
-        if not os.path.lexists(path):
+        try:
+            mtime = os.lstat(path).st_mtime
+        except OSError:
             continue
-        report, mtime = read_bounded(path)
+        if cutoff is not None and mtime < cutoff:
+            continue  # written before the cutoff: started before it too
+        paths.append((mtime, path))
+    if newest is not None:
+        paths = sorted(paths, reverse=True)[:newest]
+    for _m, path in sorted(paths, key=lambda p: p[1]):
+        report, mtime = read_bounded(path, read_max)
         if report is None:
             out["skipped"] += 1
             continue
@@ -615,7 +656,7 @@ def runs_goodput(runs_root, since_s=None, now=None, exclude=""):
             out["without_goodput"] += 1
             continue
         g = report["goodput"] if isinstance(report["goodput"], dict) else {}
-        stored = _stored(g)
+        stored = _stored(g, report)
         if stored is None:
             out["skipped"] += 1
             continue

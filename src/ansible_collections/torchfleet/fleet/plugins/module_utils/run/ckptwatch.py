@@ -28,9 +28,14 @@ sub-directories):
   same path, e.g. a latest/ overwritten by each save).
 
 Per-rank shard files (a name holding rank<r>, r one of the world's ranks, when the world is
-known) are one save, recorded once every rank's shard of it is complete, however far apart they
-were written; at the run's end a save some ranks never finished is recorded as partial (with
-"files" and "of": no checkpoint to resume from). On a filesystem whose clients cache attributes
+known, and another rank's file of the same save there: a lone lora_rank16_step100.pt or
+ckpt_step100_rank0.pt is a whole save) are one save, recorded once every file of it there is
+complete and it has as many as the last complete save of its name-pattern (its numbers as #)
+had, however far apart they were written: the ranks that write shards (data-parallel ones
+only, the master's own on node-local disk) are learned from the saves, not assumed to be the
+world. At the run's end a save with fewer files than that, or with a file that never
+completed (a zip cut short), is recorded as partial (with "files" and "of": no checkpoint to
+resume from). On a filesystem whose clients cache attributes
 (NFS, SMB: host/mounts.py reads the mount's options) a file counts once it held still longer
 than that cache, and a marker-less directory longer than its listing's.
 
@@ -87,6 +92,7 @@ MEGATRON_SUB = re.compile(r"mp_rank_\d+")
 # A per-rank shard of a save (model_rank3_step100.pt, optim-rank_03.pt): its rank, the rest of
 # its name the save's (every rank's shard of it alike, the rank as *).
 SHARD = re.compile(r"(?<![a-z0-9])rank[_-]?(\d{1,7})(?!\d)", re.IGNORECASE)
+DIGITS = re.compile(r"\d+")
 STEP = re.compile(r"(?:global_step|iteration|checkpoint|epoch|step|iter|ckpt)[_=-]?(\d{1,18})",
                   re.IGNORECASE)
 
@@ -106,19 +112,35 @@ def printable(name, limit=PATH_MAX):
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")[:limit]
 
 
-def shard_of(name, world):
-    """(the save's name with the rank as *, the rank) of a per-rank shard file of a world of
-    `world` ranks, else None (no world known, no rank in the name, a rank past the world)."""
+def shard_keys(name, world):
+    """Each way a file may be one rank's shard of a save of a world of `world` ranks: [(the
+    save's name with that rank as *, the rank)], one per rank<r> in its name with r below the
+    world (zero_pp_rank_3_mp_rank_00: the data-parallel rank, or the model-parallel one: its
+    save's other files tell which); [] when no world is known."""
     if not world:
-        return None
-    found = list(SHARD.finditer(name))
-    if not found:
-        return None
-    m = found[-1]
-    rank = int(m.group(1))
-    if rank >= world:
-        return None
-    return name[:m.start(1)] + "*" + name[m.end(1):], rank
+        return []
+    out = []
+    for m in SHARD.finditer(name):
+        rank = int(m.group(1))
+        if rank < world:
+            out.append((name[:m.start(1)] + "*" + name[m.end(1):], rank))
+    return out
+
+
+def pattern_of(key):
+    """A save's name-pattern: its name (the rank as *) with its numbers as # (the saves of one
+    layout, step after step)."""
+    return DIGITS.sub("#", key)
+
+
+def final_name(name):
+    """The name a temporary file will be renamed to, as near as its name says
+    (.model_rank3.pt.tmp: model_rank3.pt)."""
+    name = name.lstrip(".")
+    for suffix in TEMP_SUFFIXES:
+        if name.endswith(suffix):
+            return name[:-len(suffix)]
+    return name
 
 
 def is_temp(name):
@@ -157,7 +179,7 @@ class Candidate:
     sub-directory."""
 
     __slots__ = ("name", "ino", "is_dir", "began", "ident", "still_m", "first_m", "renamed",
-                 "verdict", "warned", "head", "distcp", "next_m")
+                 "verdict", "warned", "head", "distcp", "next_m", "checked_m")
 
     def __init__(self, name, ino, is_dir, began, ident, now_m):
         self.name, self.ino, self.is_dir, self.began = name, ino, is_dir, began
@@ -168,6 +190,8 @@ class Candidate:
         self.head = None      # the ident whose first bytes said it may be a checkpoint
         self.distcp = None    # where a distributed checkpoint's shards are ("": in it)
         self.next_m = 0.0     # a directory's next scan (spaced by its cost, as the top's)
+        self.checked_m = now_m  # the last stat that saw its ident (a file's): it counts only
+        # once a stat still_s after its last change still sees it unchanged
 
 
 class CheckpointWatch:
@@ -194,13 +218,17 @@ class CheckpointWatch:
         self.still_s = max(still_s, (acregmin if self.cto else acregmax) + still_s)
         self.dir_still_s = max(dir_still_s, acdirmax + self.still_s)
         self.open_stat = fstype in mounts.ATTRIBUTE_CACHED and self.cto
-        # Per-rank shard files (model_rank{r}_step100.pt) are one save, recorded once every
-        # rank of the world has its shard complete; at the run's end a save some ranks never
-        # finished is recorded as partial (no checkpoint to resume from). world: the run's
-        # ranks (nnodes x nproc_per_node), None: each file its own checkpoint.
+        # Per-rank shard files (model_rank{r}_step100.pt, r below the world, another rank's
+        # file of the save there) are one save, recorded once every file of it there is
+        # complete and it has as many as its name-pattern's last complete save; at the run's
+        # end one short of that is recorded as partial (no checkpoint to resume from). world:
+        # the run's ranks (nnodes x nproc_per_node), None: each file its own checkpoint.
         self.world = world if isinstance(world, int) and world > 0 else None
         self.shards = {}      # save's name (rank as *) -> {rank: (began, ended, bytes)}
         self.shards_m = {}    # -> when its first shard completed (monotonic)
+        self.name_keys = {}   # a file's name at the last scan -> its shard_keys' keys
+        self.siblings = {}    # a save's name (rank as *) -> its files at the last scan
+        self.expect = {}      # a name-pattern -> the files of its last complete save
         self.next_restat_m = 0.0
         # A directory recorded -> its commit marker then: recorded once, again only on a new
         # marker (a new save into the same path).
@@ -343,9 +371,15 @@ class CheckpointWatch:
                 self.cands[name] = moved
                 continue
             self.cands[name] = Candidate(name, ident[0], ident[3], when, ident, now_m)
-        # Gone (deleted, or renamed away and seen under its new name above).
+        # Gone (deleted, or renamed away and seen under its new name above); the others were
+        # stat'ed now.
         for name in [n for n in self.cands if n not in seen]:
             del self.cands[name]
+        for name, c in self.cands.items():
+            if not c.is_dir:
+                if c.ident != seen[name]:
+                    c.ident, c.still_m = seen[name], now_m
+                c.checked_m = now_m
         if len(self.cands) > CANDIDATES_MAX:
             keep = sorted(self.cands, key=lambda n: self.cands[n].ident[2])[-CANDIDATES_MAX:]
             self.cands = {n: self.cands[n] for n in keep}
@@ -354,8 +388,37 @@ class CheckpointWatch:
             self.floor_ns = max(self.floor_ns, seen[ordered[-NAMES_MAX - 1]][2])
             seen = {n: seen[n] for n in ordered[-NAMES_MAX:]}
         self.known = seen
+        if self.world:
+            self._index(seen)
         if len(self.recorded) > len(seen):
             self.recorded = {n: m for n, m in self.recorded.items() if n in seen}
+
+    def _index(self, seen):
+        """The saves' files by their name with a rank as * (a name's keys kept while it is
+        there: a regex once a name)."""
+        keys, siblings = {}, {}
+        for name, ident in seen.items():
+            if ident[3]:
+                continue
+            k = self.name_keys.get(name)
+            if k is None:
+                k = [key for key, _r in shard_keys(printable(final_name(name)), self.world)]
+            keys[name] = k
+            for key in k:
+                siblings[key] = siblings.get(key, 0) + 1
+        self.name_keys, self.siblings = keys, siblings
+
+    def _shard(self, name):
+        """(the save's name with the rank as *, the rank) of a file that is one rank's shard of
+        a save: one of its ranks' saves has another file there (of its rank<r>, the one its
+        save's files differ by); None for a file that is a whole save (rank 0's alone, a LoRA's
+        lora_rank16)."""
+        best = None
+        for key, rank in shard_keys(name, self.world):
+            n = max(self.siblings.get(key, 0), 2 if key in self.shards else 0)
+            if n >= 2 and (best is None or n > best[0]):
+                best = n, key, rank
+        return None if best is None else best[1:]
 
     def _stat(self, path):
         """A file's stat; on NFS with close-to-open through an open file, which asks the
@@ -370,13 +433,17 @@ class CheckpointWatch:
 
     def _restat(self, now_m):
         """Between scans, the pending candidates alone (a stat each), no sooner than their own
-        cost / budget after the last (4096 shards being written cost as a scan does)."""
-        if now_m < self.next_restat_m:
-            return
+        cost / budget after the last (4096 shards being written cost as a scan does); those
+        whose hold has run out since their last stat are stat'ed at every look whatever the
+        pacing (a file counts only on a stat that still sees it unchanged, never on time
+        alone: a file still growing would count, and again at each scan)."""
+        paced = now_m < self.next_restat_m
         began = self.cpu()
         for name, c in list(self.cands.items()):
             if c.is_dir:
                 continue  # (_dir_done reads it)
+            if paced and not (now_m - c.still_m >= self.still_s > c.checked_m - c.still_m):
+                continue
             try:
                 s = self._stat(os.path.join(self.path, name))
             except OSError:
@@ -386,7 +453,9 @@ class CheckpointWatch:
             if ident != c.ident:
                 c.ident, c.still_m = ident, now_m
                 self.known[name] = ident
-        self.next_restat_m = now_m + max(0.0, self.cpu() - began) / self.budget
+            c.checked_m = now_m
+        if not paced:
+            self.next_restat_m = now_m + max(0.0, self.cpu() - began) / self.budget
 
     # -- completion ---------------------------------------------------------------------------
 
@@ -407,7 +476,7 @@ class CheckpointWatch:
             if done is False:
                 continue
             kind, ended, size = done
-            shard = shard_of(printable(name), self.world) if kind == "file" else None
+            shard = self._shard(printable(name)) if kind == "file" and self.world else None
             if shard is not None:
                 self._shard_done(shard, min(c.began, ended), ended, size, now_m, found)
                 continue
@@ -417,39 +486,59 @@ class CheckpointWatch:
         self._shards_pending(now_m, found, warnings)
 
     def _shard_done(self, shard, began, ended, size, now_m, found):
-        """A per-rank shard complete: its save is recorded once every rank's is."""
+        """A per-rank shard complete: its save is recorded once all of it is
+        (_shards_pending)."""
         key, rank = shard
         group = self.shards.setdefault(key, {})
         self.shards_m.setdefault(key, now_m)
         group[rank] = (began, ended, size)
-        if len(group) >= self.world:
-            found.append(self._shard_entry(key, group))
-            del self.shards[key], self.shards_m[key]
-        elif len(self.shards) > SHARD_GROUPS_MAX:
+        if len(self.shards) > SHARD_GROUPS_MAX:
             oldest = min(self.shards_m, key=self.shards_m.get)
             del self.shards[oldest], self.shards_m[oldest]
 
-    def _shard_entry(self, key, group, partial=False):
+    def _shard_entry(self, key, group, partial=False, of=None):
         entry = {"path": key, "began": round(min(g[0] for g in group.values()), 3),
                  "ended": round(max(g[1] for g in group.values()), 3), "step": step_of(key),
                  "kind": "file", "bytes": sum(g[2] for g in group.values()),
                  "files": len(group)}
         if partial:
-            entry.update(partial=True, of=self.world)
+            entry.update(partial=True, of=of)
         return entry
 
     def _shards_pending(self, now_m, found, warnings):
-        """Saves some ranks' shards of which are missing: said once when it lasts; at the
-        run's end (no save is being written any more) recorded as partial."""
+        """The saves whose shards are being gathered: one is whole once no file of it is still
+        being written (a zip cut short never is) and it has as many files as the last complete
+        save of its name-pattern (none known: the files there, which the next save of the
+        pattern then needs: the ranks that write shards are learned, not assumed to be the
+        world's); said once when it lasts; at the run's end (no save is being written any more)
+        one short of that is recorded as partial."""
+        if not self.shards:
+            return
+        pending = {}  # a save's files not complete yet
+        for name, c in self.cands.items():
+            if not c.is_dir:
+                for key in self.name_keys.get(name, ()):
+                    if key in self.shards:
+                        pending[key] = pending.get(key, 0) + 1
         for key in list(self.shards):
-            group = self.shards[key]
-            if self.final:
-                found.append(self._shard_entry(key, group, partial=True))
+            group, pattern = self.shards[key], pattern_of(key)
+            want = self.expect.get(pattern, 0)
+            if not pending.get(key) and len(group) >= want:
+                found.append(self._shard_entry(key, group))
+                del self.shards[key], self.shards_m[key]
+                self.expect.pop(pattern, None)  # (the newest patterns kept)
+                self.expect[pattern] = len(group)
+                if len(self.expect) > SHARD_GROUPS_MAX:
+                    del self.expect[next(iter(self.expect))]
+            elif self.final:
+                found.append(self._shard_entry(key, group, partial=True, of=max(
+                    want, len(group) + pending.get(key, 0))))
                 del self.shards[key], self.shards_m[key]
             elif now_m - self.shards_m[key] > self.growing_warn_s:
-                self._warn(warnings, "shards:" + key, "%s in checkpoint_dir %s: %d of %d ranks' "
-                           "shards in %.0f s; the save counts once every rank's is there" % (
-                               printable(key, 100), self.said, len(group), self.world,
+                self._warn(warnings, "shards:" + key, "%s in checkpoint_dir %s: %d of %d "
+                           "shards in %.0f s; the save counts once all of them are there" % (
+                               printable(key, 100), self.said, len(group),
+                               max(want, len(group) + pending.get(key, 0)),
                                now_m - self.shards_m[key]))
 
     def _file_done(self, c, now_m, warnings):
@@ -460,8 +549,8 @@ class CheckpointWatch:
             if file_verdict(path, 0, head_only=True) == "other":
                 return False
             c.head = c.ident
-        if not (c.renamed or self.final) and now_m - c.still_m < self.still_s:
-            return None
+        if not (c.renamed or self.final) and c.checked_m - c.still_m < self.still_s:
+            return None  # not yet seen unchanged by a stat still_s after its last change
         if c.verdict is not None and c.verdict[0] == c.ident:
             return None  # a zip cut short, unchanged: never counted
         ino, size, mtime_ns, _d = c.ident
