@@ -382,10 +382,16 @@ class Store:
                 # SET LOCAL in each transaction (_pg_begin): session SETs would leak to
                 # another client through PgBouncer's transaction pooling.
                 wait = max(1, int(math.ceil(self.timeout_s)))
-                engine = sa.create_engine(url, pool_size=1, max_overflow=2, connect_args={
-                    "connect_timeout": wait, "keepalives": 1, "keepalives_idle": wait,
-                    "keepalives_interval": 1, "keepalives_count": 3,
-                    "tcp_user_timeout": max(int(self.timeout_s * 1000), 1)})
+                args = {"connect_timeout": wait, "keepalives": 1, "keepalives_idle": wait,
+                        "keepalives_interval": 1, "keepalives_count": 3,
+                        "tcp_user_timeout": max(int(self.timeout_s * 1000), 1)}
+                if sa.engine.make_url(url).get_driver_name() == "psycopg":
+                    # No server-side prepared statement (psycopg 3 prepares an executemany's,
+                    # _bulk's, as _pg3_0): through PgBouncer's transaction pooling it stays on
+                    # the server connection, and the next client given that connection fails
+                    # with 'prepared statement "_pg3_0" already exists'.
+                    args["prepare_threshold"] = None
+                engine = sa.create_engine(url, pool_size=1, max_overflow=2, connect_args=args)
                 sa.event.listen(engine, "begin", self._pg_begin)
             self._engine = engine
             self._migrate()
