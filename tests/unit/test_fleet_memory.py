@@ -459,3 +459,24 @@ def test_preflight_json_has_the_audit_of_the_hosts_it_left_out_as_train_json_has
     nobody = preflight_decide(preflight_params(tmp_path, name="r3", hosts=SIX[2:], spares=0))
     assert nobody["actions"] == [] and json.loads(
         (tmp_path / "runs" / "r3" / "preflight.json").read_text())["actions"] == []
+
+
+def test_a_controller_clock_ahead_still_sees_the_servers_quarantine(tmp_path, monkeypatch):
+    """Issue 67 review, finding 4: on PostgreSQL the server's clock judges a quarantine.
+    preflight passed the controller's clock to health(), so a controller 36 h ahead read a
+    24 h quarantine as over and used the host. (SQLite standing in for the server: its
+    server_now made the server's clock.)"""
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import (
+        ledger, ledger_store)
+
+    monkeypatch.delenv("TORCHFLEET_LEDGER_NOW", raising=False)
+    monkeypatch.setattr(ledger_store.Store, "server_now", lambda self, conn: NOW)
+    monkeypatch.setattr(ledger, "now", lambda: NOW + 36 * 3600.0)
+    fleet_of(tmp_path).quarantine("n1", 24, "lost 3 times")  # until the server's NOW + 24 h
+    result = preflight_decide(preflight_params(tmp_path))
+    assert [n["host"] for n in result["nodes"]] == ["n0", "n2", "n3", "n4"], result["table"]
+    assert result["choice"]["skipped"] == {"n1": ["host.quarantined"]}
+    held = [c for c in result["checks"] if c["id"] == "host.quarantined"]
+    assert [c["host"] for c in held] == ["n1"]
+    report = json.loads((tmp_path / "runs" / "r1" / "preflight.json").read_text())
+    assert report["fleet"]["n1"]["quarantined_until"] == ledger.iso(NOW + 24 * 3600.0)

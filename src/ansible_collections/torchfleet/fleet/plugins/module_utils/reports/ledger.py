@@ -468,6 +468,9 @@ class Fleet(ledger_store.Store):
         # actions=observe: incidents recorded and scored, no quarantine made; `would` holds
         # the last report's quarantines not made (by observe or the breaker).
         self.observe, self.would = bool(observe), []
+        # The time health() read the ledger at (on PostgreSQL the server's clock): what its
+        # quarantines are live at, for whoever judges them after (memory.quarantined).
+        self.read_at = None
         super().__init__(fleet_db, runs_root, timeout_s=timeout_s, create=create)
 
     def _apply(self, settings):
@@ -747,7 +750,9 @@ class Fleet(ledger_store.Store):
         return {h: (round(s, 4), line) for h, (s, line) in out.items()}
 
     def health(self, hosts, now=None):
-        """{host: {"score", "quarantined_until" (epoch s or None), "reason", "history"}}."""
+        """{host: {"score", "quarantined_until" (epoch s or None), "reason", "history"}},
+        as of `now`; None: the ledger's clock (on PostgreSQL the server's), kept in
+        read_at."""
         # Asked by the inventory's names, kept under their canonical_host keys.
         names = {h: _host(h) for h in (_text(h) for h in _list(hosts)) if h}
         keys = [k for k in dict.fromkeys(names.values()) if k]
@@ -759,7 +764,7 @@ class Fleet(ledger_store.Store):
 
         def read():
             with self._read() as conn:
-                now_ = self._at(conn, at, given)
+                now_ = self.read_at = self._at(conn, at, given)
                 states = host_states(conn, keys)
                 scores = self._score(conn, keys, now_, state_of=states)
             out = {}

@@ -235,8 +235,16 @@ def record_actions(fleet, kind, run_id, actions, now=None):
                               % (kind, type(e).__name__, e))
 
 
+def read_at(fleet, now):
+    """The time health() read the ledger at (on PostgreSQL the server's clock), else `now`:
+    the time its quarantines are judged at (quarantined())."""
+    at = getattr(fleet, "read_at", None)
+    return now if at is None else at
+
+
 def health(fleet, hosts, now=None):
-    """fleet.health(hosts), or none (a warning) when it fails unforeseen."""
+    """fleet.health(hosts), or none (a warning) when it fails unforeseen. now None: the
+    ledger's clock (Fleet.health; read_at() gives it)."""
     try:
         return fleet.health(list(hosts), now=now) or {}
     except Exception as e:  # pylint: disable=broad-except  # fail open, as record()
