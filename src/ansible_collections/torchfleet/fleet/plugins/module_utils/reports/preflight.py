@@ -681,6 +681,9 @@ def decide(params):
     # clock, every controller's one (a controller 36 h ahead would read a 24 h quarantine as
     # over, and use the host); `now` stays this controller's, its report's times.
     now_held = memory.read_at(fleet, now)
+    # What quarantine=strict gates on: a ledger that could not be read (before or in
+    # health()), not a write after it (ledger_checks).
+    unread = list(fleet.warnings)
     held = memory.quarantined(health, now_held)
     observe = params["actions"] == "observe"
 
@@ -744,7 +747,7 @@ def decide(params):
         for h, done in left_out.items() if h in held], write=recording)
     fleet.close()  # (a PostgreSQL ledger's connection, not held through the run)
     checks = checks + memory.ledger_checks(
-        fleet, strict=params["quarantine"] == "strict" and not observe)
+        fleet, strict=params["quarantine"] == "strict" and not observe, unread=unread)
     bad = failed(checks)
     sentence = verdict("preflight", checks)
     if fleet.breaker:  # what the circuit breaker kept the ledger from doing, in the verdict
