@@ -1204,3 +1204,19 @@ def test_incidents_older_than_ledger_keep_days_go_at_the_next_write(tmp_path):
     kept.record_run(train("new", "node2"), now=T0 + 900 * 86400)
     assert {h["host"]: h for h in kept.hosts(now=T0)}["node3"]["incidents"] != {}
     kept.close()
+
+
+def test_an_incident_dated_ahead_decays_from_the_first_write_after_the_clock_stepped_back(
+        tmp_path):
+    """Issue 67 review, finding 11: a controller's clock a week ahead dated node3's incident a
+    week into the future (clamped to the report's time, itself ahead); after NTP stepped the
+    clock back, _score counted its age as 0 until real time caught up: a week in full. The
+    next write dates it now, so it halves each half-life from then."""
+    f = ledger.Fleet("fleet.db", str(tmp_path), half_life_h=24, quarantine_score=1e9)
+    f.record_run(train("r1", "node3"), now=T0 + 7 * 86400)  # the clock a week ahead
+    f.record_run(train("r2"), now=T0)  # stepped back: a run with no incident
+    assert f.health(["node3"], now=T0)["node3"]["score"] == pytest.approx(1.0)
+    assert f.health(["node3"], now=T0 + 24 * H)["node3"]["score"] == pytest.approx(0.5)
+    assert f.health(["node3"], now=T0 + 48 * H)["node3"]["score"] == pytest.approx(0.25)
+    assert f.warnings == []
+    f.close()

@@ -566,6 +566,10 @@ class Fleet(ledger_store.Store):
                            for e in found.shared]
             if self.keep_s is not None:  # ledger_keep_days: what is older goes
                 prune(conn, at - self.keep_s)
+            # Incidents dated after now (written while this clock, or SQLite's controller's,
+            # was ahead, and it stepped back since) are dated now: else they would weigh in
+            # full, undecayed, until real time caught up (_score counts no negative age).
+            conn.execute(INCIDENTS.update().where(INCIDENTS.c.at > at).values(at=at))
             save_settings(conn, self.settings)
             if hosts:
                 _took_part(conn, run_id, phase, hosts, at)
