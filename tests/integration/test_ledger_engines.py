@@ -403,6 +403,9 @@ def test_torchfleet_hosts_refuses_a_database_that_holds_no_ledger(server, capsys
     assert cli.main(["hosts", "release", "node3", "--fleet-db", url]) == 2
     assert "holds no ledger: give --fleet-db the database the runs write" in \
         capsys.readouterr().err
+    # Its listing (a monitoring job's, before the first run): one line, success.
+    assert cli.main(["hosts", "--fleet-db", url]) == 0
+    assert capsys.readouterr().out == "no ledger at %s yet: nothing recorded\n" % url
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'ledger_%'"
                             ).fetchone()[0] == 0

@@ -460,9 +460,6 @@ class Fleet(ledger_store.Store):
         self._apply(self.settings)
         # What this controller's runs add under (memory.run_token: the run directory's).
         self.run_token = ""
-        # Sentences that do not turn the ledger off (a controller's clock far from the
-        # server's): fleet.ledger warnings all the same.
-        self.notes = []
         self.shared = []  # the last report's fleet events (failures most hosts shared)
         self.breaker = ""  # the last report's circuit breaker sentence, when it tripped
         # actions=observe: incidents recorded and scored, no quarantine made; `would` holds
