@@ -377,11 +377,17 @@ def hosts_command(args: argparse.Namespace) -> int:
         return ERROR
     root = str(api._runs_root(args.runs_root))
     if hosts_cli.missing(args.fleet_db, root):  # (a wrong directory: nothing made, nothing said done)
+        if args.action is None:  # the listing of a fleet with none yet: nothing to list
+            return hosts_cli.nothing_yet(hosts_cli.sqlite_path(
+                args.fleet_db or hosts_cli.defaults.FLEET_DB, root), args.json)
         print("%s: %s" % (where, hosts_cli.missing(args.fleet_db, root)), file=sys.stderr)
         return ERROR
     fleet = hosts_cli.open_fleet(args.fleet_db, root)
     try:
-        unknown = hosts_cli.unknown(fleet, args.host) if args.host else ""
+        # A host no run named yet may be quarantined (before its first run); not released.
+        unseen = args.action == "quarantine" and not fleet.known(args.host)
+        unknown = hosts_cli.unknown(fleet, args.host) \
+            if args.host and args.action != "quarantine" else ""
         if unknown:
             print("%s: %s" % (where, unknown), file=sys.stderr)
             return ERROR
@@ -396,7 +402,8 @@ def hosts_command(args: argparse.Namespace) -> int:
             done = fleet.quarantine(args.host, args.hours, args.reason or "quarantined by hand "
                                     "(torchfleet hosts quarantine)")
             until = fleet.health([args.host])[args.host]["quarantined_until"]
-            said = "%s quarantined until %s" % (args.host, hosts_cli.ledger.iso(until))
+            said = "%s quarantined until %s%s" % (args.host, hosts_cli.ledger.iso(until),
+                                                  " (not seen in any run yet)" if unseen else "")
         if args.action in ("release", "quarantine") and done:
             said += hosts_cli.textfile(fleet)
         elif args.action == "show":
@@ -414,6 +421,8 @@ def hosts_command(args: argparse.Namespace) -> int:
                 listed, fleet.where, since_s, fleet.events(since_s=since_s))
     finally:
         fleet.close()
+    if args.action is None and fleet.absent:  # a PostgreSQL database no run has written yet
+        return hosts_cli.nothing_yet(fleet.where, args.json)
     if fleet.warnings or not done:
         for line in fleet.warnings or ["the ledger was not changed"]:
             print("%s: %s" % (where, line), file=sys.stderr)

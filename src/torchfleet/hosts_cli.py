@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -17,8 +18,9 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate impo
 
 
 def sqlite_path(fleet_db: str, runs_root: str) -> str | None:
-    """The file of a SQLite ledger (None for a PostgreSQL URL)."""
-    return ledger_store._url(fleet_db, runs_root)[1]
+    """The file of a SQLite ledger (None for a PostgreSQL URL): the runs' own, fleet.db on a
+    network filesystem falling back to this controller's (ledger_store.sqlite_file)."""
+    return ledger_store.sqlite_file(fleet_db, runs_root)[0]
 
 
 def open_fleet(fleet_db: str | None, runs_root: str) -> Any:
@@ -38,6 +40,18 @@ def missing(fleet_db: str | None, runs_root: str) -> str:
     return "no fleet ledger at %s: give --runs-root (the directory that holds the runs and " \
         "fleet.db) or --fleet-db where it is; a ledger is written at every preflight's and " \
         "run's end" % path
+
+
+def nothing_yet(where: str, as_json: bool) -> int:
+    """`torchfleet hosts` of a fleet with no ledger yet (no preflight or run has ended): said
+    in one line, and success (a monitoring job's listing is not an error); --json: []."""
+    said = "no ledger at %s yet: nothing recorded" % where
+    if as_json:
+        print(said, file=sys.stderr)
+        print("[]")
+    else:
+        print(said)
+    return 0
 
 
 def unknown(fleet: Any, host: str) -> str:

@@ -338,16 +338,30 @@ def pgbouncer(server, tmp_path):
 
 def test_the_ledger_works_through_pgbouncer_in_transaction_mode(server, pgbouncer):
     """Issue 67 item 10: PgBouncer refuses the `options` startup parameter (the ledger was
-    off every time)."""
+    off every time). Several controllers' writes in a row (issue 67 review, finding 1):
+    psycopg 3 prepared _bulk's executemany as _pg3_0 on the server connection, which
+    PgBouncer hands the next client: the second and later writes failed with 'prepared
+    statement "_pg3_0" already exists' and turned the ledger off."""
     url = server.create_database("bouncer_%d" % os.getpid()).rsplit("/", 1)[1]
+    for i in range(4):  # a Fleet each, as each preflight and run end opens its own
+        fleet = ledger.Fleet(pgbouncer + url, "", timeout_s=5.0)
+        report = {"run_id": "r%d" % i, "kind": "train", "ok": False,
+                  "hosts": [{"host": h, "outcome": "lost" if h == "node03" else "stopped"}
+                            for h in HOSTS],
+                  "first_failure": {"host": "node03", "failure": "lost"},
+                  "checks": [{"id": "gpu.count", "host": "node05", "ok": False,
+                              "severity": "error"}]}
+        fleet.record_run(report, now=T0 + i)
+        fleet.record_actions("r%d" % i, "train", [{"action": "drain", "host": "node03",
+                                                   "check": "run.hardware", "why": "Xid 79",
+                                                   "done": True, "at": T0 + i}], now=T0 + i)
+        assert fleet.warnings == [], (i, fleet.warnings)
+        fleet.close()
     fleet = ledger.Fleet(pgbouncer + url, "", timeout_s=5.0)
-    report = {"run_id": "r1", "kind": "train", "ok": False,
-              "hosts": [{"host": h, "outcome": "lost" if h == "node03" else "stopped"}
-                        for h in HOSTS], "first_failure": {"host": "node03", "failure": "lost"}}
-    fleet.record_run(report, now=T0)
+    listed = {h["host"]: h for h in fleet.hosts(now=T0 + 4)}
+    assert listed["node03"]["incidents"] == {"culprit": 4, "lost": 4}
+    assert listed["node05"]["incidents"] == {"check": 4} and listed["node00"]["runs"] == 4
     assert fleet.warnings == []
-    assert {h["host"]: h["incidents"] for h in fleet.hosts(now=T0)}["node03"] == {
-        "culprit": 1, "lost": 1}
     fleet.close()
 
 
@@ -389,6 +403,9 @@ def test_torchfleet_hosts_refuses_a_database_that_holds_no_ledger(server, capsys
     assert cli.main(["hosts", "release", "node3", "--fleet-db", url]) == 2
     assert "holds no ledger: give --fleet-db the database the runs write" in \
         capsys.readouterr().err
+    # Its listing (a monitoring job's, before the first run): one line, success.
+    assert cli.main(["hosts", "--fleet-db", url]) == 0
+    assert capsys.readouterr().out == "no ledger at %s yet: nothing recorded\n" % url
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'ledger_%'"
                             ).fetchone()[0] == 0

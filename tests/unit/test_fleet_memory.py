@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import spares
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import check
 
@@ -459,3 +461,47 @@ def test_preflight_json_has_the_audit_of_the_hosts_it_left_out_as_train_json_has
     nobody = preflight_decide(preflight_params(tmp_path, name="r3", hosts=SIX[2:], spares=0))
     assert nobody["actions"] == [] and json.loads(
         (tmp_path / "runs" / "r3" / "preflight.json").read_text())["actions"] == []
+
+
+def test_a_controller_clock_ahead_still_sees_the_servers_quarantine(tmp_path, monkeypatch):
+    """Issue 67 review, finding 4: on PostgreSQL the server's clock judges a quarantine.
+    preflight passed the controller's clock to health(), so a controller 36 h ahead read a
+    24 h quarantine as over and used the host. (SQLite standing in for the server: its
+    server_now made the server's clock.)"""
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import (
+        ledger, ledger_store)
+
+    monkeypatch.delenv("TORCHFLEET_LEDGER_NOW", raising=False)
+    monkeypatch.setattr(ledger_store.Store, "server_now", lambda self, conn: NOW)
+    monkeypatch.setattr(ledger, "now", lambda: NOW + 36 * 3600.0)
+    fleet_of(tmp_path).quarantine("n1", 24, "lost 3 times")  # until the server's NOW + 24 h
+    result = preflight_decide(preflight_params(tmp_path))
+    assert [n["host"] for n in result["nodes"]] == ["n0", "n2", "n3", "n4"], result["table"]
+    assert result["choice"]["skipped"] == {"n1": ["host.quarantined"]}
+    held = [c for c in result["checks"] if c["id"] == "host.quarantined"]
+    assert [c["host"] for c in held] == ["n1"]
+    report = json.loads((tmp_path / "runs" / "r1" / "preflight.json").read_text())
+    assert report["fleet"]["n1"]["quarantined_until"] == ledger.iso(NOW + 24 * 3600.0)
+
+
+@pytest.mark.parametrize("what", ["textfile", "record"])
+def test_strict_refuses_only_a_ledger_it_could_not_read(tmp_path, monkeypatch, what):
+    """Issue 67 review, finding 6: quarantine=strict refused the run when the health read
+    was fine and a later write failed (an unwritable ledger_textfile folder, a record that
+    timed out): no quarantine was hidden by those. A warning, and the run goes on."""
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger
+
+    monkeypatch.setenv("TORCHFLEET_LEDGER_NOW", repr(NOW))
+    more = {"quarantine": "strict"}
+    if what == "textfile":
+        more["ledger_textfile"] = "no/such/folder/fleet.prom"
+    else:
+        def locked(self, *_args):
+            raise RuntimeError("database is locked")
+        monkeypatch.setattr(ledger.Fleet, "_write_record", locked)
+    result = preflight_decide(preflight_params(tmp_path, **more))
+    assert result["ok"], result["table"]
+    said = [c for c in result["checks"] if c["id"] == "fleet.ledger"]
+    assert len(said) == 1 and said[0]["severity"] == "warning", said
+    assert ("textfile" if what == "textfile" else "stayed locked") in said[0]["detail"]
+    assert "quarantine=strict refuses" not in said[0]["detail"]

@@ -352,8 +352,8 @@ def test_the_cli_lists_releases_and_quarantines(tmp_path, capsys, monkeypatch):
     from torchfleet import cli
 
     root = str(tmp_path)
-    assert cli.main(["hosts", "--runs-root", root]) == 2
-    assert "no fleet ledger at %s/fleet.db: give --runs-root" % root in capsys.readouterr().err
+    assert cli.main(["hosts", "--runs-root", root]) == 0
+    assert capsys.readouterr().out == "no ledger at %s/fleet.db yet: nothing recorded\n" % root
     assert not (tmp_path / "fleet.db").exists()  # listing creates nothing
     fleet = ledger.Fleet("fleet.db", root)
     for i in range(3):
@@ -962,7 +962,7 @@ def test_release_and_quarantine_refuse_a_missing_ledger_and_an_unknown_host(tmp_
     fleet = ledger.Fleet("fleet.db", root)
     fleet.record_run(train("r1", "node3"), now=T0)
     fleet.close()
-    for argv in (["release", "nod3"], ["quarantine", "nod3", "--hours", "2"], ["nod3"]):
+    for argv in (["release", "nod3"], ["nod3"]):
         assert cli.main(["hosts", *argv, "--runs-root", root]) == 2
         assert "no host nod3 in the fleet's ledger %s/fleet.db: check its name" % root in \
             capsys.readouterr().err
@@ -1184,3 +1184,120 @@ def test_incidents_older_than_ledger_keep_days_go_at_the_next_write(tmp_path):
     kept.record_run(train("new", "node2"), now=T0 + 900 * 86400)
     assert {h["host"]: h for h in kept.hosts(now=T0)}["node3"]["incidents"] != {}
     kept.close()
+
+
+def test_an_incident_dated_ahead_decays_from_the_first_write_after_the_clock_stepped_back(
+        tmp_path):
+    """Issue 67 review, finding 11: a controller's clock a week ahead dated node3's incident a
+    week into the future (clamped to the report's time, itself ahead); after NTP stepped the
+    clock back, _score counted its age as 0 until real time caught up: a week in full. The
+    next write dates it now, so it halves each half-life from then."""
+    f = ledger.Fleet("fleet.db", str(tmp_path), half_life_h=24, quarantine_score=1e9)
+    f.record_run(train("r1", "node3"), now=T0 + 7 * 86400)  # the clock a week ahead
+    f.record_run(train("r2"), now=T0)  # stepped back: a run with no incident
+    assert f.health(["node3"], now=T0)["node3"]["score"] == pytest.approx(1.0)
+    assert f.health(["node3"], now=T0 + 24 * H)["node3"]["score"] == pytest.approx(0.5)
+    assert f.health(["node3"], now=T0 + 48 * H)["node3"]["score"] == pytest.approx(0.25)
+    assert f.warnings == []
+    f.close()
+
+
+def test_listing_a_fleet_with_no_ledger_yet_is_one_line_and_success(tmp_path, capsys):
+    """Issue 67 review, finding 12: `torchfleet hosts` exited 2 on a fleet no preflight or run
+    had written yet, breaking the monitoring jobs that list it; release and quarantine still
+    refuse a missing ledger, and make none."""
+    from torchfleet import cli
+
+    root = str(tmp_path)
+    assert cli.main(["hosts", "--runs-root", root]) == 0
+    assert capsys.readouterr().out == "no ledger at %s/fleet.db yet: nothing recorded\n" % root
+    assert cli.main(["hosts", "--runs-root", root, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    for argv in (["release", "node3"], ["quarantine", "node3", "--hours", "2"]):
+        assert cli.main(["hosts", *argv, "--runs-root", root]) == 2
+        assert "no fleet ledger at" in capsys.readouterr().err
+    assert not (tmp_path / "fleet.db").exists()
+
+
+def test_a_host_no_run_has_seen_may_be_quarantined_and_is_said_so(tmp_path, capsys):
+    """Issue 67 review, finding 12: an operator quarantines a host before its first run; the
+    command says it is new (a misspelt name shows), and release of an unknown host still
+    refuses."""
+    from torchfleet import cli
+
+    root = str(tmp_path)
+    fleet = ledger.Fleet("fleet.db", root)
+    fleet.record_run(train("r1", "node3"), now=T0)
+    fleet.close()
+    assert cli.main(["hosts", "quarantine", "node9", "--hours", "2", "--runs-root", root]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("node9 quarantined until ") and "(not seen in any run yet)" in out
+    assert cli.main(["hosts", "quarantine", "node3", "--hours", "2", "--runs-root", root]) == 0
+    assert "not seen" not in capsys.readouterr().out
+    fleet = ledger.Fleet("fleet.db", root)
+    assert fleet.health(["node9"])["node9"]["quarantined_until"] is not None
+    fleet.close()
+    assert cli.main(["hosts", "release", "node7", "--runs-root", root]) == 2
+    assert "no host node7 in the fleet's ledger" in capsys.readouterr().err
+
+
+def test_the_default_ledger_on_nfs_falls_back_to_the_controllers_own_and_says_so(
+        tmp_path, monkeypatch, capsys):
+    """Issue 67 review, finding 8: a runs root in an NFS home (common on login nodes) turned
+    the default ledger off: quarantine stopped quietly and quarantine=strict refused every run.
+    The default fleet.db falls back to ${XDG_STATE_HOME:-~/.local/state}/torchfleet/fleet.db
+    on a local disk, said once (both paths, and PostgreSQL for a shared ledger); torchfleet
+    hosts finds it there. A fallback on a network filesystem too: off, as before."""
+    from torchfleet import cli
+
+    home = tmp_path / "home"  # the NFS home, the runs root in it
+    runs, state = home / "runs", tmp_path / "var" / "state"
+    runs.mkdir(parents=True)
+    mounts = tmp_path / "mountinfo"
+    mounts.write_text("\n".join([ROOT_LINE, NETWORK_MOUNTS["nfs"].format(str(home))]) + "\n")
+    monkeypatch.setattr(ledger_store.mounts, "MOUNTINFO", str(mounts))
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    local = state / "torchfleet" / "fleet.db"
+    f = ledger.Fleet("fleet.db", str(runs), quarantine_score=1.5)
+    f.record_run(train("r1", "node3"), now=T0)
+    assert [q["host"] for q in f.record_run(train("r2", "node3"), now=T0 + 60)] == ["node3"]
+    assert f.health(["node3"], now=T0 + 120)["node3"]["quarantined_until"] is not None
+    assert f.warnings == [] and f.on and f.where == str(local)
+    assert len(f.notes) == 1, f.notes
+    assert "%s is on a network filesystem (nfs)" % (runs / "fleet.db") in f.notes[0]
+    assert "its own ledger at %s instead" % local in f.notes[0]
+    assert "postgresql://" in f.notes[0]
+    f.close()
+    assert local.exists() and not (runs / "fleet.db").exists()
+    assert cli.main(["hosts", "--runs-root", str(runs), "--json"]) == 0
+    assert [h["host"] for h in json.loads(capsys.readouterr().out)][0] == "node3"
+    # A fleet_db given by path is used or refused as given.
+    named = ledger.Fleet("torchfleet/fleet.db", str(runs))
+    assert named.record_run(train("r1", "node3"), now=T0) == [] and len(named.warnings) == 1
+    assert "is on a network filesystem (nfs)" in named.warnings[0]
+    # The fallback on NFS too: off, one warning naming both.
+    monkeypatch.setenv("XDG_STATE_HOME", str(home / ".local" / "state"))
+    off = ledger.Fleet("fleet.db", str(runs))
+    assert off.record_run(train("r1", "node3"), now=T0) == [] and not off.on
+    assert len(off.warnings) == 1 and str(runs / "fleet.db") in off.warnings[0]
+    assert str(home / ".local" / "state" / "torchfleet" / "fleet.db") in off.warnings[0]
+    assert "postgresql://" in off.warnings[0]
+
+
+def test_the_textfile_says_a_quarantine_over_at_the_first_write_after_it_ends(tmp_path):
+    """Issue 67 review, finding 13 (docs/ledger.md): torchfleet_host_quarantined is as of the
+    textfile's writing; any later write rewrites the whole file, and one after the end says 0,
+    while quarantined_until_seconds told alerts the end all along."""
+    path = tmp_path / "fleet.prom"
+    f = ledger.Fleet("fleet.db", str(tmp_path))
+    f.record_run(train("r1"), now=T0)
+    f.quarantine("node3", 1, "by hand", now=T0)
+    assert f.textfile(str(path), now=T0 + 1800)
+    got = parsed(path.read_text())
+    assert got['torchfleet_host_quarantined{host="node3"}'] == 1.0
+    assert got['torchfleet_host_quarantined_until_seconds{host="node3"}'] == T0 + H
+    assert f.textfile(str(path), now=T0 + 2 * H)
+    got = parsed(path.read_text())
+    assert got['torchfleet_host_quarantined{host="node3"}'] == 0.0
+    assert got['torchfleet_host_quarantined_until_seconds{host="node3"}'] == 0.0
+    f.close()

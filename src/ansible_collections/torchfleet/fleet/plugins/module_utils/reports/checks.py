@@ -128,8 +128,11 @@ REGISTRY = (
          "run's end: missing, locked past its timeout, unreachable, corrupt, of a newer "
          'schema, a SQLite file on a network filesystem, or SQLAlchemy is not installed; a '
          'warning, said once: the run goes on and its own report is written (an error of '
-         'preflight with `quarantine=strict`: no quarantine could be enforced); also a '
-         "controller's clock far from the PostgreSQL server's",
+         'preflight with `quarantine=strict` when the hosts\' health could not be read: no '
+         'quarantine could be enforced; a write that failed after it stays a warning); also a '
+         "controller's clock far from the PostgreSQL server's, and the default `fleet.db` "
+         "on a network filesystem kept in the controller's own "
+         '`~/.local/state/torchfleet/fleet.db` instead',
          'the fix it names: move the corrupt file aside, a local path or PostgreSQL for a '
          'shared runs root, install SQLAlchemy, upgrade torchfleet, NTP on the controller, '
          "or `fleet_db=''` to run without it"),

@@ -440,14 +440,14 @@ class Fleet(ledger_store.Store):
         self._apply(self.settings)
         # What this controller's runs add under (memory.run_token: the run directory's).
         self.run_token = ""
-        # Sentences that do not turn the ledger off (a controller's clock far from the
-        # server's): fleet.ledger warnings all the same.
-        self.notes = []
         self.shared = []  # the last report's fleet events (failures most hosts shared)
         self.breaker = ""  # the last report's circuit breaker sentence, when it tripped
         # actions=observe: incidents recorded and scored, no quarantine made; `would` holds
         # the last report's quarantines not made (by observe or the breaker).
         self.observe, self.would = bool(observe), []
+        # The time health() read the ledger at (on PostgreSQL the server's clock): what its
+        # quarantines are live at, for whoever judges them after (memory.quarantined).
+        self.read_at = None
         super().__init__(fleet_db, runs_root, timeout_s=timeout_s, create=create)
 
     def _apply(self, settings):
@@ -543,6 +543,10 @@ class Fleet(ledger_store.Store):
                            for e in found.shared]
             if self.keep_s is not None:  # ledger_keep_days: what is older goes
                 prune(conn, at - self.keep_s)
+            # Incidents dated after now (written while this clock, or SQLite's controller's,
+            # was ahead, and it stepped back since) are dated now: else they would weigh in
+            # full, undecayed, until real time caught up (_score counts no negative age).
+            conn.execute(INCIDENTS.update().where(INCIDENTS.c.at > at).values(at=at))
             save_settings(conn, self.settings)
             if hosts:
                 _took_part(conn, run_id, phase, hosts, at)
@@ -772,7 +776,9 @@ class Fleet(ledger_store.Store):
         return {h: (round(s, 4), line) for h, (s, line) in out.items()}
 
     def health(self, hosts, now=None):
-        """{host: {"score", "quarantined_until" (epoch s or None), "reason", "history"}}."""
+        """{host: {"score", "quarantined_until" (epoch s or None), "reason", "history"}},
+        as of `now`; None: the ledger's clock (on PostgreSQL the server's), kept in
+        read_at."""
         # Asked by the inventory's names, kept under their canonical_host keys.
         names = {h: _host(h) for h in (_text(h) for h in _list(hosts)) if h}
         keys = [k for k in dict.fromkeys(names.values()) if k]
@@ -784,7 +790,7 @@ class Fleet(ledger_store.Store):
 
         def read():
             with self._read() as conn:
-                now_ = self._at(conn, at, given)
+                now_ = self.read_at = self._at(conn, at, given)
                 states = host_states(conn, keys)
                 scores = self._score(conn, keys, now_, state_of=states)
             out = {}

@@ -261,6 +261,31 @@ def network_fs(path, mountinfo=None):
     return kind if kind in NETWORK_FS or kind.split(".")[0] in NETWORK_FS else ""
 
 
+def local_ledger():
+    """The default ledger's per-controller place when the runs root is on a network
+    filesystem: ${XDG_STATE_HOME:-~/.local/state}/torchfleet/fleet.db."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state")
+    return os.path.join(os.path.abspath(base), "torchfleet", defaults.FLEET_DB)
+
+
+def sqlite_file(fleet_db, runs_root):
+    """(the SQLite file a ledger uses, the network filesystem of the one fleet_db names or "",
+    that one): the default fleet_db (fleet.db in the runs root) on a network filesystem (a
+    runs root in an NFS home, common on login nodes) falls back to local_ledger(), unless
+    that is on one too; a path given is used or refused as given. (None, "", None) for a
+    PostgreSQL URL."""
+    asked = _url(fleet_db, runs_root)[1]
+    if asked is None:
+        return None, "", None
+    shared = network_fs(os.path.dirname(asked))
+    if shared and fleet_db == defaults.FLEET_DB:
+        local = local_ledger()
+        if not network_fs(os.path.dirname(local)):
+            return local, shared, asked
+    return asked, shared, asked
+
+
 class Store:
     """A ledger's engine and schema. fleet_db: "" (off: every write does nothing), a SQLite
     path or a postgresql:// URL. Never raises; `warnings` holds the fleet.ledger sentences
@@ -273,6 +298,11 @@ class Store:
         self.timeout_s = max(float(finite(timeout_s) or defaults.LEDGER_TIMEOUT_S), 0.001)
         self.create = create
         self.warnings = []
+        # Sentences that do not turn the ledger off (a controller's clock far from the
+        # server's, the default ledger moved off a network filesystem): fleet.ledger warnings
+        # all the same.
+        self.notes = []
+        self.absent = False  # no ledger there yet (create=False: torchfleet hosts)
         self.readonly = False  # a SQLite file this user may read and not write
         self.where = _url(self.fleet_db, self.runs_root)[1] or describe(self.fleet_db) \
             if self.fleet_db else ""
@@ -303,6 +333,7 @@ class Store:
         text = describe(text)[:300]
         low = text.lower()
         if isinstance(exc, NoLedger):
+            self.absent = True
             self._fail("holds no ledger", "give --fleet-db the database the runs write "
                        "(their fleet_db); a ledger is written at every preflight's and run's "
                        "end")
@@ -343,14 +374,28 @@ class Store:
         try:
             url, path = _url(self.fleet_db, self.runs_root)
             if path is not None:
+                path, shared, asked = sqlite_file(self.fleet_db, self.runs_root)
+                if path != asked:  # the default on a network filesystem: this controller's
+                    url, self.where = "sqlite:///" + path, path
+                    said = (
+                        "the fleet's ledger %s is on a network filesystem (%s), where SQLite's "
+                        "locks do not hold across machines: this controller keeps its own "
+                        "ledger at %s instead (its runs' history only); set fleet_db to a "
+                        "postgresql:// URL for one ledger every controller shares "
+                        "(docs/ledger.md)" % (asked, shared, path))
+                    if said not in self.notes:  # (once: the engine is made again after close)
+                        self.notes.append(said)
                 if not self.create and not os.path.exists(path):
+                    self.absent = True
                     self._fail("does not exist", "it is written at every preflight's and "
                                "run's end; give --runs-root or --fleet-db where it is")
                     return None
-                shared = network_fs(os.path.dirname(path))
-                if shared:
+                if shared and path == asked:
                     self._fail("is on a network filesystem (%s): SQLite's locks do not hold "
-                               "across machines and two controllers would corrupt it" % shared,
+                               "across machines and two controllers would corrupt it%s" % (
+                                   shared, ", and so is this controller's own place for it, "
+                                   "%s" % local_ledger() if self.fleet_db == defaults.FLEET_DB
+                                   else ""),
                                "set fleet_db to a path on this controller's local disk (a "
                                "ledger per controller) or to a postgresql:// URL shared by "
                                "all of them (docs/ledger.md)")
@@ -382,10 +427,16 @@ class Store:
                 # SET LOCAL in each transaction (_pg_begin): session SETs would leak to
                 # another client through PgBouncer's transaction pooling.
                 wait = max(1, int(math.ceil(self.timeout_s)))
-                engine = sa.create_engine(url, pool_size=1, max_overflow=2, connect_args={
-                    "connect_timeout": wait, "keepalives": 1, "keepalives_idle": wait,
-                    "keepalives_interval": 1, "keepalives_count": 3,
-                    "tcp_user_timeout": max(int(self.timeout_s * 1000), 1)})
+                args = {"connect_timeout": wait, "keepalives": 1, "keepalives_idle": wait,
+                        "keepalives_interval": 1, "keepalives_count": 3,
+                        "tcp_user_timeout": max(int(self.timeout_s * 1000), 1)}
+                if sa.engine.make_url(url).get_driver_name() == "psycopg":
+                    # No server-side prepared statement (psycopg 3 prepares an executemany's,
+                    # _bulk's, as _pg3_0): through PgBouncer's transaction pooling it stays on
+                    # the server connection, and the next client given that connection fails
+                    # with 'prepared statement "_pg3_0" already exists'.
+                    args["prepare_threshold"] = None
+                engine = sa.create_engine(url, pool_size=1, max_overflow=2, connect_args=args)
                 sa.event.listen(engine, "begin", self._pg_begin)
             self._engine = engine
             self._migrate()

@@ -141,20 +141,21 @@ def quarantine_checks(used, left_out, health, now, strict=False):
     return out
 
 
-def ledger_checks(fleet, said=(), strict=False):
+def ledger_checks(fleet, said=(), strict=False, unread=None):
     """fleet.ledger: the ledger's warnings, unless preflight `said` one already (a run is
     warned once); fleet.breaker: the quarantines the circuit breaker kept from being done.
-    `strict` (quarantine=strict): a ledger that could not be used is an error, since no
-    quarantine could be enforced without it."""
-    if strict and fleet.warnings:
-        return [check("fleet.ledger", CONTROLLER, False, w + "; quarantine=strict refuses to "
-                      "run without knowing which hosts are quarantined", "as it says; "
-                      "quarantine=warn runs without the ledger", ERROR)
-                for w in fleet.warnings] + breaker_checks(fleet.breaker)
-    return ([] if said else [
+    `strict` (quarantine=strict): a ledger that could not be read is an error, since no
+    quarantine could be enforced without it; `unread`: the warnings as health() left them
+    (None: all). What failed after the hosts' health was read (a record, the audit, the
+    textfile) cannot have hidden a quarantine: a warning, strict or not."""
+    gate = [w for w in fleet.warnings if strict and (unread is None or w in unread)]
+    errors = [check("fleet.ledger", CONTROLLER, False, w + "; quarantine=strict refuses to "
+                    "run without knowing which hosts are quarantined", "as it says; "
+                    "quarantine=warn runs without the ledger", ERROR) for w in gate]
+    return errors + ([] if said and not errors else [
         check("fleet.ledger", CONTROLLER, False, w, "as it says; fleet_db='' runs without the "
-              "ledger", WARNING) for w in fleet.warnings + fleet.notes]) + breaker_checks(
-        fleet.breaker)
+              "ledger", WARNING) for w in fleet.warnings + fleet.notes if w not in gate]) + \
+        breaker_checks(fleet.breaker)
 
 
 def breaker_checks(sentence):
@@ -235,8 +236,16 @@ def record_actions(fleet, kind, run_id, actions, now=None):
                               % (kind, type(e).__name__, e))
 
 
+def read_at(fleet, now):
+    """The time health() read the ledger at (on PostgreSQL the server's clock), else `now`:
+    the time its quarantines are judged at (quarantined())."""
+    at = getattr(fleet, "read_at", None)
+    return now if at is None else at
+
+
 def health(fleet, hosts, now=None):
-    """fleet.health(hosts), or none (a warning) when it fails unforeseen."""
+    """fleet.health(hosts), or none (a warning) when it fails unforeseen. now None: the
+    ledger's clock (Fleet.health; read_at() gives it)."""
     try:
         return fleet.health(list(hosts), now=now) or {}
     except Exception as e:  # pylint: disable=broad-except  # fail open, as record()

@@ -692,8 +692,15 @@ def decide(params):
     # (A second decision, after a port test against a new master, names every candidate's.)
     candidates = list(dict.fromkeys(list((params["choice"] or {}).get("candidates") or [])
                                     + hosts))
-    health = memory.health(fleet, candidates, now) if hosts else {}
-    held = memory.quarantined(health, now)
+    health = memory.health(fleet, candidates) if hosts else {}
+    # Quarantines are judged at the time the ledger was read at: on PostgreSQL the server's
+    # clock, every controller's one (a controller 36 h ahead would read a 24 h quarantine as
+    # over, and use the host); `now` stays this controller's, its report's times.
+    now_held = memory.read_at(fleet, now)
+    # What quarantine=strict gates on: a ledger that could not be read (before or in
+    # health()), not a write after it (ledger_checks).
+    unread = list(fleet.warnings)
+    held = memory.quarantined(health, now_held)
     observe = params["actions"] == "observe"
 
     def judge(chosen, master=None):
@@ -727,7 +734,7 @@ def decide(params):
         else:
             others = spares.skipped_records(hosts, checks, chosen, skipped, retest)
             others += memory.quarantine_checks([], [h for h in hosts if h in skipped], health,
-                                               now)
+                                               now_held)
             if retest:
                 # The chosen hosts' ports were tested against the broken master: the playbook
                 # tests them again with the new one and decides then, with these records.
@@ -738,7 +745,7 @@ def decide(params):
             checks, nodes, resolved = judge(chosen)
             checks = checks + others
     checks = checks + params["skipped"] + memory.quarantine_checks(
-        used, [], health, now, params["quarantine"] == "strict" and not observe)
+        used, [], health, now_held, params["quarantine"] == "strict" and not observe)
     choice = choice or params["choice"]
     newly = []
     recording = bool(params["run_dir"] and params["ledger_record"])
@@ -748,7 +755,7 @@ def decide(params):
             ok=not failed(checks), kind="preflight", run_id=params["run_id"],
             nnodes=params["nnodes"], hosts=nodes, checks=checks,
             **({"spares": choice} if choice else {})))  # (dated by the ledger's clock)
-        memory.textfile(fleet, params, params["run_dir"], now)
+        memory.textfile(fleet, params, params["run_dir"], now_held)
     # The audit (as train.json's, by the same function): the hosts left out for a quarantine
     # (not done: actions=observe kept them in), then the quarantines recording made or not.
     actions = memory.audit(fleet, "preflight", params["run_id"], newly, now, [
@@ -756,7 +763,7 @@ def decide(params):
         for h, done in left_out.items() if h in held], write=recording)
     fleet.close()  # (a PostgreSQL ledger's connection, not held through the run)
     checks = checks + memory.ledger_checks(
-        fleet, strict=params["quarantine"] == "strict" and not observe)
+        fleet, strict=params["quarantine"] == "strict" and not observe, unread=unread)
     bad = failed(checks)
     sentence = verdict("preflight", checks)
     if fleet.breaker:  # what the circuit breaker kept the ledger from doing, in the verdict
@@ -766,7 +773,7 @@ def decide(params):
         table += "\n\nnetwork=%s%s: %s" % (
             resolved["network"], " (auto)" if params["network"] == "auto" else "",
             resolved["network_why"])
-    said = memory.history_lines(health, candidates, now)
+    said = memory.history_lines(health, candidates, now_held)
     if said or newly:
         table += "\n\n" + "\n".join(t for t in (said, memory.newly_text(newly)) if t)
     if choice and not bad:
@@ -776,7 +783,7 @@ def decide(params):
                   actions=actions)
     if choice:
         result["choice"] = choice
-    fleet_entry = memory.report_entry(health, candidates, now)
+    fleet_entry = memory.report_entry(health, candidates, now_held)
     if newly:
         result["quarantined"] = newly
     if params["run_dir"]:
