@@ -378,8 +378,9 @@ def hosts_command(args: argparse.Namespace) -> int:
     root = str(api._runs_root(args.runs_root))
     if hosts_cli.missing(args.fleet_db, root):  # (a wrong directory: nothing made, nothing said done)
         if args.action is None:  # the listing of a fleet with none yet: nothing to list
-            return hosts_cli.nothing_yet(hosts_cli.sqlite_path(
-                args.fleet_db or hosts_cli.defaults.FLEET_DB, root), args.json)
+            db = args.fleet_db or hosts_cli.defaults.FLEET_DB
+            return hosts_cli.nothing_yet(hosts_cli.sqlite_path(db, root)
+                                         or hosts_cli.ledger_store.describe(db), args.json)
         print("%s: %s" % (where, hosts_cli.missing(args.fleet_db, root)), file=sys.stderr)
         return ERROR
     fleet = hosts_cli.open_fleet(args.fleet_db, root)
