@@ -17,12 +17,12 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 import time
 from collections import Counter
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import ledger_store
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import rundir
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.goodput import finite
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.ledger_store import (
     INCIDENTS, PENDING, TEXT_MAX, _bulk, _count, _set_host, _text, _took_part, actions_of, add_actions,
@@ -966,26 +966,8 @@ def prometheus(listed, at):
 
 
 def _write_atomic(path, text):
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".torchfleet-", suffix=".prom.tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())  # the rename never points at a file still in the page cache
-        os.chmod(tmp, 0o644)  # node-exporter runs as its own user
-        os.replace(tmp, path)
-        dirfd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dirfd)  # and the rename itself survives a crash
-        finally:
-            os.close(dirfd)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    # node-exporter runs as its own user: readable by all; synced, as a crash must not leave it half.
+    rundir.replace_text(path, text, mode=0o644, sync=True)
 
 
 def as_json(listed):

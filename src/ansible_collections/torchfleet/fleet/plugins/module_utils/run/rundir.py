@@ -86,12 +86,29 @@ def write_json(path, data, mode=0o600, indent=None):
     """Replace path with data: written beside it and renamed into place, so a reader (another
     process: the watch's look, status, a test) sees the old file or the new one, whole, and a
     writer beside this one changes nothing of it."""
+    replace_text(path, json.dumps(data, indent=indent), mode)
+
+
+def replace_text(path, text, mode=0o600, sync=False):
+    """write_json's replace-in-place of any text. sync: the file's bytes and then the rename
+    reach the disk before it returns (what a crash must not leave half: the ledger's textfile).
+    A failed write leaves nothing beside path."""
     tmp = _beside(path)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=indent)
+            os.fchmod(fd, mode)  # (the umask does not decide who may read it)
+            f.write(text)
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())  # the rename never points at a file still in the page cache
         os.replace(tmp, path)
+        if sync:
+            dirfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+            try:
+                os.fsync(dirfd)  # and the rename itself survives a crash
+            finally:
+                os.close(dirfd)
     except BaseException:
         try:
             os.unlink(tmp)
