@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import (checkpoint_watch, detach_cost, diagnosis, fail_fast, flood, fuzz, hardware_watch, ledger,
+from bench import (accuracy, checkpoint_watch, detach_cost, diagnosis, fail_fast, flood, fuzz, hardware_watch, ledger,
                    harness_overhead, health_cost, isolate, launch_overhead, launch_profile, output_lines, preflight_cost, recording_cost,
                    report_scale, restart_cost, restart_profile, scale, spare_prepare, spares_cost, start_skew, straggler,
                    straggler_rates, watch_cpu)
@@ -51,6 +51,7 @@ BENCHES = {
     "straggler_rates": straggler_rates.run,
     "scale": scale.run,
     "checkpoint_watch": checkpoint_watch.run,
+    "accuracy": accuracy.run,
 }
 # Named groups of measures, for --only: "lean" is every figure of the launch's cost (issue 58),
 # each beside its baseline in one sitting.
@@ -58,7 +59,8 @@ GROUPS = {"lean": ["preflight_cost", "launch_overhead", "launch_profile", "fail_
                    "spares_cost", "isolate"]}
 NEEDS_ROOT = {"launch_overhead", "launch_profile", "fail_fast", "watch_cpu", "diagnosis", "harness_overhead",
               "isolate", "flood", "start_skew", "output_lines", "spares_cost",
-              "restart_cost", "restart_profile", "health_cost", "detach_cost", "straggler"}
+              "restart_cost", "restart_profile", "health_cost", "detach_cost", "straggler",
+              "accuracy"}
 
 
 def main():
@@ -114,6 +116,14 @@ def main():
                         help="all_reduce sizes of recording_cost")
     parser.add_argument("--ckpt-window-s", type=float, default=60,
                         help="how long checkpoint_watch watches each directory")
+    parser.add_argument("--accuracy-trials", type=int, default=5,
+                        help="injected trials per fault class of the accuracy bench")
+    parser.add_argument("--accuracy-clean", type=int, default=20,
+                        help="clean runs (training, preflight, collective test in turn) of the "
+                             "accuracy bench, routine kernel lines injected")
+    parser.add_argument("--accuracy-classes", nargs="*", default=[],
+                        choices=list(accuracy.CLASSES), metavar="CLASS",
+                        help="only these fault classes of the accuracy bench (default: all)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     # 20 iterations time a 20-400 ms window, shorter than the noise of 2 busy CPUs.
     parser.add_argument("--busbw-iters", type=int, default=100,

@@ -85,8 +85,10 @@ def ping(inventory, timeout_s=600):
                  timeout_s=timeout_s)
 
 
-def lab(nodes):
-    return labmod.Lab.up(nodes, LAB_DIR, LAB_TAG)
+def lab(nodes, runs_root=None):
+    """The bench's lab of `nodes` hosts; runs_root: where its hosts keep their run directories
+    (remote_runs_root) when not ~/.torchfleet/runs, which every lab without one shares."""
+    return labmod.Lab.up(nodes, LAB_DIR, LAB_TAG, runs_root=runs_root)
 
 
 def lab_down():
@@ -135,6 +137,17 @@ def raw_launch(the_lab, port, script, script_args, tmp, timeout_s=RAW_BOUND_S, *
         # sshd session lingers it still descends from the kept sshd: end it by its script.
         kill_in_lab(the_lab, str(script))
     return time.monotonic() - start, rcs
+
+
+def wait_until(predicate, timeout_s, interval_s=0.5):
+    """The predicate's first true answer within timeout_s, else its last (false) one."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        got = predicate()
+        if got:
+            return got
+        time.sleep(interval_s)
+    return predicate()
 
 
 def kill_in_lab(the_lab, marker, wait_s=10.0):
@@ -457,6 +470,22 @@ def markdown(results):
         lines.append("| false positives (node.slow / link.slow) on the clean lab, %d hosts | %d "
                      "in %d runs | | | 0 |" % (iso["hosts"], iso["false_positives"],
                                                iso["clean_runs"]))
+    ac = results.get("accuracy")
+    if ac:
+        for name, r in ac["classes"].items():
+            d = r["detect_s"]
+            lines.append("| accuracy: %s on %s (%s), %d trials: detection median / max; right "
+                         "host, right cause (k of N) | %s | | host %d/%d, cause %d/%d | |" % (
+                             name, r["host"], r["check"], r["trials"],
+                             "%.2f / %.2f s" % (d["median"], d["max"]) if d else "none",
+                             r["right_host"], r["trials"], r["right_cause"], r["trials"]))
+        c = ac["clean"]
+        if c.get("runs"):
+            lines.append("| accuracy: clean runs with routine kernel lines (%d lines a host): "
+                         "named a failure / acted / quarantined / drained (warnings raised) | "
+                         "%d / %d / %d / %d of %d (%d) | | | 0 |" % (
+                             c["lines"], c["named_a_failure"], c["acted"], c["quarantined"],
+                             c["drained"], c["runs"], c["warned"]))
     carried = results.get("carried") or {}
     if carried:
         lines += ["", "Not re-run this time, carried from the earlier run: %s." % ", ".join(

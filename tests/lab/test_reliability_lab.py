@@ -26,6 +26,7 @@ from tests.lab.conftest import runs_root
 from tests.conftest import WORKLOADS, run_processes, until_stopped
 from tests.integration.playbook import BIN, ROOT, Run, playbook
 from bench.fuzz_control import Flood
+from bench.harness import wait_until  # (the other lab modules import it from here)
 from lab.ports import free_port
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import procs
 from torchfleet import ansible_cli
@@ -39,17 +40,6 @@ TORCH_STEPS = SCRIPTS / "steps_until_file.py"  # its ranks all-reduce each step
 
 
 processes_of = run_processes
-
-
-def wait_until(predicate, timeout_s, interval_s=0.5):
-    """The predicate's first true answer within timeout_s, else its last (false) one."""
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        got = predicate()
-        if got:
-            return got
-        time.sleep(interval_s)
-    return predicate()
 
 
 def start_long_train(lab, tmp_path, *extra, nnodes=2, inventory=None, runs=REMOTE_RUNS,
