@@ -153,7 +153,10 @@ class Fleet:
         self.t0 = time.time()
         secret, port = secrets.token_hex(16), free_port(self.addrs[0])
         args = self.root / "master.json"
-        args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": self.params(0, secret, port)}))
+        # (a None is left out, as the role omits an option: one given for an option with
+        # choices, container_runtime, is refused; the module fills it in as None)
+        args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {
+            k: v for k, v in self.params(0, secret, port).items() if v is not None}}))
         self.master = subprocess.Popen(
             [sys.executable, "-m", "lab.scale", "master", str(args), str(self.abort_times)],
             cwd=Path(__file__).parent.parent, stdin=subprocess.DEVNULL,
@@ -202,7 +205,7 @@ class Fleet:
                 raise RuntimeError("the master ended (rc %s) before %s: %s" % (
                     self.master.returncode, what, json.dumps(
                         (record or {}).get("failure") or
-                        (self.root / "master.out").read_text()[-1000:])[:1000]))
+                        (self.root / "master.out").read_text()[-6000:])[:6000]))
             time.sleep(poll_s)
         raise TimeoutError("%s within %.0f s; the master's record: %s" % (
             what, timeout_s, json.dumps(self.record())[-1500:]))
