@@ -135,6 +135,7 @@ options:
     description: The run's image. When set, the runtime, the image (pulled when missing) and its
       id are returned as C(container), and the Python probe runs in the image.
     type: str
+    default: ""
   container_runtime:
     description: The runtime for O(container_image); C(auto) takes the first of podman, docker,
       apptainer and enroot installed here.

@@ -129,6 +129,7 @@ options:
   container_image:
     description: As asked for; an image reference that cannot be one is C(input.container).
     type: raw
+    default: ""
   container_runtime:
     description: As asked for; anything but auto, podman, docker, apptainer or enroot is
       C(input.container).

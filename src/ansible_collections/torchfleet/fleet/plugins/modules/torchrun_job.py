@@ -223,6 +223,7 @@ options:
   container_image:
     description: Start torchrun inside this image (docs/containers.md); on the host when unset.
     type: str
+    default: ""
   container_runtime:
     description: What starts O(container_image) on this host (preflight resolved C(auto)).
     type: str

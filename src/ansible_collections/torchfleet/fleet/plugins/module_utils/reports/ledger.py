@@ -489,8 +489,8 @@ class Fleet(ledger_store.Store):
             self.notes.append(
                 "the fleet's ledger %s: this controller's clock is %.0f s %s of the database "
                 "server's; the ledger dates what it records by the server's clock: set up NTP "
-                "(chrony) on the controller" % (self.where, abs(at - server),
-                                               "ahead" if at > server else "behind"))
+                "(chrony) on the controller" % (
+                    self.where, abs(at - server), "ahead" if at > server else "behind"))
         return server
 
     # ---- writes ----

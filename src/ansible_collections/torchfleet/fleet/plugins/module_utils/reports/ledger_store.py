@@ -132,7 +132,7 @@ if HAS_SQLALCHEMY:
                                                                     HOSTS]),
                   2: lambda conn: METADATA.create_all(conn, tables=[EVENTS]),
                   3: lambda conn: METADATA.create_all(conn, tables=[ACTIONS]),
-                  4: lambda conn: _canonical_hosts(conn)}
+                  4: lambda conn: _canonical_hosts(conn)}  # pylint: disable=unnecessary-lambda
 else:  # the names still import (ledger.py, ansible-test's import check); Store says why not
     METADATA = META = RUNS = INCIDENTS = HOSTS = EVENTS = ACTIONS = None
     MIGRATIONS = {}
@@ -245,6 +245,8 @@ def _url(fleet_db, runs_root):
 # (kernel and FUSE), SMB/CIFS, GlusterFS, BeeGFS, OrangeFS, AFS, WekaFS.
 NETWORK_FS = ("nfs", "nfs4", "lustre", "gpfs", "ceph", "fuse.ceph-fuse", "cifs", "smb3",
               "smbfs", "fuse.glusterfs", "beegfs", "pvfs2", "afs", "wekafs", "fuse.sshfs")
+
+
 def fs_type(path, mountinfo=None):
     """The filesystem type of the mount that holds path (a folder not made yet: its parent's),
     as the kernel names it in mountinfo ("nfs4", "lustre", "ext4"), or "" when unknown.

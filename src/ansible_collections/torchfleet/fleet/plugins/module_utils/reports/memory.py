@@ -70,7 +70,7 @@ RUN_TOKEN = "ledger.key"
 
 def run_token(run_dir, create):
     path = os.path.join(run_dir, RUN_TOKEN)
-    for _ in range(2):
+    for _try in range(2):
         found = rundir.read_json(path, max_bytes=4096)
         if isinstance(found, dict) and isinstance(found.get("token"), str) \
                 and found["token"].isalnum():

@@ -539,8 +539,8 @@ def timeline(times, records, now):
         launch = _time(launched.get(str(n)))
         out.append({
             "attempt": n, "launch": launch if launch is not None else local(record.get("started")),
-            **{k: local(marks.get(k)) for k in ("running", "init_done", "failed", "stopped",
-                                                 "last_collective")},
+            **{k: local(marks.get(k)) for k in (
+                "running", "init_done", "failed", "stopped", "last_collective")},
             "failure": None if failure is None else {"check": check_of(failure),
                                                      "host": failure.get("host") or ""},
             "checkpoints": [dict(c, began=local(c.get("began")), ended=local(c.get("ended")))

@@ -141,7 +141,7 @@ def container_errors(params):
                              params.get("container_mounts"), params.get("container_options"))
     if why is None:
         return []
-    detail, _, fix = why.partition("; ")
+    detail, _sep, fix = why.partition("; ")
     return [_error("input.container", detail, fix or "fix it or leave container_image unset")]
 
 
