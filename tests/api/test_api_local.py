@@ -53,7 +53,8 @@ def test_preflight_ok_with_every_hosts_checks_as_events(runs_root, tmp_path, mon
     # Nothing of ansible-runner is left: no private data dir, no env files, no keys.
     assert during and during[0] == 1 and list(private_parent.iterdir()) == []
     names = {p.name for p in result.run_dir.rglob("*")}
-    assert names == {"preflight.json", "ansible.log"}
+    # (ledger.key: the run directory's token in the fleet's ledger, docs/ledger.md)
+    assert names == {"preflight.json", "ansible.log", "ledger.key"}
     assert "PRIVATE KEY" not in (result.run_dir / "ansible.log").read_text()
     # The playbooks' run directory contract: 0750, reports 0640, runs/latest moved to it.
     assert stat.S_IMODE(result.run_dir.stat().st_mode) == 0o750

@@ -18,7 +18,7 @@ CHECK_KEYS = {"host", "id", "ok", "detail", "hint", "severity", "gpu"}  # prefli
 RESULT_KEYS = {"kind", "ok", "run_id", "run_dir", "checks", "hosts", "ranks", "busbw",
                "isolation", "first_failure", "preflight", "cancelled", "detached",
                "ansible_status", "ansible_rc", "failures", "verdict", "attempts", "drain",
-               "hardware", "hardware_dropped", "stragglers", "straggle", "goodput"}
+               "hardware", "hardware_dropped", "stragglers", "straggle", "goodput", "actions"}
 
 
 def torchfleet(*args, cwd):
