@@ -485,10 +485,16 @@ def clean_train(the_lab, tmp, i):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    return clean_report(run_dir / "train.json", out)
+
+
+def clean_report(path, out=""):
+    """A clean run's report, or one that fails it and says why (its play's output's end)."""
     try:
-        return json.loads((run_dir / "train.json").read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        return {"ok": False, "verdict": "no train.json (%s): %s" % (e, out[-800:])}
+        return {"ok": False, "verdict": "no %s (%s)%s" % (path.name, e,
+                                                          ": " + out[-800:] if out else "")}
 
 
 def clean_matmul(the_lab, tmp, i):
@@ -514,10 +520,7 @@ def clean_matmul(the_lab, tmp, i):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    try:
-        return json.loads((run_dir / "train.json").read_text())
-    except (OSError, ValueError) as e:
-        return {"ok": False, "verdict": "no train.json (%s): %s" % (e, out[-800:])}
+    return clean_report(run_dir / "train.json", out)
 
 
 def clean_preflight(the_lab, tmp, i):
@@ -526,10 +529,7 @@ def clean_preflight(the_lab, tmp, i):
     run_dir = tmp / "clean" / ("preflight%d" % i)
     playbook("preflight.yml", the_lab.inventory, "-e", "nnodes=2", "-e", "run_dir=%s" % run_dir,
              "-e", "kernel_log=%s/{{ inventory_hostname }}.log" % kdir)
-    try:
-        return json.loads((run_dir / "preflight.json").read_text())
-    except (OSError, ValueError) as e:
-        return {"ok": False, "verdict": "no preflight.json (%s)" % e}
+    return clean_report(run_dir / "preflight.json")
 
 
 def clean_collective(the_lab, tmp, i):
@@ -540,10 +540,7 @@ def clean_collective(the_lab, tmp, i):
              "nnodes=%d" % HOSTS, "-e", "collective_isolate=true", "-e", "collective_sizes=64K",
              "-e", "collective_iters=3", "-e",
              "kernel_log=%s/{{ inventory_hostname }}.log" % kdir)
-    try:
-        return json.loads((tmp / name / "collective.json").read_text())
-    except (OSError, ValueError) as e:
-        return {"ok": False, "verdict": "no collective.json (%s)" % e}
+    return clean_report(tmp / name / "collective.json")
 
 
 CLEAN = [("train.yml (2 x 1, steps_notorch.py)", clean_train),
