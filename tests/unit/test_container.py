@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
+from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import image, pystack
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.preflight import container_checks
@@ -94,6 +97,8 @@ def test_the_runs_paths_are_mounted_at_the_same_paths_each_once():
     (NGC, "lxc", [], [], "container_runtime='lxc' is not one of"),
     ("a b", "auto", [], [], "is not an image reference"),
     ("--privileged", "podman", [], [], "is not an image reference"),
+    ("/i/pt.sif", "podman", [], [], "container_runtime=podman loads archives of `podman save`"),
+    ("/i/pt.sqsh", "docker", [], [], "set container_runtime=enroot"),
     (NGC, "enroot", [], [], "enroot import docker://"),
     (NGC, "podman", ["data"], [], "container_mounts entry 'data'"),
     (NGC, "podman", ["/a:/b:/c"], [], "container_mounts entry"),
@@ -160,12 +165,137 @@ def test_the_python_probe_runs_in_the_image_and_reads_its_last_line():
     answer = {"executable": "/usr/bin/python3", "torch_version": "2.4.0a0+07cecf4"}
     run = FakeRun({("podman", "run", "--rm"): ("=== NVIDIA banner ===\n" + json.dumps(answer),
                                                None)})
-    facts = {"runtime": "podman", "image": NGC, "error": None, "pull_error": None}
+    facts = {"runtime": "podman", "image": NGC, "local": NGC, "error": None, "pull_error": None}
     got = pystack.probe_python("python3", run, in_image=image.wrapper(facts, [("/v", "/v")]))
     assert got == answer
     argv = run.calls[0][0]
     assert argv[:7] == ["podman", "run", "--rm", "--network", "none", "--volume", "/v:/v:ro"]
     assert argv[7:9] == [NGC, "python3"]
+
+
+# An archive of `podman save` (podman 4.3's `podman load --quiet` output for it, for one saved
+# by id, podman 1-3's form and docker's for an image saved by id).
+ARCHIVE = "/images/pytorch-24.05.tar"
+LOADED = {"Loaded image: localhost/exp:one\n": "localhost/exp:one",
+          "Loaded image: sha256:a875028454963b5d8667dc93b59d82405878a64567287ee3be900fb34b7b509b\n":
+          "sha256:a875028454963b5d8667dc93b59d82405878a64567287ee3be900fb34b7b509b",
+          "Loaded image(s): localhost/a:1,localhost/b:2\n": "localhost/a:1",
+          "Loaded image ID: sha256:0123abcd\n": "sha256:0123abcd",
+          "Copying blob sha256:0c23\nWriting manifest\nLoaded image: nvcr.io/nvidia/pytorch:24.05-py3\n":
+          NGC,
+          "Loaded image: --privileged\n": None, "no image\n": None, "": None}
+
+
+@pytest.mark.parametrize("text, ref", LOADED.items())
+def test_the_load_output_names_the_first_image_it_loaded(text, ref):
+    assert container.loaded_ref(text) == ref
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=400), st.lists(st.tuples(
+    st.sampled_from(["", "(s)", " ID"]), st.text(max_size=60))).map(
+        lambda lines: "".join("Loaded image%s: %s\n" % line for line in lines))))
+def test_hostile_load_output_never_raises_and_never_gives_an_option(text):
+    ref = container.loaded_ref(text)
+    assert ref is None or (not ref.startswith("-") and not any(c.isspace() for c in ref))
+
+
+def fake_stat(size=1000, mtime_ns=1700000000000000000, mode=0o100644):
+    """os.stat where only ARCHIVE is (a regular file by default)."""
+    def stat(path):
+        if path != ARCHIVE:
+            raise FileNotFoundError(path)
+        return SimpleNamespace(st_mode=mode, st_size=size, st_mtime_ns=mtime_ns)
+    return stat
+
+
+def test_an_archive_is_known_by_a_tag_of_its_path_size_and_mtime():
+    stat = fake_stat()
+    local = container.local_image("podman", ARCHIVE, stat=stat)
+    assert local.startswith(container.ARCHIVE_REPO + ":") and len(local.split(":")[1]) == 20
+    assert container.local_image("docker", ARCHIVE, stat=stat) == local  # (the file's, the same)
+    assert container.local_image("podman", ARCHIVE, stat=fake_stat(size=1001)) != local
+    assert container.local_image("podman", ARCHIVE, stat=fake_stat(mtime_ns=1)) != local
+    assert container.local_image("podman", "/images/other.tar", stat=stat) is None  # (missing)
+    assert container.local_image("podman", ARCHIVE, stat=fake_stat(mode=0o040755)) is None
+    # A reference, or a file apptainer and enroot start themselves, is its own name.
+    for runtime, img in (("podman", NGC), ("docker", NGC), ("apptainer", "/i/pt.sif"),
+                         ("enroot", "/i/pt.sqsh")):
+        assert container.local_image(runtime, img, stat=stat) == img
+    assert container.load_argv("podman", ARCHIVE) == ["podman", "load", "--quiet", "--input",
+                                                      ARCHIVE]
+    assert container.tag_argv("docker", "sha256:0123", local) == ["docker", "tag", "sha256:0123",
+                                                                  local]
+
+
+def test_image_probe_loads_an_archive_tags_it_and_reads_the_loaded_image(tmp_path):
+    archive = tmp_path / "pt.tar"
+    archive.write_bytes(b"x" * 10)
+    local = container.local_image("podman", str(archive))
+    run = FakeRun({("podman", "image", "inspect"): (None, "image not known"),
+                   ("podman", "load"): ("Loaded image: localhost/exp:one\n", None)})
+    facts = image.probe(str(archive), "podman", run, which=lambda r: "/usr/bin/" + r,
+                        pull_timeout_s=7)
+    assert facts["pulled"] and facts["pull_error"] is None and facts["local"] == local
+    argvs = [argv for argv, _t in run.calls]
+    assert (["podman", "load", "--quiet", "--input", str(archive)], 7) in run.calls
+    assert ["podman", "tag", "localhost/exp:one", local] in argvs
+    assert not [a for a in argvs if a[1] == "pull"]
+    # presence, the id (container.digest) and the env (container.driver) read the tag
+    assert [a[-1] for a in argvs if a[:3] == ["podman", "image", "inspect"]] == [local] * 3
+    [record] = [r for r in container_checks({"n0": {"container": facts}}, "n0")
+                if r["id"] == "container.pull"]
+    assert record["ok"] and record["detail"] == "%s loaded as %s" % (archive, local)
+    # the in-image probe too
+    ran = FakeRun({})
+    pystack.probe_python("python3", ran, in_image=image.wrapper(facts))
+    assert ran.calls[0][0][5:7] == [local, "python3"]
+    # present already (loaded by an earlier preflight): not loaded again
+    run = FakeRun({("podman", "image", "inspect"): ("sha256:aa\n", None)})
+    facts = image.probe(str(archive), "podman", run, which=lambda r: "/usr/bin/" + r)
+    assert not facts["pulled"] and not [a for a, _t in run.calls if a[1] in ("load", "tag")]
+
+
+def test_a_missing_archive_and_a_load_error_are_container_pull_with_the_host(tmp_path):
+    archive = tmp_path / "pt.tar"
+    run = FakeRun({})
+    facts = image.probe(str(archive), "podman", run, which=lambda r: "/usr/bin/" + r)
+    [record] = [r for r in container_checks({"n3": {"container": facts}}, "n3")
+                if r["id"] == "container.pull"]
+    assert not record["ok"] and record["detail"] == "%s: %s is not a file here" % (archive,
+                                                                                  archive)
+    assert "copy the archive to %s on n3" % archive in record["hint"]
+    assert image.wrapper(facts) is None
+    archive.write_bytes(b"x" * 10)
+    # podman 4.3's own error for a gzip'd archive (its load reads no compressed archive)
+    error = ("Error: payload does not match any of the supported image formats:\n * oci: ...\n"
+             " * docker-archive: loading tar component manifest.json: unexpected EOF\n" * 20)
+    run = FakeRun({("podman", "image", "inspect"): (None, "image not known"),
+                   ("podman", "load"): (None, error[-300:])})
+    facts = image.probe(str(archive), "podman", run, which=lambda r: "/usr/bin/" + r)
+    assert facts["pull_error"].startswith("not loaded here, and podman load failed: ")
+    assert "unexpected EOF" in facts["pull_error"] and len(facts["pull_error"]) < 400
+    run = FakeRun({("podman", "image", "inspect"): (None, "image not known"),
+                   ("podman", "load"): ("Storing signatures\n", None)})
+    facts = image.probe(str(archive), "podman", run, which=lambda r: "/usr/bin/" + r)
+    assert facts["pull_error"] == "podman load named no image it loaded: 'Storing signatures\\n'"
+
+
+def test_the_agent_starts_the_image_loaded_from_the_archive_or_says_it_is_missing(tmp_path):
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.run import agent
+    archive = tmp_path / "pt.tar"
+    archive.write_bytes(b"x" * 10)
+    p = {"container_runtime": "docker", "container_image": str(archive), "run_id": "r1",
+         "host": "node0", "attempt": 0, "run_dir": str(tmp_path / "run"), "chdir": "",
+         "data_paths": [], "container_mounts": [], "container_options": [],
+         "container_gpus": False, "network": "tcp", "checkpoint_dir": "", "flight_recorder": 0,
+         "env": {}}
+    box = agent.Box(p, "/srv/train/train.py")
+    argv, _env = box.wrap(["python3", "train.py"], {})
+    local = container.local_image("docker", str(archive))
+    assert argv[-3:] == [local, "python3", "train.py"] and str(archive) not in argv
+    archive.unlink()
+    assert agent.Box(p, "/srv/train/train.py").image is None  # (the agent reports it not started)
 
 
 def probe(digest=None, error=None, pull_error=None, pulled=False):
@@ -226,6 +356,12 @@ def test_docs_containers_md_shows_each_runtimes_line_as_built():
                  container.remove_argv(runtime, cname)]
         for argv in filter(None, lines):
             assert "    " + shlex.join(argv) + "\n" in page, (runtime, shlex.join(argv))
+    archive = "/images/pytorch-24.05.tar"
+    local = container.local_image("podman", archive, stat=lambda path: SimpleNamespace(
+        st_mode=0o100644, st_size=9876543210, st_mtime_ns=1733565600 * 10**9))
+    for argv in (container.present_argv("podman", local), container.load_argv("podman", archive),
+                 container.tag_argv("podman", NGC, local)):
+        assert "    " + shlex.join(argv) + "\n" in page, shlex.join(argv)
     srun = container.srun_argv(NGC, run_mounts, torchrun, 2, workdir="/srv/train")
     assert shlex.join(srun) in (ROOT / "docs" / "slurm.md").read_text()
 

@@ -211,7 +211,8 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
     # Containers (run/container.py, docs/containers.md).
     (("container_image", "str", ""), dict(description=(
         "Run torchrun inside this image on every host (a registry reference, or a local "
-        "archive: a .sif for apptainer, a .sqsh for enroot); the Python side's checks read "
+        "archive: an absolute path to a tar of podman save or docker save for podman and "
+        "docker, a .sif for apptainer, a .sqsh for enroot); the Python side's checks read "
         "the image. The host's own Python when unset."))),
     (("container_runtime", "str", "auto"), dict(
         choices=("auto", "podman", "docker", "apptainer", "enroot"), description=(

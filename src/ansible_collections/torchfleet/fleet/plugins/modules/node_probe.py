@@ -132,8 +132,9 @@ options:
     type: int
     default: 7200
   container_image:
-    description: The run's image. When set, the runtime, the image (pulled when missing) and its
-      id are returned as C(container), and the Python probe runs in the image.
+    description: The run's image. When set, the runtime, the image (pulled when missing, or
+      loaded from an archive for podman and docker) and its id are returned as C(container),
+      and the Python probe runs in the image.
     type: str
     default: ""
   container_runtime:
@@ -301,15 +302,17 @@ rdma:
                                    "link_layer": "InfiniBand", "gids": [], "error": null}]}]}
 container:
   description: With O(container_image) (else null) - the runtime used, its error (the
-    container.runtime check), the pull's error (container.pull), whether it was pulled, the
-    image's id (container.digest), the CUDA its env declares (cuda - CUDA_VERSION and whether
+    container.runtime check), the pull's error (container.pull), whether it was pulled (or
+    loaded from an archive), the name the runtime knows it by (local - an archive's is the
+    tag localhost/torchfleet-archive:HASH of its path, size and mtime), the image's id (container.digest), the CUDA its env declares (cuda - CUDA_VERSION and whether
     it carries the forward-compatibility libraries; container.driver), and on a host with
     NVIDIA GPUs why the runtime cannot give them to a container (gpu_error, null when it can;
     container.gpu).
   returned: always
   type: dict
   sample: {"image": "nvcr.io/nvidia/pytorch:24.05-py3", "runtime": "podman", "error": null,
-           "pull_error": null, "pulled": false, "digest": "sha256:3b48991e50fd",
+           "pull_error": null, "pulled": false, "local": "nvcr.io/nvidia/pytorch:24.05-py3",
+           "digest": "sha256:3b48991e50fd",
            "cuda": {"version": "12.4.1.003", "compat": true}}
 euid:
   description: The effective user id the probe ran as (binding a port below 1024 needs 0).

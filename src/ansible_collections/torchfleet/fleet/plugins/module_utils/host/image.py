@@ -16,11 +16,12 @@ RUNTIME_TIMEOUT_S = 20.0
 
 
 def probe(image, runtime, run, which=shutil.which, pull_timeout_s=PULL_TIMEOUT_S):
-    """{"runtime", "error" (container.runtime's), "pull_error" (container.pull's), "pulled",
-    "digest", "cuda" (the CUDA its env declares: container.driver)} for this host; `run` is
-    command.bounded's runner."""
+    """{"runtime", "error" (container.runtime's), "pull_error" (container.pull's), "pulled"
+    (pulled, or loaded from an archive), "local" (the name the runtime knows it by:
+    container.local_image), "digest", "cuda" (the CUDA its env declares: container.driver)}
+    for this host; `run` is command.bounded's runner."""
     out = {"image": image, "runtime": None, "error": None, "pull_error": None, "pulled": False,
-           "digest": None, "cuda": None}
+           "local": None, "digest": None, "cuda": None}
     chosen = container.resolve(runtime, lambda r: which(r) is not None)
     if chosen is None:
         out["error"] = "none of %s is installed here" % ", ".join(container.RUNTIMES)
@@ -33,22 +34,47 @@ def probe(image, runtime, run, which=shutil.which, pull_timeout_s=PULL_TIMEOUT_S
     if why is not None:
         out["error"] = "%s does not work for this user: %s" % (chosen, str(why)[:300])
         return out
-    present = container.present_argv(chosen, image)
-    if present is None:  # a file (.sif, .sqsh) or apptainer's docker:// (pulled at its exec)
+    local = out["local"] = container.local_image(chosen, image)
+    present = container.present_argv(chosen, local) if local else None
+    if present is None:  # a file (.sif, .sqsh, an archive) or apptainer's docker:// (its exec pulls)
         if "://" not in image and not os.path.isfile(image):
-            out["pull_error"] = "%s does not exist here" % image
+            out["pull_error"] = "%s is not a file here" % image
         return out
     if run(present, timeout_s=RUNTIME_TIMEOUT_S)[1] is not None:
-        _text, why = run(container.pull_argv(chosen, image), timeout_s=pull_timeout_s)
+        why = (load if container.archive(chosen, image) else pull)(
+            chosen, image, local, run, pull_timeout_s)
         if why is not None:
-            out["pull_error"] = "not here, and %s pull failed: %s" % (chosen, str(why)[:300])
+            out["pull_error"] = why
             return out
         out["pulled"] = True
-    text, why = run(container.digest_argv(chosen, image), timeout_s=RUNTIME_TIMEOUT_S)
+    text, why = run(container.digest_argv(chosen, local), timeout_s=RUNTIME_TIMEOUT_S)
     out["digest"] = text.strip() if why is None and text else None
-    text, why = run(container.env_argv(chosen, image), timeout_s=RUNTIME_TIMEOUT_S)
+    text, why = run(container.env_argv(chosen, local), timeout_s=RUNTIME_TIMEOUT_S)
     out["cuda"] = cuda_driver.image_cuda(text) if why is None else None
     return out
+
+
+def pull(runtime, image, _local, run, timeout_s):
+    """Pulls a reference; why not (the registry's error), or None."""
+    _text, why = run(container.pull_argv(runtime, image), timeout_s=timeout_s)
+    if why is not None:
+        return "not here, and %s pull failed: %s" % (runtime, str(why)[:300])
+    return None
+
+
+def load(runtime, path, local, run, timeout_s):
+    """Loads an archive and tags what it loaded `local` (container.local_image: what the agent
+    starts); why not (the runtime's own error), or None."""
+    text, why = run(container.load_argv(runtime, path), timeout_s=timeout_s)
+    if why is not None:
+        return "not loaded here, and %s load failed: %s" % (runtime, str(why)[:300])
+    ref = container.loaded_ref(text)
+    if ref is None:
+        return "%s load named no image it loaded: %r" % (runtime, (text or "")[:200])
+    _text, why = run(container.tag_argv(runtime, ref, local), timeout_s=RUNTIME_TIMEOUT_S)
+    if why is not None:
+        return "loaded as %s, but %s tag failed: %s" % (ref, runtime, str(why)[:300])
+    return None
 
 
 def wrapper(facts, mounts=(), options=()):
@@ -56,7 +82,7 @@ def wrapper(facts, mounts=(), options=()):
     (no working runtime or image, enroot: the probe then reads nothing of the image)."""
     if facts is None or facts["error"] or facts["pull_error"]:
         return None
-    runtime, image = facts["runtime"], facts["image"]
+    runtime, image = facts["runtime"], facts["local"]
     if container.in_image_argv(runtime, image, []) is None:
         return None
     return lambda argv: container.in_image_argv(runtime, image, argv, mounts, options)

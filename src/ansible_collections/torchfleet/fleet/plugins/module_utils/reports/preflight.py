@@ -12,6 +12,7 @@ from collections import Counter
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import cuda_driver, kmsg, perf, rdma
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import fabric, health_checks, ledger, memory, spares
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host.net import is_loopback as is_loopback_addr
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import container
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.plan import bad_nproc_per_node
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.runstate import action
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.records import (  # noqa: F401 (check: for importers)
@@ -158,14 +159,19 @@ def container_checks(probes, master, backend="gloo"):
                                  "%s can give the container the GPUs" % runtime,
                                  GPU_FIX.get(runtime, "install the NVIDIA Container Toolkit on "
                                              "%s" % host)))
+        loads = container.archive(facts.get("runtime"), facts["image"])  # (an archive's)
         if facts.get("pull_error"):
             records.append(check("container.pull", host, False,
                                  "%s: %s" % (facts["image"], facts["pull_error"]),
+                                 "copy the archive to %s on %s (`%s save -o FILE IMAGE` where "
+                                 "the image is), or fix the file" % (facts["image"], host, runtime)
+                                 if loads else
                                  "make the registry reachable and logged in on %s (%s login), or "
                                  "load the image there (%s load)" % (host, runtime, runtime)))
             continue
         records.append(check("container.pull", host, True, "%s %s" % (
-            facts["image"], "pulled" if facts.get("pulled") else "present")))
+            facts["image"], ("loaded as %s" % facts.get("local") if loads else "pulled")
+            if facts.get("pulled") else "present")))
         records.extend(driver_check(host, facts, probe.get("versions") or {}, backend))
         if facts.get("digest"):
             ids[host] = facts["digest"]

@@ -786,7 +786,9 @@ class Box:
     command line): its name, and the host PID of its first process (torchrun) once known."""
 
     def __init__(self, p, script):
-        self.runtime, self.image = p["container_runtime"], p["container_image"]
+        self.runtime = p["container_runtime"]
+        # (an archive's: the tag preflight loaded it under; None where it is not a file here)
+        self.image = container.local_image(self.runtime, p["container_image"])
         self.name = container.name(p["run_id"], p["host"], p["attempt"])
         paths = [p["run_dir"], p["chdir"] or "", os.path.dirname(script),
                  checkpoint_path(p)] + [os.path.expanduser(d) for d in p["data_paths"]]
@@ -1014,15 +1016,20 @@ def start(p, command):
         master_addr=p["master_addr"])  # its route: the run's NIC where socket_ifname is unset
     started = time.time()
     box = Box(p, script) if p.get("container_image") else None
-    if box is not None and container.create_argv(box.runtime, box.image, box.name):
+    detail = None
+    if box is not None and box.image is None:
+        detail = "the archive %s (container_image) is not a file on %s" % (
+            p["container_image"], p["host"])
+    elif box is not None and container.create_argv(box.runtime, box.image, box.name):
         _out, why = command(container.create_argv(box.runtime, box.image, box.name),
                             timeout_s=defaults.COMMAND_TIMEOUT_S * 15)
         if why is not None:
-            watch.close()
             detail = "%s cannot make the run's container from %s on %s: %s" % (
                 box.runtime, box.image, p["host"], why)
-            report_not_started(p, secret, detail)
-            raise ValueError(detail)
+    if detail is not None:
+        watch.close()
+        report_not_started(p, secret, detail)
+        raise ValueError(detail)
     proc, argv = start_torchrun(p, argv, box)
     write_json(os.path.join(run_dir, PIDFILE), dict({
         "pid": proc.pid, "run_id": p["run_id"], "host": p["host"], "argv": argv,

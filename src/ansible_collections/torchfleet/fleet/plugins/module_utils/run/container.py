@@ -1,9 +1,11 @@
 """The run's container (container_image): every command line a runtime gets, built here once.
 
-Pure functions of the run's settings: argv lists, never shell strings. The agent starts
-torchrun through run_argv() and removes the container with remove_argv(); preflight probes
-the image with present_argv(), pull_argv(), digest_argv() and in_image_argv(); docs/containers.md
-shows each line as built here (tests/unit/test_container.py holds them).
+Pure functions of the run's settings: argv lists, never shell strings (local_image() alone
+reads the host: a stat of an archive). The agent starts torchrun through run_argv() and removes
+the container with remove_argv(); preflight probes the image with present_argv(), pull_argv()
+or load_argv() and tag_argv(), digest_argv() and in_image_argv(); every one of them is given
+local_image()'s name, never container_image itself. docs/containers.md shows each line as
+built here (tests/unit/test_container.py holds them).
 
 What every runtime gets (what a multi-node run needs, as SkyPilot, pyxis and apptainer give it):
 the host's network and IPC (NCCL's shared memory, gloo's and torch's ports on the host's
@@ -19,8 +21,10 @@ agent's process tree stops them, and there is nothing more to remove for apptain
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import stat as statmod
 
 RUNTIMES = ("podman", "docker", "apptainer", "enroot")
 AUTO = "auto"
@@ -31,6 +35,16 @@ _NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]")
 GPU_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
 APPTAINER_ENV_PREFIX = "APPTAINERENV_"
 IB_DEVICE = "/dev/infiniband"
+# Where podman and docker keep an image loaded from an archive (container_image=/path/x.tar):
+# a tag of its own per archive file, so the agent and preflight find it without loading again.
+ARCHIVE_REPO = "localhost/torchfleet-archive"
+# What `podman load` / `docker load` print for each image they load (podman 4: "Loaded image:
+# NAME", one line a name; podman 1-3: "Loaded image(s): A,B"; docker: "Loaded image: NAME", or
+# "Loaded image ID: sha256:..." for an image saved by id).
+_LOADED = re.compile(r"^Loaded image(?:\(s\)| ID)?: *(.+)$")
+# A name or id the load printed, as it may stand in a tag command's argv (no option, no space).
+_REF_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,255}$")
+LOAD_OUTPUT_BYTES = 64 << 10
 
 
 def name(run_id, host, attempt=0):
@@ -76,7 +90,12 @@ def validate(image, runtime, container_mounts, options):
                 % (runtime, ", ".join(RUNTIMES), AUTO))
     if not isinstance(image, str) or image.startswith("-") or any(c.isspace() for c in image):
         return ("container_image=%r is not an image reference or archive path; set it like "
-                "nvcr.io/nvidia/pytorch:24.05-py3 or /path/image.sqsh" % (image,))
+                "nvcr.io/nvidia/pytorch:24.05-py3, /path/image.tar (podman save, docker save), "
+                "/path/image.sif or /path/image.sqsh" % (image,))
+    if runtime in ("podman", "docker") and image.endswith((".sif", ".sqsh")):
+        return ("container_runtime=%s loads archives of `podman save` or `docker save`, not %r; "
+                "set container_runtime=%s or give the image's reference"
+                % (runtime, image, "apptainer" if image.endswith(".sif") else "enroot"))
     if runtime == "enroot" and not image.endswith(".sqsh"):
         return ("container_runtime=enroot starts a squashfs file, not %r; run `enroot import "
                 "docker://%s` on the hosts and set container_image to the .sqsh it writes"
@@ -98,6 +117,44 @@ def resolve(runtime, present):
     if runtime != AUTO:
         return runtime
     return next((r for r in RUNTIMES if present(r)), None)
+
+
+def archive(runtime, image):
+    """Whether container_image is an archive that podman or docker loads (`podman save`,
+    `docker save`: docker-archive or oci-archive): an absolute path; a reference never is."""
+    return runtime in ("podman", "docker") and isinstance(image, str) and os.path.isabs(image)
+
+
+def local_image(runtime, image, stat=os.stat):
+    """The name the runtime knows container_image by: the reference itself, or for an archive
+    (archive()) ARCHIVE_REPO:<hash of its path, size and mtime>, the tag preflight gives the
+    image it loads; a changed archive has another name, so it is loaded again. None where the
+    archive is not a regular file here. Every command line is given this name (the agent's
+    run, preflight's presence, digest, env and in-image probe)."""
+    if not archive(runtime, image):
+        return image
+    try:
+        st = stat(image)
+    except (OSError, ValueError):
+        return None
+    if not statmod.S_ISREG(st.st_mode):
+        return None
+    key = "%s\0%d\0%d" % (os.path.normpath(image), st.st_size, st.st_mtime_ns)
+    return "%s:%s" % (ARCHIVE_REPO, hashlib.sha256(key.encode()).hexdigest()[:20])
+
+
+def loaded_ref(text):
+    """The first image `podman load` / `docker load` says it loaded (a name, or an id where
+    the archive was saved by id), as it may stand in tag_argv; None where it names none.
+    Reads at most LOAD_OUTPUT_BYTES of the output; never raises."""
+    if not isinstance(text, str):
+        return None
+    for line in text[:LOAD_OUTPUT_BYTES].splitlines():
+        found = _LOADED.match(line.strip())
+        if found:
+            ref = found.group(1).split(",")[0].strip()  # (podman 1-3: "A,B" on one line)
+            return ref if _REF_OK.match(ref) else None
+    return None
 
 
 def _sets_ulimit(options):
@@ -220,6 +277,21 @@ def pull_argv(runtime, image):
         return [runtime, "pull", "--quiet", image]
     if runtime == "apptainer" and "://" in image:
         return ["apptainer", "pull", "--disable-cache", image]
+    return None
+
+
+def load_argv(runtime, path):
+    """Loads an archive (archive()) into the runtime's storage; its output names the image
+    (loaded_ref())."""
+    if runtime in ("podman", "docker"):
+        return [runtime, "load", "--quiet", "--input", path]
+    return None
+
+
+def tag_argv(runtime, ref, local):
+    """Gives the image the load named its local_image() name."""
+    if runtime in ("podman", "docker"):
+        return [runtime, "tag", ref, local]
     return None
 
 
