@@ -12,6 +12,8 @@ tests; docs/containers.md). No registry is reachable from the machines the tests
   rlimits and no pids limit (the sandbox refuses the rlimits podman sets; the tests also pass
   --ulimit host), and storage of its own. A second storage ("other") holds a different image
   under the same name: a host that reads it has another image id (container.digest).
+- archive(): IMAGE as `podman save` writes it (a docker-archive), as a user ships an image
+  without a registry (container_image=/path/image.tar), kept under CACHE by the image's id.
 """
 from __future__ import annotations
 
@@ -138,6 +140,18 @@ def ensure_image(storage: str = "main", marker: str = "") -> str:
     podman("import", "--quiet", str(rootfs_tar(marker)), IMAGE, storage=storage)
     return podman("image", "inspect", "--format", "{{.Id}}", IMAGE,
                   storage=storage).stdout.strip()
+
+
+def archive(storage: str = "main") -> Path:
+    """IMAGE saved by `podman save` into a file under CACHE, once per image id."""
+    image_id = ensure_image(storage)
+    path = CACHE / ("archive-%s.tar" % image_id.split(":")[-1][:16])
+    if not path.exists():
+        partial = path.with_suffix(".partial")
+        partial.unlink(missing_ok=True)
+        podman("save", "--quiet", "--output", str(partial), IMAGE, storage=storage)
+        partial.rename(path)
+    return path
 
 
 def containers(prefix: str, storage: str = "main") -> list[str]:

@@ -21,7 +21,7 @@ from tests.lab.conftest import runs_root
 from tests.lab.test_reliability_lab import NOTORCH, processes_of, start_long_train, wait_until
 from lab import netns as labmod
 from lab import podman as labpodman
-from ansible_collections.torchfleet.fleet.plugins.module_utils.run import stacks
+from ansible_collections.torchfleet.fleet.plugins.module_utils.run import container, stacks
 
 # slow: docs/testing.md's tiers (bash tests/run --all, or --touching a source it covers)
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -114,16 +114,26 @@ def with_podman(lab, storages):
     reason = labpodman.unavailable()
     if reason:
         pytest.skip(reason)
-    for storage in set(storages.values()) - {"bare"}:  # (bare: a storage without the image)
+    # (bare: a storage without the image; fresh: one the test empties itself)
+    for storage in set(storages.values()) - {"bare", "fresh"}:
         labpodman.ensure_image(storage, marker="" if storage == "main" else storage)
     for host, storage in storages.items():
         lab.set_env(host, *("%s=%s" % kv for kv in labpodman.env(storage).items()),
                     cgroups=True)
 
 
-def test_training_inside_a_podman_image_on_two_hosts_leaves_no_container(healthy_lab, tmp_path):
-    with_podman(healthy_lab, {"node0": "main", "node1": "main"})
-    run = playbook("train.yml", tmp_path, "-e", "nnodes=2", "-e", "train_steps=20", *CONTAINER,
+def test_training_inside_a_podman_image_from_an_archive_on_two_hosts_leaves_no_container(
+        healthy_lab, tmp_path):
+    """The image given as an archive of `podman save` (container_image=/path/image.tar):
+    node0's storage holds the image already (the load only adds the archive's tag), node1's
+    is empty; preflight loads the archive on both, the ranks run in the loaded image."""
+    with_podman(healthy_lab, {"node0": "main", "node1": "fresh"})
+    archive = labpodman.archive()
+    local = container.local_image("podman", str(archive))
+    labpodman.podman("untag", local, check=False)  # (loaded by this run, not an earlier one)
+    labpodman.podman("rmi", "--all", "--force", storage="fresh")
+    run = playbook("train.yml", tmp_path, "-e", "nnodes=2", "-e", "train_steps=20",
+                   "-e", "container_image=%s" % archive, *CONTAINER[2:],
                    inventory=healthy_lab.inventory)
     assert run.rc == 0, run.out[-3000:]
     report = run.report("train.json")
@@ -133,18 +143,21 @@ def test_training_inside_a_podman_image_on_two_hosts_leaves_no_container(healthy
     image_id = labpodman.ensure_image()
     for host in ("node0", "node1"):
         assert checks[("container.runtime", host)]["ok"]
-        assert checks[("container.pull", host)]["detail"].endswith("present")
+        assert checks[("container.pull", host)]["detail"] == "%s loaded as %s" % (archive, local)
         assert checks[("container.digest", host)]["detail"] == "image id %s" % image_id[:19]
         assert checks[("python.torch", host)]["ok"]  # read in the image
+    # node1 had no image: the one it ran is the archive's, under the archive's tag
+    assert labpodman.podman("image", "inspect", "--format", "{{.Id}}", local,
+                            storage="fresh").stdout.strip() == image_id
     pidfile = json.loads(next(REMOTE_RUNS.glob("%s/node1/torchrun.pid" % report["run_id"]))
                          .read_text())
     name = "torchfleet-%s-node1" % report["run_id"]
     assert pidfile["container"] == {"runtime": "podman", "name": name}
     argv = pidfile["argv"]
     assert argv[:5] == ["podman", "run", "--rm", "--name", name]
-    assert argv[argv.index(labpodman.IMAGE) + 1:][:3] == [sys.executable, "-m",
-                                                          "torch.distributed.run"]
-    assert labpodman.containers("torchfleet-" + report["run_id"]) == []
+    assert argv[argv.index(local) + 1:][:3] == [sys.executable, "-m", "torch.distributed.run"]
+    for storage in ("main", "fresh"):
+        assert labpodman.containers("torchfleet-" + report["run_id"], storage) == []
 
 
 def test_a_rank_failing_in_its_container_stops_the_other_hosts_container(healthy_lab, tmp_path):
