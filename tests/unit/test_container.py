@@ -32,12 +32,23 @@ def test_podman_gets_the_hosts_network_ipc_memlock_cdi_gpus_ib_env_by_name_and_m
         "--workdir", "/code", "--security-opt", "label=disable", NGC] + TORCHRUN
 
 
-def test_docker_gets_gpus_all_and_a_shm_size_instead_of_the_hosts_ipc_when_asked():
-    argv = container.run_argv("docker", NGC, NAME, TORCHRUN, ["A"], [], gpus=True,
-                              shm_size="16g")
+@pytest.mark.parametrize("options", [["--shm-size", "16g"], ["--shm-size=16g"],
+                                     ["--ipc", "private", "--shm-size", "16g"]])
+def test_a_shm_size_or_ipc_of_yours_replaces_the_hosts_ipc(options):
+    # (podman and docker refuse --shm-size beside --ipc host: a cluster that forbids the
+    # host's IPC sizes the container's own /dev/shm instead)
+    argv = container.run_argv("docker", NGC, NAME, TORCHRUN, ["A"], [], options, gpus=True)
     assert argv == ["docker", "run", "--rm", "--name", NAME, "--network", "host",
-                    "--shm-size", "16g", "--ulimit", "memlock=-1", "--gpus", "all",
-                    "--env", "A", NGC] + TORCHRUN
+                    "--ulimit", "memlock=-1", "--gpus", "all", "--env", "A"] + options + [
+                        NGC] + TORCHRUN
+
+
+def test_auto_takes_the_runtime_a_file_image_needs_before_podman():
+    everything = set(container.RUNTIMES).__contains__
+    assert container.resolve("auto", everything, "/images/pytorch.sif") == "apptainer"
+    assert container.resolve("auto", everything, "/images/pytorch.sqsh") == "enroot"
+    assert container.resolve("auto", everything, "/images/pytorch.tar") == "podman"
+    assert container.resolve("auto", {"podman", "docker"}.__contains__, "/i/p.sif") is None
 
 
 def test_no_gpus_no_ib_and_a_ulimit_of_yours_replaces_memlock():
@@ -320,6 +331,35 @@ def test_container_runtime_and_pull_name_the_host_and_the_error():
         ("container.runtime", "n0", False), ("container.runtime", "n1", True),
         ("container.pull", "n1", False)]
     assert "401" in records[2]["detail"]
+
+
+def auto(runtime, installed):
+    facts = probe("sha256:" + "a" * 64)
+    facts["container"].update(runtime=runtime, installed=installed)
+    return facts
+
+
+def test_auto_that_took_another_runtime_on_one_host_is_container_runtime_with_the_common_one():
+    # n2 has podman too, so auto took podman there; docker is on every host: the fix says so.
+    records = container_checks({"n0": auto("docker", ["docker"]), "n1": auto("docker", ["docker"]),
+                                "n2": auto("podman", ["podman", "docker"])}, "n0")
+    [bad] = [r for r in records if not r["ok"]]
+    assert (bad["id"], bad["host"]) == ("container.runtime", "n2")
+    assert bad["detail"] == ("auto took podman here and docker on n0, n1: one run runs one "
+                             "runtime on every host")
+    assert bad["hint"] == "set -e container_runtime=docker (installed on every host)"
+
+
+def test_auto_with_no_runtime_on_every_host_names_the_few_against_the_most():
+    records = container_checks({"n0": auto("podman", ["podman"]), "n1": auto("docker", ["docker"]),
+                                "n2": auto("podman", ["podman"])}, "n1")
+    [bad] = [r for r in records if not r["ok"]]
+    assert (bad["id"], bad["host"]) == ("container.runtime", "n1")
+    assert bad["hint"] == "install podman on n1, or set -e container_runtime=..."
+    # An explicit runtime everywhere, or one host's broken runtime, is no disagreement.
+    assert all(r["ok"] for r in container_checks({"n0": auto("podman", ["podman"]),
+                                                  "n1": auto("podman", ["podman", "docker"])},
+                                                 "n0"))
 
 
 def test_stop_removes_only_a_container_named_as_torchfleets(monkeypatch):

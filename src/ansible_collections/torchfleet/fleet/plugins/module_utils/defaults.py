@@ -217,7 +217,8 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
     (("container_runtime", "str", "auto"), dict(
         choices=("auto", "podman", "docker", "apptainer", "enroot"), description=(
             "What starts container_image; C(auto) takes the first of podman, docker, "
-            "apptainer and enroot present on every host."))),
+            "apptainer and enroot installed that can start the image (a .sif apptainer's, a "
+            ".sqsh enroot's); every host must come to the same one (container.runtime)."))),
     (("container_mounts", "list", []), dict(elements="str", description=(
         "Paths mounted into the container besides code_dir, data_paths, checkpoint_dir, the "
         "script's directory and the run's directory (those always are, at the same paths): "

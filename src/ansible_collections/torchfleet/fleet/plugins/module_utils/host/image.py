@@ -16,15 +16,17 @@ RUNTIME_TIMEOUT_S = 20.0
 
 
 def probe(image, runtime, run, which=shutil.which, pull_timeout_s=PULL_TIMEOUT_S):
-    """{"runtime", "error" (container.runtime's), "pull_error" (container.pull's), "pulled"
+    """{"runtime", "installed" (the runtimes auto could take here), "error" (container.runtime's), "pull_error" (container.pull's), "pulled"
     (pulled, or loaded from an archive), "local" (the name the runtime knows it by:
     container.local_image), "digest", "cuda" (the CUDA its env declares: container.driver)}
     for this host; `run` is command.bounded's runner."""
     out = {"image": image, "runtime": None, "error": None, "pull_error": None, "pulled": False,
            "local": None, "digest": None, "cuda": None}
-    chosen = container.resolve(runtime, lambda r: which(r) is not None)
+    # (with auto, the runtimes installed here: preflight compares them across hosts)
+    out["installed"] = [r for r in container.candidates(image) if which(r) is not None]
+    chosen = container.resolve(runtime, lambda r: which(r) is not None, image)
     if chosen is None:
-        out["error"] = "none of %s is installed here" % ", ".join(container.RUNTIMES)
+        out["error"] = "none of %s is installed here" % ", ".join(container.candidates(image))
         return out
     out["runtime"] = chosen
     if which(chosen) is None:

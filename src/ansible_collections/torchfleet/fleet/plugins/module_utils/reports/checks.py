@@ -230,7 +230,8 @@ REGISTRY = (
     Unit(('container.runtime',), PREFLIGHT,
          'with `container_image`: the runtime is not on the host, its daemon does not answer '
          "(docker info), or the run's user may not use it (names the runtime's own error); "
-         '`auto` finding none of podman, docker, apptainer, enroot',
+         '`auto` finding none of podman, docker, apptainer, enroot, or taking another runtime '
+         'on this host than on the others (one run runs one runtime)',
          "install the runtime on that host, start its daemon, add the run's user to its group, "
          'or set `container_runtime`'),
     Unit(('container.pull',), PREFLIGHT,

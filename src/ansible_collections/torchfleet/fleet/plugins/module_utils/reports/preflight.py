@@ -139,11 +139,16 @@ def container_checks(probes, master, backend="gloo"):
     (host/image.py; absent without container_image). The digest compares hosts as code.sync
     does: the outliers against the id most hosts share (ties: the master's)."""
     records, ids = [], {}
+    odd_runtime = runtime_outliers({h: p["container"] for h, p in probes.items()
+                                    if p.get("container")}, master)
     for host, probe in probes.items():
         facts = probe.get("container")
         if not facts:
             continue
         runtime = facts.get("runtime") or "a runtime"
+        if host in odd_runtime:
+            records.append(check("container.runtime", host, False, *odd_runtime[host]))
+            continue
         if facts.get("error"):
             records.append(check("container.runtime", host, False,
                                  "%s: %s" % (runtime, facts["error"]),
@@ -189,6 +194,29 @@ def container_checks(probes, master, backend="gloo"):
         else:
             records.append(check("container.digest", host, True, "image id %s" % digest[:19]))
     return records
+
+
+def runtime_outliers(facts, master):
+    """{host: (detail, fix)} for the hosts whose runtime is not the run's: with auto each host
+    takes the first runtime installed there, and one run needs one runtime on every host (the
+    image's storage, its id, the stop paths are the runtime's). The run's is the first that
+    every working host has installed, else the one most hosts took (ties: the master's)."""
+    took = {h: f["runtime"] for h, f in facts.items() if f.get("runtime") and not f.get("error")}
+    if len(set(took.values())) < 2:
+        return {}
+    everywhere = [r for r in container.RUNTIMES
+                  if all(r in (facts[h].get("installed") or (took[h],)) for h in took)]
+    if everywhere:
+        target = everywhere[0]
+        fix = "set -e container_runtime=%s (installed on every host)" % target
+    else:
+        target, _odd = outliers(took, master if master in took else next(iter(took)))
+        fix = None
+    same = [h for h in took if took[h] == target]
+    return {h: ("auto took %s here and %s on %s: one run runs one runtime on every host"
+                % (r, target, fmt_hosts(same) if same else "no host"),
+                fix or "install %s on %s, or set -e container_runtime=..." % (target, h))
+            for h, r in took.items() if r != target}
 
 
 def driver_check(host, facts, versions, backend):

@@ -111,12 +111,27 @@ def validate(image, runtime, container_mounts, options):
     return None
 
 
-def resolve(runtime, present):
-    """The runtime to use: `runtime` itself, or with auto the first of RUNTIMES for which
-    present(name) is true; None when auto finds none."""
+# The runtimes that can start an image of this form at all: a .sif is apptainer's, a .sqsh
+# enroot's (auto must not hand either to podman because podman comes first).
+FILE_RUNTIMES = {".sif": ("apptainer",), ".sqsh": ("enroot",)}
+
+
+def candidates(image):
+    """The runtimes, in auto's order, that can start `image`."""
+    for suffix, runtimes in FILE_RUNTIMES.items():
+        if isinstance(image, str) and image.endswith(suffix):
+            return runtimes
+    return RUNTIMES
+
+
+def resolve(runtime, present, image=None):
+    """The runtime to use: `runtime` itself, or with auto the first of the runtimes that can
+    start `image` (candidates()) for which present(name) is true; None when auto finds none.
+    Each host resolves its own; preflight's container.runtime fails the hosts whose choice is
+    not the one every host can make (reports/preflight.py), so one runtime runs the run."""
     if runtime != AUTO:
         return runtime
-    return next((r for r in RUNTIMES if present(r)), None)
+    return next((r for r in candidates(image) if present(r)), None)
 
 
 def archive(runtime, image):
@@ -157,8 +172,9 @@ def loaded_ref(text):
     return None
 
 
-def _sets_ulimit(options):
-    return any(o == "--ulimit" or o.startswith("--ulimit=") for o in options)
+def _sets(options, flag):
+    """Whether container_options give `flag` (as `--flag value` or `--flag=value`)."""
+    return any(o == flag or o.startswith(flag + "=") for o in options)
 
 
 def run_env(runtime, env, gpus):
@@ -175,16 +191,18 @@ def run_env(runtime, env, gpus):
 
 
 def run_argv(runtime, image, cname, command, env_names, run_mounts, options=(), gpus=False,
-             ib=False, workdir=None, shm_size=None):
+             ib=False, workdir=None):
     """The runtime's command line that runs `command` (torchrun's argv) in the image.
 
-    shm_size: docker/podman get --shm-size instead of the host's IPC (a cluster that forbids
-    --ipc host)."""
+    A --shm-size or --ipc in container_options replaces the host's IPC (a cluster that forbids
+    --ipc host; podman and docker refuse --shm-size beside it), as a --ulimit of yours
+    replaces memlock=-1."""
     options = list(options)
     if runtime in ("podman", "docker"):
         argv = [runtime, "run", "--rm", "--name", cname, "--network", "host"]
-        argv += ["--shm-size", shm_size] if shm_size else ["--ipc", "host"]
-        if not _sets_ulimit(options):  # (yours win: a sandbox may refuse memlock=-1)
+        if not (_sets(options, "--shm-size") or _sets(options, "--ipc")):
+            argv += ["--ipc", "host"]
+        if not _sets(options, "--ulimit"):  # (yours win: a sandbox may refuse memlock=-1)
             argv += ["--ulimit", "memlock=-1"]
         if gpus:
             argv += ["--gpus", "all"] if runtime == "docker" else ["--device", "nvidia.com/gpu=all"]
