@@ -16,8 +16,9 @@ description:
     to the run's log, C(play.log) in the run's directory (its path is printed at the end); with
     C(-v) they are printed too. The recap lists the hosts that failed or were unreachable and
     counts the rest.
-  - While preflight's probes pull C(container_image), a line every C(container_pull_say_s)
-    (30 s) says how many hosts' probes returned (how many pulled) and which it still waits on.
+  - While preflight's probes pull C(container_image), a line every 30 s (C(CONTAINER_PULL_SAY_S)
+    in the collection's C(plugins/module_utils/defaults.py)) says how many hosts' probes
+    returned (how many pulled), which it still waits on and how many wait for a fork.
   - C(ANSIBLE_STDOUT_CALLBACK=default) gives Ansible's own output back.
 version_added: "0.1.0"
 author: torchfleet developers (@torchfleet)
@@ -65,7 +66,8 @@ class PullProgress:
         self.image = _cut(announced.get("image") or "", PULL_IMAGE_CHARS)
         self.total = int(announced.get("hosts") or 0)
         self.timeout_s = float(announced.get("timeout_s") or defaults.CONTAINER_PULL_TIMEOUT_S)
-        self.every_s = float(announced.get("every_s") or defaults.CONTAINER_PULL_SAY_S)
+        # (never a busy loop, whatever the fact says)
+        self.every_s = max(float(announced.get("every_s") or defaults.CONTAINER_PULL_SAY_S), 0.01)
         self.forks = forks
         self._say, self._clock = say, clock
         self._began = clock()
