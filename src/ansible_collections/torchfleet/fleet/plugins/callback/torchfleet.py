@@ -16,6 +16,9 @@ description:
     to the run's log, C(play.log) in the run's directory (its path is printed at the end); with
     C(-v) they are printed too. The recap lists the hosts that failed or were unreachable and
     counts the rest.
+  - While preflight's probes pull C(container_image), a line every 30 s (C(CONTAINER_PULL_SAY_S)
+    in the collection's C(plugins/module_utils/defaults.py)) says how many hosts' probes
+    returned (how many pulled), which it still waits on and how many wait for a fork.
   - C(ANSIBLE_STDOUT_CALLBACK=default) gives Ansible's own output back.
 version_added: "0.1.0"
 author: torchfleet developers (@torchfleet)
@@ -25,8 +28,13 @@ extends_documentation_fragment:
 """
 
 import os
+import threading
+import time
 
+from ansible import context
 from ansible.plugins.callback.default import CallbackModule as Default
+
+from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 
 COUNTS = ("ok", "changed", "skipped", "failed", "unreachable", "ignored")
 # The run's log of every task's line, in its run directory (the one its report is in).
@@ -35,6 +43,99 @@ PLAY_LOG_LINES = 200000  # a bound: a play of 512 hosts has a few hundred tasks
 # Tasks whose output is their purpose: shown in full, as the default callback shows it.
 SHOWN = frozenset(("debug", "ansible.builtin.debug", "ansible.legacy.debug"))
 META = frozenset(("meta", "ansible.builtin.meta", "ansible.legacy.meta"))
+# preflight's probe.yml announces a pull in the probe's run-wide arguments (a fact set once):
+# preflight_probe_run.pull = {image, hosts, timeout_s, every_s}, or none without container_image.
+# The next task on the hosts (not a debug) is the probe that pulls.
+PULL_FACT = ("preflight_probe_run", "pull")
+PULL_NAMES = 3  # the hosts a pull line names; the rest are counted ("+509 more")
+PULL_NAME_CHARS = 64  # and each name cut to this, the image to PULL_IMAGE_CHARS: a bounded line
+PULL_IMAGE_CHARS = 256
+
+
+def _cut(text, chars):
+    text = str(text)
+    return text if len(text) <= chars else text[:chars - 3] + "..."
+
+
+class PullProgress:
+    """The probes' pull, while their task runs: which hosts' probes started (a fork took them),
+    which returned (and pulled), and a line every `every_s` from a thread of its own that
+    stop() ends: no line comes after stop() returns, and nothing it does raises into Ansible."""
+
+    def __init__(self, announced, say, forks=None, clock=time.monotonic):
+        self.image = _cut(announced.get("image") or "", PULL_IMAGE_CHARS)
+        self.total = int(announced.get("hosts") or 0)
+        self.timeout_s = float(announced.get("timeout_s") or defaults.CONTAINER_PULL_TIMEOUT_S)
+        # (never a busy loop, whatever the fact says)
+        self.every_s = max(float(announced.get("every_s") or defaults.CONTAINER_PULL_SAY_S), 0.01)
+        self.forks = forks
+        self._say, self._clock = say, clock
+        self._began = clock()
+        self._out = {}  # host -> None: started and not returned, in the order they started
+        self.done = self.pulled = self.failed = 0
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread = None
+
+    def start(self):
+        try:
+            self._thread = threading.Thread(target=self._tick, name="torchfleet-pull",
+                                            daemon=True)
+            self._thread.start()
+        except RuntimeError:  # no thread to be had: the pull goes on without its line
+            self._thread = None
+
+    def stop(self):
+        with self._lock:  # a line being said ends first; none begins after this
+            self._stopped.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(1.0)
+
+    def started(self, host):
+        with self._lock:
+            self._out[host] = None
+
+    def returned(self, host, result):
+        """A host's probe returned (ok, failed or unreachable); `result` its module result."""
+        with self._lock:
+            self._out.pop(host, None)
+            self.done += 1
+            image = result.get("container") if isinstance(result, dict) else None
+            if isinstance(image, dict):
+                self.pulled += image.get("pulled") is True
+                self.failed += bool(image.get("pull_error"))
+
+    def line(self):
+        with self._lock:
+            return self._line()
+
+    def _line(self):
+        what = [("%d pulled" % self.pulled) if self.pulled else "",
+                ("%d could not pull" % self.failed) if self.failed else ""]
+        what = ", ".join(w for w in what if w)
+        text = "pulling %s: %d of %d hosts done%s" % (
+            self.image, self.done, max(self.total, self.done + len(self._out)),
+            " (%s)" % what if what else "")
+        if self._out:
+            names = [_cut(h, PULL_NAME_CHARS) for h in list(self._out)[:PULL_NAMES]]
+            more = len(self._out) - len(names)
+            text += ", waiting on %s%s" % (", ".join(names), " (+%d more)" % more if more else "")
+        queued = self.total - self.done - len(self._out)
+        if queued > 0:  # beyond Ansible's forks: each starts when a probe before it returns
+            text += "; %d wait for a fork%s" % (
+                queued, " (%s at a time)" % self.forks if self.forks else "")
+        return text + " for %d s (timeout %d s)" % (self._clock() - self._began, self.timeout_s)
+
+    def _tick(self):
+        try:
+            while not self._stopped.wait(self.every_s):
+                with self._lock:
+                    if self._stopped.is_set():
+                        return
+                    self._say(self._line())
+        except Exception:  # a screen that fails (a closed pipe) ends the line, not the play
+            return
 
 
 class CallbackModule(Default):
@@ -52,6 +153,8 @@ class CallbackModule(Default):
         self._log = []  # every task's and play's line: the run's play.log
         self._play_unshown = None  # a play whose banner waits for a failure to show
         self._run_dir = None  # where the play's report was written
+        self._pull_announced = None  # a pull the next task on the hosts makes
+        self._pull = None  # its PullProgress while that task runs
 
     def _all(self):
         """Every task's line on the screen too (-v and more)."""
@@ -66,6 +169,7 @@ class CallbackModule(Default):
 
     # ---- a task's line -------------------------------------------------------------------
     def _close_task(self):
+        self._stop_pull()
         if self._open is None:
             return
         if self._play_pending is not None:
@@ -112,6 +216,9 @@ class CallbackModule(Default):
             return  # a meta task with a condition starts once per host: still one line
         self._close_task()
         self._open, self._headed, self._prefix = task, False, prefix
+        if self._pull_announced is not None and task.action not in SHOWN | META:
+            announced, self._pull_announced = self._pull_announced, None
+            self._start_pull(announced)
         self._counts = {key: 0 for key in COUNTS}
         # What the default callback keeps of a task for its banner and result lines.
         self._task_type_cache[task._uuid] = prefix
@@ -126,6 +233,7 @@ class CallbackModule(Default):
 
     def v2_playbook_on_play_start(self, play):
         self._close_task()
+        self._pull_announced = None
         self._play = play
         self._play_pending = play  # its banner waits for its first task that does something
 
@@ -136,6 +244,7 @@ class CallbackModule(Default):
 
     def v2_playbook_on_stats(self, stats):
         self._close_task()
+        self._pull_announced = None
         self._write_log()
         hosts = sorted(stats.processed.keys())
         summary = {h: stats.summarize(h) for h in hosts}
@@ -191,6 +300,34 @@ class CallbackModule(Default):
         if isinstance(report, str) and report.endswith(".json") and os.path.isabs(report):
             self._run_dir = os.path.dirname(report)
 
+    # ---- the probes' pull: a line every every_s while their task runs --------------------
+    def _announced(self, result):
+        facts = result._result.get("ansible_facts")
+        pull = facts.get(PULL_FACT[0]) if isinstance(facts, dict) else None
+        pull = pull.get(PULL_FACT[1]) if isinstance(pull, dict) else None
+        if isinstance(pull, dict) and pull.get("image"):
+            self._pull_announced = pull
+
+    def _start_pull(self, announced):
+        try:
+            forks = context.CLIARGS.get("forks")
+        except Exception:  # no command line (a callback driven by an API): the line says less
+            forks = None
+        try:
+            self._pull = PullProgress(announced, self._display.display, forks)
+        except (TypeError, ValueError):  # an announcement of another shape: no line
+            return
+        self._pull.start()
+
+    def _stop_pull(self):
+        pull, self._pull = self._pull, None
+        if pull is not None:
+            pull.stop()
+
+    def _returned(self, result):
+        if self._pull is not None:
+            self._pull.returned(result._host.get_name(), result._result)
+
     # ---- per host: counted; failures and what a task shows on purpose, in full ---------
     def _count(self, key):
         self._counts[key] += 1
@@ -198,6 +335,8 @@ class CallbackModule(Default):
     def v2_runner_on_ok(self, result):
         self._count("changed" if result._result.get("changed") else "ok")
         self._found_report(result)
+        self._announced(result)
+        self._returned(result)
         if result._task.action in SHOWN:
             if not self._said(result):
                 super().v2_runner_on_ok(result)
@@ -207,16 +346,19 @@ class CallbackModule(Default):
 
     def v2_runner_on_failed(self, result, ignore_errors=False):
         self._count("ignored" if ignore_errors else "failed")
+        self._returned(result)
         self._head()
         super().v2_runner_on_failed(result, ignore_errors)
 
     def v2_runner_on_unreachable(self, result):
         self._count("unreachable")
+        self._returned(result)
         self._head()
         super().v2_runner_on_unreachable(result)
 
     def v2_runner_on_skipped(self, result):
         self._count("skipped")
+        self._returned(result)
 
     def v2_runner_item_on_ok(self, result):
         if result._task.action in SHOWN and not self._said(result):
@@ -233,7 +375,8 @@ class CallbackModule(Default):
         pass  # the task's line (or its failure) says how it ended
 
     def v2_runner_on_start(self, host, task):
-        pass
+        if self._pull is not None:  # a fork took this host's probe
+            self._pull.started(host.get_name())
 
     def v2_playbook_on_include(self, included_file):
         pass

@@ -379,9 +379,13 @@ GOODPUT_GATHER_MAX_S = 900.0
 # connect timeouts) before the ledger is skipped with a warning.
 FLEET_DB = "fleet.db"
 LEDGER_TIMEOUT_S = 10.0
-# The longest one host's pull of container_image may take (every host pulls at once, in its own
-# preflight probe): an NGC PyTorch image is about 10 GB. Preflight's progress line says it.
+# The longest one host's pull of container_image may take (each host pulls in its own preflight
+# probe, as many hosts at once as Ansible has forks): an NGC PyTorch image is about 10 GB.
+# Preflight's progress line says it.
 CONTAINER_PULL_TIMEOUT_S = 1800.0
+# While the probes pull, the stdout callback says this often how many hosts' probes returned
+# and which it still waits on (plugins/callback/torchfleet.py).
+CONTAINER_PULL_SAY_S = 30.0
 
 
 def master_settle_s(abort_grace_s=ABORT_GRACE_S, hang=False):

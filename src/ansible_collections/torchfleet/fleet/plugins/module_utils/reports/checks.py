@@ -236,7 +236,8 @@ REGISTRY = (
          'or set `container_runtime`'),
     Unit(('container.pull',), PREFLIGHT,
          'the image is not on the host and cannot be pulled within the pull timeout (names '
-         "the host and the registry's error); pulls run on every host at once",
+         "the host and the registry's error); each host pulls in its own probe, as many hosts "
+         'at once as Ansible has forks, with a progress line every 30 s (docs/containers.md)',
          'make the registry reachable and logged in on that host (`podman login`), or load the '
          'image there (`podman load` / `docker load`)'),
     Unit(('container.gpu',), PREFLIGHT,
