@@ -723,7 +723,8 @@ def add_actions(conn, run_id, phase, actions):
 
 # The why of a drain decided and not yet answered by Slurm (ledger.Fleet.decide_drains): counted
 # as drained by every controller's breaker until settle_drains() records the answer (for ever,
-# within quarantine_h, when the run's end died meanwhile: it may have drained).
+# within quarantine_h, when the run's end died meanwhile or scontrol timed out: it may have
+# drained).
 PENDING = "pending"
 
 
