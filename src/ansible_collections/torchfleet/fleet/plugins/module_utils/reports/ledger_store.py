@@ -627,6 +627,18 @@ def _set_host(conn, host, at, **values):
     conn.execute(HOSTS.update().where(HOSTS.c.host == host).values(**values))
 
 
+def quarantine_end(state, at):
+    """When a host's quarantine (its ledger_hosts row as a dict) ends, judged at `at`; None
+    where it has none. A row written later than `at` (on SQLite each controller dates its
+    writes by its own clock: one ahead wrote it) began at `at` at the latest: its end moves
+    back by as much, its length kept, so that a clock ahead never lengthens a quarantine."""
+    until = state.get("quarantined_until") if isinstance(state, dict) else None
+    if until is None:
+        return None
+    ahead = (state.get("updated") or 0.0) - at
+    return until - ahead if ahead > 0 else until
+
+
 def host_states(conn, hosts=None):
     """{host: its ledger_hosts row as a dict} of these hosts (None: every host)."""
     q = sa.select(HOSTS)
