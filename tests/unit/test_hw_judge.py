@@ -10,6 +10,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
+from ansible_collections.torchfleet.fleet.plugins.module_utils.host import kmsg
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import status
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.summary import (
     first_failure, hardware_checks)
@@ -327,3 +329,53 @@ def test_a_fatal_nvswitch_sxid_drains_its_host_and_names_the_switch_not_a_ranks_
     assert "GPU" not in words.split(", fatal")[0] and "drain n1" in words
     assert hardware_checks(s.record(), ["n0", "n1"])["drain"] == [
         {"host": "n1", "reason": "run.hardware", "evidence": line}]
+
+
+# -- a fatal SXid after a fatal Xid on a GPU outside the run ---------------------------------------
+
+SXID_XID79 = (FIXTURES / "kmsg" / "sxid20034-xid79.gpud.txt").read_text().splitlines()
+
+
+def test_a_fatal_sxid_after_another_gpus_xid_79_is_that_gpus_not_the_runs(tmp_path):
+    """The recorded HGX log: GPU 0000:91:00's Xid 79, then 12 s later 20034 LTSSM Fault on
+    three switches (the fallen GPU's links). Moved onto GPU 5 of a run on GPUs 0-3, the Xid
+    was "not a device of the run" and on c4710eb the SXids after it stopped the healthy run
+    and drained its host. Now they are warnings naming GPU 5; the run goes on."""
+    from tests.unit.test_host_watch import GPUS, Gpus, sent, watch, write
+    xid_lines = [x.replace("0000:91:00", GPUS[5][:-2]) for x in SXID_XID79[:5]]
+    w, log = watch(tmp_path, env={"CUDA_VISIBLE_DEVICES": "0,1,2,3",
+                                  "NCCL_SOCKET_IFNAME": "eth0"}, gpu=Gpus(buses=GPUS))
+    write(log, *xid_lines)
+    (xid,) = sent(w, 10.0)
+    assert (xid["kind"], xid["gpu"], xid["fatal"]) == ("xid", 5, False)
+    write(log, *SXID_XID79[5:])
+    (sxid,) = sent(w, 22.0)
+    assert (sxid["kind"], sxid["code"], sxid["fatal"], sxid["count"]) == ("nvswitch", 20034,
+                                                                           False, 4)
+    assert sxid["what"] == ("NVSwitch nvidia-nvswitch1 (PCI 0000:06:00.0) SXid 20034, fatal "
+                            "(link 48): 12 s after Xid 79 on GPU 5 (0000:ab:00.0), that GPU's "
+                            "links: not a device of the run")
+    s = running(["n0", "n1"])
+    beat(s, "n1", 1020.0, [xid, sxid])
+    assert s.phase == runstate.RUNNING and s.failure is None
+    assert hardware_checks(s.record(), ["n0", "n1"])["drain"] == []
+
+
+@pytest.mark.parametrize("xid_on, gap_s", [
+    (0, 12.0),      # the fallen GPU is the run's: its Xid and the SXids are fatal
+    (None, 12.0),   # no Xid before it: a fabric fault of its own, host-wide
+    (5, 120.0),     # another GPU's Xid, long before: not its links' fault
+    ("both", 12.0),  # another GPU's and one of the run's: the run's fabric may be hit
+])
+def test_a_fatal_sxid_stays_the_runs_without_another_gpus_xid_just_before(tmp_path, xid_on,
+                                                                          gap_s):
+    from tests.unit.test_host_watch import GPUS, Gpus, sent, watch, write
+    w, log = watch(tmp_path, env={"CUDA_VISIBLE_DEVICES": "0,1,2,3",
+                                  "NCCL_SOCKET_IFNAME": "eth0"}, gpu=Gpus(buses=GPUS))
+    on = [] if xid_on is None else [0, 5] if xid_on == "both" else [xid_on]
+    write(log, *[SXID_XID79[2].replace("0000:91:00", GPUS[g][:-2]) for g in on])
+    assert sorted((e["gpu"], e["fatal"]) for e in sent(w, 10.0)) == [(g, g < 4) for g in on]
+    write(log, *SXID_XID79[5:])
+    (sxid,) = sent(w, 10.0 + gap_s)
+    assert (sxid["kind"], sxid["fatal"]) == ("nvswitch", True)
+    assert sxid["what"].endswith(kmsg.SXID_HOST_WIDE)

@@ -1301,3 +1301,22 @@ def test_the_textfile_says_a_quarantine_over_at_the_first_write_after_it_ends(tm
     assert got['torchfleet_host_quarantined{host="node3"}'] == 0.0
     assert got['torchfleet_host_quarantined_until_seconds{host="node3"}'] == 0.0
     f.close()
+
+
+def test_a_quarantine_written_with_the_clock_ahead_lasts_no_longer(tmp_path):
+    """On SQLite each controller dates what it writes by its own clock: one a day ahead
+    quarantined node3 for 24 h, and on c4710eb every controller with a right clock held it
+    48 h. A quarantine cannot have begun after now: read with its start clamped to now (its
+    length kept), and the next write by a right clock dates it so for every reader."""
+    f = ledger.Fleet("fleet.db", str(tmp_path))
+    assert f.quarantine("node3", 24, "checked by hand", now=T0 + 24 * H)  # a day ahead
+    assert f.health(["node3"], now=T0)["node3"]["quarantined_until"] == T0 + 24 * H
+    listed = {h["host"]: h for h in f.hosts(now=T0)}["node3"]["quarantined_until"]
+    assert listed == ledger.iso(T0 + 24 * H)
+    f.record_run(train("r1"), now=T0 + 1)  # a right clock's write: dated now
+    assert f.health(["node3"], now=T0 + 25 * H)["node3"]["quarantined_until"] is None
+    assert f.health(["node3"], now=T0 + 23 * H)["node3"]["quarantined_until"] == T0 + 1 + 24 * H
+    # A quarantine written with a right clock, read by one behind it, is not shortened.
+    assert f.quarantine("node4", 24, "checked by hand", now=T0 + 2)
+    assert f.health(["node4"], now=T0 + 2)["node4"]["quarantined_until"] == T0 + 2 + 24 * H
+    f.close()

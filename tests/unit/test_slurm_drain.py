@@ -64,9 +64,41 @@ def test_a_hung_slurmctld_is_asked_once_and_the_rest_are_not_tried(tmp_path, mon
     (call,) = log.read_text().splitlines()
     assert call.startswith("update nodename=slurm-a1 state=drain reason=torchfleet r1: "
                            "run.hardware: Xid 79 on a1")
-    assert "timed out" in said["a1"] and said["a1"].startswith("Slurm did not drain it (")
+    # (the call that timed out may have drained a1: issue "a timed-out drain is not counted")
+    assert said["a1"].startswith(slurm_drain.UNANSWERED + " (scontrol timed out after 0.5 s)")
+    assert slurm_drain.unanswered(said["a1"]) and "scontrol show node slurm-a1" in said["a1"]
+    assert not any(slurm_drain.unanswered(said[h]) for h in ("a2", "a3", "q1", "q2"))
     assert all(said[h].startswith("Slurm did not drain it (%s)" % slurm_drain.NOT_TRIED)
                for h in ("a2", "a3", "q1", "q2")), said
+
+
+def hung_scontrol(tmp_path):
+    """An scontrol that takes the call and never answers (slurmctld slow under load)."""
+    hang = tmp_path / "scontrol"
+    hang.write_text("#!/bin/sh\nexec sleep 30\n")
+    hang.chmod(0o755)
+    return str(hang)
+
+
+def test_a_drain_whose_scontrol_timed_out_still_counts_for_the_breaker(tmp_path, capsys,
+                                                                       monkeypatch):
+    """On c4710eb a drain whose scontrol timed out was settled "not done" and left the
+    breaker's count, though slurmctld may have drained the node: a slow slurmctld let every
+    later run drain past quarantine_max_fraction. Now it stays pending in the ledger (counted
+    by every controller's breaker), and its words say it may be drained."""
+    monkeypatch.setattr(slurm_drain, "SCONTROL_TIMEOUT_S", 0.5)
+    end = xid79_run(tmp_path, capsys, "r1", "n02", HOSTS, slurm_scontrol=hung_scontrol(tmp_path))
+    (drain,) = [a for a in end["actions"] if a["action"] == "drain"]
+    assert (drain["host"], drain["done"]) == ("n02", False)
+    fleet = ledger.Fleet("fleet.db", str(tmp_path / "runs"))
+    assert fleet.drains()[0] == {"n02"}
+    # Another run's two drains: with n02's, 3 of 20 hosts, past 0.1 x 20: none is done.
+    said = []
+    assert fleet.decide_drains("r2", "train", lambda held, seen: said.append(
+        summary.drain_breaker(ask("n05", "n06"), HOSTS, 0.1, held, seen)) or said[-1][0]) == []
+    assert "beside 1 already" in said[0][1]
+    fleet.close()
+    assert drain["why"].split("; ", 1)[1].startswith(slurm_drain.UNANSWERED)
 
 
 def test_one_reason_is_one_scontrol_call_with_a_hostlist(tmp_path):

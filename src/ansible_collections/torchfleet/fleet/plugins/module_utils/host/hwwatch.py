@@ -18,6 +18,14 @@ kernel log: kmsg.py; NVIDIA GPUs: gpuwatch.py; RDMA ports: ibwatch.py), composed
   Another program's OOM kill is a warning: the first OOM_OTHERS each their own, every later
   one counted in one event (the newest's line), so a crash-looping container's thousands of
   kills take neither the run's warnings nor the watch's memory.
+- A fatal NVSwitch SXid names a switch port, no GPU (kmsg.py): fatal to the run, host-wide,
+  unless it follows within SXID_AFTER_XID_S a fatal Xid on a GPU that is not the run's, and no
+  fatal Xid on a GPU of the run (or one that cannot be judged) came in that time. A GPU that
+  falls off the bus takes its NVLinks down, and the switches say so on their ports to it
+  (tests/fixtures/kmsg/sxid20034-xid79.gpud.txt: Xid 79, then 20034 LTSSM Fault on three
+  switches 12 s later): that SXid is the other GPU's, a warning that names it. A fabric fault
+  that reaches the run's GPUs is their own Xid (74, 79), fatal on its own; an SXid with no
+  other GPU's Xid before it stays fatal.
 - GPU -> rank: NVML's compute processes per GPU (gpuwatch); without NVML, each rank's
   CUDA_VISIBLE_DEVICES and LOCAL_RANK (every rank holds every visible /dev/nvidiaN: no tie).
 - One event per fault: the same fault again is a count (sent again with the new count, at most
@@ -54,6 +62,9 @@ OOM_OTHERS = 3      # other programs' OOM kills sent one by one; the later ones:
 OTHERS = ("oom", "others")  # the fault that counts them
 OTHERS_WHAT = "killed by the kernel's OOM killer: more processes not of the run (the newest's line)"
 AGE_MAX_S = 600.0   # the most uncertain an event's time is said to be
+SXID_AFTER_XID_S = 60.0  # a fatal SXid this long after another GPU's fatal Xid is that GPU's
+#                          (the recorded HGX's switches wrote theirs 12 s after its Xid 79)
+XIDS_MAX = 64       # the GPUs whose newest fatal Xid is remembered
 ERROR_MAX = 400     # characters of the watch's own error kept
 SYSFS = "/sys"
 CGROUP_FS = "/sys/fs/cgroup"
@@ -288,6 +299,8 @@ class HostWatch:
         self.tree_seen = {}  # its PID -> when a walk last found it alive
         self.rank_facts = {}  # rank PID -> (CUDA_VISIBLE_DEVICES, LOCAL_RANK, own_cgroup())
         self.oom_kills = {}   # a rank cgroup's directory -> its own OOM kills, when last read
+        self.xids = {}      # GPU bus -> (when, its uncertainty, Scope.judge, code, gpu) of its
+        #                     newest fatal Xid: what a fatal SXid after it is judged by
         self.gone, self.walk_m = set(), 0.0  # ranks seen dead; when the tree is walked next
         self.gpu_pids = {}  # GPU -> the PIDs NVML last saw computing on it
         self.warned = self.dropped = 0
@@ -502,6 +515,9 @@ class HostWatch:
         except Exception as exc:  # a watcher's fault never stops the run's agent
             self._failed(exc)
             return
+        # A look's SXids after its Xids (NVML's come after the kernel log's lines): an SXid is
+        # judged by the Xids before it (_judge).
+        found.sort(key=lambda e: e.get("kind") == "nvswitch")
         for event in found:
             try:
                 self._add(event, now_m, ranks)
@@ -529,6 +545,8 @@ class HostWatch:
             del self.faults[key]  # its PID used again, by a process killed again
             fault = None
         at = now_m - event["age_s"]
+        if event["kind"] == "xid" and event.get("fatal") and bus is not None:
+            self._xid_seen(bus, event, at)
         if fault is not None:
             if event["kind"] == "oom":  # one kill's lines (oom-kill:, then Killed process)
                 if not fault["sent"]:
@@ -554,7 +572,7 @@ class HostWatch:
             self.dropped += 1
             return
         event["rank"] = None
-        self._judge(event, ranks)
+        self._judge(event, ranks, at)
         self.faults[key] = {"event": event, "count": _count(event), "sent": 0, "read_m": now_m,
                             "next_m": 0.0, "seen": {event["source"]: [(at, event["age_err_s"])]}}
         self.queue.append(key)
@@ -566,7 +584,7 @@ class HostWatch:
         dropped)."""
         kept = dict(fault["event"], fatal=True, what=event["what"], line=event["line"],
                     age_s=event["age_s"], age_err_s=event.get("age_err_s", 0.0))
-        self._judge(kept, ranks)
+        self._judge(kept, ranks, now_m - kept["age_s"])
         if not kept["fatal"]:
             return False
         fault.update(event=kept, read_m=now_m, next_m=0.0, count=fault["count"] + _count(event),
@@ -591,8 +609,35 @@ class HostWatch:
         del mine[:-64]
         return False
 
-    def _judge(self, event, ranks):
-        """The event's rank, and fatal only where it is the run's."""
+    def _xid_seen(self, bus, event, at):
+        """A fatal Xid's GPU, when, and whether it is the run's (Scope.judge): what a fatal
+        SXid after it is judged by."""
+        self.xids.pop(bus, None)
+        # Outside the run only as one of the host's GPUs the run does not see: an address
+        # that is no GPU of the list cannot be judged (the SXid after it stays fatal).
+        ours = self.scope.judge(event) if bus in self.scope.gpus else None
+        self.xids[bus] = (at, event.get("age_err_s", 0.0), ours, event.get("code"),
+                          event.get("gpu"))
+        while len(self.xids) > XIDS_MAX:
+            del self.xids[next(iter(self.xids))]
+
+    def _sxid_owner(self, at, err):
+        """The GPU outside the run whose fatal Xid a fatal SXid at `at` follows (its bus and
+        xids entry), or None: none did within SXID_AFTER_XID_S, or a GPU of the run (or one
+        that cannot be judged) had one then too: the SXid stays the run's."""
+        owner = None
+        for bus, (t, e, ours, _code, _gpu) in self.xids.items():
+            slack = err + e
+            if not -slack <= at - t <= SXID_AFTER_XID_S + slack:
+                continue
+            if ours is not False:
+                return None
+            owner = (bus, self.xids[bus])
+        return owner
+
+    def _judge(self, event, ranks, at=None):
+        """The event's rank, and fatal only where it is the run's (a fatal SXid: unless it
+        follows another GPU's fatal Xid, _sxid_owner)."""
         if event["kind"] == "oom":
             tied, rank = self._oom_owner(event, ranks)
             event["rank"], event["fatal"] = rank, tied
@@ -611,6 +656,16 @@ class HostWatch:
         if event.get("fatal") and self.scope.judge(event) is False:
             event["fatal"] = False
             event["what"] = "%s: not a device of the run" % event["what"]
+        elif event.get("fatal") and event["kind"] == "nvswitch" and at is not None:
+            owner = self._sxid_owner(at, event.get("age_err_s", 0.0))
+            if owner is not None:
+                bus, (t, _e, _ours, code, gpu) = owner
+                event["fatal"] = False
+                # (its words without "judged host-wide": it is judged that GPU's)
+                event["what"] = "%s: %.0f s after Xid %s on GPU %s (%s), that GPU's links: " \
+                    "not a device of the run" % (
+                        event["what"].replace(kmsg.SXID_HOST_WIDE, "").rstrip(": "),
+                        max(0.0, at - t), code, "?" if gpu is None else gpu, bus)
 
     def _fold_others(self, now_m):
         """Other programs' OOM kills (kmsg.parse makes one event of a kill, its 4.19+ oom-kill:

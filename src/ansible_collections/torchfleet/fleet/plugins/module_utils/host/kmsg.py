@@ -11,7 +11,8 @@ It knows the lines of (format strings from the kernel and the drivers that print
   `Fatal` is fatal to the host (the switch's NVLink fabric serves every GPU of it: the event
   names the switch and its link and no device of the run, so no one GPU or rank is blamed),
   judged host-wide for a run on some of the host's GPUs too, and its words say so (the link's
-  GPU is Fabric Manager's topology, not in the line); `Non-fatal` a warning (xid_catalog.SXID);
+  GPU is Fabric Manager's topology, not in the line), unless the host watch finds it follows
+  another GPU's fatal Xid (hwwatch); `Non-fatal` a warning (xid_catalog.SXID);
 - PCIe AER (drivers/pci/pcie/aer.c and err.c, 3.x to 6.x: `AER: Uncorrected (Fatal) error
   received: ...`, 6.x's `AER: Uncorrectable (Non-Fatal) error message received from ...`,
   `PCIe Bus Error: severity=...`, `AER: device recovery failed`): an uncorrected fatal error,

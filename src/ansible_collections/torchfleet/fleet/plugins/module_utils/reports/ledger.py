@@ -25,9 +25,9 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.reports import le
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run import rundir
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.goodput import finite
 from ansible_collections.torchfleet.fleet.plugins.module_utils.reports.ledger_store import (
-    INCIDENTS, PENDING, TEXT_MAX, _bulk, _count, _set_host, _text, _took_part, actions_of, add_actions,
+    HOSTS, INCIDENTS, PENDING, TEXT_MAX, _bulk, _count, _set_host, _text, _took_part, actions_of, add_actions,
     add_events, drained_since, events_since, host_states, incident_rows, kinds_since, load_settings,
-    lock_decisions, newest_incidents, prune, runs_since, save_settings, settle_drains)
+    lock_decisions, newest_incidents, prune, quarantine_end, runs_since, save_settings, settle_drains)
 
 # The key a host is kept under: node3, NODE3 and node3.cluster.example are one host
 # (ledger_store.canonical_host; docs/ledger.md "Which host").
@@ -547,6 +547,10 @@ class Fleet(ledger_store.Store):
             # was ahead, and it stepped back since) are dated now: else they would weigh in
             # full, undecayed, until real time caught up (_score counts no negative age).
             conn.execute(INCIDENTS.update().where(INCIDENTS.c.at > at).values(at=at))
+            # So are quarantines written after now (quarantine_end): their end moves back by
+            # as much, for every reader from now on.
+            conn.execute(HOSTS.update().where(HOSTS.c.updated > at).values(
+                quarantined_until=HOSTS.c.quarantined_until - (HOSTS.c.updated - at), updated=at))
             save_settings(conn, self.settings)
             if hosts:
                 _took_part(conn, run_id, phase, hosts, at)
@@ -562,7 +566,7 @@ class Fleet(ledger_store.Store):
             out = []
             for host in sorted(touched):
                 state = host_states(conn, [host]).get(host) or {}
-                if (state.get("quarantined_until") or 0.0) > at:
+                if (quarantine_end(state, at) or 0.0) > at:
                     continue
                 score, history = self._score(conn, [host], at, state_of={host: state})[host]
                 if score >= self.quarantine_score and self.quarantine_s > 0:
@@ -589,7 +593,7 @@ class Fleet(ledger_store.Store):
         driver roll-out's strikes would otherwise wait for any small incident to finish the
         quarantine), and one fleet event says so."""
         held = {h for h, st in host_states(conn).items()
-                if (st.get("quarantined_until") or 0.0) > at
+                if (quarantine_end(st, at) or 0.0) > at
                 and str(st.get("reason") or "").startswith(AUTO_REASON)}
         seen = set(group) | set(runs_since(conn, at - max(self.quarantine_s, 3600.0)))
         would = held | {q["host"] for q in newly}
@@ -795,7 +799,7 @@ class Fleet(ledger_store.Store):
                 scores = self._score(conn, keys, now_, state_of=states)
             out = {}
             for h, k in names.items():
-                until = (states.get(k) or {}).get("quarantined_until")
+                until = quarantine_end(states.get(k), now_)
                 live = until is not None and until > now_
                 out[h] = {"score": scores[k][0] if k else 0.0,
                           "quarantined_until": until if live else None,
@@ -832,7 +836,7 @@ class Fleet(ledger_store.Store):
             out = []
             for host in sorted(set(states) | set(kinds) | set(scores)):
                 state = states.get(host) or {}
-                until = state.get("quarantined_until")
+                until = quarantine_end(state, now_)
                 live = until is not None and until > now_
                 score, line = scores.get(host, (0.0, ""))
                 out.append({"host": host, "runs": runs.get(host, 0),

@@ -627,6 +627,18 @@ def _set_host(conn, host, at, **values):
     conn.execute(HOSTS.update().where(HOSTS.c.host == host).values(**values))
 
 
+def quarantine_end(state, at):
+    """When a host's quarantine (its ledger_hosts row as a dict) ends, judged at `at`; None
+    where it has none. A row written later than `at` (on SQLite each controller dates its
+    writes by its own clock: one ahead wrote it) began at `at` at the latest: its end moves
+    back by as much, its length kept, so that a clock ahead never lengthens a quarantine."""
+    until = state.get("quarantined_until") if isinstance(state, dict) else None
+    if until is None:
+        return None
+    ahead = (state.get("updated") or 0.0) - at
+    return until - ahead if ahead > 0 else until
+
+
 def host_states(conn, hosts=None):
     """{host: its ledger_hosts row as a dict} of these hosts (None: every host)."""
     q = sa.select(HOSTS)
@@ -723,7 +735,8 @@ def add_actions(conn, run_id, phase, actions):
 
 # The why of a drain decided and not yet answered by Slurm (ledger.Fleet.decide_drains): counted
 # as drained by every controller's breaker until settle_drains() records the answer (for ever,
-# within quarantine_h, when the run's end died meanwhile: it may have drained).
+# within quarantine_h, when the run's end died meanwhile or scontrol timed out: it may have
+# drained).
 PENDING = "pending"
 
 

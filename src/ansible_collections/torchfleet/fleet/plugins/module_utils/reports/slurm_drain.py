@@ -20,6 +20,9 @@ TOTAL_S = 60             # every call together: the run's end waits no longer fo
 EVIDENCE_MAX = 120       # of the drain's reason (Slurm keeps a node's reason short)
 SAID_MAX = 300           # of scontrol's words kept in the audit
 NOT_TRIED = "not tried: scontrol did not answer"
+# A call that timed out may have drained all the same (slurmctld took the update, its answer
+# came late): such a drain is neither done nor refused, and the breaker counts it (unanswered).
+UNANSWERED = "Slurm did not answer in time: the node may be drained all the same"
 # A host's kernel line may hold a NUL (an argv cannot: ValueError) or other control characters
 # (a reason Slurm prints on one line).
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
@@ -40,7 +43,8 @@ def drain(entries, run_id, nodes=None, scontrol="scontrol", scontrols=None):
     slurm_node; a host not named, or named "", is its own node); scontrols: {host: its
     scontrol} (slurm_scontrol), `scontrol` where none. After the first call that timed out or
     could not run, none more is made (slurmctld is not answering: the run's end would wait
-    SCONTROL_TIMEOUT_S per call); every call together is bounded by TOTAL_S."""
+    SCONTROL_TIMEOUT_S per call); every call together is bounded by TOTAL_S. A call that
+    timed out may have drained its nodes: their words begin UNANSWERED (unanswered())."""
     nodes = nodes if isinstance(nodes, dict) else {}
     scontrols = scontrols if isinstance(scontrols, dict) else {}
     calls = {}
@@ -51,7 +55,7 @@ def drain(entries, run_id, nodes=None, scontrol="scontrol", scontrols=None):
     for (cmd, why), group in calls.items():
         names = ",".join(dict.fromkeys(nodes.get(e["host"]) or e["host"] for e in group))
         full = [cmd, "update", "nodename=" + names, "state=drain", "reason=" + why]
-        said = stuck
+        said, timed_out = stuck, False
         left = end - time.monotonic()
         if not said and left <= 0:
             said = stuck = "%s (torchfleet waits %d s for every drain together)" % (
@@ -63,10 +67,25 @@ def drain(entries, run_id, nodes=None, scontrol="scontrol", scontrols=None):
                                       stdin=subprocess.DEVNULL, check=False)
                 said = "" if done.returncode == 0 else "scontrol exited %d: %s" % (
                     done.returncode, (done.stderr or done.stdout or "").strip()[:SAID_MAX])
-            except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+            except subprocess.TimeoutExpired as exc:
+                said, timed_out = "scontrol timed out after %g s" % exc.timeout, True
+                stuck = NOT_TRIED
+            except (OSError, ValueError) as exc:
                 said = "scontrol could not run: %s" % str(exc)[:SAID_MAX]
                 stuck = NOT_TRIED
+        command = shlex.join(["scontrol"] + full[1:])
+        if timed_out:  # (this call's: the calls not tried after it were never sent)
+            said = "%s (%s); the circuit breaker counts it as drained; as a Slurm " \
+                "administrator: %s, and where it is not drained: %s" % (
+                    UNANSWERED, said, shlex.join(["scontrol", "show", "node", names]), command)
+        elif said:
+            said = "Slurm did not drain it (%s); as a Slurm administrator: %s" % (said, command)
         for e in group:
-            out[e["host"]] = said and "Slurm did not drain it (%s); as a Slurm administrator: " \
-                "%s" % (said, shlex.join(["scontrol"] + full[1:]))
+            out[e["host"]] = said
     return out
+
+
+def unanswered(said):
+    """Whether drain()'s words of a host say its scontrol call timed out: the drain may be
+    done, and stays pending in the ledger (counted by every controller's breaker)."""
+    return isinstance(said, str) and said.startswith(UNANSWERED)

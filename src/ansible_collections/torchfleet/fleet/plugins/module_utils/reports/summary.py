@@ -778,7 +778,10 @@ def decide(params):
         d in pending and not refused.get(d["host"])) for d in asked] \
         if params["slurm_drain"] else []
     if pending and recording:
-        fleet.settle_drains(params["run_id"], kind, drains)
+        # A drain whose scontrol timed out may be done (slurmctld took it late): it stays
+        # pending in the ledger, counted by every controller's breaker within quarantine_h.
+        fleet.settle_drains(params["run_id"], kind, [
+            a for a in drains if not slurm_drain.unanswered(refused.get(a["host"]))])
     audit = memory.audit(fleet, kind, params["run_id"], newly, at, before, drains, recording)
     fleet.close()
     report["actions"] = extra["actions"] = audit

@@ -41,7 +41,7 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.run.control impor
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.procs import HOST_ENV, RUN_ID_ENV, stop_run
 from ansible_collections.torchfleet.fleet.plugins.module_utils.run.rundir import (
     AGENT_LOG, CONTROL, DETACHED, EXITCODE, GUARDED, LEASE, LOGS, PIDFILE, RESULTS, STACK_DUMP, START_FAILED,
-    STOP_REQUEST, TORCHRUN_LOG, peer_loss, rank_dirs, read_json, root_cause, tail, write_json)
+    STOP_REQUEST, TORCHRUN_LOG, peer_loss_of, rank_dirs, read_json, root_cause, tail, write_json)
 
 
 class Timings:
@@ -263,9 +263,7 @@ def failure_evidence(run_dir):
     cause = root_cause(tail(os.path.join(run_dir, TORCHRUN_LOG), 200, 1 << 20))
     if cause is None:
         return None, False
-    rdir = rank_dirs(run_dir).get(cause["local_rank"])
-    text = tail(os.path.join(rdir, "stderr.log"), 40, 1 << 16) if rdir else ""
-    return cause, peer_loss(text)
+    return cause, peer_loss_of(rank_dirs(run_dir).get(cause["local_rank"]))
 
 
 class HostAgent:
@@ -364,13 +362,12 @@ class HostAgent:
         if found is None:
             return
         cause, age_s = found
-        text = tail(os.path.join(self.dirs.get(cause["local_rank"], ""), "stderr.log"), 40,
-                    1 << 16)
         # (Set first: on the master the abort comes back within send(), and obey() must know.)
         # A rank still ending with a failing note when the abort came (RankDeaths.awaited) may
         # have failed of the run's stop (a peer's collective broken): kept, as a consequence.
         late = self.deaths.abort_m is not None
-        self.died_sent, self.died = True, (cause, peer_loss(text) or late)
+        self.died_sent, self.died = True, (cause, peer_loss_of(
+            self.dirs.get(cause["local_rank"])) or late)
         if not self.send({"t": runstate.DIED, "root_cause": cause,
                           "consequence": self.died[1],
                           "age_s": round(min(age_s, now_m - self.started_m), 3)}):
@@ -508,8 +505,7 @@ class HostAgent:
             note = exits.read_note(dirs.get(local_rank))
             if code or code is None and (note is None or note["code"] not in (None, 0)):
                 cause = {"rank": rank, "local_rank": local_rank, "exitcode": code}
-                consequence = peer_loss(tail(os.path.join(dirs.get(local_rank, ""),
-                                                          "stderr.log"), 40, 1 << 16))
+                consequence = peer_loss_of(dirs.get(local_rank))
                 stopped = False
         elif stopped and cause is not None and cause["local_rank"] in self.ended_failing:
             # torchrun's log names a rank that had ended with a failing note before the abort

@@ -223,14 +223,41 @@ OWN_NETWORK_ERROR = re.compile(r"EADDRINUSE|failed to listen on any local networ
 # The line a Python traceback ends with ("[rank3]: " where torchrun prefixes the rank's lines).
 EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?[A-Za-z_][\w.]*(?:Error|Exception):",
                             re.M)
+# Python's words between two exceptions of one chain (traceback.py): the one raised in an
+# `except` block, or `raise ... from` it. A user's RuntimeError wrapping a collective's
+# DistBackendError is the same death as the DistBackendError.
+CHAINED = re.compile(r"The above exception was the direct cause of the following exception"
+                     r"|During handling of the above exception, another exception occurred")
+# How much of a failed rank's stderr peer_loss reads: a chain of two tracebacks with NCCL's
+# "Last error" lines and torchrun's prefixes is ~60 lines; bounded in bytes as every tail.
+PEER_TAIL_LINES, PEER_TAIL_BYTES = 200, 1 << 16
 
 
 def peer_loss(rank_stderr_tail):
-    """Whether a failed rank's last lines say it died because another rank went away. Only
-    the rank's last exception (and what follows it: NCCL's "Last error") is read, when there
-    is one: a warning about a peer printed before the rank's own error does not make that
-    error a consequence."""
+    """Whether a failed rank's last lines say it died because another rank went away. The
+    rank's last exception is read with every exception chained to it ("The above exception
+    was the direct cause ...", "During handling of the above exception ..."), and what
+    follows it (NCCL's "Last error"): a collective's error anywhere in that chain is the
+    death's cause, whatever the user's code wrapped it in. A warning about a peer printed
+    before the rank's own error (a traceback of its own, not chained) does not make that error
+    a consequence."""
     text = rank_stderr_tail or ""
     starts = [m.start() for m in EXCEPTION_LINE.finditer(text)]
-    scope = text[starts[-1]:] if starts else text
+    first = len(starts) - 1
+    # Back through the chain: an exception whose traceback follows the one before it by
+    # Python's chaining words belongs with it (the tail's first one may have lost its start:
+    # the chain's words before it keep the tail's beginning).
+    while first > 0 and CHAINED.search(text, starts[first - 1], starts[first]):
+        first -= 1
+    if first == 0 and CHAINED.search(text, 0, starts[0]):
+        first = -1
+    scope = text[starts[first]:] if starts and first >= 0 else text
     return bool(PEER_LOSS.search(scope)) and not OWN_NETWORK_ERROR.search(scope)
+
+
+def peer_loss_of(rank_dir):
+    """peer_loss() of a rank's stderr.log in its directory (False where there is none)."""
+    if not rank_dir:
+        return False
+    return peer_loss(tail(os.path.join(rank_dir, "stderr.log"), PEER_TAIL_LINES,
+                          PEER_TAIL_BYTES))
