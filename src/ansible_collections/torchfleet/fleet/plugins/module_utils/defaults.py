@@ -210,9 +210,10 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
         "no NTP server needed) fails host.clock: leases and ages compare clocks."))),
     # Containers (run/container.py, docs/containers.md).
     (("container_image", "str", ""), dict(description=(
-        "Run torchrun inside this image on every host (a registry reference, or a local "
-        "archive: a .sif for apptainer, a .sqsh for enroot); the Python side's checks read "
-        "the image. The host's own Python when unset."))),
+        "Run torchrun inside this image on every host (a registry reference, enroot's as "
+        "pyxis takes it: nvcr.io#nvidia/pytorch:24.05-py3, or a local archive: a .sif for "
+        "apptainer, a .sqsh for enroot); the Python side's checks read the image. The host's "
+        "own Python when unset."))),
     (("container_runtime", "str", "auto"), dict(
         choices=("auto", "podman", "docker", "apptainer", "enroot"), description=(
             "What starts container_image; C(auto) takes the first of podman, docker, "
@@ -380,6 +381,9 @@ LEDGER_TIMEOUT_S = 10.0
 # The longest one host's pull of container_image may take (every host pulls at once, in its own
 # preflight probe): an NGC PyTorch image is about 10 GB. Preflight's progress line says it.
 CONTAINER_PULL_TIMEOUT_S = 1800.0
+# The longest `enroot create` may take (it unpacks the image's squashfs: an NGC image's
+# several GB), for the run's container and preflight's probe container alike.
+CONTAINER_CREATE_TIMEOUT_S = COMMAND_TIMEOUT_S * 15
 
 
 def master_settle_s(abort_grace_s=ABORT_GRACE_S, hang=False):

@@ -1015,13 +1015,13 @@ def start(p, command):
         master_addr=p["master_addr"])  # its route: the run's NIC where socket_ifname is unset
     started = time.time()
     box = Box(p, script) if p.get("container_image") else None
-    if box is not None and container.create_argv(box.runtime, box.image, box.name):
-        _out, why = command(container.create_argv(box.runtime, box.image, box.name),
-                            timeout_s=defaults.COMMAND_TIMEOUT_S * 15)
+    create = container.create_argv(box.runtime, box.image, box.name) if box else None
+    if create is not None:  # (enroot: from the file preflight's probe imported or found)
+        _out, why = command(create, timeout_s=defaults.CONTAINER_CREATE_TIMEOUT_S)
         if why is not None:
             watch.close()
             detail = "%s cannot make the run's container from %s on %s: %s" % (
-                box.runtime, box.image, p["host"], why)
+                box.runtime, create[-1], p["host"], why)
             report_not_started(p, secret, detail)
             raise ValueError(detail)
     proc, argv = start_torchrun(p, argv, box)
