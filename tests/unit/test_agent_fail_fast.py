@@ -617,3 +617,69 @@ def test_a_ranks_failure_before_the_abort_stays_its_own_when_torchrun_is_stopped
     assert agent.stopped
     assert (body["stopped"], body["root_cause"]["rank"]) == (False, 2)
     assert _judged(body) == ["failed", "failed"]
+
+
+def _boxed_agent(tmp_path, child, runtime):
+    """node1's agent whose child is `child`, a container runtime's process (apptainer,
+    enroot) that runs torchrun in the host's own tree."""
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.run.agent import (
+        Box, HostAgent, Timings)
+    p = {"host": "node1", "python": sys.executable, "flight_recorder": 0, "max_restarts": 0,
+         "run_dir": str(tmp_path), "run_id": "r1", "nproc_per_node": 2, "stack_dump": False,
+         "lost_after_s": 30, "join_timeout_s": 30, "abort_grace_s": 0.5, "lease_s": 0,
+         "container_runtime": runtime, "container_image": "/images/pt.sqsh", "attempt": 0,
+         "chdir": "", "data_paths": [], "container_mounts": [], "container_options": [],
+         "container_gpus": False, "network": "tcp", "checkpoint_dir": ""}
+    return HostAgent(p, child, None, Timings(p), lambda body: True, None,
+                     Box(p, str(tmp_path / "train.py")))
+
+
+def _kill_tree(proc):
+    for pid in procs.tree(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    proc.kill()
+    proc.wait()
+
+
+def test_apptainers_and_enroots_ranks_are_found_below_the_runtimes_process_at_once(tmp_path):
+    """Issue 68: under apptainer (its starter forks the container's process) or an image
+    whose entrypoint does not exec, torchrun is a descendant of the agent's child, not the
+    child itself: the agent looked for ranks among the child's children only and never found
+    them. A real tree: a shell that does not exec (it has more to run after), a stand-in
+    torchrun below it, and ranks that each have a child of their own (a DataLoader worker,
+    with the rank's environment) which must not be taken for a rank."""
+    worker = "sleep 60 & sleep 60; wait"  # (a rank with a child of its own)
+    wrapper = subprocess.Popen(
+        ["sh", "-c", '"$0" -c "$1" torch.distributed.run -- "$2" "$2"; echo ended',
+         sys.executable, STAND_IN, worker], env={"PATH": "/usr/bin:/bin"})
+    try:
+        agent = _boxed_agent(tmp_path, wrapper, "apptainer")
+        # (found at the look the ranks run at: no beat, no command run)
+        _until(lambda: agent.root() != wrapper.pid, "torchrun was never found below the child")
+        torchrun = agent.root()
+        assert procs.parent(torchrun) == wrapper.pid  # the shell did not exec into it
+        _until(lambda: agent.deaths.look(agent.root(), time.monotonic(), False, True) or
+               len(agent.deaths.ranks) == 2, "the ranks were never found")
+        assert sorted(agent.deaths.ranks.values()) == [(0, 2), (1, 3)]
+        assert all(procs.parent(pid) == torchrun for pid in agent.deaths.ranks)
+        # The bound: torchrun one level below is out of reach at depth 0.
+        assert procs.find_torchrun(wrapper.pid, depth=0) is None
+        assert procs.find_torchrun(wrapper.pid, depth=1) == torchrun
+    finally:
+        _kill_tree(wrapper)
+
+
+def test_enroots_exec_chain_makes_the_agents_child_torchrun_itself(tmp_path):
+    """enroot start exec's all the way into the container's command (enroot-nsenter,
+    enroot-switchroot, /etc/rc's exec): the agent's child is torchrun, found at depth 0."""
+    torchrun = _stand_in("r1", "sleep 60", "sleep 60")
+    try:
+        agent = _boxed_agent(tmp_path, torchrun, "enroot")
+        _until(lambda: agent.deaths.look(agent.root(), time.monotonic(), False, True) or
+               len(agent.deaths.ranks) == 2, "the ranks were never found")
+        assert agent.root() == torchrun.pid
+    finally:
+        _kill_tree(torchrun)

@@ -4,6 +4,7 @@ container.pull and container.digest, and what stop paths remove."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from types import SimpleNamespace
 
@@ -110,7 +111,8 @@ def test_the_runs_paths_are_mounted_at_the_same_paths_each_once():
     ("--privileged", "podman", [], [], "is not an image reference"),
     ("/i/pt.sif", "podman", [], [], "container_runtime=podman loads archives of `podman save`"),
     ("/i/pt.sqsh", "docker", [], [], "set container_runtime=enroot"),
-    (NGC, "enroot", [], [], "enroot import docker://"),
+    ("/images/pt.sif", "enroot", [], [], "nvcr.io#nvidia/pytorch:24.05-py3"),
+    ("oras://ghcr.io/x/pt:1", "enroot", [], [], "imports a registry reference"),
     (NGC, "podman", ["data"], [], "container_mounts entry 'data'"),
     (NGC, "podman", ["/a:/b:/c"], [], "container_mounts entry"),
     (NGC, "podman", "/data", [], "must be a list"),
@@ -119,6 +121,35 @@ def test_the_runs_paths_are_mounted_at_the_same_paths_each_once():
 def test_each_wrong_setting_is_one_sentence_with_its_fix(image, runtime, mounts, options, words):
     why = container.validate(image, runtime, mounts, options)
     assert words in why and why.count(". ") == 0
+
+
+def test_enroot_takes_a_squashfs_file_or_a_reference_as_pyxis_does():
+    """Issue 68: container_runtime=enroot refused anything but a .sqsh; a cluster with pyxis
+    names its images nvcr.io#nvidia/pytorch:24.05-py3 (or docker://...)."""
+    for img in ("nvcr.io#nvidia/pytorch:24.05-py3", "docker://nvcr.io#nvidia/pytorch:24.05-py3",
+                NGC, "ubuntu:22.04", "dockerd://pt:1", "/images/pt.sqsh", "./pt.sqsh",
+                "/images/pt.squashfs"):
+        assert container.validate(img, "enroot", [], []) is None, img
+
+
+def test_one_function_maps_an_enroot_image_to_its_squashfs_file(tmp_path):
+    cache = str(tmp_path / "enroot")
+    ref = "nvcr.io#nvidia/pytorch:24.05-py3"
+    path = container.enroot_image(ref, cache)
+    assert path.startswith(cache + "/nvcr.io+nvidia+pytorch+24.05-py3-") and path.endswith(".sqsh")
+    # The same reference with its scheme is the same image, the same file; pyxis's rule.
+    assert container.enroot_image("docker://" + ref, cache) == path
+    assert container.enroot_uri(ref) == "docker://" + ref
+    assert container.enroot_uri("dockerd://pt:1") == "dockerd://pt:1"
+    # References whose readable names agree never share a file; a file is itself.
+    assert container.enroot_image("a/b:c", cache) != container.enroot_image("a:b/c", cache)
+    assert container.enroot_image("/images/pt.sqsh", cache) == "/images/pt.sqsh"
+    # The probe's import, the probe's container and the agent's container read that file.
+    assert container.pull_argv("enroot", ref, output=path + ".7.part") == [
+        "enroot", "import", "--output", path + ".7.part", "docker://" + ref]
+    assert container.pull_argv("enroot", "/images/pt.sqsh") is None
+    assert container.create_argv("enroot", ref, NAME, cache) == [
+        "enroot", "create", "--force", "--name", NAME, path]
 
 
 def test_without_an_image_nothing_is_checked_or_changed():
@@ -165,7 +196,7 @@ def test_image_probe_names_the_registrys_error_and_a_missing_runtime():
     run = FakeRun({("podman", "image", "inspect"): (None, "no such image"),
                    ("podman", "pull"): (None, "dial tcp: lookup nvcr.io: no such host")})
     facts = image.probe(NGC, "podman", run, which=lambda r: "/usr/bin/" + r)
-    assert "no such host" in facts["pull_error"] and image.wrapper(facts) is None
+    assert "no such host" in facts["pull_error"] and image.runner(facts, run) is None
     facts = image.probe(NGC, "docker", run, which=lambda r: None)
     assert facts["error"] == "docker is not installed here"
     facts = image.probe(NGC, "auto", run, which=lambda r: None)
@@ -177,7 +208,7 @@ def test_the_python_probe_runs_in_the_image_and_reads_its_last_line():
     run = FakeRun({("podman", "run", "--rm"): ("=== NVIDIA banner ===\n" + json.dumps(answer),
                                                None)})
     facts = {"runtime": "podman", "image": NGC, "local": NGC, "error": None, "pull_error": None}
-    got = pystack.probe_python("python3", run, in_image=image.wrapper(facts, [("/v", "/v")]))
+    got = pystack.probe_python("python3", run, in_image=image.runner(facts, run, [("/v", "/v")]))
     assert got == answer
     argv = run.calls[0][0]
     assert argv[:7] == ["podman", "run", "--rm", "--network", "none", "--volume", "/v:/v:ro"]
@@ -259,7 +290,7 @@ def test_image_probe_loads_an_archive_tags_it_and_reads_the_loaded_image(tmp_pat
     assert record["ok"] and record["detail"] == "%s loaded as %s" % (archive, local)
     # the in-image probe too
     ran = FakeRun({})
-    pystack.probe_python("python3", ran, in_image=image.wrapper(facts))
+    pystack.probe_python("python3", ran, in_image=image.runner(facts, ran))
     assert ran.calls[0][0][5:7] == [local, "python3"]
     # present already (loaded by an earlier preflight): not loaded again
     run = FakeRun({("podman", "image", "inspect"): ("sha256:aa\n", None)})
@@ -276,7 +307,7 @@ def test_a_missing_archive_and_a_load_error_are_container_pull_with_the_host(tmp
     assert not record["ok"] and record["detail"] == "%s: %s is not a file here" % (archive,
                                                                                   archive)
     assert "copy the archive to %s on n3" % archive in record["hint"]
-    assert image.wrapper(facts) is None
+    assert image.runner(facts, None) is None
     archive.write_bytes(b"x" * 10)
     # podman 4.3's own error for a gzip'd archive (its load reads no compressed archive)
     error = ("Error: payload does not match any of the supported image formats:\n * oci: ...\n"
@@ -307,6 +338,116 @@ def test_the_agent_starts_the_image_loaded_from_the_archive_or_says_it_is_missin
     assert argv[-3:] == [local, "python3", "train.py"] and str(archive) not in argv
     archive.unlink()
     assert agent.Box(p, "/srv/train/train.py").image is None  # (the agent reports it not started)
+
+ENROOT_FACTS = {"runtime": "enroot", "image": "/images/pt.sqsh", "error": None,
+                "pull_error": None}
+
+
+def test_enroots_python_probe_runs_in_a_throwaway_container_of_its_own(monkeypatch):
+    """Issue 68: with enroot the Python probe read the host's Python (no container to run it
+    in): python.torch and version.* said nothing of the image. A container of the probe's own
+    is created from the squashfs, started read-only with the mounts read-only, removed."""
+    answer = {"executable": "/usr/bin/python3", "torch_version": "2.4.0a0+07cecf4"}
+    run = FakeRun({("enroot", "start"): (json.dumps(answer) + "\n", None)})
+    got = pystack.probe_python("python3", run, in_image=image.runner(
+        ENROOT_FACTS, run, [("/v", "/v")], ["--conf", "/etc/x.conf"]))
+    assert got == answer
+    (create, _t1), (start, timeout_s), (remove, _t2) = run.calls
+    cname = create[4]
+    assert cname.startswith("torchfleet-probe-")
+    assert create == ["enroot", "create", "--force", "--name", cname, "/images/pt.sqsh"]
+    assert start[:8] == ["enroot", "start", "--env", "NVIDIA_VISIBLE_DEVICES=void", "--mount",
+                         "/v:/v:none:rbind,x-create=auto,ro", "--conf", "/etc/x.conf"]
+    assert "--rw" not in start and start[8:10] == [cname, "python3"] and timeout_s == 20
+    assert remove == ["enroot", "remove", "--force", cname]
+    # Each probe's container is its own.
+    pystack.probe_python("python3", run, in_image=image.runner(ENROOT_FACTS, run))
+    assert run.calls[3][0][4] != cname
+
+
+class TimesOut(FakeRun):
+    """command.bounded's answer for a command killed at its timeout, or a runner that raises
+    (the module itself interrupted)."""
+
+    def __init__(self, word, how):
+        super().__init__({})
+        self.word, self.how = word, how
+
+    def __call__(self, argv, timeout_s=None, data=None):
+        self.calls.append((argv, timeout_s))
+        if argv[:2] == ["enroot", self.word]:
+            if self.how == "raise":
+                raise subprocess.TimeoutExpired(argv, timeout_s)
+            return None, "%s did not answer within %g s" % (argv[0], timeout_s)
+        return "", None
+
+
+@pytest.mark.parametrize("word, how", [("start", "answer"), ("start", "raise"),
+                                       ("create", "answer")])
+def test_enroots_probe_container_is_removed_whatever_became_of_the_probe(word, how):
+    run = TimesOut(word, how)
+    in_image = image.runner(ENROOT_FACTS, run)
+    if how == "raise":
+        with pytest.raises(subprocess.TimeoutExpired):
+            pystack.probe_python("python3", run, in_image=in_image)
+    else:
+        got = pystack.probe_python("python3", run, in_image=in_image)
+        assert "did not answer" in got["error"] and "in the image" in got["error"]
+    cname = run.calls[0][0][4]
+    assert run.calls[-1][0] == ["enroot", "remove", "--force", cname]
+    assert [argv[1] for argv, _t in run.calls] == (["create", "start", "remove"] if word == "start"
+                                                   else ["create", "remove"])
+    if word == "create":
+        assert run.calls[0][1] == image.CREATE_TIMEOUT_S
+
+
+class Imports(FakeRun):
+    """enroot's import as it behaves: refuses an output that exists, writes it otherwise; or
+    fails with the registry's error."""
+
+    def __init__(self, error=None):
+        super().__init__({})
+        self.error = error
+
+    def __call__(self, argv, timeout_s=None, data=None):
+        self.calls.append((argv, timeout_s))
+        if argv[:2] == ["enroot", "import"]:
+            out = argv[argv.index("--output") + 1]
+            if self.error:
+                open(out, "w").write("half")  # (cut off: a partial file is left)
+                return None, self.error
+            assert not os.path.exists(out), "File already exists: " + out
+            open(out, "w").write("hsqs")
+        return "", None
+
+
+def test_enroot_imports_a_reference_once_per_host_and_names_its_error(tmp_path):
+    ref = "nvcr.io#nvidia/pytorch:24.05-py3"
+    cache = str(tmp_path / "cache" / "enroot")
+    run = Imports()
+    facts = image.probe(ref, "enroot", run, which=lambda r: "/usr/bin/" + r, pull_timeout_s=7,
+                        enroot_images=cache)
+    path = container.enroot_image(ref, cache)
+    assert facts["pulled"] and facts["pull_error"] is None and os.path.isfile(path)
+    [(argv, timeout_s)] = [c for c in run.calls if c[0][1] == "import"]
+    assert argv[-1] == "docker://" + ref and argv[3].startswith(path) and timeout_s == 7
+    assert os.listdir(cache) == [os.path.basename(path)]  # (the partial name is renamed)
+    # A later probe finds the file: nothing imported again.
+    run = Imports()
+    facts = image.probe(ref, "enroot", run, which=lambda r: "/usr/bin/" + r, enroot_images=cache)
+    assert not facts["pulled"] and facts["pull_error"] is None
+    assert not [c for c in run.calls if c[0][1] == "import"]
+    # The registry's error, and nothing left that a later probe would take for the image.
+    run = Imports("[ERROR] URL https://nvcr.io/proxy_auth returned error code: 401 Unauthorized")
+    facts = image.probe(ref + "x", "enroot", run, which=lambda r: "/usr/bin/" + r,
+                        enroot_images=cache)
+    assert "enroot import failed: [ERROR] URL https://nvcr.io" in facts["pull_error"]
+    assert "401" in facts["pull_error"] and len(facts["pull_error"]) < 400
+    assert os.listdir(cache) == [os.path.basename(path)] and image.runner(facts, run) is None
+    # A squashfs file is never imported: it is there or container.pull says it is missing.
+    facts = image.probe(str(tmp_path / "pt.sqsh"), "enroot", run,
+                        which=lambda r: "/usr/bin/" + r, enroot_images=cache)
+    assert facts["pull_error"] == "%s does not exist here" % (tmp_path / "pt.sqsh")
 
 
 def probe(digest=None, error=None, pull_error=None, pulled=False):
@@ -376,7 +517,7 @@ def test_stop_removes_only_a_container_named_as_torchfleets(monkeypatch):
 
 
 
-def test_docs_containers_md_shows_each_runtimes_line_as_built():
+def test_docs_containers_md_shows_each_runtimes_line_as_built(monkeypatch):
     import shlex
 
     from tests.conftest import ROOT
@@ -404,6 +545,20 @@ def test_docs_containers_md_shows_each_runtimes_line_as_built():
         assert "    " + shlex.join(argv) + "\n" in page, shlex.join(argv)
     srun = container.srun_argv(NGC, run_mounts, torchrun, 2, workdir="/srv/train")
     assert shlex.join(srun) in (ROOT / "docs" / "slurm.md").read_text()
+    # enroot with pyxis's reference (the run user's cache under /home/me), and the probes.
+    monkeypatch.setenv("HOME", "/home/me")
+    ref = "nvcr.io#nvidia/pytorch:24.05-py3"
+    probe_name = container.probe_name("gpu01", 4242, "1a2b3c4d")
+    probe = ["python3", "-c", "<probe>"]
+    venv = [("/opt/venv", "/opt/venv")]
+    for argv in (container.pull_argv("enroot", ref), container.create_argv("enroot", ref, cname),
+                 container.in_image_argv("podman", NGC, probe, venv),
+                 container.in_image_argv("apptainer", "/images/pytorch-24.05.sif", probe, venv),
+                 container.create_argv("enroot", "/images/pytorch-24.05.sqsh", probe_name),
+                 container.in_image_argv("enroot", "/images/pytorch-24.05.sqsh", probe, venv,
+                                         cname=probe_name),
+                 container.remove_argv("enroot", probe_name)):
+        assert "    " + shlex.join(argv) + "\n" in page, shlex.join(argv)
 
 
 # A CDI spec as `nvidia-ctk cdi generate` writes it (its first lines).

@@ -210,10 +210,11 @@ OPTIONS = tuple(_option(*args, **kwargs) for args, kwargs in (
         "no NTP server needed) fails host.clock: leases and ages compare clocks."))),
     # Containers (run/container.py, docs/containers.md).
     (("container_image", "str", ""), dict(description=(
-        "Run torchrun inside this image on every host (a registry reference, or a local "
-        "archive: an absolute path to a tar of podman save or docker save for podman and "
-        "docker, a .sif for apptainer, a .sqsh for enroot); the Python side's checks read "
-        "the image. The host's own Python when unset."))),
+        "Run torchrun inside this image on every host (a registry reference, enroot's as "
+        "pyxis takes it: nvcr.io#nvidia/pytorch:24.05-py3, or a local archive: an absolute "
+        "path to a tar of podman save or docker save for podman and docker, a .sif for "
+        "apptainer, a .sqsh for enroot); the Python side's checks read the image. The host's "
+        "own Python when unset."))),
     (("container_runtime", "str", "auto"), dict(
         choices=("auto", "podman", "docker", "apptainer", "enroot"), description=(
             "What starts container_image; C(auto) takes the first of podman, docker, "
@@ -386,6 +387,9 @@ CONTAINER_PULL_TIMEOUT_S = 1800.0
 # While the probes pull, the stdout callback says this often how many hosts' probes returned
 # and which it still waits on (plugins/callback/torchfleet.py).
 CONTAINER_PULL_SAY_S = 30.0
+# The longest `enroot create` may take (it unpacks the image's squashfs: an NGC image's
+# several GB), for the run's container and preflight's probe container alike.
+CONTAINER_CREATE_TIMEOUT_S = COMMAND_TIMEOUT_S * 15
 
 
 def master_settle_s(abort_grace_s=ABORT_GRACE_S, hang=False):

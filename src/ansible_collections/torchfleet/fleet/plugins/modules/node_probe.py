@@ -550,8 +550,9 @@ def main():
     image_facts = in_image = None
     if params["container_image"]:
         image_facts = image.probe(params["container_image"], params["container_runtime"], run)
-        in_image = image.wrapper(image_facts, container.mounts([], params["container_mounts"]),
-                                 params["container_options"])
+        in_image = image.runner(image_facts, run,
+                                container.mounts([], params["container_mounts"]),
+                                params["container_options"])
     python = params["python"] or ("python3" if in_image else sys.executable)
     if image_facts and (image_facts["error"] or image_facts["pull_error"]):
         # (the ranks' Python is the image's: the host's says nothing about it)

@@ -4,8 +4,11 @@ it (the Python probe then reads the image's torch, not the host's). The command 
 run/container.py's."""
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import shutil
+import socket
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import cuda_driver
@@ -13,13 +16,17 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.run import contai
 
 PULL_TIMEOUT_S = defaults.CONTAINER_PULL_TIMEOUT_S
 RUNTIME_TIMEOUT_S = 20.0
+CREATE_TIMEOUT_S = defaults.CONTAINER_CREATE_TIMEOUT_S
 
 
-def probe(image, runtime, run, which=shutil.which, pull_timeout_s=PULL_TIMEOUT_S):
-    """{"runtime", "installed" (the runtimes auto could take here), "error" (container.runtime's), "pull_error" (container.pull's), "pulled"
-    (pulled, or loaded from an archive), "local" (the name the runtime knows it by:
+def probe(image, runtime, run, which=shutil.which, pull_timeout_s=PULL_TIMEOUT_S,
+          enroot_images=container.ENROOT_IMAGES):
+    """{"runtime", "installed" (the runtimes auto could take here), "error"
+    (container.runtime's), "pull_error" (container.pull's), "pulled" (pulled, imported, or
+    loaded from an archive), "local" (the name podman or docker know it by:
     container.local_image), "digest", "cuda" (the CUDA its env declares: container.driver)}
-    for this host; `run` is command.bounded's runner."""
+    for this host; `run` is command.bounded's runner; enroot_images: where enroot's imports of
+    references are kept."""
     out = {"image": image, "runtime": None, "error": None, "pull_error": None, "pulled": False,
            "local": None, "digest": None, "cuda": None}
     # (with auto, the runtimes installed here: preflight compares them across hosts)
@@ -36,9 +43,11 @@ def probe(image, runtime, run, which=shutil.which, pull_timeout_s=PULL_TIMEOUT_S
     if why is not None:
         out["error"] = "%s does not work for this user: %s" % (chosen, str(why)[:300])
         return out
+    if chosen == "enroot":
+        return _enroot_pull(out, image, run, pull_timeout_s, enroot_images)
     local = out["local"] = container.local_image(chosen, image)
     present = container.present_argv(chosen, local) if local else None
-    if present is None:  # a file (.sif, .sqsh, an archive) or apptainer's docker:// (its exec pulls)
+    if present is None:  # a file (.sif, an archive) or apptainer's docker:// (its exec pulls)
         if "://" not in image and not os.path.isfile(image):
             out["pull_error"] = "%s is not a file here" % image
         return out
@@ -79,15 +88,68 @@ def load(runtime, path, local, run, timeout_s):
     return None
 
 
-def wrapper(facts, mounts=(), options=()):
-    """A function argv -> argv that runs a command in the image, or None where it cannot be
-    (no working runtime or image, enroot: the probe then reads nothing of the image)."""
+def _enroot_pull(out, image, run, timeout_s, cache_dir):
+    """enroot's image on this host: a squashfs file that must be here, or a registry
+    reference imported once into cache_dir (container.enroot_image's file; a later probe
+    finds it there)."""
+    path = container.enroot_image(image, cache_dir)
+    if os.path.isfile(path):
+        return out
+    if not container.pull_argv("enroot", image):
+        out["pull_error"] = "%s does not exist here" % image
+        return out
+    # Imported beside under a name of this probe's own, then renamed: enroot refuses an
+    # output that exists, and a cut-off import (the timeout) never passes for the image.
+    part = "%s.%d.part" % (path, os.getpid())
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    except OSError as exc:
+        out["pull_error"] = "cannot make %s for enroot's import: %s" % (
+            os.path.dirname(path), exc.strerror or exc)
+        return out
+    _text, why = run(container.pull_argv("enroot", image, output=part), timeout_s=timeout_s)
+    if why is None:
+        try:
+            os.replace(part, path)
+        except OSError as exc:
+            why = "its file %s: %s" % (part, exc.strerror or exc)
+    if why is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(part)
+        out["pull_error"] = "not in %s, and enroot import failed: %s" % (
+            os.path.dirname(path), str(why)[:300])
+        return out
+    out["pulled"] = True
+    return out
+
+
+def runner(facts, run, mounts=(), options=()):
+    """A runner like `run` (argv, timeout_s) -> (stdout, why) that runs argv in the image, or
+    None where it cannot be (no working runtime or image). enroot's is a container of its
+    own per call, created first and removed after, whatever became of the command (it failed,
+    timed out, or raised)."""
     if facts is None or facts["error"] or facts["pull_error"]:
         return None
-    runtime, image = facts["runtime"], facts["local"]
-    if container.in_image_argv(runtime, image, []) is None:
+    runtime, image = facts["runtime"], facts.get("local") or facts["image"]
+    if runtime not in container.RUNTIMES:
         return None
-    return lambda argv: container.in_image_argv(runtime, image, argv, mounts, options)
+
+    def in_image(argv, timeout_s=RUNTIME_TIMEOUT_S):
+        cname = container.probe_name(socket.gethostname(), os.getpid(), secrets.token_hex(4))
+        create = container.create_argv(runtime, image, cname)
+        try:
+            if create is not None:
+                _out, why = run(create, timeout_s=CREATE_TIMEOUT_S)
+                if why is not None:
+                    return None, "%s cannot make a container from %s: %s" % (
+                        runtime, create[-1], why)
+            return run(container.in_image_argv(runtime, image, argv, mounts, options, cname),
+                       timeout_s=timeout_s)
+        finally:
+            remove = container.remove_argv(runtime, cname) if create is not None else None
+            if remove is not None:
+                run(remove, timeout_s=RUNTIME_TIMEOUT_S)
+    return in_image
 
 
 # Where CDI specs live (the CDI specification's default spec directories), and enroot's hook

@@ -51,8 +51,9 @@ NCCL_HEADER = "/usr/include/nccl.h"
 
 def probe_python(python, run, timeout_s=20, in_image=None):
     """SNIPPET's answer for `python`, or {"error": "..."} when it cannot run; `run` is the
-    module's command runner (command.bounded). in_image: argv -> the argv that runs it in the
-    run's container image (host/image.py), whose Python the ranks will use."""
+    module's command runner (command.bounded). in_image: a runner like `run` that runs the
+    argv in the run's container image (host/image.py's runner), whose Python the ranks will
+    use."""
     # Not resolved through symlinks: a venv's python links to the base interpreter but sees
     # other packages.
     if in_image is None and os.path.abspath(python) == os.path.abspath(sys.executable):
@@ -60,7 +61,7 @@ def probe_python(python, run, timeout_s=20, in_image=None):
         exec(SNIPPET, scope)  # noqa: S102 (our own constant)
         return scope["out"]
     argv = [python, "-c", SNIPPET + "print(json.dumps(out))"]
-    out, err = run(in_image(argv) if in_image else argv, timeout_s=timeout_s)
+    out, err = (in_image or run)(argv, timeout_s=timeout_s)
     where = " in the image" if in_image else ""
     if out is None:
         return {"error": "%s: no such interpreter%s" % (python, where) if missing(err)

@@ -224,7 +224,7 @@ REGISTRY = (
     Unit(('input.container',), INPUT,
          'a container setting that cannot work on any host: `container_runtime` not one of '
          'auto, podman, docker, apptainer, enroot; a `container_image` that is no image '
-         'reference (enroot: no .sqsh file); a `container_mounts` entry that is not an '
+         'reference (enroot: a .sif, a scheme but docker:// or dockerd://); a `container_mounts` entry that is not an '
          'absolute path or host:container pair; `container_options` not a list of strings',
          'the fix it names, or leave `container_image` unset'),
     Unit(('container.runtime',), PREFLIGHT,
@@ -238,8 +238,9 @@ REGISTRY = (
          'the image is not on the host and cannot be pulled within the pull timeout (names '
          "the host and the registry's error); each host pulls in its own probe, as many hosts "
          'at once as Ansible has forks, with a progress line every 30 s (docs/containers.md)',
-         'make the registry reachable and logged in on that host (`podman login`), or load the '
-         'image there (`podman load` / `docker load`)'),
+         'make the registry reachable and logged in on that host (`podman login`; enroot: '
+         '~/.config/enroot/.credentials), or load the image there (`podman load` / `docker '
+         'load`; enroot: its .sqsh file)'),
     Unit(('container.gpu',), PREFLIGHT,
          'with the nccl backend: the runtime cannot give the container the host\'s NVIDIA GPUs '
          '(podman: no CDI spec of kind nvidia.com/gpu in /etc/cdi or /var/run/cdi; docker: no '

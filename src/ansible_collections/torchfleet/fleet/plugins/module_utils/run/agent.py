@@ -119,11 +119,9 @@ class RankDeaths:
         if refresh:
             for pid in procs.children(torchrun_pid):
                 if pid not in self.ranks:
-                    env = procs.environ(pid)
-                    try:
-                        self.ranks[pid] = (int(env[b"LOCAL_RANK"]), int(env[b"RANK"]))
-                    except (KeyError, ValueError):
-                        continue
+                    ids = procs.rank_ids(pid)
+                    if ids is not None:
+                        self.ranks[pid] = ids
         for pid in self.ranks:
             if pid not in self.watched:
                 self.watched[pid] = self.exits.watch(pid, torchrun_pid)
@@ -301,11 +299,11 @@ class HostAgent:
 
     def root(self):
         """torchrun's PID on this host, whose children are the ranks: the agent's child, or
-        in a podman or docker container the container's first process once it runs (0
-        before: nothing found yet)."""
+        in a container torchrun's host PID once found (podman, docker: 0 before; apptainer,
+        enroot: the agent's child before, where nothing is found either)."""
         if self.box is None:
             return self.proc.pid
-        found = self.box.find_pid(self.command)
+        found = self.box.find_pid(self.command, self.proc.pid)
         return self.proc.pid if found is None and container.pid_argv(
             self.box.runtime, self.box.name) is None else (found or 0)
 
@@ -803,11 +801,14 @@ class Box:
                                   self.options, gpus=self.gpus, ib=self.ib,
                                   workdir=self.workdir), env
 
-    def find_pid(self, command):
-        """The host PID of the container's torchrun (podman, docker: under their own daemon,
-        not the agent's child), looked up until it runs; apptainer and enroot run it in the
-        agent's own tree (None: the agent's child is the root)."""
+    def find_pid(self, command, child_pid):
+        """The host PID of the container's torchrun once found: podman's and docker's under
+        their own daemon, not the agent's child (asked of the runtime once a beat until it
+        runs); apptainer's and enroot's in the agent's own tree below its child `child_pid`
+        (the runtime's process), found by its ranks at the look they run."""
         argv = container.pid_argv(self.runtime, self.name)
+        if argv is None and not self.pid:
+            self.pid = procs.find_torchrun(child_pid)
         if argv is None or self.pid or time.monotonic() < self.next_look_m:
             return self.pid
         self.next_look_m = time.monotonic() + defaults.BEAT_S  # (a command: once a beat)
@@ -1012,16 +1013,17 @@ def start(p, command):
         master_addr=p["master_addr"])  # its route: the run's NIC where socket_ifname is unset
     started = time.time()
     box = Box(p, script) if p.get("container_image") else None
-    detail = None
+    detail, create = None, None
     if box is not None and box.image is None:
         detail = "the archive %s (container_image) is not a file on %s" % (
             p["container_image"], p["host"])
-    elif box is not None and container.create_argv(box.runtime, box.image, box.name):
-        _out, why = command(container.create_argv(box.runtime, box.image, box.name),
-                            timeout_s=defaults.COMMAND_TIMEOUT_S * 15)
+    elif box is not None:
+        create = container.create_argv(box.runtime, box.image, box.name)
+    if create is not None:  # (enroot: from the file preflight's probe imported or found)
+        _out, why = command(create, timeout_s=defaults.CONTAINER_CREATE_TIMEOUT_S)
         if why is not None:
             detail = "%s cannot make the run's container from %s on %s: %s" % (
-                box.runtime, box.image, p["host"], why)
+                box.runtime, create[-1], p["host"], why)
     if detail is not None:
         watch.close()
         report_not_started(p, secret, detail)

@@ -17,7 +17,12 @@ named torchfleet-<run_id>-<host> so stop paths find and remove exactly this run'
 podman and docker run the container under their own daemon/conmon: the agent's child is their
 client, and the container's first process (torchrun) is found by name (pid_argv). apptainer
 and enroot run torchrun as a process of the host's own tree (no daemon), so stopping the
-agent's process tree stops them, and there is nothing more to remove for apptainer.
+agent's process tree stops them, and there is nothing more to remove for apptainer; torchrun
+is found below the agent's child (procs.find_torchrun).
+
+enroot takes a squashfs file or, as pyxis does, a registry reference (nvcr.io#nvidia/pytorch:
+24.05-py3, docker://...): preflight's probe imports a reference once per host into
+ENROOT_IMAGES, and every container is created from that file (enroot_image()).
 """
 from __future__ import annotations
 
@@ -45,6 +50,16 @@ _LOADED = re.compile(r"^Loaded image(?:\(s\)| ID)?: *(.+)$")
 # A name or id the load printed, as it may stand in a tag command's argv (no option, no space).
 _REF_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,255}$")
 LOAD_OUTPUT_BYTES = 64 << 10
+# Where container_runtime=enroot keeps what it imports from a registry reference: one .sqsh
+# per reference, in the run's user's own cache (beside enroot's ${XDG_CACHE_HOME}/enroot,
+# where enroot keeps the layers it downloads).
+ENROOT_IMAGES = "~/.cache/torchfleet/enroot"
+# The schemes pyxis hands to `enroot import` as given; any other reference gets docker://.
+ENROOT_SCHEMES = ("docker://", "dockerd://")
+ENROOT_FILES = (".sqsh", ".squashfs")
+# What the image's Python probe gives enroot's GPU hook: nothing (it needs no GPU, and a host
+# without nvidia-container-cli still reads its image; NGC's images set NVIDIA_VISIBLE_DEVICES).
+PROBE_ENV = ["NVIDIA_VISIBLE_DEVICES=void"]
 
 
 def name(run_id, host, attempt=0):
@@ -52,6 +67,38 @@ def name(run_id, host, attempt=0):
     an earlier attempt's container may still be being removed)."""
     raw = "%s%s-%s%s" % (NAME_PREFIX, run_id, host, "-a%d" % attempt if attempt else "")
     return _NAME_BAD.sub("_", raw)
+
+
+def probe_name(host, pid, token):
+    """The name of preflight's throwaway probe container (enroot): its own per host, probe
+    process and call, so two probes never share one and stop paths still know the prefix."""
+    return _NAME_BAD.sub("_", "%sprobe-%s-%d-%s" % (NAME_PREFIX, host, pid, token))
+
+
+def enroot_is_file(image):
+    """Whether container_image names a squashfs file for enroot (a path, as pyxis takes it),
+    not a registry reference."""
+    return image.startswith(("/", "./", "../")) or image.endswith(ENROOT_FILES)
+
+
+def enroot_uri(image):
+    """What `enroot import` takes for a registry reference, as pyxis builds it:
+    [USER@][REGISTRY#]IMAGE[:TAG] gets docker://; docker:// and dockerd:// are kept."""
+    return image if image.startswith(ENROOT_SCHEMES) else "docker://" + image
+
+
+def enroot_image(image, cache_dir=ENROOT_IMAGES):
+    """The squashfs file enroot creates the container from (every caller goes through here:
+    the probe's import and its container, the agent's): container_image itself where it is a
+    file, else the file the probe's import writes in cache_dir, named after the reference
+    (readable: nvcr.io+nvidia+pytorch+24.05-py3) and a hash of it (two references whose
+    readable names agree never share a file)."""
+    if enroot_is_file(image):
+        return image
+    uri = enroot_uri(image)
+    readable = re.sub(r"[^A-Za-z0-9_.-]+", "+", uri.split("://", 1)[1]).strip("+.")[:100]
+    return os.path.join(os.path.expanduser(cache_dir), "%s-%s.sqsh" % (
+        readable, hashlib.sha256(uri.encode()).hexdigest()[:12]))
 
 
 def parse_mount(entry):
@@ -96,10 +143,11 @@ def validate(image, runtime, container_mounts, options):
         return ("container_runtime=%s loads archives of `podman save` or `docker save`, not %r; "
                 "set container_runtime=%s or give the image's reference"
                 % (runtime, image, "apptainer" if image.endswith(".sif") else "enroot"))
-    if runtime == "enroot" and not image.endswith(".sqsh"):
-        return ("container_runtime=enroot starts a squashfs file, not %r; run `enroot import "
-                "docker://%s` on the hosts and set container_image to the .sqsh it writes"
-                % (image, image))
+    if runtime == "enroot" and (image.endswith(".sif") or "://" in image
+                                and not image.startswith(ENROOT_SCHEMES)):
+        return ("container_runtime=enroot starts a squashfs file or imports a registry "
+                "reference, not %r; set container_image like nvcr.io#nvidia/pytorch:24.05-py3 "
+                "(as pyxis takes it) or /path/image.sqsh" % (image,))
     if not isinstance(container_mounts, list):
         return "container_mounts must be a list of paths or host:container pairs"
     for entry in container_mounts:
@@ -113,7 +161,7 @@ def validate(image, runtime, container_mounts, options):
 
 # The runtimes that can start an image of this form at all: a .sif is apptainer's, a .sqsh
 # enroot's (auto must not hand either to podman because podman comes first).
-FILE_RUNTIMES = {".sif": ("apptainer",), ".sqsh": ("enroot",)}
+FILE_RUNTIMES = {".sif": ("apptainer",), ".sqsh": ("enroot",), ".squashfs": ("enroot",)}
 
 
 def candidates(image):
@@ -240,10 +288,11 @@ def run_argv(runtime, image, cname, command, env_names, run_mounts, options=(), 
     raise ValueError("unknown container runtime %r" % runtime)
 
 
-def create_argv(runtime, image, cname):
-    """What makes the container before run_argv (enroot only: create from the squashfs)."""
+def create_argv(runtime, image, cname, cache_dir=ENROOT_IMAGES):
+    """What makes the container before run_argv or in_image_argv (enroot only: create from
+    the squashfs, enroot_image's)."""
     if runtime == "enroot":
-        return ["enroot", "create", "--force", "--name", cname, image]
+        return ["enroot", "create", "--force", "--name", cname, enroot_image(image, cache_dir)]
     return None
 
 
@@ -290,11 +339,15 @@ def present_argv(runtime, image):
     return None
 
 
-def pull_argv(runtime, image):
+def pull_argv(runtime, image, output=None):
+    """Brings the image to the host: podman's and docker's pull; enroot's import of a
+    registry reference into `output` (the probe's temporary name, renamed to enroot_image's
+    once complete: enroot refuses an output that exists, and a half-written file is never
+    taken for the image)."""
     if runtime in ("podman", "docker"):
         return [runtime, "pull", "--quiet", image]
-    if runtime == "apptainer" and "://" in image:
-        return ["apptainer", "pull", "--disable-cache", image]
+    if runtime == "enroot" and not enroot_is_file(image):
+        return ["enroot", "import", "--output", output or enroot_image(image), enroot_uri(image)]
     return None
 
 
@@ -329,21 +382,32 @@ def env_argv(runtime, image):
     return None
 
 
-def in_image_argv(runtime, image, command, run_mounts=(), options=()):
+def in_image_argv(runtime, image, command, run_mounts=(), options=(), cname=None):
     """A throwaway container that runs `command` in the image (preflight's Python probe): no
-    GPUs, no network, nothing kept; container_options too (a host's runtime may need them for
-    any container: --ulimit host, --security-opt)."""
+    GPUs, the mounts read-only, nothing kept; container_options too (a host's runtime may need
+    them for any container: --ulimit host, --security-opt). enroot starts `cname`, made by
+    create_argv and removed by remove_argv around it (host/image.py's runner); podman and
+    docker also get no network (enroot's --net is too recent to count on; the probe uses none)."""
     if runtime in ("podman", "docker"):
         argv = [runtime, "run", "--rm", "--network", "none"]
         for src, dst in run_mounts:
             argv += ["--volume", "%s:%s:ro" % (src, dst)]
         return argv + list(options) + [image] + list(command)
-    if runtime == "apptainer":
+    if runtime == "apptainer":  # (--bind src:dest:opts, opts ro or rw)
         argv = ["apptainer", "exec", "--cleanenv"]
         for src, dst in run_mounts:
             argv += ["--bind", "%s:%s:ro" % (src, dst)]
         return argv + list(options) + [image] + list(command)
-    return None  # enroot: a container must be created first; the probe reads the host
+    if runtime == "enroot":
+        # The root filesystem is read-only without --rw; a mount is an fstab line with ':'
+        # between its fields (its options as run_argv's default, rbind,x-create=auto, plus ro).
+        argv = ["enroot", "start"]
+        for pair in PROBE_ENV:
+            argv += ["--env", pair]
+        for src, dst in run_mounts:
+            argv += ["--mount", "%s:%s:none:rbind,x-create=auto,ro" % (src, dst)]
+        return argv + list(options) + [cname] + list(command)
+    return None
 
 
 def srun_argv(image, run_mounts, command, nnodes, workdir=None, options=()):

@@ -65,6 +65,42 @@ def children(pid):
     return [int(c) for c in _read("/proc/%d/task/%d/children" % (pid, pid)).split()]
 
 
+def rank_ids(pid):
+    """(LOCAL_RANK, RANK) as torchrun sets them in each rank's environment; None for any
+    other process (or one gone, or not ours to read)."""
+    env = environ(pid)
+    try:
+        return int(env[b"LOCAL_RANK"]), int(env[b"RANK"])
+    except (KeyError, ValueError):
+        return None
+
+
+TORCHRUN_DEPTH = 4   # levels below a runtime's process searched for torchrun
+TORCHRUN_LOOKS = 64  # processes looked at per search
+
+
+def find_torchrun(root, depth=TORCHRUN_DEPTH, looks=TORCHRUN_LOOKS):
+    """The PID of the process at or below root whose children are ranks (rank_ids): torchrun,
+    where a runtime runs it in the host's own tree at some depth (enroot start exec's into
+    it, or forks first with --pid; apptainer's starter forks the container's process; an
+    image's entrypoint may fork), searched breadth first, `depth` levels and `looks`
+    processes at most; None before its ranks run. A rank's own children (its DataLoader
+    workers, with the rank's environment) are deeper than the rank: never taken for it."""
+    level, seen = [root], 0
+    for _ in range(depth + 1):
+        below = []
+        for pid in level:
+            kids = children(pid)
+            seen += 1 + len(kids)
+            if any(rank_ids(kid) is not None for kid in kids):
+                return pid
+            below += kids
+            if seen >= looks:
+                return None
+        level = below
+    return None
+
+
 def tree(pid):
     """Every process below pid, by the children files of each of its threads (a few reads,
     not a scan of every process)."""
