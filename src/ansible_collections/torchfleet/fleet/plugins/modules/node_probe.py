@@ -304,7 +304,8 @@ container:
   description: With O(container_image) (else null) - the runtime used, its error (the
     container.runtime check), the pull's error (container.pull), whether it was pulled (or
     loaded from an archive), the name the runtime knows it by (local - an archive's is the
-    tag localhost/torchfleet-archive:HASH of its path, size and mtime), the image's id (container.digest), the CUDA its env declares (cuda - CUDA_VERSION and whether
+    tag localhost/torchfleet-archive:HASH of its path, size and mtime), the image's id
+    (container.digest), the CUDA its env declares (cuda - CUDA_VERSION and whether
     it carries the forward-compatibility libraries; container.driver), and on a host with
     NVIDIA GPUs why the runtime cannot give them to a container (gpu_error, null when it can;
     container.gpu).

@@ -626,13 +626,14 @@ class HostWatch:
         xids entry), or None: none did within SXID_AFTER_XID_S, or a GPU of the run (or one
         that cannot be judged) had one then too: the SXid stays the run's."""
         owner = None
-        for bus, (t, e, ours, _code, _gpu) in self.xids.items():
+        for bus, entry in self.xids.items():
+            t, e, ours = entry[:3]
             slack = err + e
             if not -slack <= at - t <= SXID_AFTER_XID_S + slack:
                 continue
             if ours is not False:
                 return None
-            owner = (bus, self.xids[bus])
+            owner = (bus, entry)
         return owner
 
     def _judge(self, event, ranks, at=None):

@@ -87,7 +87,7 @@ def find_torchrun(root, depth=TORCHRUN_DEPTH, looks=TORCHRUN_LOOKS):
     processes at most; None before its ranks run. A rank's own children (its DataLoader
     workers, with the rank's environment) are deeper than the rank: never taken for it."""
     level, seen = [root], 0
-    for _ in range(depth + 1):
+    for _level in range(depth + 1):
         below = []
         for pid in level:
             kids = children(pid)
