@@ -619,9 +619,10 @@ def test_a_ranks_failure_before_the_abort_stays_its_own_when_torchrun_is_stopped
     assert _judged(body) == ["failed", "failed"]
 
 
-def _boxed_agent(tmp_path, child, runtime):
+def _boxed_agent(tmp_path, child, runtime, command=None):
     """node1's agent whose child is `child`, a container runtime's process (apptainer,
-    enroot) that runs torchrun in the host's own tree."""
+    enroot) that runs torchrun in the host's own tree; `command` runs the runtime's
+    commands (podman's inspect)."""
     from ansible_collections.torchfleet.fleet.plugins.module_utils.run.agent import (
         Box, HostAgent, Timings)
     p = {"host": "node1", "python": sys.executable, "flight_recorder": 0, "max_restarts": 0,
@@ -630,7 +631,7 @@ def _boxed_agent(tmp_path, child, runtime):
          "container_runtime": runtime, "container_image": "/images/pt.sqsh", "attempt": 0,
          "chdir": "", "data_paths": [], "container_mounts": [], "container_options": [],
          "container_gpus": False, "network": "tcp", "checkpoint_dir": ""}
-    return HostAgent(p, child, None, Timings(p), lambda body: True, None,
+    return HostAgent(p, child, command, Timings(p), lambda body: True, None,
                      Box(p, str(tmp_path / "train.py")))
 
 
@@ -683,3 +684,34 @@ def test_enroots_exec_chain_makes_the_agents_child_torchrun_itself(tmp_path):
         assert agent.root() == torchrun.pid
     finally:
         _kill_tree(torchrun)
+
+
+def test_podmans_torchrun_below_the_images_init_is_found_with_its_ranks(tmp_path):
+    """An image's init (tini, --init) or an entrypoint script that does not exec is the
+    container's first process (podman inspect's .State.Pid), torchrun its child: the agent
+    took the first process for torchrun and never saw a rank. A real tree: a shell that
+    does not exec stands for the init (podman's client, the agent's child, is another
+    process: here a sleep)."""
+    init = subprocess.Popen(
+        ["sh", "-c", '"$0" -c "$1" torch.distributed.run -- "$2" "$2"; echo ended',
+         sys.executable, STAND_IN, "sleep 60"], env={"PATH": "/usr/bin:/bin"})
+    client = subprocess.Popen(["sleep", "60"])
+    asked = []
+
+    def inspect(argv, timeout_s):
+        asked.append(argv)
+        return "%d\n" % init.pid, None
+    try:
+        agent = _boxed_agent(tmp_path, client, "podman", inspect)
+        assert agent.root() == init.pid  # (before the ranks run: the first process)
+        _until(lambda: agent.root() != init.pid, "torchrun was never found below the init")
+        torchrun = agent.root()
+        assert procs.parent(torchrun) == init.pid
+        _until(lambda: agent.deaths.look(agent.root(), time.monotonic(), False, True) or
+               len(agent.deaths.ranks) == 2, "the ranks were never found")
+        assert all(procs.parent(pid) == torchrun for pid in agent.deaths.ranks)
+        assert len(asked) == 1 and asked[0][:2] == ["podman", "inspect"]  # (asked once)
+    finally:
+        _kill_tree(init)
+        client.kill()
+        client.wait()

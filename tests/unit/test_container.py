@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 from types import SimpleNamespace
 
@@ -22,12 +23,12 @@ MOUNTS = [("/code", "/code"), ("/runs/r1/node0", "/runs/r1/node0")]
 NAME = "torchfleet-r1-node0"
 
 
-def test_podman_gets_the_hosts_network_ipc_memlock_cdi_gpus_ib_env_by_name_and_mounts():
+def test_podman_gets_the_hosts_network_ipc_memlock_no_pids_cap_cdi_gpus_ib_env_and_mounts():
     assert container.run_argv("podman", NGC, NAME, TORCHRUN, ["NCCL_DEBUG", "TORCHFLEET_RUN_ID"],
                               MOUNTS, ["--security-opt", "label=disable"], gpus=True, ib=True,
                               workdir="/code") == [
         "podman", "run", "--rm", "--name", NAME, "--network", "host", "--ipc", "host",
-        "--ulimit", "memlock=-1", "--device", "nvidia.com/gpu=all",
+        "--ulimit", "memlock=-1", "--pids-limit", "-1", "--device", "nvidia.com/gpu=all",
         "--device", "/dev/infiniband", "--env", "NCCL_DEBUG", "--env", "TORCHFLEET_RUN_ID",
         "--volume", "/code:/code", "--volume", "/runs/r1/node0:/runs/r1/node0",
         "--workdir", "/code", "--security-opt", "label=disable", NGC] + TORCHRUN
@@ -110,6 +111,8 @@ def test_the_runs_paths_are_mounted_at_the_same_paths_each_once():
     ("a b", "auto", [], [], "is not an image reference"),
     ("--privileged", "podman", [], [], "is not an image reference"),
     ("/i/pt.sif", "podman", [], [], "container_runtime=podman loads archives of `podman save`"),
+    ("docker://" + NGC, "apptainer", [], [], "run `apptainer pull /path/image.sif docker://IMAGE`"),
+    (NGC, "apptainer", [], [], "container_runtime=apptainer starts a .sif file"),
     ("/i/pt.sqsh", "docker", [], [], "set container_runtime=enroot"),
     ("/images/pt.sif", "enroot", [], [], "nvcr.io#nvidia/pytorch:24.05-py3"),
     ("oras://ghcr.io/x/pt:1", "enroot", [], [], "imports a registry reference"),
@@ -141,6 +144,14 @@ def test_one_function_maps_an_enroot_image_to_its_squashfs_file(tmp_path):
     assert container.enroot_image("docker://" + ref, cache) == path
     assert container.enroot_uri(ref) == "docker://" + ref
     assert container.enroot_uri("dockerd://pt:1") == "dockerd://pt:1"
+    # Written as docker writes it, the registry gets enroot's '#' (else enroot asks Docker Hub
+    # for nvcr.io/nvidia/pytorch), and it is the same image, the same file.
+    assert container.enroot_uri(NGC) == "docker://" + ref
+    assert container.enroot_image(NGC, cache) == path
+    assert container.enroot_uri("localhost:5000/pt:1") == "docker://localhost:5000#pt:1"
+    assert container.enroot_uri("localhost/pt:1") == "docker://localhost#pt:1"
+    assert container.enroot_uri("nvidia/cuda:12.4.1-base") == "docker://nvidia/cuda:12.4.1-base"
+    assert container.enroot_uri("ubuntu:22.04") == "docker://ubuntu:22.04"
     # References whose readable names agree never share a file; a file is itself.
     assert container.enroot_image("a/b:c", cache) != container.enroot_image("a:b/c", cache)
     assert container.enroot_image("/images/pt.sqsh", cache) == "/images/pt.sqsh"
@@ -431,6 +442,9 @@ def test_enroot_imports_a_reference_once_per_host_and_names_its_error(tmp_path):
     assert facts["pulled"] and facts["pull_error"] is None and os.path.isfile(path)
     [(argv, timeout_s)] = [c for c in run.calls if c[0][1] == "import"]
     assert argv[-1] == "docker://" + ref and argv[3].startswith(path) and timeout_s == 7
+    # (the partial file is the host's and the probe's own: on a shared home two hosts with
+    # one pid import at once)
+    assert argv[3].startswith("%s.%s.%d." % (path, socket.gethostname(), os.getpid()))
     assert os.listdir(cache) == [os.path.basename(path)]  # (the partial name is renamed)
     # A later probe finds the file: nothing imported again.
     run = Imports()

@@ -124,3 +124,10 @@ def test_hostile_env_and_driver_strings_never_raise(env, driver, compat):
     for cuda in (facts and facts["version"], env[:40], driver):
         got = cuda_driver.verdict(cuda, driver, compat)
         assert got is None or got[0] in ("ok", "warning", "error")
+
+
+def test_a_driver_is_named_as_nvidia_writes_it_with_its_leading_zero():
+    # (560.28.03 is CUDA 12.6 GA's driver; "560.28.3" is no driver anyone can install)
+    level, detail, fix = cuda_driver.verdict("12.6.0", "555.42.06", False)
+    assert level == "warning" and "below CUDA 12.6.0's driver 560.28.03," in detail
+    assert fix.startswith("upgrade the host's NVIDIA driver to 560.28.03 or later")

@@ -193,3 +193,19 @@ def test_node_probe_with_an_image_and_no_runtime_reads_no_python_of_the_host(tmp
     assert result["versions"]["torch"] is None
     assert "container.runtime says why" in result["python"]["error"]
     assert run_module(node_probe, {"python": sys.executable}, capsys)["container"] is None
+
+
+def test_with_an_image_the_masters_listener_outwaits_a_pull(capsys, monkeypatch):
+    # A later fork batch dials only once a pulling host's probe returns: the listener's idle
+    # time covers the pull (else every host past the forks would fail port.blocked).
+    from ansible_collections.torchfleet.fleet.plugins.module_utils.host import image
+    started = []
+    monkeypatch.setattr(node_probe, "start_listener",
+                        lambda ports, peers, idle_s: started.append(idle_s) or None)
+    monkeypatch.setattr(image, "probe", lambda *a, **k: dict(
+        image=a[0], runtime=None, error="no runtime here", pull_error=None, pulled=False))
+    for extra, idle in (({}, 60.0), ({"container_image": "nvcr.io/nvidia/pytorch:24.05-py3"},
+                                     60.0 + image.PULL_TIMEOUT_S + image.CREATE_TIMEOUT_S)):
+        run_module(node_probe, dict({"master_port": free_port(), "master_addr": "127.0.0.1",
+                                     "listen": True, "python": sys.executable}, **extra), capsys)
+        assert started.pop() == idle

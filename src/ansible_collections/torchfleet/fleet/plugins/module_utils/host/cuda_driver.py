@@ -99,6 +99,11 @@ def _fmt(version):
     return ".".join(str(p) for p in version)
 
 
+def _fmt_driver(version):
+    """A driver version as NVIDIA writes it: the third part in two digits (560.28.03)."""
+    return ".".join(("%02d" if i == 2 else "%d") % p for i, p in enumerate(version))
+
+
 def toolkit_driver(cuda):
     """(release, driver) of the Toolkit Driver Version row for `cuda` (a version tuple): the
     exact release, else the latest listed update of that X.y at or below it (an X.y with no
@@ -122,24 +127,24 @@ def verdict(cuda_text, driver_text, compat=False):
     major_min = min(parse_version(MINOR_COMPAT_MIN[cuda[0]]), row[1] if row else (1 << 30,))
     here = "driver %s, image CUDA %s" % (driver_text.strip(), cuda_text.strip())
     upgrade = ("upgrade the host's NVIDIA driver to %s or later, or use an image built for "
-               "an older CUDA" % _fmt(row[1] if row else major_min))
+               "an older CUDA" % _fmt_driver(row[1] if row else major_min))
     if driver < major_min:
         if compat:
             return ("warning", "%s: below CUDA %d.x's minimum %s; the image carries the CUDA "
                     "forward-compatibility libraries (cuda-compat), which work only on "
                     "data-center GPUs and from the driver branches NVIDIA supports for them "
-                    "(%s), else CUDA fails to initialise" % (here, cuda[0], _fmt(major_min),
+                    "(%s), else CUDA fails to initialise" % (here, cuda[0], _fmt_driver(major_min),
                                                              COMPAT_SOURCE), upgrade)
         return ("error", "%s: below CUDA %d.x's minimum driver %s (%s, read %s): CUDA cannot "
-                "start in the image" % (here, cuda[0], _fmt(major_min), SOURCE, READ_ON),
+                "start in the image" % (here, cuda[0], _fmt_driver(major_min), SOURCE, READ_ON),
                 upgrade)
     if row is not None and driver < row[1]:
         return ("warning", "%s: below CUDA %s's driver %s, above CUDA %d.x's minimum %s: runs "
                 "by minor version compatibility, where what needs the newer driver fails "
                 "(PTX built for CUDA %s that the driver's JIT cannot compile)"
-                % (here, _fmt(row[0]), _fmt(row[1]), cuda[0], MINOR_COMPAT_MIN[cuda[0]],
+                % (here, _fmt(row[0]), _fmt_driver(row[1]), cuda[0], MINOR_COMPAT_MIN[cuda[0]],
                    _fmt(cuda[:2])), upgrade)
     return ("ok", "%s: at or above %s" % (
-        here, "CUDA %s's driver %s" % (_fmt(row[0]), _fmt(row[1])) if row else
+        here, "CUDA %s's driver %s" % (_fmt(row[0]), _fmt_driver(row[1])) if row else
         "CUDA %d.x's minimum %s (CUDA %s is newer than the table read %s)"
         % (cuda[0], MINOR_COMPAT_MIN[cuda[0]], _fmt(cuda[:2]), READ_ON)), "")

@@ -100,7 +100,9 @@ def _enroot_pull(out, image, run, timeout_s, cache_dir):
         return out
     # Imported beside under a name of this probe's own, then renamed: enroot refuses an
     # output that exists, and a cut-off import (the timeout) never passes for the image.
-    part = "%s.%d.part" % (path, os.getpid())
+    # (host, pid and a token: on a shared home (NFS) the first fork batch's hosts import
+    # together, and two of them may share a pid; each renames a whole file of its own)
+    part = "%s.%s.%d.%s.part" % (path, socket.gethostname(), os.getpid(), secrets.token_hex(4))
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     except OSError as exc:

@@ -790,7 +790,7 @@ class Box:
         self.options, self.gpus, self.ib = p["container_options"], p["container_gpus"], \
             p["network"] == "ib"
         self.workdir = p["chdir"] or p["run_dir"]
-        self.pid = None
+        self.pid = self.first = None
         self.next_look_m = 0.0
 
     def wrap(self, argv, extra_env):
@@ -803,19 +803,24 @@ class Box:
 
     def find_pid(self, command, child_pid):
         """The host PID of the container's torchrun once found: podman's and docker's under
-        their own daemon, not the agent's child (asked of the runtime once a beat until it
-        runs); apptainer's and enroot's in the agent's own tree below its child `child_pid`
-        (the runtime's process), found by its ranks at the look they run."""
+        their own daemon, not the agent's child (the container's first process, asked of the
+        runtime once a beat until it runs, then torchrun at or below it: an image's init,
+        tini or --init, or an entrypoint script that does not exec, is first, with torchrun
+        its child); apptainer's and enroot's in the agent's own tree below its child
+        `child_pid` (the runtime's process), found by its ranks at the look they run."""
         argv = container.pid_argv(self.runtime, self.name)
         if argv is None and not self.pid:
             self.pid = procs.find_torchrun(child_pid)
-        if argv is None or self.pid or time.monotonic() < self.next_look_m:
+        if argv is None or self.pid:
             return self.pid
-        self.next_look_m = time.monotonic() + defaults.BEAT_S  # (a command: once a beat)
-        out, why = command(argv, timeout_s=10)
-        if why is None and out and out.strip().isdigit() and int(out.strip()) > 0:
-            self.pid = int(out.strip())
-        return self.pid
+        if self.first is None and time.monotonic() >= self.next_look_m:
+            self.next_look_m = time.monotonic() + defaults.BEAT_S  # (a command: once a beat)
+            out, why = command(argv, timeout_s=10)
+            if why is None and out and out.strip().isdigit() and int(out.strip()) > 0:
+                self.first = int(out.strip())
+        if self.first is not None:
+            self.pid = procs.find_torchrun(self.first)
+        return self.pid or self.first
 
     def remove(self, command, log):
         """Remove the container by its name (nothing of the run is left: a stop, an abort,

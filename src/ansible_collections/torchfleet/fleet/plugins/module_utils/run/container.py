@@ -83,8 +83,17 @@ def enroot_is_file(image):
 
 def enroot_uri(image):
     """What `enroot import` takes for a registry reference, as pyxis builds it:
-    [USER@][REGISTRY#]IMAGE[:TAG] gets docker://; docker:// and dockerd:// are kept."""
-    return image if image.startswith(ENROOT_SCHEMES) else "docker://" + image
+    [USER@][REGISTRY#]IMAGE[:TAG] gets docker://; docker:// and dockerd:// are kept. A
+    reference written as docker writes it (nvcr.io/nvidia/pytorch:24.05-py3: a first part with
+    a dot or a port, or localhost, is the registry) gets enroot's '#' after its registry: enroot
+    reads everything before a '#' as the registry and sends a reference without one to
+    Docker Hub (registry-1.docker.io), where nvcr.io/nvidia/... does not exist."""
+    if image.startswith(ENROOT_SCHEMES):
+        return image
+    first, slash, rest = image.partition("/")
+    if "#" not in image and slash and ("." in first or ":" in first or first == "localhost"):
+        image = "%s#%s" % (first, rest)
+    return "docker://" + image
 
 
 def enroot_image(image, cache_dir=ENROOT_IMAGES):
@@ -139,6 +148,12 @@ def validate(image, runtime, container_mounts, options):
         return ("container_image=%r is not an image reference or archive path; set it like "
                 "nvcr.io/nvidia/pytorch:24.05-py3, /path/image.tar (podman save, docker save), "
                 "/path/image.sif or /path/image.sqsh" % (image,))
+    if runtime == "apptainer" and not image.endswith(".sif"):
+        # (apptainer exec docker://... converts the image at every start, minutes for an NGC
+        # image: past preflight's probe timeout, and on every host at once inside the join)
+        return ("container_runtime=apptainer starts a .sif file, not %r; run `apptainer pull "
+                "/path/image.sif docker://IMAGE` once (shared storage, or on each host) and set "
+                "container_image to the .sif" % (image,))
     if runtime in ("podman", "docker") and image.endswith((".sif", ".sqsh")):
         return ("container_runtime=%s loads archives of `podman save` or `docker save`, not %r; "
                 "set container_runtime=%s or give the image's reference"
@@ -252,6 +267,11 @@ def run_argv(runtime, image, cname, command, env_names, run_mounts, options=(), 
             argv += ["--ipc", "host"]
         if not _sets(options, "--ulimit"):  # (yours win: a sandbox may refuse memlock=-1)
             argv += ["--ulimit", "memlock=-1"]
+        if runtime == "podman" and not _sets(options, "--pids-limit"):
+            # podman caps a container at 2048 processes (containers.conf's pids_limit; threads
+            # count on cgroup v2): 8 ranks with NCCL's and OpenMP's threads and DataLoader
+            # workers pass it mid-epoch ("can't start new thread"). docker sets no cap.
+            argv += ["--pids-limit", "-1"]
         if gpus:
             argv += ["--gpus", "all"] if runtime == "docker" else ["--device", "nvidia.com/gpu=all"]
         if ib:
