@@ -222,8 +222,10 @@ def test_the_python_probe_runs_in_the_image_and_reads_its_last_line():
     got = pystack.probe_python("python3", run, in_image=image.runner(facts, run, [("/v", "/v")]))
     assert got == answer
     argv = run.calls[0][0]
-    assert argv[:7] == ["podman", "run", "--rm", "--network", "none", "--volume", "/v:/v:ro"]
-    assert argv[7:9] == [NGC, "python3"]
+    # (the run's limits too: a host whose runtime refuses them fails preflight, not the launch)
+    assert argv[:13] == ["podman", "run", "--rm", "--network", "none", "--ipc", "host",
+                         "--ulimit", "memlock=-1", "--pids-limit", "-1", "--volume", "/v:/v:ro"]
+    assert argv[13:15] == [NGC, "python3"]
 
 
 # An archive of `podman save` (podman 4.3's `podman load --quiet` output for it, for one saved
@@ -302,7 +304,7 @@ def test_image_probe_loads_an_archive_tags_it_and_reads_the_loaded_image(tmp_pat
     # the in-image probe too
     ran = FakeRun({})
     pystack.probe_python("python3", ran, in_image=image.runner(facts, ran))
-    assert ran.calls[0][0][5:7] == [local, "python3"]
+    assert ran.calls[0][0][11:13] == [local, "python3"]
     # present already (loaded by an earlier preflight): not loaded again
     run = FakeRun({("podman", "image", "inspect"): ("sha256:aa\n", None)})
     facts = image.probe(str(archive), "podman", run, which=lambda r: "/usr/bin/" + r)
@@ -647,3 +649,32 @@ def test_the_agent_passes_the_runs_env_by_name_never_a_value_on_the_command_line
     assert argv[argv.index("--workdir") + 1] == "/srv/train"
     assert "nvidia.com/gpu=all" in argv and "/dev/infiniband" in argv
     assert box.name == NAME
+
+
+def test_a_pull_the_registry_refuses_for_a_moment_is_tried_again_and_a_missing_image_is_not():
+    # 512 hosts pulling at once: nvcr.io's 429 to some of them passes; a 404 does not.
+    slept = []
+    for errors, tries, ok in (
+            (["Error: initializing source docker://nvcr.io/nvidia/pytorch:24.05-py3: reading "
+              "manifest 24.05-py3 in nvcr.io/nvidia/pytorch: toomanyrequests: 429 Too Many "
+              "Requests"], 2, True),
+            (["received unexpected HTTP status: 503 Service Unavailable"] * 3, 3, False),
+            (["Error: initializing source docker://nvcr.io/nvidia/pytorch:99.99: reading manifest "
+              "99.99 in nvcr.io/nvidia/pytorch: manifest unknown"], 1, False)):
+        answers = list(errors) + [None]
+        calls = []
+
+        def run(argv, timeout_s, calls=calls, answers=answers):
+            calls.append(argv)
+            return "", answers.pop(0)
+        why = image.pull("podman", NGC, NGC, run, 1800.0, sleep=slept.append)
+        assert len(calls) == tries and calls[0] == ["podman", "pull", "--quiet", NGC]
+        assert (why is None) == ok
+        if not ok:
+            assert why.startswith("not here, and podman pull failed") and errors[-1][:40] in why
+    assert len(slept) == 3 and all(10 <= s <= 60 for s in slept)
+    # No retry where less than a minute of the pull's time would be left.
+    calls = []
+    why = image.pull("podman", NGC, NGC, lambda argv, timeout_s: calls.append(argv) or (
+        "", "429 Too Many Requests"), 30.0, sleep=slept.append)
+    assert len(calls) == 1 and "429" in why

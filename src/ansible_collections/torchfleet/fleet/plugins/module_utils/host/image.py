@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
+import re
 import secrets
 import shutil
 import socket
+import time
 
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
 from ansible_collections.torchfleet.fleet.plugins.module_utils.host import cuda_driver
@@ -17,6 +20,15 @@ from ansible_collections.torchfleet.fleet.plugins.module_utils.run import contai
 PULL_TIMEOUT_S = defaults.CONTAINER_PULL_TIMEOUT_S
 RUNTIME_TIMEOUT_S = 20.0
 CREATE_TIMEOUT_S = defaults.CONTAINER_CREATE_TIMEOUT_S
+# A registry answering many hosts' pulls at once refuses some for a moment (429 Too Many
+# Requests, a 5xx, a reset connection): such a pull is tried again, after 10-20 s times the
+# try (jittered, so the hosts do not come back together), while a minute of the pull's time is
+# left; an error that says the image is not there or not allowed (401, 404) is not.
+PULL_TRIES = 3
+PULL_BACKOFF_S = (10.0, 20.0)
+PULL_TRANSIENT = re.compile(r"\b(?:429|50[0234])\b|too many requests|connection reset|"
+                            r"unexpected eof|i/o timeout|tls handshake timeout|"
+                            r"temporarily unavailable|service unavailable", re.I)
 
 
 def probe(image, runtime, run, which=shutil.which, pull_timeout_s=PULL_TIMEOUT_S,
@@ -65,12 +77,22 @@ def probe(image, runtime, run, which=shutil.which, pull_timeout_s=PULL_TIMEOUT_S
     return out
 
 
-def pull(runtime, image, _local, run, timeout_s):
-    """Pulls a reference; why not (the registry's error), or None."""
-    _text, why = run(container.pull_argv(runtime, image), timeout_s=timeout_s)
-    if why is not None:
-        return "not here, and %s pull failed: %s" % (runtime, str(why)[:300])
-    return None
+def pull(runtime, image, _local, run, timeout_s, sleep=time.sleep, clock=time.monotonic):
+    """Pulls a reference, again after a registry's passing refusal (PULL_TRANSIENT) within
+    timeout_s in all; why not (the registry's last error), or None."""
+    end, tries = clock() + timeout_s, 0
+    while True:
+        tries += 1
+        left = timeout_s if tries == 1 else max(1.0, end - clock())
+        _text, why = run(container.pull_argv(runtime, image), timeout_s=left)
+        if why is None:
+            return None
+        wait = random.uniform(*PULL_BACKOFF_S) * tries
+        if tries >= PULL_TRIES or not PULL_TRANSIENT.search(str(why)[:2000]) \
+                or end - clock() - wait < 60:
+            return "not here, and %s pull failed%s: %s" % (
+                runtime, " %d times" % tries if tries > 1 else "", str(why)[:300])
+        sleep(wait)
 
 
 def load(runtime, path, local, run, timeout_s):

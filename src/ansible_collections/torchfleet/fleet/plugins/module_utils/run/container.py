@@ -253,25 +253,33 @@ def run_env(runtime, env, gpus):
     return sorted(env), env
 
 
+def _limits(runtime, options):
+    """What podman's and docker's containers of the run get besides its network, preflight's
+    probe container too (so a host whose runtime refuses them fails preflight, not the launch):
+    the host's IPC, unless a --shm-size or --ipc of yours replaces it (a cluster that forbids
+    --ipc host; podman and docker refuse --shm-size beside it); an unlimited memlock (RDMA),
+    unless a --ulimit of yours replaces it (a sandbox may refuse memlock=-1); and for podman no
+    process cap, unless yours: podman caps a container at 2048 processes (containers.conf's
+    pids_limit; threads count on cgroup v2), which 8 ranks with NCCL's and OpenMP's threads and
+    DataLoader workers pass mid-epoch ("can't start new thread"); docker sets none."""
+    argv = []
+    if not (_sets(options, "--shm-size") or _sets(options, "--ipc")):
+        argv += ["--ipc", "host"]
+    if not _sets(options, "--ulimit"):
+        argv += ["--ulimit", "memlock=-1"]
+    if runtime == "podman" and not _sets(options, "--pids-limit"):
+        argv += ["--pids-limit", "-1"]
+    return argv
+
+
 def run_argv(runtime, image, cname, command, env_names, run_mounts, options=(), gpus=False,
              ib=False, workdir=None):
-    """The runtime's command line that runs `command` (torchrun's argv) in the image.
-
-    A --shm-size or --ipc in container_options replaces the host's IPC (a cluster that forbids
-    --ipc host; podman and docker refuse --shm-size beside it), as a --ulimit of yours
-    replaces memlock=-1."""
+    """The runtime's command line that runs `command` (torchrun's argv) in the image
+    (podman's and docker's limits: _limits)."""
     options = list(options)
     if runtime in ("podman", "docker"):
         argv = [runtime, "run", "--rm", "--name", cname, "--network", "host"]
-        if not (_sets(options, "--shm-size") or _sets(options, "--ipc")):
-            argv += ["--ipc", "host"]
-        if not _sets(options, "--ulimit"):  # (yours win: a sandbox may refuse memlock=-1)
-            argv += ["--ulimit", "memlock=-1"]
-        if runtime == "podman" and not _sets(options, "--pids-limit"):
-            # podman caps a container at 2048 processes (containers.conf's pids_limit; threads
-            # count on cgroup v2): 8 ranks with NCCL's and OpenMP's threads and DataLoader
-            # workers pass it mid-epoch ("can't start new thread"). docker sets no cap.
-            argv += ["--pids-limit", "-1"]
+        argv += _limits(runtime, options)
         if gpus:
             argv += ["--gpus", "all"] if runtime == "docker" else ["--device", "nvidia.com/gpu=all"]
         if ib:
@@ -409,7 +417,7 @@ def in_image_argv(runtime, image, command, run_mounts=(), options=(), cname=None
     create_argv and removed by remove_argv around it (host/image.py's runner); podman and
     docker also get no network (enroot's --net is too recent to count on; the probe uses none)."""
     if runtime in ("podman", "docker"):
-        argv = [runtime, "run", "--rm", "--network", "none"]
+        argv = [runtime, "run", "--rm", "--network", "none"] + _limits(runtime, options)
         for src, dst in run_mounts:
             argv += ["--volume", "%s:%s:ro" % (src, dst)]
         return argv + list(options) + [image] + list(command)
