@@ -1,13 +1,14 @@
 """A launch with its ranks in a container against the same launch on the host (issue 68): on the
-same lab, collective.yml (64K, 5 iterations, as launch_overhead) once with container_image
-(podman, the lab's image and settings: lab/podman.py) and once without, alternating (the order
-flips each run), at each of --container-sizes lab hosts. Both sides run through the same sshd
-settings (the podman environment is given to every host once, before the first run), so the
-difference is what the container path adds: preflight's container.* checks and its Python probe
-run in a throwaway container per host, and each host's torchrun starts under `podman run` and
-its container is removed at the end. Where the seconds go: the timer callback's per-task times,
-median per side, and podman's own start (`python -c pass` in the image against the same on this
-machine, outside the lab).
+same lab, train.yml of the built-in workload (20 steps, as the lab's container test) once with
+container_image (podman, the lab's image and settings: lab/podman.py) and once without,
+alternating (the order flips each run), at each of --container-sizes lab hosts. Both sides run
+through the same sshd settings (the podman environment is given to every host once, before the
+first run), so the difference is what the container path adds: preflight's container.* checks
+and its Python probe run in a throwaway container per host, and each host's torchrun starts
+under `podman run` and its container is removed at the end. Where the seconds go: train.json's
+goodput buckets (preflight, launch to every rank running, init, training, teardown) and the
+timer callback's per-task times, median per side; and podman's own start (`python -c pass` in
+the image against the same on this machine, outside the lab).
 """
 from __future__ import annotations
 
@@ -36,20 +37,30 @@ def task_seconds(timings):
     return out
 
 
+def added_by(values):
+    """{name: median on the container side - median on the host side} of {side: {name: [s]}}
+    (a name one side lacks counts 0 there)."""
+    median = {side: {k: statistics.median(v) for k, v in values[side].items()} for side in SIDES}
+    return {k: median["container"].get(k, 0.0) - median["host"].get(k, 0.0)
+            for k in set(median["container"]) | set(median["host"])}
+
+
 def one_run(the_lab, side, run_dir, timings):
     timings.unlink(missing_ok=True)
-    wall, _, rc, out = playbook("collective.yml", the_lab.inventory, "-e", "run_dir=%s" % run_dir,
-                                "-e", "collective_sizes=64K", "-e", "collective_iters=5",
-                                *SIDES[side], **TIMER_ENV, BENCH_TIMINGS=str(timings))
+    wall, _, rc, out = playbook("train.yml", the_lab.inventory, "-e", "run_dir=%s" % run_dir,
+                                "-e", "train_steps=20", *SIDES[side], **TIMER_ENV,
+                                BENCH_TIMINGS=str(timings))
     assert rc == 0, out[-3000:]
     checks = json.loads((run_dir / "preflight.json").read_text())["checks"]
     ran_in = {c["host"] for c in checks if c["id"] == "container.runtime" and c["ok"]}
     # The container side took the container path on every host, the host side on none.
     assert ran_in == ({node.name for node in the_lab.nodes} if side == "container" else set()), \
         ran_in
-    run_id = json.loads((run_dir / "collective.json").read_text())["run_id"]
-    assert labpodman.containers("torchfleet-" + run_id) == [], run_id  # none left behind
-    return wall, task_seconds(timings)
+    report = json.loads((run_dir / "train.json").read_text())
+    assert labpodman.containers("torchfleet-" + report["run_id"]) == [], report["run_id"]
+    # (a bucket that is null, lost_work without checkpoints, is left out)
+    buckets = {k: v for k, v in report["goodput"]["buckets"].items() if v is not None}
+    return wall, task_seconds(timings), buckets
 
 
 def container_launch_at(n, args, tmp):
@@ -59,23 +70,25 @@ def container_launch_at(n, args, tmp):
         labpodman.use_on(the_lab, {node.name: "main" for node in the_lab.nodes})
         walls = {side: [] for side in SIDES}
         tasks = {side: defaultdict(list) for side in SIDES}
+        buckets = {side: defaultdict(list) for side in SIDES}
         for i in range(args.runs):
             for side in (list(SIDES) if i % 2 == 0 else list(SIDES)[::-1]):
-                wall, seconds = one_run(the_lab, side, tmp / ("cl%d-%s-%d" % (n, side, i)),
-                                        timings)
+                wall, seconds, parts = one_run(the_lab, side,
+                                               tmp / ("cl%d-%s-%d" % (n, side, i)), timings)
                 walls[side].append(wall)
                 for task, s in seconds.items():
                     tasks[side][task].append(s)
-        median = {side: {t: statistics.median(v) for t, v in tasks[side].items()}
-                  for side in SIDES}
-        added = sorted(((t, median["container"].get(t, 0.0) - median["host"].get(t, 0.0))
-                        for t in set(median["container"]) | set(median["host"])),
-                       key=lambda kv: -abs(kv[1]))
+                for bucket, s in parts.items():
+                    buckets[side][bucket].append(s)
+        added = sorted(added_by(tasks).items(), key=lambda kv: -abs(kv[1]))
         c, h = (statistics.median(walls[s]) for s in ("container", "host"))
         return {"hosts": n, "container_s": stats(walls["container"]),
                 "host_s": stats(walls["host"]), "added_s": c - h, "ratio": c / h,
                 "ratio_min": min(walls["container"]) / max(walls["host"]),
                 "ratio_max": max(walls["container"]) / min(walls["host"]),
+                "buckets": {side: {k: stats(v) for k, v in buckets[side].items()}
+                            for side in SIDES},
+                "buckets_added_s": {k: round(v, 3) for k, v in added_by(buckets).items()},
                 "task_delta_s": TASK_DELTA_S, "tasks_added_s": [{"task": t, "seconds": round(d, 3)} for t, d in added
                                   if abs(d) >= TASK_DELTA_S]}
     finally:
