@@ -95,13 +95,14 @@ def container_launch_at(n, args, tmp):
         lab_down()
 
 
-def podman_start(runs):
-    """`python -c pass` in the lab's image under podman (no network, as preflight's probe) vs
-    the same interpreter on this machine: what starting one container costs."""
-    python = os.path.realpath(sys.executable)  # the image holds the base interpreter
+def in_image_vs_host(code, runs):
+    """`python -c code` in the lab's image under podman (no network, the venv mounted
+    read-only, as preflight's probe) vs the same interpreter on this machine, alternating."""
+    python = sys.executable  # (the image holds the base interpreter the venv's links reach)
     argv = {"podman": ["podman", "run", "--rm", "--network", "none", "--ulimit", "host",
-                       labpodman.IMAGE, python, "-c", "pass"],
-            "host": [python, "-c", "pass"]}
+                       "--volume", "%s:%s:ro" % (sys.prefix, sys.prefix), labpodman.IMAGE,
+                       python, "-c", code],
+            "host": [python, "-c", code]}
     walls = {side: [] for side in argv}
     for _ in range(runs):
         for side, cmd in argv.items():
@@ -119,7 +120,10 @@ def run(args, tmp):
     labpodman.ensure_image()
     load = [round(os.getloadavg()[0], 2)]
     began = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    out = {"podman_start": podman_start(max(args.runs, 5)), "sizes": {}}
+    # A container's start (python -c pass), and a rank's `import torch` in the image, which
+    # every rank of the launch pays once (train.json's init).
+    out = {"podman_start": in_image_vs_host("pass", max(args.runs, 5)),
+           "import_torch": in_image_vs_host("import torch", max(args.runs, 5)), "sizes": {}}
     for n in args.container_sizes:
         out["sizes"]["lab%d" % n] = container_launch_at(n, args, tmp)
         load.append(round(os.getloadavg()[0], 2))

@@ -254,11 +254,13 @@ def markdown(results):
                      "container vs on the host, %d lab nodes | %s s | %s s | +%.2f s (%.2fx [%.2f-%.2f]) | |" % (
                          r["hosts"], rng(r["container_s"]), rng(r["host_s"]), r["added_s"],
                          r["ratio"], r["ratio_min"], r["ratio_max"]))
-    if cl.get("podman_start"):
-        ps = cl["podman_start"]
-        lines.append("| `python -c pass` in the lab's image under podman vs on the host (a "
-                     "container's start) | %s s | %s s | +%.2f s | |" % (
-                         rng(ps["podman_s"]), rng(ps["host_s"]), ps["added_s"]))
+    for key, what in (("podman_start", "`python -c pass` (a container's start)"),
+                      ("import_torch", "`python -c 'import torch'` (a rank's start)")):
+        if cl.get(key):
+            ps = cl[key]
+            lines.append("| %s in the lab's image under podman vs on the host | %s s | %s s | "
+                         "+%.2f s | |" % (what, rng(ps["podman_s"]), rng(ps["host_s"]),
+                                          ps["added_s"]))
     fl = results.get("flood")
     if fl:
         lines.append("| train.yml on %d lab hosts, control port flooded (%d garbage "
