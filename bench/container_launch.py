@@ -23,6 +23,9 @@ from bench.harness import TIMER_ENV, lab, lab_down, playbook, stats, timed
 from lab import podman as labpodman
 
 SIDES = {"container": labpodman.EXTRA_VARS, "host": []}
+# The bench's podman storage, its own: the lab tests (other tags, at the same time) import,
+# replace and remove images in theirs, and an image gone mid-run fails container.pull.
+STORAGE = "bench"
 # A task whose medians differ by less than this is noise on 2 busy CPUs, not the container's.
 TASK_DELTA_S = 0.2
 
@@ -57,7 +60,7 @@ def one_run(the_lab, side, run_dir, timings):
     assert ran_in == ({node.name for node in the_lab.nodes} if side == "container" else set()), \
         ran_in
     report = json.loads((run_dir / "train.json").read_text())
-    assert labpodman.containers("torchfleet-" + report["run_id"]) == [], report["run_id"]
+    assert labpodman.containers("torchfleet-" + report["run_id"], STORAGE) == [], report["run_id"]
     # (a bucket that is null, lost_work without checkpoints, is left out)
     buckets = {k: v for k, v in report["goodput"]["buckets"].items() if v is not None}
     return wall, task_seconds(timings), buckets
@@ -67,7 +70,7 @@ def container_launch_at(n, args, tmp):
     the_lab = lab(n)
     timings = tmp / "container-timings.jsonl"
     try:
-        labpodman.use_on(the_lab, {node.name: "main" for node in the_lab.nodes})
+        labpodman.use_on(the_lab, {node.name: STORAGE for node in the_lab.nodes})
         walls = {side: [] for side in SIDES}
         tasks = {side: defaultdict(list) for side in SIDES}
         buckets = {side: defaultdict(list) for side in SIDES}
@@ -106,7 +109,7 @@ def in_image_vs_host(code, runs):
     walls = {side: [] for side in argv}
     for _ in range(runs):
         for side, cmd in argv.items():
-            wall, _, rc, out = timed(cmd, timeout_s=120, **labpodman.env())
+            wall, _, rc, out = timed(cmd, timeout_s=120, **labpodman.env(STORAGE))
             assert rc == 0, out[-2000:]
             walls[side].append(wall)
     return {"podman_s": stats(walls["podman"]), "host_s": stats(walls["host"]),
@@ -117,7 +120,7 @@ def run(args, tmp):
     reason = labpodman.unavailable()
     if reason:
         return {"skipped": reason}
-    labpodman.ensure_image()
+    labpodman.ensure_image(STORAGE, marker=STORAGE)  # (use_on's marker for a storage of its own)
     load = [round(os.getloadavg()[0], 2)]
     began = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     # A container's start (python -c pass), and a rank's `import torch` in the image, which
