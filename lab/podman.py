@@ -1,6 +1,6 @@
 """podman for the lab's hosts: a test image imported from a root filesystem this machine makes,
 and the settings every podman of the lab runs with (tests/lab/test_user_lab.py's container
-tests; docs/containers.md). No registry is reachable from the machines the tests run on.
+tests, bench/container_launch.py; docs/containers.md). No registry is reachable from the machines the tests run on.
 
 - The image holds this machine's Python (sys.base_prefix's interpreter and standard library)
   and the shared libraries it and torch load; the venv with torch is mounted read-only at its
