@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import (accuracy, checkpoint_watch, detach_cost, diagnosis, fail_fast, flood, fuzz, hardware_watch, ledger,
+from bench import (accuracy, checkpoint_watch, container_launch, detach_cost, diagnosis, fail_fast, flood, fuzz, hardware_watch, ledger,
                    harness_overhead, health_cost, isolate, launch_overhead, launch_profile, output_lines, preflight_cost, recording_cost,
                    report_scale, restart_cost, restart_profile, scale, spare_prepare, spares_cost, start_skew, straggler,
                    straggler_rates, watch_cpu)
@@ -28,6 +28,7 @@ BENCHES = {
     "preflight_cost": preflight_cost.run,
     "launch_overhead": launch_overhead.run,
     "launch_profile": launch_profile.run,
+    "container_launch": container_launch.run,
     "fail_fast": fail_fast.run,
     "watch_cpu": watch_cpu.run,
     "diagnosis": diagnosis.run,
@@ -57,7 +58,7 @@ BENCHES = {
 # each beside its baseline in one sitting.
 GROUPS = {"lean": ["preflight_cost", "launch_overhead", "launch_profile", "fail_fast",
                    "spares_cost", "isolate"]}
-NEEDS_ROOT = {"launch_overhead", "launch_profile", "fail_fast", "watch_cpu", "diagnosis", "harness_overhead",
+NEEDS_ROOT = {"launch_overhead", "launch_profile", "container_launch", "fail_fast", "watch_cpu", "diagnosis", "harness_overhead",
               "isolate", "flood", "start_skew", "output_lines", "spares_cost",
               "restart_cost", "restart_profile", "health_cost", "detach_cost", "straggler",
               "accuracy"}
@@ -74,6 +75,8 @@ def main():
     parser.add_argument("--recheck-runs", type=int, default=0,
                         help="runs of a restart's re-check of every lab host (preflight_cost)")
     parser.add_argument("--launch-sizes", type=int, nargs="*", default=[2, 16])
+    parser.add_argument("--container-sizes", type=int, nargs="*", default=[2, 8],
+                        help="lab sizes of container_launch")
     parser.add_argument("--fail-fast-sizes", type=int, nargs="*", default=[2, 8, 16])
     parser.add_argument("--watch-sizes", type=int, nargs="*", default=[2, 8, 16])
     parser.add_argument("--watch-window-s", type=float, default=30,

@@ -248,6 +248,19 @@ def markdown(results):
                              r["hosts"], rng(r["collective_yml_s"]), rng(r["raw_ssh_torchrun_s"]),
                              r["overhead_s"], " (%.2fx)" % r["ratio"] if "ratio" in r else "",
                              "<= 3 s" if r["hosts"] <= 2 else "<= 1.25x"))
+    cl = results.get("container_launch") or {}
+    for r in (cl.get("sizes") or {}).values():
+        lines.append("| train.yml (built-in workload, 20 steps) with its ranks in a podman "
+                     "container vs on the host, %d lab nodes | %s s | %s s | +%.2f s (%.2fx [%.2f-%.2f]) | |" % (
+                         r["hosts"], rng(r["container_s"]), rng(r["host_s"]), r["added_s"],
+                         r["ratio"], r["ratio_min"], r["ratio_max"]))
+    for key, what in (("podman_start", "`python -c pass` (a container's start)"),
+                      ("import_torch", "`python -c 'import torch'` (a rank's start)")):
+        if cl.get(key):
+            ps = cl[key]
+            lines.append("| %s in the lab's image under podman vs on the host | %s s | %s s | "
+                         "+%.2f s | |" % (what, rng(ps["podman_s"]), rng(ps["host_s"]),
+                                          ps["added_s"]))
     fl = results.get("flood")
     if fl:
         lines.append("| train.yml on %d lab hosts, control port flooded (%d garbage "
@@ -507,6 +520,13 @@ def markdown(results):
     if lo and lo.get("tasks_last_run"):
         lines += ["", "collective.yml tasks of 0.3 s or more (last run): " + "; ".join(
             "%s %.2f s" % (t["task"], t["seconds"]) for t in lo["tasks_last_run"])]
+    for r in (cl.get("sizes") or {}).values():
+        lines += ["", "train.yml in a container vs on the host, %d lab nodes, median container "
+                  "- median host: goodput buckets %s; tasks changed by %.1f s or more: %s" % (
+                      r["hosts"], ", ".join("%s %+.2f s" % kv
+                                            for kv in sorted(r["buckets_added_s"].items())),
+                      r["task_delta_s"], "; ".join("%s %+.2f s" % (t["task"], t["seconds"])
+                                                   for t in r["tasks_added_s"]) or "none")]
     if results.get("launch_profile"):
         from bench import launch_profile  # (it imports this module)
         lines += ["", "Where a 2-host launch spends its wall time and CPU (CPU-seconds of one "

@@ -1,6 +1,6 @@
 """podman for the lab's hosts: a test image imported from a root filesystem this machine makes,
 and the settings every podman of the lab runs with (tests/lab/test_user_lab.py's container
-tests; docs/containers.md). No registry is reachable from the machines the tests run on.
+tests, bench/container_launch.py; docs/containers.md). No registry is reachable from the machines the tests run on.
 
 - The image holds this machine's Python (sys.base_prefix's interpreter and standard library)
   and the shared libraries it and torch load; the venv with torch is mounted read-only at its
@@ -18,6 +18,7 @@ tests; docs/containers.md). No registry is reachable from the machines the tests
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -29,6 +30,14 @@ from pathlib import Path
 CACHE = Path("/var/cache/torchfleet-test/podman")
 RUNROOT = Path("/run/torchfleet-test-podman")
 IMAGE = "localhost/torchfleet-test:lab"
+# A playbook's extra vars that run its ranks (and preflight's probe) in IMAGE with podman: the
+# image holds this machine's Python, the venv with torch is mounted at its own path, and the
+# sandbox refuses every rlimit a container asks for, so --ulimit host (which also replaces
+# torchfleet's --ulimit memlock=-1: a ulimit of yours wins). The lab tests and the bench's
+# container_launch run with these.
+EXTRA_VARS = ["-e", "container_image=%s" % IMAGE, "-e", "container_runtime=podman",
+              "-e", json.dumps({"container_mounts": [sys.prefix],
+                                "container_options": ["--ulimit", "host"]})]
 CONTAINERS_CONF = """[containers]
 default_ulimits = []
 pids_limit = 0
@@ -70,6 +79,17 @@ def podman(*args: str, storage: str = "main", timeout_s: float = 300,
     return subprocess.run(["podman", *args], env=dict(os.environ, **env(storage)),
                           capture_output=True, text=True, timeout=timeout_s, check=check,
                           stdin=subprocess.DEVNULL)
+
+
+def use_on(lab, storages: dict[str, str]) -> None:
+    """Give each lab host its podman settings ({host: storage}) through sshd's SetEnv, with the
+    machine's cgroup hierarchies (the runtime's), until the lab's heal(); the image is imported
+    into each storage first (bare: a storage without the image; fresh: one the test empties
+    itself). The caller has checked unavailable()."""
+    for storage in set(storages.values()) - {"bare", "fresh"}:
+        ensure_image(storage, marker="" if storage == "main" else storage)
+    for host, storage in storages.items():
+        lab.set_env(host, *("%s=%s" % kv for kv in env(storage).items()), cgroups=True)
 
 
 def _libraries(files: list[str]) -> list[str]:

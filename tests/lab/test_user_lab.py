@@ -100,13 +100,9 @@ def test_stop_as_a_non_root_user(healthy_lab, tmp_path):
 # ---- Containers (container_image; docs/containers.md): podman in the lab's hosts --------------
 # This lab's hosts also serve the root login (lab.inventory); each test below gives the hosts it
 # uses the lab's podman settings (lab/podman.py: runc, no rlimits, storage of its own) through
-# sshd's SetEnv, which the healthy_lab fixture's heal() takes away again. The image holds this
-# machine's Python; the venv with torch is mounted at its own path (container_mounts), and the
-# sandbox refuses every rlimit a container asks for, so the runs pass --ulimit host (which also
-# replaces torchfleet's --ulimit memlock=-1: a ulimit of yours wins).
-CONTAINER = ["-e", "container_image=%s" % labpodman.IMAGE, "-e", "container_runtime=podman",
-             "-e", json.dumps({"container_mounts": [sys.prefix],
-                               "container_options": ["--ulimit", "host"]})]
+# sshd's SetEnv, which the healthy_lab fixture's heal() takes away again; the runs' extra vars
+# are lab/podman.py's (the image, the venv mounted, --ulimit host), as the bench's are.
+CONTAINER = labpodman.EXTRA_VARS
 
 
 def with_podman(lab, storages):
@@ -114,12 +110,7 @@ def with_podman(lab, storages):
     reason = labpodman.unavailable()
     if reason:
         pytest.skip(reason)
-    # (bare: a storage without the image; fresh: one the test empties itself)
-    for storage in set(storages.values()) - {"bare", "fresh"}:
-        labpodman.ensure_image(storage, marker="" if storage == "main" else storage)
-    for host, storage in storages.items():
-        lab.set_env(host, *("%s=%s" % kv for kv in labpodman.env(storage).items()),
-                    cgroups=True)
+    labpodman.use_on(lab, storages)
 
 
 def test_training_inside_a_podman_image_from_an_archive_on_two_hosts_leaves_no_container(
