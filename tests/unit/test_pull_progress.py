@@ -6,10 +6,7 @@ a real ansible-playbook with the callback, preflight's own announcement and line
 stand-in that sleeps past a period on one host."""
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import threading
 from types import SimpleNamespace
 
@@ -17,8 +14,8 @@ import yaml
 
 from ansible_collections.torchfleet.fleet.plugins.callback import torchfleet as callback
 from ansible_collections.torchfleet.fleet.plugins.module_utils import defaults
-from tests.conftest import COLLECTION, ROOT
-from torchfleet import ansible_cli
+from tests.conftest import COLLECTION
+from tests.unit.test_stdout_callback import playbook
 
 IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"
 ANNOUNCED = {"image": IMAGE, "hosts": 8, "timeout_s": 1800.0, "every_s": 30.0}
@@ -208,17 +205,8 @@ def test_a_real_playbook_says_the_line_while_one_host_is_out_and_none_after(tmp_
                                                        "else 0 }}"]}},
         {"name": "After", "ansible.builtin.debug": {"msg": "AFTER-THE-PROBES"}, "run_once": True},
     ]}]
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {
-        h: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-        for h in hosts}}}))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    env.pop("ANSIBLE_STDOUT_CALLBACK", None)
-    proc = subprocess.run([*ansible_cli.command("ansible-playbook"), "-i",
-                           str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml"), "-f", "2",
-                           "-e", "container_image=reg.example/img:1"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-                          stdin=subprocess.DEVNULL)
+    proc = playbook(tmp_path, play, hosts, None, "-f", "2",
+                    "-e", "container_image=reg.example/img:1")
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     lines = out.splitlines()

@@ -25,19 +25,26 @@ PLAY = [{"name": "A play over many hosts", "hosts": "all", "gather_facts": False
 ]}]
 
 
-def run(tmp_path: Path, callback: str | None, *args: str) -> str:
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(PLAY, sort_keys=False))
+def playbook(tmp_path: Path, play: list, hosts, callback: str | None = None,
+             *args: str) -> subprocess.CompletedProcess:
+    """ansible-playbook of `play` on local `hosts` with the project's ansible.cfg (its stdout
+    callback, torchfleet's, unless `callback`)."""
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {
         h: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-        for h in HOSTS}}}))
+        for h in hosts}}}))
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     env.pop("ANSIBLE_STDOUT_CALLBACK", None)
     if callback:
         env["ANSIBLE_STDOUT_CALLBACK"] = callback
-    proc = subprocess.run([*ansible_cli.command("ansible-playbook"), "-i",
+    return subprocess.run([*ansible_cli.command("ansible-playbook"), "-i",
                            str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml"), *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
                           stdin=subprocess.DEVNULL)
+
+
+def run(tmp_path: Path, callback: str | None, *args: str) -> str:
+    proc = playbook(tmp_path, PLAY, HOSTS, callback, *args)
     assert proc.returncode == 2, proc.stdout + proc.stderr  # two hosts failed
     return proc.stdout
 
