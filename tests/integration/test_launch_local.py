@@ -298,6 +298,12 @@ def test_a_killed_master_agent_is_the_master_lost_and_nothing_is_left(tmp_path):
     assert run_processes(run_id) == []
 
 
+def hangup_ends():
+    """A controller's terminal closing ends it: SIGHUP's default, which a suite started under
+    nohup (SIGHUP ignored, and so in every child) would otherwise not give it."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, pytest.param(signal.SIGHUP, marks=pytest.mark.slow)])
 def test_a_controller_killed_or_hung_up_leaves_nothing_running(tmp_path, sig):
     """ansible-playbook's whole process group killed (SIGKILL: a lost SSH session to the
@@ -312,7 +318,7 @@ def test_a_controller_killed_or_hung_up_leaves_nothing_running(tmp_path, sig):
             "-e", "run_id=%s" % run_id, "-e", "run_dir=%s" % (tmp_path / "run")]
     proc = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ, PATH="%s:%s" % (
         BIN, os.environ["PATH"])), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True)
+        start_new_session=True, preexec_fn=hangup_ends)
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and not any(
