@@ -51,6 +51,9 @@ def test_auto_takes_the_runtime_a_file_image_needs_before_podman():
     assert container.resolve("auto", everything, "/images/pytorch.sqsh") == "enroot"
     assert container.resolve("auto", everything, "/images/pytorch.tar") == "podman"
     assert container.resolve("auto", {"podman", "docker"}.__contains__, "/i/p.sif") is None
+    # apptainer starts a .sif only: a reference is never handed to it by auto
+    assert container.resolve("auto", {"apptainer", "enroot"}.__contains__, NGC) == "enroot"
+    assert container.resolve("auto", {"apptainer"}.__contains__, "docker://" + NGC) is None
 
 
 def test_no_gpus_no_ib_and_a_ulimit_of_yours_replaces_memlock():
@@ -152,6 +155,8 @@ def test_one_function_maps_an_enroot_image_to_its_squashfs_file(tmp_path):
     assert container.enroot_uri("localhost/pt:1") == "docker://localhost#pt:1"
     assert container.enroot_uri("nvidia/cuda:12.4.1-base") == "docker://nvidia/cuda:12.4.1-base"
     assert container.enroot_uri("ubuntu:22.04") == "docker://ubuntu:22.04"
+    # (Docker Hub is enroot's default: its name as a registry would be asked at docker.io)
+    assert container.enroot_uri("docker.io/library/ubuntu:22.04") == "docker://library/ubuntu:22.04"
     # References whose readable names agree never share a file; a file is itself.
     assert container.enroot_image("a/b:c", cache) != container.enroot_image("a:b/c", cache)
     assert container.enroot_image("/images/pt.sqsh", cache) == "/images/pt.sqsh"
@@ -660,7 +665,9 @@ def test_a_pull_the_registry_refuses_for_a_moment_is_tried_again_and_a_missing_i
               "Requests"], 2, True),
             (["received unexpected HTTP status: 503 Service Unavailable"] * 3, 3, False),
             (["Error: initializing source docker://nvcr.io/nvidia/pytorch:99.99: reading manifest "
-              "99.99 in nvcr.io/nvidia/pytorch: manifest unknown"], 1, False)):
+              "99.99 in nvcr.io/nvidia/pytorch: manifest unknown"], 1, False),
+            # (a tag's number is no HTTP status)
+            (["reading manifest build-503 in reg.example/pt: manifest unknown"], 1, False)):
         answers = list(errors) + [None]
         calls = []
 

@@ -77,8 +77,9 @@ options:
     default: false
   listen_idle_s:
     description: The listener ends when no connection arrived for this long (from its start,
-      then from the last connection); with O(container_image), longer by the image's pull and
-      create timeouts (the hosts of a later fork batch dial once a pulling probe returns).
+      then from the last connection); with O(container_image) and O(keep_listener), longer by
+      the image's pull and create timeouts (the hosts of a later fork batch dial once a pulling
+      probe returns).
     type: float
     default: 60
     aliases: [listen_max_s]
@@ -531,11 +532,11 @@ def main():
     )
     params = module.params
     run = bounded(module)
-    if params["container_image"]:
+    if params["container_image"] and params["keep_listener"]:
         # Each host pulls (or unpacks, enroot) inside its probe, after its dial: with more
         # hosts than forks the next batch dials only once a pulling host's probe returns, so
         # the master's listener waits out a pull before it may call the port idle (else every
-        # later host would fail port.blocked behind a slow registry).
+        # later host would fail port.blocked behind a slow registry). One batch dials at once.
         params["listen_idle_s"] += image.PULL_TIMEOUT_S + image.CREATE_TIMEOUT_S
     connector = None
     if params["connect_addr"] and params["master_port"] is None:

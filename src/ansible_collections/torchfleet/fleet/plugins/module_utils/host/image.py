@@ -26,7 +26,8 @@ CREATE_TIMEOUT_S = defaults.CONTAINER_CREATE_TIMEOUT_S
 # left; an error that says the image is not there or not allowed (401, 404) is not.
 PULL_TRIES = 3
 PULL_BACKOFF_S = (10.0, 20.0)
-PULL_TRANSIENT = re.compile(r"\b(?:429|50[0234])\b|too many requests|connection reset|"
+PULL_TRANSIENT = re.compile(r"(?:status|code|HTTP)\D{0,20}(?:429|50[0234])\b|too many requests|"
+                            r"bad gateway|gateway timeout|connection reset|"
                             r"unexpected eof|i/o timeout|tls handshake timeout|"
                             r"temporarily unavailable|service unavailable", re.I)
 

@@ -469,9 +469,12 @@ class HostAgent:
             # Each with its start time, read before any signal: the sweep takes only the same
             # processes, never a PID freed by the kill and reused.
             tree = {pid: procs.start_time(pid) for pid in procs.tree(self.proc.pid)}
-            if self.root() != self.proc.pid:  # the container's torchrun and its ranks too
+            # The container's torchrun and its ranks too, from its first process (an image's
+            # init, before torchrun is known).
+            top = self.root() or (self.box.first if self.box is not None else None)
+            if top and top != self.proc.pid:
                 tree.update({pid: procs.start_time(pid) for pid in
-                             [self.root()] + procs.tree(self.root()) if pid})
+                             [top] + procs.tree(top) if pid})
             for pid in tree:
                 try:
                     os.kill(pid, signal.SIGTERM)
@@ -820,7 +823,9 @@ class Box:
                 self.first = int(out.strip())
         if self.first is not None:
             self.pid = procs.find_torchrun(self.first)
-        return self.pid or self.first
+        # (torchrun only: an init counted as a live rank would beat "alive" before any rank
+        # runs, and the hang judge would start counting a slow start; a stop reads `first`)
+        return self.pid
 
     def remove(self, command, log):
         """Remove the container by its name (nothing of the run is left: a stop, an abort,

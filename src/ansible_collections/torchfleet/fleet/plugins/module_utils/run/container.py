@@ -91,7 +91,9 @@ def enroot_uri(image):
     if image.startswith(ENROOT_SCHEMES):
         return image
     first, slash, rest = image.partition("/")
-    if "#" not in image and slash and ("." in first or ":" in first or first == "localhost"):
+    if "#" not in image and slash and first in ("docker.io", "index.docker.io"):
+        image = rest  # (Docker Hub: enroot's own default registry, registry-1.docker.io)
+    elif "#" not in image and slash and ("." in first or ":" in first or first == "localhost"):
         image = "%s#%s" % (first, rest)
     return "docker://" + image
 
@@ -180,11 +182,12 @@ FILE_RUNTIMES = {".sif": ("apptainer",), ".sqsh": ("enroot",), ".squashfs": ("en
 
 
 def candidates(image):
-    """The runtimes, in auto's order, that can start `image`."""
+    """The runtimes, in auto's order, that can start `image`: apptainer a .sif only
+    (validate() says why)."""
     for suffix, runtimes in FILE_RUNTIMES.items():
         if isinstance(image, str) and image.endswith(suffix):
             return runtimes
-    return RUNTIMES
+    return tuple(r for r in RUNTIMES if r != "apptainer")
 
 
 def resolve(runtime, present, image=None):
