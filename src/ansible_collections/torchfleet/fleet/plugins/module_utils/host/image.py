@@ -60,8 +60,8 @@ def probe(image, runtime, run, which=shutil.which, pull_timeout_s=PULL_TIMEOUT_S
         return _enroot_pull(out, image, run, pull_timeout_s, enroot_images)
     local = out["local"] = container.local_image(chosen, image)
     present = container.present_argv(chosen, local) if local else None
-    if present is None:  # a file (.sif, an archive) or apptainer's docker:// (its exec pulls)
-        if "://" not in image and not os.path.isfile(image):
+    if present is None:  # a file: a .sif, or an archive that is not a regular file here
+        if not os.path.isfile(image):
             out["pull_error"] = "%s is not a file here" % image
         return out
     if run(present, timeout_s=RUNTIME_TIMEOUT_S)[1] is not None:
